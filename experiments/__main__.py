@@ -1,0 +1,39 @@
+"""Single entry point: ``python -m experiments <command> [options]``.
+
+Commands (each module builds its own ``argparse`` parser; ``--help`` after a command lists
+its options):
+
+* ``train``  one training run (:mod:`experiments.train`).
+* ``run``    the experiment suite and its report (:mod:`experiments.suite`).
+* ``bench``  the op-level benchmark (:mod:`experiments.bench`).
+* ``demo``   a short check of the custom VJPs against autodiff (:mod:`experiments.demo`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "train": "experiments.train",
+    "run": "experiments.suite",
+    "bench": "experiments.bench",
+    "demo": "experiments.demo",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if not argv or argv[0] in ("-h", "--help"):
+    print(__doc__)
+    return 0 if argv else 2
+  command, rest = argv[0], argv[1:]
+  if command not in COMMANDS:
+    print(f"unknown command {command!r}; expected one of {sorted(COMMANDS)}", file=sys.stderr)
+    return 2
+  module = importlib.import_module(COMMANDS[command])
+  return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,75 @@
+r"""Plain ``jax.numpy`` LayerNorm and RMSNorm, differentiated by JAX's autodiff.
+
+This module is the oracle of the test suite and the autodiff baseline of the benchmarks. It
+has no custom derivative rules and favours clarity over speed: statistics are computed with
+the two-pass formula in ``promote_types(x.dtype, float32)`` (float64 stays float64), the
+output is cast to ``dtype`` (default: the dtype of ``x``).
+
+.. math::
+
+   \mathrm{LN}(x) = \gamma \odot \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} + \beta, \qquad
+   \mathrm{RMS}(x) = \gamma \odot \frac{x}{\sqrt{\tfrac{1}{d}\sum_i x_i^2 + \epsilon}}
+
+with the statistics taken over the trailing ``axis`` (or, with ``mask``, over the masked-in
+elements only). ``epsilon_placement="outside"`` divides by ``sqrt(var) + epsilon`` instead,
+and ``zero_centered_scale=True`` multiplies by ``1 + scale`` instead of ``scale``.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jaxnorm import _validation as v
+
+__all__ = ["layer_norm", "rms_norm"]
+
+
+def _stat_dtype(dtype):
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def _normalizer(var, epsilon, epsilon_placement):
+  if epsilon_placement == "inside":
+    return 1.0 / jnp.sqrt(var + epsilon)
+  return 1.0 / (jnp.sqrt(var) + epsilon)
+
+
+def _affine(xhat, scale, bias, axes, zero_centered_scale):
+  shape = xhat.shape[axes[0]:]
+  if scale is not None:
+    s = scale.reshape(shape).astype(xhat.dtype)
+    xhat = xhat * ((1.0 + s) if zero_centered_scale else s)
+  if bias is not None:
+    xhat = xhat + bias.reshape(shape).astype(xhat.dtype)
+  return xhat
+
+
+def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
+               epsilon_placement="inside", zero_centered_scale=False, dtype=None):
+  """Reference LayerNorm (autodiff, two-pass variance). See the module docstring."""
+  v.check_floating("x", x)
+  epsilon = v.check_epsilon(epsilon)
+  axes = v.normalized_axes(x.ndim, axis)
+  v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
+  v.check_mask(mask, x.shape)
+  xf = x.astype(_stat_dtype(x.dtype))
+  mean = jnp.mean(xf, axis=axes, keepdims=True, where=mask)
+  var = jnp.mean(jnp.square(xf - mean), axis=axes, keepdims=True, where=mask)
+  xhat = (xf - mean) * _normalizer(var, epsilon, epsilon_placement)
+  y = _affine(xhat, scale, bias, axes, zero_centered_scale)
+  return y.astype(dtype or x.dtype)
+
+
+def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None,
+             epsilon_placement="inside", zero_centered_scale=False, dtype=None):
+  """Reference RMSNorm (autodiff). See the module docstring."""
+  v.check_floating("x", x)
+  epsilon = v.check_epsilon(epsilon)
+  axes = v.normalized_axes(x.ndim, axis)
+  v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
+  v.check_mask(mask, x.shape)
+  xf = x.astype(_stat_dtype(x.dtype))
+  ms = jnp.mean(jnp.square(xf), axis=axes, keepdims=True, where=mask)
+  xhat = xf * _normalizer(ms, epsilon, epsilon_placement)
+  y = _affine(xhat, scale, None, axes, zero_centered_scale)
+  return y.astype(dtype or x.dtype)

@@ -1,0 +1,34 @@
+"""Test configuration: strict numerics and several host devices for the sharding tests.
+
+``XLA_FLAGS`` must be set before JAX initialises its backends, so it is set here, at import
+of the conftest, before any test module imports ``jax``.
+"""
+
+import os
+
+_flag = "--xla_force_host_platform_device_count=8"
+if _flag not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+settings.register_profile(
+    "ci",
+    deadline=None,
+    derandomize=True,
+    max_examples=25,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def x64():
+  """Enables float64 for the duration of one test."""
+  with jax.enable_x64(True):
+    yield
