@@ -1,0 +1,385 @@
+r"""The one ``jax.custom_vjp`` behind :func:`jaxnorm.layer_norm` and :func:`jaxnorm.rms_norm`.
+
+Both ops normalize the last axis of an array ``x`` of shape ``(..., d)`` (the public wrappers
+flatten the normalized trailing axes into that one axis) and differ only in whether the row is
+centred first. One private function, :func:`_norm`, carries both, switched by the static
+:class:`NormConfig`; its forward and backward rules are written out below and derived in full in
+``docs/derivations.md``.
+
+Notation (one row; sums run over the ``d`` features, or over the masked-in ones for the
+statistics):
+
+.. math::
+
+   n = \sum_i m_i, \quad
+   \mu = \tfrac1n \sum_i m_i x_i \ \text{(LayerNorm; } \mu = 0 \text{ for RMSNorm)}, \quad
+   v = \tfrac1n \sum_i m_i (x_i - \mu)^2,
+
+   r = (v + \epsilon)^{-1/2} \ \text{("inside")} \quad\text{or}\quad
+   r = (\sqrt v + \epsilon)^{-1} \ \text{("outside")}, \qquad
+   \hat x = (x - \mu)\, r, \qquad y = \gamma \odot \hat x + \beta,
+
+with :math:`\gamma = s` or :math:`1 + s` (zero-centred scale) and :math:`m \equiv 1` without a
+mask. With :math:`g = \gamma \odot \partial L/\partial y` the backward rule is
+
+.. math::
+
+   \frac{\partial L}{\partial x} = r \Big( g
+      - m\, \tfrac1n {\textstyle\sum_i} g_i
+      - c\, m\, \hat x\, \tfrac1n {\textstyle\sum_i} g_i \hat x_i \Big), \qquad
+   \frac{\partial L}{\partial s} = \sum_{\text{rows}} \frac{\partial L}{\partial y} \odot \hat x,
+   \qquad \frac{\partial L}{\partial \beta} = \sum_{\text{rows}} \frac{\partial L}{\partial y},
+
+where the middle (mean-path) term is absent for RMSNorm and :math:`c = 1` ("inside") or
+:math:`c = (\sqrt v + \epsilon)/\sqrt v = 1/(1 - \epsilon r)` ("outside"), with the variance-path
+term set to zero on a zero-variance row (its limit).
+
+Numerics. Statistics and the backward's row reductions run in ``promote_types(x.dtype,
+float32)``. LayerNorm's variance uses *shifted data*: with a pivot :math:`K` close to the row
+(the row's first element, or its plain mean when a mask or a mesh axis is involved),
+:math:`\delta = \tfrac1n\sum (x - K)`, :math:`v = \tfrac1n\sum (x-K)^2 - \delta^2`. Because
+:math:`x - K` is exact in floating point when both are close (Sterbenz), this is as accurate as
+the two-pass formula for any mean/std ratio, in one pass over ``x``; the single-pass
+``E[x^2] - E[x]^2`` that Flax uses by default loses every digit at a ratio of ``1e4`` in
+float32. The pivot and :math:`\delta` are kept separately as residuals (``mean = K + delta`` is
+never rounded to one float), so the backward rebuilds :math:`x - \mu` exactly as the forward did.
+
+Residuals (memory vs recompute): ``x`` itself, ``scale`` (if any), the mask (if any), and per row
+``K, delta, rstd`` for LayerNorm (12 bytes per row in float32) or ``rstd`` for RMSNorm (4 bytes
+per row). :math:`\hat x` is recomputed in the backward from ``x`` (one multiply-add per element)
+rather than stored, which would cost ``d`` elements per row; ``bias`` is not needed at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxnorm import _validation as v
+
+
+@dataclasses.dataclass(frozen=True)
+class NormConfig:
+  """Static configuration of one call (hashable; passed as a ``nondiff_argnums`` value)."""
+
+  center: bool  # True: LayerNorm (subtract the mean). False: RMSNorm.
+  epsilon: float  # Python float >= 0.
+  epsilon_placement: str  # "inside": rsqrt(v + eps). "outside": 1 / (sqrt(v) + eps).
+  zero_centered_scale: bool  # gamma = 1 + scale instead of scale.
+  axis_name: Any  # Mesh axis name(s) that split the feature axis, or None.
+  axis_index_groups: Any  # Tuple of tuples, or None.
+  out_dtype: Any  # NumPy dtype of y.
+  bias_dtype: Any  # NumPy dtype of bias (for its cotangent), or None when there is no bias.
+  impl: str  # "xla" or "pallas" (resolved, never "auto").
+
+
+def compute_dtype(dtype) -> np.dtype:
+  """Dtype of statistics and row reductions: at least float32, float64 stays float64."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def _psum(cfg: NormConfig, x):
+  if cfg.axis_name is None:
+    return x
+  return lax.psum(x, cfg.axis_name, axis_index_groups=cfg.axis_index_groups)
+
+
+def _row_sum(x, mask=None):
+  if mask is not None:
+    x = jnp.where(mask, x, 0)
+  return jnp.sum(x, axis=-1, keepdims=True)
+
+
+def _count(cfg: NormConfig, mask, x_shape, dtype):
+  """n: the number of elements (over all shards) the statistics average over, shape (..., 1)."""
+  if mask is None:
+    n = jnp.full((1,) * len(x_shape), x_shape[-1], dtype)
+  else:
+    n = jnp.sum(mask, axis=-1, keepdims=True, dtype=dtype)
+  return _psum(cfg, n)
+
+
+def _normalizer(cfg: NormConfig, var):
+  """rstd = 1/sqrt(v + eps) ("inside") or 1/(sqrt(v) + eps) ("outside")."""
+  if cfg.epsilon_placement == "inside":
+    return lax.rsqrt(var + cfg.epsilon)
+  return 1.0 / (jnp.sqrt(var) + cfg.epsilon)
+
+
+def variance_path_factor(cfg: NormConfig, rstd):
+  r"""c in the backward's variance-path term.
+
+  "inside": :math:`dr/dv = -r^3/2`, so c = 1. "outside": :math:`dr/dv = -r^2/(2\sqrt v)`, which
+  is c = :math:`1/(r\sqrt v) = 1/(1 - \epsilon r)` times the "inside" form. On a zero-variance
+  row (``1 - eps*r == 0``) the whole term is zero in the limit, so c is set to 0 there (with the
+  double-``where`` that keeps second derivatives finite).
+  """
+  if cfg.epsilon_placement == "inside":
+    return None
+  denom = 1.0 - cfg.epsilon * rstd
+  ok = denom > 0
+  return jnp.where(ok, 1.0 / jnp.where(ok, denom, 1.0), 0.0)
+
+
+def statistics(cfg: NormConfig, x, mask):
+  """Row statistics of ``x: (..., d)`` in the compute dtype.
+
+  Returns ``(shift, delta, rstd)`` (each ``(..., 1)``) for LayerNorm, where the row mean is
+  ``shift + delta``, or ``(None, None, rstd)`` for RMSNorm.
+  """
+  ct = compute_dtype(x.dtype)
+  xf = x.astype(ct)
+  n = _count(cfg, mask, x.shape, ct)
+  if not cfg.center:
+    ms = _psum(cfg, _row_sum(xf * xf, mask)) / n
+    return None, None, _normalizer(cfg, ms)
+  if mask is None and cfg.axis_name is None:
+    shift = xf[..., :1]
+  else:
+    # A pivot every shard agrees on and that ignores masked-out (possibly garbage) entries.
+    shift = _psum(cfg, _row_sum(xf, mask)) / n
+  xs = xf - shift
+  s1 = _row_sum(xs, mask)
+  s2 = _row_sum(xs * xs, mask)
+  if cfg.axis_name is not None:
+    s1, s2 = _psum(cfg, jnp.stack([s1, s2]))
+  delta = s1 / n
+  var = jnp.maximum(s2 / n - delta * delta, 0.0)
+  return shift, delta, _normalizer(cfg, var)
+
+
+def x_hat(cfg: NormConfig, xf, shift, delta, rstd):
+  """The normalized row, (x - shift - delta) * rstd or x * rstd, in the compute dtype."""
+  if cfg.center:
+    return ((xf - shift) - delta) * rstd
+  return xf * rstd
+
+
+def _as_row(p, ndim, dtype):
+  """A (d,)-shaped parameter as a (1, ..., 1, d) array (explicit rank, no rank promotion)."""
+  return p.reshape((1,) * (ndim - 1) + (-1,)).astype(dtype)
+
+
+def gamma(cfg: NormConfig, scale, ndim, dtype):
+  """The effective per-feature multiplier: scale, 1 + scale, or None (identity)."""
+  if scale is None:
+    return None
+  s = _as_row(scale, ndim, dtype)
+  return 1.0 + s if cfg.zero_centered_scale else s
+
+
+def _xla_forward(cfg: NormConfig, x, scale, bias, mask):
+  shift, delta, rstd = statistics(cfg, x, mask)
+  ct = rstd.dtype
+  y = x_hat(cfg, x.astype(ct), shift, delta, rstd)
+  gam = gamma(cfg, scale, x.ndim, ct)
+  if gam is not None:
+    y = y * gam
+  if bias is not None:
+    y = y + _as_row(bias, x.ndim, ct)
+  return y.astype(cfg.out_dtype), (shift, delta, rstd)
+
+
+def _xla_backward(cfg: NormConfig, x, scale, mask, stats, dy):
+  shift, delta, rstd = stats
+  ct = rstd.dtype
+  xf = x.astype(ct)  # (..., d)
+  dyf = dy.astype(ct)  # (..., d)
+  xh = x_hat(cfg, xf, shift, delta, rstd)  # (..., d)
+  gam = gamma(cfg, scale, x.ndim, ct)
+  g = dyf if gam is None else dyf * gam  # (..., d)
+  n = _count(cfg, mask, x.shape, ct)  # (..., 1)
+  c = variance_path_factor(cfg, rstd)  # (..., 1) or None
+  m = None if mask is None else mask.astype(ct)
+  # The two row reductions (one for RMSNorm), combined across shards in one collective.
+  sum_gx = _row_sum(g * xh)
+  if cfg.center:
+    sum_g = _row_sum(g)
+    if cfg.axis_name is not None:
+      sum_g, sum_gx = _psum(cfg, jnp.stack([sum_g, sum_gx]))
+  else:
+    sum_gx = _psum(cfg, sum_gx)
+  var_term = xh * (sum_gx / n)  # variance (RMS) path
+  if c is not None:
+    var_term = var_term * c
+  inner = var_term + sum_g / n if cfg.center else var_term  # + mean path
+  if m is not None:
+    inner = inner * m
+  dx = (rstd * (g - inner)).astype(x.dtype)
+  lead = tuple(range(x.ndim - 1))
+  dscale = None
+  if scale is not None:
+    dscale = jnp.sum(dyf * xh, axis=lead).reshape(scale.shape).astype(scale.dtype)
+  dbias = None
+  if cfg.bias_dtype is not None:
+    dbias = jnp.sum(dyf, axis=lead).astype(cfg.bias_dtype)
+  return dx, dscale, dbias
+
+
+def _pallas_interpret() -> bool:
+  return os.environ.get("JAXNORM_PALLAS_INTERPRET", "0") not in ("", "0", "false", "False")
+
+
+def _pallas_forward(cfg: NormConfig, x, scale, bias, mask):
+  from jaxnorm import _pallas  # pylint: disable=g-import-not-at-top
+
+  x2 = x.reshape(-1, x.shape[-1])
+  kw = dict(epsilon=cfg.epsilon, epsilon_placement=cfg.epsilon_placement,
+            zero_centered_scale=cfg.zero_centered_scale, out_dtype=cfg.out_dtype,
+            interpret=_pallas_interpret())
+  s = None if scale is None else scale.reshape(-1)
+  if cfg.center:
+    b = None if bias is None else bias.reshape(-1)
+    y, shift, delta, rstd = _pallas.layer_norm_fwd(x2, s, b, **kw)
+    stats = (shift.reshape(x.shape[:-1] + (1,)), delta.reshape(x.shape[:-1] + (1,)),
+             rstd.reshape(x.shape[:-1] + (1,)))
+  else:
+    y, rstd = _pallas.rms_norm_fwd(x2, s, **kw)
+    stats = (None, None, rstd.reshape(x.shape[:-1] + (1,)))
+  return y.reshape(x.shape), stats
+
+
+def _pallas_backward(cfg: NormConfig, x, scale, mask, stats, dy):
+  from jaxnorm import _pallas  # pylint: disable=g-import-not-at-top
+
+  shift, delta, rstd = stats
+  d = x.shape[-1]
+  x2, dy2 = x.reshape(-1, d), dy.reshape(-1, d)
+  s = None if scale is None else scale.reshape(-1)
+  kw = dict(epsilon=cfg.epsilon, epsilon_placement=cfg.epsilon_placement,
+            zero_centered_scale=cfg.zero_centered_scale, interpret=_pallas_interpret())
+  if cfg.center:
+    dx, dscale, dbias = _pallas.layer_norm_bwd(
+        x2, s, shift.reshape(-1), delta.reshape(-1), rstd.reshape(-1), dy2,
+        has_bias=cfg.bias_dtype is not None, **kw)
+  else:
+    dx, dscale = _pallas.rms_norm_bwd(x2, s, rstd.reshape(-1), dy2, **kw)
+    dbias = None
+  if dscale is not None:
+    dscale = dscale.reshape(scale.shape).astype(scale.dtype)
+  if dbias is not None:
+    dbias = dbias.astype(cfg.bias_dtype)
+  return dx.reshape(x.shape).astype(x.dtype), dscale, dbias
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _norm(cfg: NormConfig, x, scale, bias, mask):
+  y, _ = _norm_fwd(cfg, x, scale, bias, mask)
+  return y
+
+
+def _norm_fwd(cfg: NormConfig, x, scale, bias, mask):
+  if cfg.impl == "pallas":
+    y, stats = _pallas_forward(cfg, x, scale, bias, mask)
+  else:
+    y, stats = _xla_forward(cfg, x, scale, bias, mask)
+  return y, (x, scale, mask, stats)
+
+
+def _norm_bwd(cfg: NormConfig, res, dy):
+  """Closed-form backward (see the module docstring and docs/derivations.md)."""
+  x, scale, mask, stats = res
+  if cfg.impl == "pallas":
+    dx, dscale, dbias = _pallas_backward(cfg, x, scale, mask, stats, dy)
+  else:
+    dx, dscale, dbias = _xla_backward(cfg, x, scale, mask, stats, dy)
+  return dx, dscale, dbias, None
+
+
+_norm.defvjp(_norm_fwd, _norm_bwd)
+
+
+def _resolve_impl(impl: str, x2_shape, dtype, mask, axis_name) -> str:
+  """Picks "xla" or "pallas" for ``impl`` in {"auto", "xla", "pallas"}.
+
+  "auto" takes the Pallas kernels only on a GPU backend and only for calls they support (no
+  mask, no axis_name, a supported shape and dtype); it never fails where "xla" works. "pallas"
+  raises a ``ValueError`` saying why when the kernels cannot run the call.
+  """
+  v.check_choice("impl", impl, v.IMPLS)
+  if impl == "xla":
+    return "xla"
+  backend = jax.default_backend()
+  on_gpu = backend in ("gpu", "cuda", "rocm")
+  if impl == "auto" and not on_gpu:
+    return "xla"
+  why_not = None
+  if mask is not None:
+    why_not = "the Pallas kernels do not take a mask"
+  elif axis_name is not None:
+    why_not = "the Pallas kernels do not take an axis_name (sharded feature axis)"
+  elif not on_gpu and not _pallas_interpret():
+    why_not = (f"the Pallas kernels need a GPU and the default backend is {backend!r} (set the "
+               f"environment variable JAXNORM_PALLAS_INTERPRET=1 to run them in interpret mode, "
+               f"slowly, for testing)")
+  else:
+    from jaxnorm import _pallas  # pylint: disable=g-import-not-at-top
+
+    ok, reason = _pallas.supported(x2_shape, dtype)
+    if not ok:
+      why_not = reason
+  if impl == "auto":
+    return "xla" if why_not is not None else "pallas"
+  if why_not is not None:
+    raise ValueError(f"impl='pallas' cannot run this call: {why_not}. Use impl='xla' or 'auto'.")
+  return "pallas"
+
+
+def prepare(x, scale, bias, *, center, epsilon, axis, mask, epsilon_placement,
+            zero_centered_scale, axis_name, axis_index_groups, dtype, impl):
+  """Validates the public arguments and returns ``(cfg, x2, mask2, restore)``.
+
+  ``x2`` is ``x`` with its normalized trailing axes flattened into one, ``mask2`` the mask
+  broadcast and flattened the same way, and ``restore`` maps a ``(..., d)`` result back to the
+  shape of ``x``.
+  """
+  v.check_floating("x", x)
+  epsilon = v.check_epsilon(epsilon)
+  axes = v.normalized_axes(x.ndim, axis)
+  v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
+  if not isinstance(zero_centered_scale, bool):
+    raise TypeError(f"zero_centered_scale must be a bool, got {zero_centered_scale!r}.")
+  norm_shape = tuple(x.shape[axes[0]:])
+  v.check_param("scale", scale, norm_shape)
+  v.check_param("bias", bias, norm_shape)
+  v.check_mask(mask, x.shape)
+  if dtype is not None:
+    dtype = jnp.dtype(dtype)
+    if not jnp.issubdtype(dtype, jnp.floating):
+      raise TypeError(f"dtype must be a floating dtype or None, got {dtype}.")
+  if axis_index_groups is not None:
+    if axis_name is None:
+      raise ValueError("axis_index_groups needs axis_name (the mesh axis they group).")
+    axis_index_groups = tuple(tuple(int(i) for i in grp) for grp in axis_index_groups)
+  d = int(np.prod(norm_shape))
+  lead = tuple(x.shape[:axes[0]])
+  x2 = x.reshape(lead + (d,))
+  impl = _resolve_impl(impl, (int(np.prod(lead)), d), x.dtype, mask, axis_name)
+  mask2 = None
+  if mask is not None:
+    mask2 = jnp.broadcast_to(mask, x.shape).reshape(lead + (d,))
+  cfg = NormConfig(
+      center=center,
+      epsilon=epsilon,
+      epsilon_placement=epsilon_placement,
+      zero_centered_scale=zero_centered_scale,
+      axis_name=axis_name,
+      axis_index_groups=axis_index_groups,
+      out_dtype=jnp.dtype(dtype or x.dtype),
+      bias_dtype=None if bias is None else jnp.dtype(bias.dtype),
+      impl=impl,
+  )
+  shape = tuple(x.shape)
+  return cfg, x2, mask2, lambda y: y.reshape(shape)
+
+
+def apply(cfg: NormConfig, x2, scale, bias, mask2):
+  """Calls the custom-VJP op on prepared arguments."""
+  return _norm(cfg, x2, scale, bias, mask2)

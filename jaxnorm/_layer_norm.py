@@ -1,0 +1,77 @@
+"""Public LayerNorm op: argument handling around the shared custom VJP in :mod:`jaxnorm._core`."""
+
+from __future__ import annotations
+
+from jaxnorm import _core
+
+
+def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
+               epsilon_placement="inside", zero_centered_scale=False, axis_name=None,
+               axis_index_groups=None, dtype=None, impl="auto"):
+  r"""Layer normalization with a hand-derived backward rule (``jax.custom_vjp``).
+
+  .. math::
+
+     y = \gamma \odot \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} + \beta, \qquad
+     \mu = \frac1d \sum_i x_i, \quad \sigma^2 = \frac1d \sum_i (x_i - \mu)^2
+
+  over the normalized ``axis``. The backward rule is the closed form of the full Jacobian
+  (direct path, mean path, variance path): with :math:`\hat x = (x - \mu)\,r`,
+  :math:`r = (\sigma^2 + \epsilon)^{-1/2}` and :math:`g = \gamma \odot dy`,
+
+  .. math::
+
+     dx = r \big(g - \overline{g} - \hat x\, \overline{g \hat x}\big), \qquad
+     d\gamma = \sum_{\text{rows}} dy \odot \hat x, \qquad d\beta = \sum_{\text{rows}} dy,
+
+  where the bar is the mean over the row. The derivation, the masked and "outside" variants are
+  in ``docs/derivations.md``; the residuals are ``x``, ``scale`` and 12 bytes per row (a float32
+  pivot, the mean's offset from it, and ``rstd``).
+
+  Statistics and the backward's row reductions are computed in float32 (float64 for float64
+  inputs) with a shifted-data variance that stays exact to float32 rounding for mean/std
+  ratios of ``1e4`` and beyond. ``y`` comes back in ``dtype`` (default ``x.dtype``), every
+  cotangent in the dtype of its primal. Forward-mode differentiation (``jax.jvp``) is not
+  available, as for every ``custom_vjp`` function; reverse mode works to any order.
+
+  Args:
+    x: ``(..., *normalized_shape)`` floating array.
+    scale: ``normalized_shape`` (or ``(d,)``) array, the :math:`\gamma`; None for none.
+    bias: ``normalized_shape`` (or ``(d,)``) array, the :math:`\beta`; None for none.
+    epsilon: Python float >= 0 added to the variance.
+    axis: int or tuple of ints: the trailing axes to normalize over (flattened into one).
+    mask: optional bool array broadcastable to ``x``: statistics over the True elements only
+      (``n`` of them instead of ``d``); every element is still normalized. A row with no True
+      element has undefined statistics (NaN), as in Flax.
+    epsilon_placement: "inside" (:math:`1/\sqrt{\sigma^2 + \epsilon}`) or "outside"
+      (:math:`1/(\sigma + \epsilon)`).
+    zero_centered_scale: if True the multiplier is :math:`1 + \gamma` (parameters stored as
+      offsets from one, Gemma style).
+    axis_name: mesh axis name (inside ``shard_map``) over which the normalized axis is split;
+      statistics and the backward's two row reductions are summed over it with ``psum``.
+    axis_index_groups: optional groups of indices of ``axis_name`` (as in ``lax.psum``).
+    dtype: dtype of ``y``; default ``x.dtype``.
+    impl: "auto" (fused Pallas kernels on a GPU where they apply, XLA otherwise), "xla" or
+      "pallas".
+
+  Returns:
+    ``y`` with the shape of ``x``.
+
+  Raises:
+    TypeError: ``x``, ``scale``, ``bias`` not floating; ``mask`` not boolean; ``epsilon`` not a
+      Python number.
+    ValueError: ``scale``/``bias`` shape not the normalized shape, ``axis`` out of range or not
+      trailing, ``epsilon`` negative or NaN, unknown ``epsilon_placement``/``impl``.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, jaxnorm
+    >>> x = jax.random.normal(jax.random.key(0), (4, 8))
+    >>> y = jaxnorm.layer_norm(x, jnp.ones(8), jnp.zeros(8))
+    >>> bool(jnp.allclose(y.mean(-1), 0, atol=1e-6))
+    True
+  """
+  cfg, x2, mask2, restore = _core.prepare(
+      x, scale, bias, center=True, epsilon=epsilon, axis=axis, mask=mask,
+      epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
+      axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl)
+  return restore(_core.apply(cfg, x2, scale, bias, mask2))
