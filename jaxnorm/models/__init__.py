@@ -1,0 +1,22 @@
+"""Models built from the jaxnorm Flax modules (Flax NNX).
+
+:class:`TransformerLM` is a decoder-only Transformer whose normalization position
+(Pre-/Post-/Sandwich-/DeepNorm), type (LayerNorm/RMSNorm), implementation (jaxnorm's custom
+VJP or Flax's autodiff) and initialization are switches of :class:`TransformerConfig`.
+"""
+
+from jaxnorm.models._transformer import NORM_POSITIONS as NORM_POSITIONS
+from jaxnorm.models._transformer import TransformerConfig as TransformerConfig
+from jaxnorm.models._transformer import TransformerLM as TransformerLM
+from jaxnorm.models._transformer import WEIGHT_GROUPS as WEIGHT_GROUPS
+from jaxnorm.models._transformer import block_weight_paths as block_weight_paths
+from jaxnorm.models._transformer import deepnorm_alpha_beta as deepnorm_alpha_beta
+
+__all__ = [
+    "NORM_POSITIONS",
+    "TransformerConfig",
+    "TransformerLM",
+    "WEIGHT_GROUPS",
+    "block_weight_paths",
+    "deepnorm_alpha_beta",
+]
