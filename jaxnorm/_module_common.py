@@ -1,0 +1,248 @@
+r"""Logic shared by the Flax NNX and Linen norm layers (:mod:`jaxnorm.nnx`, :mod:`jaxnorm.linen`).
+
+Flax's normalization layers accept any ``reduction_axes`` (the axes the statistics are taken
+over) and any ``feature_axes`` (the axes that carry a learned scale and bias). The custom-VJP
+ops of jaxnorm normalize over *trailing* axes only, so :func:`normalize` transposes the
+reduction axes to the end, calls the op, and transposes back:
+
+.. math::
+
+   y = \mathrm{op}\big(P x\big)\, P^{-1}, \qquad P:\ (\text{kept axes}, \text{reduction axes})
+
+When the feature axes are the reduction axes, ``scale`` and ``bias`` go into the op (its
+backward rule then yields ``dscale`` and ``dbias`` as well). Otherwise the op normalizes
+without them, in float32, and the broadcast affine map :math:`y \gamma + \beta` is applied
+with ``jax.numpy`` afterwards, as Flax does; the normalization itself still runs through the
+custom VJP.
+
+Everything here runs at trace time on static shapes, so every error is raised before any
+computation and names the argument, the value received and the value expected.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from flax.nnx.nn import dtypes as _flax_dtypes
+
+from jaxnorm import _validation as v
+from jaxnorm._layer_norm import layer_norm as _layer_norm_op
+from jaxnorm._rms_norm import rms_norm as _rms_norm_op
+
+KINDS = ("layer_norm", "rms_norm")
+
+
+def canonicalize_axes(name: str, ndim: int, axes: Any) -> tuple[int, ...]:
+  """Returns ``axes`` (an int or a sequence of ints) as sorted, unique, non-negative axes.
+
+  Same meaning as Flax's ``_canonicalize_axes`` (negative axes count from the end, repeats
+  are merged), plus type and range checks that name the argument.
+
+  Args:
+    name: the argument name used in error messages (``"reduction_axes"``, ``"feature_axes"``).
+    ndim: rank of the input.
+    axes: an int or a non-empty sequence of ints.
+
+  Returns:
+    The canonical axes, sorted ascending.
+
+  Raises:
+    TypeError: if ``axes`` is not an int or a sequence of ints.
+    ValueError: if ``axes`` is empty or an axis is out of range for rank ``ndim``.
+  """
+  if isinstance(axes, (numbers.Integral, np.integer)) and not isinstance(axes, bool):
+    items = (int(axes),)
+  elif isinstance(axes, (tuple, list, range)) and all(
+      isinstance(a, (numbers.Integral, np.integer)) and not isinstance(a, bool) for a in axes
+  ):
+    items = tuple(int(a) for a in axes)
+  else:
+    raise TypeError(f"{name} must be an int or a sequence of ints, got {axes!r}.")
+  if not items:
+    raise ValueError(f"{name} must name at least one axis, got {axes!r}.")
+  out = set()
+  for a in items:
+    if not -ndim <= a < ndim:
+      raise ValueError(
+          f"{name}={axes!r} has axis {a}, out of range for an input of rank {ndim}; use axes in "
+          f"[{-ndim}, {ndim - 1}]."
+      )
+    out.add(a % ndim)
+  return tuple(sorted(out))
+
+
+def feature_shape(x_shape: tuple[int, ...], feature_axes: Any) -> tuple[int, ...]:
+  """The shape of the learned parameters: ``x.shape[a]`` for each sorted feature axis."""
+  axes = canonicalize_axes("feature_axes", len(x_shape), feature_axes)
+  return tuple(int(x_shape[a]) for a in axes)
+
+
+def check_num_features(module: str, num_features: int, x_shape: tuple[int, ...],
+                       feature_axes: Any) -> None:
+  """Raises ``ValueError`` unless ``num_features`` equals the input's feature size.
+
+  Flax reports this mismatch as a reshape error deep inside the layer; this names both sizes.
+  """
+  fshape = feature_shape(x_shape, feature_axes)
+  size = math.prod(fshape)
+  if size != num_features:
+    raise ValueError(
+        f"{module} was built with num_features={num_features}, but the input x of shape "
+        f"{tuple(x_shape)} has {size} features along feature_axes={feature_axes!r} (shape "
+        f"{fshape}). Build the layer with num_features={size}, or fix feature_axes."
+    )
+
+
+def check_num_features_arg(module: str, num_features: Any) -> int:
+  """Checks the ``num_features`` constructor argument: a positive int."""
+  if isinstance(num_features, bool) or not isinstance(num_features, (numbers.Integral, np.integer)):
+    raise TypeError(
+        f"{module}: num_features must be a positive int (the size of the feature axes), got "
+        f"{type(num_features).__name__} {num_features!r}."
+    )
+  if num_features <= 0:
+    raise ValueError(f"{module}: num_features must be a positive int, got {num_features!r}.")
+  return int(num_features)
+
+
+def check_options(epsilon: Any, epsilon_placement: Any, impl: Any) -> float:
+  """Validates the scalar options of a layer when it is built; returns ``epsilon`` as a float."""
+  epsilon = v.check_epsilon(epsilon)
+  v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
+  v.check_choice("impl", impl, v.IMPLS)
+  return epsilon
+
+
+def output_dtype(*args: Any, dtype: Any = None) -> Any:
+  """Flax's output dtype rule: ``dtype`` if given, else ``jnp.result_type`` of the arrays.
+
+  ``None`` entries are ignored; a non-floating result is promoted to float32 (Flax's
+  ``canonicalize_dtype`` with ``inexact=True``).
+  """
+  return _flax_dtypes.canonicalize_dtype(*args, dtype=dtype)
+
+
+def _to_rank(mask: Any, ndim: int) -> Any:
+  """Prepends size-1 axes so that a broadcastable ``mask`` has rank ``ndim``."""
+  if mask.ndim == ndim:
+    return mask
+  return mask.reshape((1,) * (ndim - mask.ndim) + tuple(mask.shape))
+
+
+def normalize(
+    kind: str,
+    x: Any,
+    scale: Any,
+    bias: Any,
+    *,
+    reduction_axes: Any,
+    feature_axes: Any,
+    epsilon: float,
+    dtype: Any,
+    mask: Any = None,
+    axis_name: Any = None,
+    axis_index_groups: Any = None,
+    epsilon_placement: str = "inside",
+    zero_centered_scale: bool = False,
+    impl: str = "auto",
+) -> Any:
+  r"""Normalizes ``x`` over any ``reduction_axes`` with the custom-VJP op of ``kind``.
+
+  .. math::
+
+     y = \gamma \odot \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} + \beta \quad
+     (\text{layer\_norm}), \qquad
+     y = \gamma \odot \frac{x}{\sqrt{\overline{x^2} + \epsilon}} \quad (\text{rms\_norm})
+
+  with the statistics over ``reduction_axes`` (masked-in elements only when ``mask`` is
+  given; combined over the devices of ``axis_name`` when given) and :math:`\gamma`,
+  :math:`\beta` broadcast along ``feature_axes``.
+
+  Args:
+    kind: ``"layer_norm"`` or ``"rms_norm"``.
+    x: the input, already cast as the layer's dtype rules require.
+    scale: ``None`` or an array with ``prod(feature shape)`` elements (any shape).
+    bias: ``None`` or like ``scale`` (ignored for ``rms_norm``, which must get ``None``).
+    reduction_axes: axes the statistics are taken over (int or sequence).
+    feature_axes: axes carrying the learned parameters (int or sequence).
+    epsilon: the epsilon of the op.
+    dtype: the output dtype (the layer computes it with Flax's rules).
+    mask: ``None`` or a boolean array broadcastable to ``x``.
+    axis_name: named mesh axis that splits the reduction axes (inside ``shard_map``).
+    axis_index_groups: device groups within ``axis_name``.
+    epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
+    zero_centered_scale: multiply by ``1 + scale`` instead of ``scale``.
+    impl: ``"auto"``, ``"xla"`` or ``"pallas"``.
+
+  Returns:
+    ``y`` with the shape of ``x`` and dtype ``dtype``.
+
+  Raises:
+    ValueError: for axes out of range, or ``scale``/``bias`` whose size is not the feature size.
+    TypeError: for a non-floating ``x`` or a non-boolean ``mask``.
+  """
+  if kind not in KINDS:
+    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
+  v.check_floating("x", x)
+  v.check_mask(mask, x.shape)
+  ndim = x.ndim
+  red = canonicalize_axes("reduction_axes", ndim, reduction_axes)
+  feat = canonicalize_axes("feature_axes", ndim, feature_axes)
+  fshape = tuple(int(x.shape[a]) for a in feat)
+  for name, p in (("scale", scale), ("bias", bias)):
+    if p is not None and int(np.prod(p.shape)) != math.prod(fshape):
+      raise ValueError(
+          f"{name} has shape {tuple(p.shape)} ({int(np.prod(p.shape))} elements), but the input "
+          f"x of shape {tuple(x.shape)} has feature shape {fshape} along feature_axes="
+          f"{feature_axes!r}; the parameter was created for a different feature size."
+      )
+
+  # Move the reduction axes to the end (sorted), so the op sees trailing axes.
+  kept = [a for a in range(ndim) if a not in red]
+  perm = kept + list(red)
+  moved = perm != list(range(ndim))
+  xt = jnp.transpose(x, perm) if moved else x  # (..., *reduced)
+  mt = mask
+  if mask is not None and moved:
+    mt = jnp.transpose(_to_rank(mask, ndim), perm)
+  axis = tuple(range(ndim - len(red), ndim))
+
+  fused = feat == red or (scale is None and bias is None)
+  op_kwargs = dict(
+      epsilon=epsilon, axis=axis, mask=mt, epsilon_placement=epsilon_placement,
+      axis_name=axis_name, axis_index_groups=axis_index_groups, impl=impl,
+  )
+  if fused:
+    # Scale and bias live on the reduction axes: the op applies them (and differentiates them).
+    nshape = tuple(int(xt.shape[a]) for a in axis)
+    s = None if scale is None else scale.reshape(nshape)
+    b = None if bias is None else bias.reshape(nshape)
+    if kind == "layer_norm":
+      yt = _layer_norm_op(xt, s, b, zero_centered_scale=zero_centered_scale, dtype=dtype,
+                          **op_kwargs)
+    else:
+      yt = _rms_norm_op(xt, s, zero_centered_scale=zero_centered_scale, dtype=dtype, **op_kwargs)
+    return jnp.transpose(yt, np.argsort(perm)) if moved else yt
+
+  # Feature axes differ from the reduction axes: normalize in (at least) float32 with the op,
+  # then apply the broadcast affine map with jnp, as Flax does, and cast once at the end.
+  compute = jnp.promote_types(x.dtype, jnp.float32)
+  if kind == "layer_norm":
+    yt = _layer_norm_op(xt, None, None, dtype=compute, **op_kwargs)
+  else:
+    yt = _rms_norm_op(xt, None, dtype=compute, **op_kwargs)
+  y = jnp.transpose(yt, np.argsort(perm)) if moved else yt  # (x.shape), float32
+  bshape = [1] * ndim
+  for a in feat:
+    bshape[a] = x.shape[a]
+  if scale is not None:
+    s = scale.reshape(bshape)
+    y = y * ((1 + s) if zero_centered_scale else s)
+  if bias is not None:
+    y = y + bias.reshape(bshape)
+  return y.astype(dtype)
+

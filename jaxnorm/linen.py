@@ -1,0 +1,242 @@
+r"""Flax Linen ``LayerNorm`` and ``RMSNorm`` backed by jaxnorm's custom-VJP ops.
+
+Drop-in replacements for :class:`flax.linen.LayerNorm` and :class:`flax.linen.RMSNorm`: the
+same dataclass fields in the same order with the same defaults (``force_float32_reductions``
+included), the same ``params`` tree (``scale``, ``bias`` of shape ``x.shape[feature_axes]``
+and dtype ``param_dtype``, created in the same order so the same key gives the same values;
+boxed initializers such as ``nn.with_partitioning`` pass through), the same output dtype
+rules and the same ``reduction_axes``/``feature_axes``/``mask``/``axis_name`` semantics. Only
+the gradient path changes: the backward pass is jaxnorm's hand-derived rule.
+
+Example (swap one import; the variables, and so any checkpoint, are unchanged)::
+
+  import flax.linen as nn
+  from jaxnorm import linen as jln
+
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      x = jln.LayerNorm()(x)                # was: nn.LayerNorm()(x)
+      return nn.Dense(4)(jln.RMSNorm()(x))  # was: nn.RMSNorm()(x)
+
+Deliberate differences from Flax:
+
+* ``use_fast_variance`` is accepted for compatibility but does not change the numerics:
+  jaxnorm always computes the variance as :math:`\overline{(x - \mu)^2}` (two-pass). Results
+  agree with Flax's default wherever :math:`|\mu| / \sigma` is moderate; where it is large
+  the fast formula :math:`\overline{x^2} - \mu^2` cancels and jaxnorm is the accurate one.
+* ``force_float32_reductions`` is accepted for compatibility but the statistics are always
+  reduced in at least float32 (float64 for float64 inputs). With ``False`` Flax reduces
+  half-precision inputs in half precision; jaxnorm's result is then the more accurate one and
+  differs from Flax's by at most the half-precision rounding error.
+* Complex inputs are not supported (``TypeError``).
+
+Extra trailing fields (their defaults reproduce Flax): ``epsilon_placement`` (``"inside"``:
+:math:`\sqrt{\sigma^2 + \epsilon}`, ``"outside"``: :math:`\sqrt{\sigma^2} + \epsilon`),
+``zero_centered_scale`` (multiply by :math:`1 + \gamma`; pair it with
+``scale_init=nn.initializers.zeros`` to start at the identity) and ``impl`` (``"auto"``,
+``"xla"``, ``"pallas"``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+from flax.typing import Axes, Dtype, Initializer
+from jax.nn import initializers
+
+from jaxnorm import _module_common as common
+
+__all__ = ["LayerNorm", "RMSNorm"]
+
+
+def _params(mdl: nn.Module, x: jax.Array, use_scale: bool, use_bias: bool):
+  """Creates (or fetches) ``scale`` then ``bias``, as Flax does, in ``param_dtype``."""
+  fshape = list(common.feature_shape(x.shape, mdl.feature_axes))
+  scale = mdl.param("scale", mdl.scale_init, fshape, mdl.param_dtype) if use_scale else None
+  bias = mdl.param("bias", mdl.bias_init, fshape, mdl.param_dtype) if use_bias else None
+  return scale, bias
+
+
+def _call(mdl: nn.Module, kind: str, x: Any, mask: Any, use_scale: bool, use_bias: bool):
+  """The shared ``__call__``: parameters, Flax Linen's dtype rules, the op."""
+  if not hasattr(x, "dtype"):
+    x = jnp.asarray(x)
+  if jnp.issubdtype(x.dtype, jnp.integer) or jnp.issubdtype(x.dtype, jnp.bool_):
+    # Flax reduces integer inputs in float32 and returns floating outputs.
+    x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+  scale, bias = _params(mdl, x, use_scale, use_bias)
+  # Linen does not promote x: the output dtype is `dtype`, else result_type(x, scale, bias).
+  out_dtype = common.output_dtype(x, scale, bias, dtype=mdl.dtype)
+  return common.normalize(
+      kind, x, scale, bias,
+      reduction_axes=mdl.reduction_axes,
+      feature_axes=mdl.feature_axes,
+      epsilon=mdl.epsilon,
+      dtype=out_dtype,
+      mask=mask,
+      axis_name=mdl.axis_name,
+      axis_index_groups=mdl.axis_index_groups,
+      epsilon_placement=mdl.epsilon_placement,
+      zero_centered_scale=mdl.zero_centered_scale,
+      impl=mdl.impl,
+  )
+
+
+class LayerNorm(nn.Module):
+  r"""Layer normalization (https://arxiv.org/abs/1607.06450) with a custom VJP.
+
+  .. math::
+
+     y = \gamma \odot \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} + \beta, \qquad
+     \mu = \overline{x}, \quad \sigma^2 = \overline{(x - \mu)^2}
+
+  where the means are over ``reduction_axes`` (over the elements where ``mask`` is true, and
+  across the devices of ``axis_name``), and :math:`\gamma` (``scale``), :math:`\beta`
+  (``bias``) are learned per feature along ``feature_axes``. Same fields, parameters and call
+  as :class:`flax.linen.LayerNorm`; see the module docstring for the differences.
+
+  Example::
+
+    >>> import jax
+    >>> from jaxnorm import linen as jln
+    >>> x = jax.random.normal(jax.random.key(0), (3, 6))
+    >>> variables = jln.LayerNorm().init(jax.random.key(1), x)
+    >>> jax.tree.map(jax.numpy.shape, variables)
+    {'params': {'bias': (6,), 'scale': (6,)}}
+
+  Attributes:
+    epsilon: a small float added to the variance to avoid dividing by zero.
+    dtype: the dtype of the result (default: inferred from the input and the parameters).
+    param_dtype: the dtype of the parameters (default: float32).
+    use_bias: if True, the bias :math:`\beta` is added.
+    use_scale: if True, the output is multiplied by the scale :math:`\gamma`.
+    bias_init: initializer for the bias, zeros by default.
+    scale_init: initializer for the scale, ones by default.
+    reduction_axes: axes the statistics are computed over.
+    feature_axes: axes that carry a separate learned scale and bias per feature.
+    axis_name: named axis (of ``shard_map``/``pmap``) across which the statistics are
+      averaged, when the reduction axes are split across devices.
+    axis_index_groups: groups of indices within ``axis_name`` to average over separately.
+    use_fast_variance: accepted for compatibility; jaxnorm always uses the stable variance.
+    force_float32_reductions: accepted for compatibility; the statistics are always reduced
+      in at least float32.
+    epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
+    zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
+    impl: ``"auto"``, ``"xla"`` or ``"pallas"``.
+  """
+
+  epsilon: float = 1e-6
+  dtype: Dtype | None = None
+  param_dtype: Dtype = jnp.float32
+  use_bias: bool = True
+  use_scale: bool = True
+  bias_init: Initializer = initializers.zeros
+  scale_init: Initializer = initializers.ones
+  reduction_axes: Axes = -1
+  feature_axes: Axes = -1
+  axis_name: str | None = None
+  axis_index_groups: Any = None
+  use_fast_variance: bool = True
+  force_float32_reductions: bool = True
+  epsilon_placement: str = "inside"
+  zero_centered_scale: bool = False
+  impl: str = "auto"
+
+  def __post_init__(self):
+    common.check_options(self.epsilon, self.epsilon_placement, self.impl)
+    super().__post_init__()
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
+    """Applies layer normalization to ``x``.
+
+    Args:
+      x: the input.
+      mask: optional boolean array broadcastable to ``x``; the statistics are computed over
+        the elements where it is true, every element is normalized.
+
+    Returns:
+      The normalized input, the shape of ``x``, in ``dtype`` or else the promoted dtype of
+      ``x``, ``scale`` and ``bias``.
+    """
+    return _call(self, "layer_norm", x, mask, self.use_scale, self.use_bias)
+
+
+class RMSNorm(nn.Module):
+  r"""RMS normalization (https://arxiv.org/abs/1910.07467) with a custom VJP.
+
+  .. math::
+
+     y = \gamma \odot \frac{x}{\sqrt{\overline{x^2} + \epsilon}}
+
+  where the mean is over ``reduction_axes`` (over the elements where ``mask`` is true, and
+  across the devices of ``axis_name``), and :math:`\gamma` (``scale``) is learned per feature
+  along ``feature_axes``. No bias, as in Flax. Same fields, parameters and call as
+  :class:`flax.linen.RMSNorm`.
+
+  Example::
+
+    >>> import jax
+    >>> from jaxnorm import linen as jln
+    >>> x = jax.random.normal(jax.random.key(0), (3, 6))
+    >>> variables = jln.RMSNorm().init(jax.random.key(1), x)
+    >>> jax.tree.map(jax.numpy.shape, variables)
+    {'params': {'scale': (6,)}}
+
+  Attributes:
+    epsilon: a small float added to the mean square to avoid dividing by zero.
+    dtype: the dtype of the result (default: inferred from the input and the parameters).
+    param_dtype: the dtype of the parameters (default: float32).
+    use_scale: if True, the output is multiplied by the scale :math:`\gamma`.
+    scale_init: initializer for the scale, ones by default.
+    reduction_axes: axes the statistics are computed over.
+    feature_axes: axes that carry a separate learned scale per feature.
+    axis_name: named axis (of ``shard_map``/``pmap``) across which the mean square is
+      averaged, when the reduction axes are split across devices.
+    axis_index_groups: groups of indices within ``axis_name`` to average over separately.
+    use_fast_variance: accepted for compatibility; RMSNorm computes no variance, so it has
+      no effect (in Flax neither).
+    force_float32_reductions: accepted for compatibility; the mean square is always reduced
+      in at least float32.
+    epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
+    zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
+    impl: ``"auto"``, ``"xla"`` or ``"pallas"``.
+  """
+
+  epsilon: float = 1e-6
+  dtype: Dtype | None = None
+  param_dtype: Dtype = jnp.float32
+  use_scale: bool = True
+  scale_init: Initializer = initializers.ones
+  reduction_axes: Axes = -1
+  feature_axes: Axes = -1
+  axis_name: str | None = None
+  axis_index_groups: Any = None
+  use_fast_variance: bool = True
+  force_float32_reductions: bool = True
+  epsilon_placement: str = "inside"
+  zero_centered_scale: bool = False
+  impl: str = "auto"
+
+  def __post_init__(self):
+    common.check_options(self.epsilon, self.epsilon_placement, self.impl)
+    super().__post_init__()
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
+    """Applies RMS normalization to ``x``.
+
+    Args:
+      x: the input.
+      mask: optional boolean array broadcastable to ``x``; the mean square is computed over
+        the elements where it is true, every element is normalized.
+
+    Returns:
+      The normalized input, the shape of ``x``, in ``dtype`` or else the promoted dtype of
+      ``x`` and ``scale``.
+    """
+    return _call(self, "rms_norm", x, mask, self.use_scale, False)

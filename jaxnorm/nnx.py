@@ -1,0 +1,330 @@
+r"""Flax NNX ``LayerNorm`` and ``RMSNorm`` backed by jaxnorm's custom-VJP ops.
+
+Drop-in replacements for :class:`flax.nnx.LayerNorm` and :class:`flax.nnx.RMSNorm`: the same
+constructor (``num_features`` positional, the same keyword-only arguments and defaults), the
+same parameters (``scale``, ``bias``: ``nnx.Param`` of shape ``(num_features,)`` and dtype
+``param_dtype``, with ``scale_metadata``/``bias_metadata`` passed through), the same output
+dtype rules and the same ``reduction_axes``/``feature_axes``/``mask``/``axis_name`` semantics.
+Only the gradient path changes: the backward pass is jaxnorm's hand-derived rule instead of
+autodiff through the forward computation.
+
+Example (swap one import; the state, and so any checkpoint, is unchanged)::
+
+  from flax import nnx
+  from jaxnorm import nnx as jnn
+
+  norm = jnn.LayerNorm(512, rngs=nnx.Rngs(0))       # was: nnx.LayerNorm(512, rngs=...)
+  rms = jnn.RMSNorm(512, epsilon=1e-5, rngs=nnx.Rngs(0))
+
+Deliberate differences from Flax:
+
+* ``use_fast_variance`` is accepted for compatibility but does not change the numerics:
+  jaxnorm always computes the variance as :math:`\overline{(x - \mu)^2}` (two-pass), never
+  as :math:`\overline{x^2} - \mu^2`. Results agree with Flax's default wherever
+  :math:`|\mu| / \sigma` is moderate; where it is large (e.g. :math:`10^4` in float32) the
+  fast formula cancels catastrophically and jaxnorm is the accurate one.
+* ``num_features`` that does not match the input's feature size raises a ``ValueError``
+  naming both sizes (Flax fails inside a reshape).
+* Complex inputs are not supported (``TypeError``).
+
+Extra trailing keyword arguments (their defaults reproduce Flax):
+
+* ``epsilon_placement``: ``"inside"`` divides by :math:`\sqrt{\sigma^2 + \epsilon}` (Flax);
+  ``"outside"`` by :math:`\sqrt{\sigma^2} + \epsilon`.
+* ``zero_centered_scale``: ``True`` multiplies by :math:`1 + \gamma` (Gemma style). The
+  default ``scale_init`` (ones) then starts at an effective scale of 2; pass
+  ``scale_init=nnx.initializers.zeros_init()`` to start at the identity.
+* ``impl``: ``"auto"``, ``"xla"`` or ``"pallas"``, the kernel of the op.
+"""
+
+from __future__ import annotations
+
+import typing as tp
+from types import MappingProxyType
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from flax.nnx import rnglib
+from flax.nnx.nn import dtypes, initializers
+from flax.typing import Axes, Dtype, Initializer, PromoteDtypeFn
+
+from jaxnorm import _module_common as common
+
+__all__ = ["LayerNorm", "RMSNorm"]
+
+
+def _value(param: tp.Any) -> tp.Any:
+  """The array held by an ``nnx.Param`` (``None`` for an absent parameter)."""
+  return None if param is None else param[...]
+
+
+class LayerNorm(nnx.Module):
+  r"""Layer normalization (https://arxiv.org/abs/1607.06450) with a custom VJP.
+
+  .. math::
+
+     y = \gamma \odot \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} + \beta, \qquad
+     \mu = \overline{x}, \quad \sigma^2 = \overline{(x - \mu)^2}
+
+  where the means are over ``reduction_axes`` (over the elements where ``mask`` is true, and
+  across the devices of ``axis_name``), and :math:`\gamma` (``scale``), :math:`\beta`
+  (``bias``) are learned per feature along ``feature_axes``. Same constructor, parameters
+  and call as :class:`flax.nnx.LayerNorm`; see the module docstring for the differences.
+
+  Example::
+
+    >>> from flax import nnx
+    >>> import jax
+    >>> from jaxnorm import nnx as jnn
+    >>> layer = jnn.LayerNorm(6, rngs=nnx.Rngs(0))
+    >>> y = layer(jax.random.normal(jax.random.key(0), (3, 6)))
+    >>> y.shape
+    (3, 6)
+
+  Args:
+    num_features: the number of input features: the product of the sizes of ``feature_axes``.
+    epsilon: a small float added to the variance to avoid dividing by zero.
+    dtype: the dtype of the result (default: inferred from the input and the parameters).
+    param_dtype: the dtype of the parameters (default: float32).
+    use_bias: if True, the bias :math:`\beta` is added.
+    use_scale: if True, the output is multiplied by the scale :math:`\gamma`.
+    bias_init: initializer for the bias, zeros by default.
+    scale_init: initializer for the scale, ones by default.
+    reduction_axes: axes the statistics are computed over.
+    feature_axes: axes that carry a separate learned scale and bias per feature.
+    axis_name: named axis (of ``shard_map``/``pmap``) across which the statistics are
+      averaged, when the reduction axes are split across devices.
+    axis_index_groups: groups of indices within ``axis_name`` to average over separately.
+    use_fast_variance: accepted for compatibility with Flax; jaxnorm always uses the
+      numerically stable two-pass variance (see the module docstring).
+    promote_dtype: function that promotes ``(x, scale, bias)`` to a common dtype, called with
+      ``dtype=dtype``, as in Flax.
+    rngs: the random number generators for the initializers.
+    bias_metadata: metadata for the bias ``nnx.Param`` (e.g. ``sharding_names``).
+    scale_metadata: metadata for the scale ``nnx.Param``.
+    epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
+    zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
+    impl: ``"auto"``, ``"xla"`` or ``"pallas"``.
+
+  Raises:
+    TypeError: for a non-int ``num_features`` or a non-number ``epsilon``.
+    ValueError: for a non-positive ``num_features``, a negative ``epsilon`` or an unknown
+      ``epsilon_placement``/``impl``; at call time, for an input whose feature size is not
+      ``num_features``.
+  """
+
+  def __init__(
+      self,
+      num_features: int,
+      *,
+      epsilon: float = 1e-6,
+      dtype: tp.Optional[Dtype] = None,
+      param_dtype: Dtype = jnp.float32,
+      use_bias: bool = True,
+      use_scale: bool = True,
+      bias_init: Initializer = initializers.zeros_init(),
+      scale_init: Initializer = initializers.ones_init(),
+      reduction_axes: Axes = -1,
+      feature_axes: Axes = -1,
+      axis_name: tp.Optional[str] = None,
+      axis_index_groups: tp.Any = None,
+      use_fast_variance: bool = True,
+      promote_dtype: PromoteDtypeFn = dtypes.promote_dtype,
+      rngs: rnglib.Rngs,
+      bias_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({}),
+      scale_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({}),
+      epsilon_placement: str = "inside",
+      zero_centered_scale: bool = False,
+      impl: str = "auto",
+  ):
+    num_features = common.check_num_features_arg("LayerNorm", num_features)
+    common.check_options(epsilon, epsilon_placement, impl)
+    feature_shape = (num_features,)
+
+    # Keys are drawn scale first, then bias, as in Flax, so that the same Rngs give the same
+    # initial values.
+    self.scale: nnx.Param[jax.Array] | None
+    if use_scale:
+      key = rngs.params()
+      self.scale = nnx.Param(scale_init(key, feature_shape, param_dtype), **scale_metadata)
+    else:
+      self.scale = nnx.data(None)
+
+    self.bias: nnx.Param[jax.Array] | None
+    if use_bias:
+      key = rngs.params()
+      self.bias = nnx.Param(bias_init(key, feature_shape, param_dtype), **bias_metadata)
+    else:
+      self.bias = nnx.data(None)
+
+    self.num_features = num_features
+    self.epsilon = epsilon
+    self.dtype = dtype
+    self.param_dtype = param_dtype
+    self.use_bias = use_bias
+    self.use_scale = use_scale
+    self.reduction_axes = reduction_axes
+    self.feature_axes = feature_axes
+    self.axis_name = axis_name
+    self.axis_index_groups = axis_index_groups
+    self.use_fast_variance = use_fast_variance
+    self.promote_dtype = promote_dtype
+    self.epsilon_placement = epsilon_placement
+    self.zero_centered_scale = zero_centered_scale
+    self.impl = impl
+
+  def __call__(self, x: jax.Array, *, mask: tp.Optional[jax.Array] = None) -> jax.Array:
+    """Applies layer normalization to ``x``.
+
+    Args:
+      x: the input, any shape with ``num_features`` features along ``feature_axes``.
+      mask: optional boolean array broadcastable to ``x``; the statistics are computed over
+        the elements where it is true, every element is normalized.
+
+    Returns:
+      The normalized input, the shape of ``x``, in the dtype Flax's rules give
+      (``dtype``, else the promoted dtype of ``x``, ``scale`` and ``bias``).
+    """
+    return _call(self, "layer_norm", x, _value(self.scale), _value(self.bias), mask)
+
+
+class RMSNorm(nnx.Module):
+  r"""RMS normalization (https://arxiv.org/abs/1910.07467) with a custom VJP.
+
+  .. math::
+
+     y = \gamma \odot \frac{x}{\sqrt{\overline{x^2} + \epsilon}}
+
+  where the mean is over ``reduction_axes`` (over the elements where ``mask`` is true, and
+  across the devices of ``axis_name``), and :math:`\gamma` (``scale``) is learned per feature
+  along ``feature_axes``. There is no bias, as in Flax. Same constructor, parameters and call
+  as :class:`flax.nnx.RMSNorm`, except that ``mask`` is keyword-only, as in ``LayerNorm``.
+
+  Example::
+
+    >>> from flax import nnx
+    >>> import jax
+    >>> from jaxnorm import nnx as jnn
+    >>> layer = jnn.RMSNorm(6, rngs=nnx.Rngs(0))
+    >>> y = layer(jax.random.normal(jax.random.key(0), (3, 6)))
+    >>> y.shape
+    (3, 6)
+
+  Args:
+    num_features: the number of input features: the product of the sizes of ``feature_axes``.
+    epsilon: a small float added to the mean square to avoid dividing by zero.
+    dtype: the dtype of the result (default: inferred from the input and the parameters).
+    param_dtype: the dtype of the parameters (default: float32).
+    use_scale: if True, the output is multiplied by the scale :math:`\gamma`.
+    scale_init: initializer for the scale, ones by default.
+    reduction_axes: axes the statistics are computed over.
+    feature_axes: axes that carry a separate learned scale per feature.
+    axis_name: named axis (of ``shard_map``/``pmap``) across which the mean square is
+      averaged, when the reduction axes are split across devices.
+    axis_index_groups: groups of indices within ``axis_name`` to average over separately.
+    use_fast_variance: accepted for compatibility; RMSNorm computes no variance, so it has no
+      effect (in Flax neither).
+    promote_dtype: function that promotes ``(x, scale)`` to a common dtype, called with
+      ``dtype=dtype``, as in Flax.
+    rngs: the random number generators for the initializer.
+    scale_metadata: metadata for the scale ``nnx.Param`` (e.g. ``sharding_names``).
+    epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
+    zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
+    impl: ``"auto"``, ``"xla"`` or ``"pallas"``.
+
+  Raises:
+    TypeError: for a non-int ``num_features`` or a non-number ``epsilon``.
+    ValueError: for a non-positive ``num_features``, a negative ``epsilon`` or an unknown
+      ``epsilon_placement``/``impl``; at call time, for an input whose feature size is not
+      ``num_features``.
+  """
+
+  def __init__(
+      self,
+      num_features: int,
+      *,
+      epsilon: float = 1e-6,
+      dtype: tp.Optional[Dtype] = None,
+      param_dtype: Dtype = jnp.float32,
+      use_scale: bool = True,
+      scale_init: Initializer = initializers.ones,
+      reduction_axes: Axes = -1,
+      feature_axes: Axes = -1,
+      axis_name: tp.Optional[str] = None,
+      axis_index_groups: tp.Any = None,
+      use_fast_variance: bool = True,
+      promote_dtype: PromoteDtypeFn = dtypes.promote_dtype,
+      rngs: rnglib.Rngs,
+      scale_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({}),
+      epsilon_placement: str = "inside",
+      zero_centered_scale: bool = False,
+      impl: str = "auto",
+  ):
+    num_features = common.check_num_features_arg("RMSNorm", num_features)
+    common.check_options(epsilon, epsilon_placement, impl)
+    feature_shape = (num_features,)
+
+    self.scale: nnx.Param[jax.Array] | None
+    if use_scale:
+      key = rngs.params()
+      self.scale = nnx.Param(scale_init(key, feature_shape, param_dtype), **scale_metadata)
+    else:
+      self.scale = nnx.data(None)
+
+    self.num_features = num_features
+    self.epsilon = epsilon
+    self.dtype = dtype
+    self.param_dtype = param_dtype
+    self.use_scale = use_scale
+    self.reduction_axes = reduction_axes
+    self.feature_axes = feature_axes
+    self.axis_name = axis_name
+    self.axis_index_groups = axis_index_groups
+    self.use_fast_variance = use_fast_variance
+    self.promote_dtype = promote_dtype
+    self.epsilon_placement = epsilon_placement
+    self.zero_centered_scale = zero_centered_scale
+    self.impl = impl
+
+  def __call__(self, x: jax.Array, *, mask: tp.Optional[jax.Array] = None) -> jax.Array:
+    """Applies RMS normalization to ``x``.
+
+    Args:
+      x: the input, any shape with ``num_features`` features along ``feature_axes``.
+      mask: optional boolean array broadcastable to ``x``; the mean square is computed over
+        the elements where it is true, every element is normalized.
+
+    Returns:
+      The normalized input, the shape of ``x``, in the dtype Flax's rules give
+      (``dtype``, else the promoted dtype of ``x`` and ``scale``).
+    """
+    return _call(self, "rms_norm", x, _value(self.scale), None, mask)
+
+
+def _call(layer: tp.Any, kind: str, x: tp.Any, scale: tp.Any, bias: tp.Any,
+          mask: tp.Any) -> jax.Array:
+  """The shared ``__call__``: Flax NNX's dtype promotion, the feature check, the op."""
+  name = type(layer).__name__
+  if not hasattr(x, "shape"):
+    x = jnp.asarray(x)
+  common.check_num_features(name, layer.num_features, x.shape, layer.feature_axes)
+  # Flax NNX promotes the input and the parameters to one dtype (`dtype` when given) first.
+  if kind == "layer_norm":
+    x, scale, bias = layer.promote_dtype((x, scale, bias), dtype=layer.dtype)
+  else:
+    x, scale = layer.promote_dtype((x, scale), dtype=layer.dtype)
+  out_dtype = common.output_dtype(x, scale, bias, dtype=layer.dtype)
+  return common.normalize(
+      kind, x, scale, bias,
+      reduction_axes=layer.reduction_axes,
+      feature_axes=layer.feature_axes,
+      epsilon=layer.epsilon,
+      dtype=out_dtype,
+      mask=mask,
+      axis_name=layer.axis_name,
+      axis_index_groups=layer.axis_index_groups,
+      epsilon_placement=layer.epsilon_placement,
+      zero_centered_scale=layer.zero_centered_scale,
+      impl=layer.impl,
+  )
