@@ -1,0 +1,696 @@
+r"""Fused Pallas kernels (Triton backend) for LayerNorm and RMSNorm, forward and backward.
+
+Normalization is memory-bound on a GPU, so the kernels are written to move each byte once:
+
+* **forward** (one program per tile of ``block_rows`` rows): one read of ``x``, the row
+  statistics in float32 registers, one write of ``y`` and of the per-row statistics;
+* **backward dx** (a fixed number of programs, each looping over its tiles of rows): one read
+  of ``x`` and ``dy``, the two row reductions in registers, one write of ``dx``; each program
+  also accumulates its share of :math:`\sum_\text{rows} dy \odot \hat x` and
+  :math:`\sum_\text{rows} dy` in float32 and writes it as one row of a ``(programs, d)``
+  partial-sum array;
+* **parameter reduction**: a second, small kernel sums those partial rows per column. There are
+  no atomics, so ``dscale``/``dbias`` are deterministic, run to run.
+
+For feature sizes larger than one block (``d > MAX_BLOCK_D``) the kernels loop over column
+blocks (the forward then reads a row three times and the backward twice; the re-reads of one
+row tile usually hit L2). Blocks are powers of two, loads and stores are masked, so any ``d``
+works, including sizes that are not powers of two.
+
+Math (the same derived formulas as the XLA path in :mod:`jaxnorm._core`), per row of ``d``
+features, with :math:`\gamma` = ``scale`` or ``1 + scale`` (``zero_centered_scale``) or 1:
+
+.. math::
+
+   K = x_0,\quad \delta = \tfrac1d\sum_i (x_i - K),\quad
+   v = \tfrac1d\sum_i (x_i - K - \delta)^2,\quad
+   r = \frac{1}{\sqrt{v + \epsilon}}\ \text{("inside")}\ \text{or}\
+       \frac{1}{\sqrt v + \epsilon}\ \text{("outside")},
+
+   \hat x = (x - K - \delta)\, r \ \text{(LayerNorm)},\qquad \hat x = x\, r,\ v = \tfrac1d\sum_i
+   x_i^2 \ \text{(RMSNorm)},\qquad y = \gamma \odot \hat x + \beta,
+
+   g = dy \odot \gamma,\qquad
+   dx = r\Big(g - \overline{g} - c\, \hat x\, \overline{g \hat x}\Big),\qquad
+   d\text{scale} = \sum_\text{rows} dy \odot \hat x,\qquad d\beta = \sum_\text{rows} dy,
+
+where the bars are row means, :math:`\overline g` is absent for RMSNorm, and :math:`c = 1`
+("inside") or :math:`c = 1/(1 - \epsilon r)` ("outside", 0 on a zero-variance row where
+:math:`1 - \epsilon r \le 0`). The variance is taken with two passes over the row held in
+registers (exact, not the shifted one-pass sums of the XLA path; the residuals ``shift``,
+``delta``, ``rstd`` mean the same thing on both paths, so either backward can consume them).
+
+Block sizes and warps come from :func:`block_config`, the one place that decides them.
+
+On a CPU the kernels run in Pallas interpret mode (``interpret=True``), which is how the test
+suite checks them; the core ops pass ``interpret=True`` when the environment variable
+``JAXNORM_PALLAS_INTERPRET=1`` is set. ``pl.pallas_call`` is always given Triton
+``CompilerParams``, which selects the Triton lowering (never Mosaic GPU) on NVIDIA and AMD GPUs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from jaxnorm import _validation as v
+
+__all__ = [
+    "BlockConfig",
+    "block_config",
+    "layer_norm_bwd",
+    "layer_norm_fwd",
+    "rms_norm_bwd",
+    "rms_norm_fwd",
+    "supported",
+]
+
+SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+GPU_BACKENDS = ("gpu", "cuda", "rocm")
+
+# Columns one program holds at once: a row of 8192 float32 values is 32 KiB of registers across
+# the program's threads; wider rows loop over column blocks.
+MAX_BLOCK_D = 8192
+# Elements of one (block_rows, block_d) tile that the heuristic aims for with short rows, so a
+# program has enough independent loads in flight.
+TARGET_TILE = 4096
+MAX_BLOCK_ROWS = 64
+# Columns per program in the parameter-reduction kernel, and rows of partials per step.
+REDUCE_BLOCK_D = 256
+REDUCE_BLOCK_ROWS = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockConfig:
+  """Launch configuration of the kernels for one (rows, d, dtype, device).
+
+  Attributes:
+    block_d: columns of a tile (a power of two, ``>= d`` unless the kernels loop).
+    num_col_blocks: ``cdiv(d, block_d)``; more than one means the column loop.
+    block_rows: rows of a tile (a power of two).
+    num_warps: Triton warps per program (32 threads each).
+    bwd_programs: programs of the backward dx kernel; each owns one row of the float32
+      ``(bwd_programs, d)`` partial sums of ``dscale``/``dbias``.
+    reduce_block_d: columns per program of the partial-sum reduction kernel.
+    reduce_block_rows: partial rows the reduction kernel adds per step.
+  """
+
+  block_d: int
+  num_col_blocks: int
+  block_rows: int
+  num_warps: int
+  bwd_programs: int
+  reduce_block_d: int
+  reduce_block_rows: int
+
+
+@functools.lru_cache(maxsize=256)
+def block_config(rows: int, d: int, dtype: Any, device_kind: str = "",
+                 core_count: int | None = None) -> BlockConfig:
+  r"""The block-size heuristic of every kernel in this module (cached per key).
+
+  * ``block_d = min(next_pow2(d), MAX_BLOCK_D)``: the whole row in registers when it fits.
+  * ``block_rows = clamp(TARGET_TILE // block_d, 1, MAX_BLOCK_ROWS)``, at most
+    ``next_pow2(rows)``: short rows are batched so a tile has about 4096 elements.
+  * ``num_warps = clamp(block_rows * block_d // 256, 1, 8)``: about 8 elements per thread at
+    4 warps per 1024 elements, the Triton tutorial's rule for row-wise kernels.
+  * ``bwd_programs = min(row_tiles, 4 * core_count)`` (4 programs per SM keep the memory pipes
+    busy; their partial sums are ``bwd_programs * d`` float32, negligible next to ``x``), or at
+    most 8 where the device does not report its core count (interpret mode on a CPU).
+
+  ``dtype`` and ``device_kind`` are part of the cache key so that a per-device or per-dtype
+  table (e.g. from autotuning on a GPU) can replace the rules above without changing callers.
+
+  Args:
+    rows: number of rows (tokens) of ``x: (rows, d)``.
+    d: feature size.
+    dtype: dtype of ``x``.
+    device_kind: ``jax.Device.device_kind`` of the device that runs the kernels.
+    core_count: number of SMs (``jax.Device.core_count`` on a GPU), or None.
+
+  Returns:
+    The :class:`BlockConfig`.
+  """
+  del dtype, device_kind  # Same rules for every dtype and device until a GPU tunes them.
+  block_d = min(pl.next_power_of_2(d), MAX_BLOCK_D)
+  block_rows = max(1, min(TARGET_TILE // block_d, MAX_BLOCK_ROWS, pl.next_power_of_2(rows)))
+  num_warps = max(1, min(block_rows * block_d // 256, 8))
+  row_tiles = pl.cdiv(rows, block_rows)
+  max_programs = 4 * core_count if core_count else 8
+  return BlockConfig(
+      block_d=block_d,
+      num_col_blocks=pl.cdiv(d, block_d),
+      block_rows=block_rows,
+      num_warps=num_warps,
+      bwd_programs=max(1, min(row_tiles, max_programs)),
+      reduce_block_d=min(REDUCE_BLOCK_D, pl.next_power_of_2(d)),
+      reduce_block_rows=REDUCE_BLOCK_ROWS,
+  )
+
+
+def _config_for(rows: int, d: int, dtype) -> BlockConfig:
+  device = jax.devices()[0]
+  core_count = getattr(device, "core_count", None) if device.platform in GPU_BACKENDS else None
+  return block_config(rows, d, jnp.dtype(dtype).name, str(getattr(device, "device_kind", "")),
+                      core_count)
+
+
+def supported(x_shape, dtype, *, backend: str | None = None) -> tuple[bool, str]:
+  """Whether the kernels can run ``x: (rows, d)`` of ``dtype``, and why not if they cannot.
+
+  Args:
+    x_shape: shape of the 2-D input ``(rows, d)``.
+    dtype: dtype of the input.
+    backend: if given (e.g. ``jax.default_backend()``), also check that it can compile the
+      kernels (a GPU); None skips that check (interpret mode runs anywhere).
+
+  Returns:
+    ``(True, "")`` or ``(False, reason)``.
+  """
+  shape = tuple(x_shape)
+  if len(shape) != 2:
+    return False, f"the kernels take a 2-D input (rows, d), got shape {shape}"
+  if shape[0] == 0 or shape[1] == 0:
+    return False, f"the input is empty (shape {shape})"
+  dt = jnp.dtype(dtype)
+  if dt not in SUPPORTED_DTYPES:
+    return False, (f"the kernels support float32, bfloat16 and float16 inputs, got {dt.name}")
+  if backend is not None and backend not in GPU_BACKENDS:
+    return False, (f"the Pallas kernels need a GPU (Triton backend), the backend is {backend!r}; "
+                   f"use interpret=True to run them (slowly) elsewhere")
+  return True, ""
+
+
+# ----------------------------------------------------------------------------- kernel helpers
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+  """Static configuration of one kernel launch (hashable: it parametrizes the jitted calls)."""
+
+  rows: int
+  d: int
+  center: bool  # LayerNorm (True) or RMSNorm (False).
+  has_scale: bool
+  has_bias: bool  # forward: add a bias; backward: produce dbias.
+  epsilon: float
+  outside: bool  # epsilon_placement == "outside".
+  zero_centered_scale: bool
+  cfg: BlockConfig
+
+
+def _tile(spec: _Spec, row0, col0):
+  """Row/column slices of one tile and its masks: (rows_ds, cols_ds, row_ok, col_ok, mask)."""
+  br, bd = spec.cfg.block_rows, spec.cfg.block_d
+  row_ok = row0 + jnp.arange(br) < spec.rows  # (br,)
+  col_ok = col0 + jnp.arange(bd) < spec.d  # (bd,)
+  mask = row_ok[:, None] & col_ok[None, :]  # (br, bd)
+  return pl.ds(row0, br), pl.ds(col0, bd), row_ok, col_ok, mask
+
+
+def _load(ref, idx, mask):
+  """Masked load (zeros outside the array) promoted to float32."""
+  return plgpu.load(ref.at[idx], mask=mask, other=0.0).astype(jnp.float32)
+
+
+def _gamma(spec: _Spec, scale_ref, cols, col_ok):
+  """The effective scale of a column block as a (1, block_d) float32 row, or None."""
+  if not spec.has_scale:
+    return None
+  s = _load(scale_ref, (cols,), col_ok)
+  if spec.zero_centered_scale:
+    s = 1.0 + s
+  return s[None, :]
+
+
+def _rstd(spec: _Spec, var):
+  if spec.outside:
+    return 1.0 / (jnp.sqrt(var) + spec.epsilon)
+  return lax.rsqrt(var + spec.epsilon)
+
+
+def _variance_factor(spec: _Spec, rstd):
+  """c of the variance path: 1 ("inside") or 1/(1 - eps*rstd), 0 where that is not positive."""
+  if not spec.outside:
+    return None
+  denom = 1.0 - spec.epsilon * rstd
+  ok = denom > 0
+  return jnp.where(ok, 1.0 / jnp.where(ok, denom, 1.0), 0.0)
+
+
+def _col_loop(spec: _Spec, body, init):
+  """Folds ``body(col0, carry)`` over the column blocks (a plain call for a single block)."""
+  bd = spec.cfg.block_d
+  if spec.cfg.num_col_blocks == 1:
+    return body(0, init)
+  return lax.fori_loop(0, spec.cfg.num_col_blocks, lambda j, c: body(j * bd, c), init)
+
+
+def _compiler_params(spec: _Spec):
+  # Triton CompilerParams select the Triton lowering on GPUs (not Mosaic GPU).
+  return plgpu.CompilerParams(num_warps=spec.cfg.num_warps, num_stages=1)
+
+
+# ----------------------------------------------------------------------------- forward kernel
+
+
+def _fwd_kernel(spec: _Spec, *refs):
+  """One tile of rows: statistics in float32, then y; see the module docstring."""
+  refs = list(refs)
+  x_ref = refs.pop(0)
+  scale_ref = refs.pop(0) if spec.has_scale else None
+  bias_ref = refs.pop(0) if spec.has_bias else None
+  y_ref = refs.pop(0)
+  if spec.center:
+    shift_ref, delta_ref, rstd_ref = refs
+  else:
+    (rstd_ref,) = refs
+  d = spec.d
+  row0 = pl.program_id(0) * spec.cfg.block_rows
+  rows_ds, _, row_ok, _, _ = _tile(spec, row0, 0)
+  single = spec.cfg.num_col_blocks == 1
+
+  def load_x(col0):
+    rds, cds, _, _, mask = _tile(spec, row0, col0)
+    return _load(x_ref, (rds, cds), mask), mask  # (br, bd)
+
+  x0, mask0 = load_x(0)
+  if spec.center:
+    # Pivot K = x[:, 0] (column 0 is always in the first block).
+    first = jnp.arange(spec.cfg.block_d)[None, :] == 0
+    shift = jnp.sum(jnp.where(first, x0, 0.0), axis=1)  # (br,)
+
+    def sum_body(col0, acc):
+      x, mask = (x0, mask0) if single else load_x(col0)
+      return acc + jnp.where(mask, x - shift[:, None], 0.0)
+
+    delta = jnp.sum(_col_loop(spec, sum_body, jnp.zeros_like(x0)), axis=1) / d  # (br,)
+
+    def var_body(col0, acc):
+      x, mask = (x0, mask0) if single else load_x(col0)
+      xc = jnp.where(mask, (x - shift[:, None]) - delta[:, None], 0.0)
+      return acc + xc * xc
+
+    var = jnp.sum(_col_loop(spec, var_body, jnp.zeros_like(x0)), axis=1) / d
+  else:
+
+    def sq_body(col0, acc):
+      x, _ = (x0, mask0) if single else load_x(col0)
+      return acc + x * x
+
+    var = jnp.sum(_col_loop(spec, sq_body, jnp.zeros_like(x0)), axis=1) / d
+  rstd = _rstd(spec, var)  # (br,)
+
+  def out_body(col0, carry):
+    x, _ = (x0, mask0) if single else load_x(col0)
+    rds, cds, _, col_ok, mask = _tile(spec, row0, col0)
+    if spec.center:
+      xh = ((x - shift[:, None]) - delta[:, None]) * rstd[:, None]
+    else:
+      xh = x * rstd[:, None]
+    gam = _gamma(spec, scale_ref, cds, col_ok)
+    y = xh if gam is None else xh * gam
+    if spec.has_bias:
+      y = y + _load(bias_ref, (cds,), col_ok)[None, :]
+    plgpu.store(y_ref.at[rds, cds], y.astype(y_ref.dtype), mask=mask)
+    return carry
+
+  _col_loop(spec, out_body, 0)
+  plgpu.store(rstd_ref.at[rows_ds], rstd, mask=row_ok)
+  if spec.center:
+    plgpu.store(shift_ref.at[rows_ds], shift, mask=row_ok)
+    plgpu.store(delta_ref.at[rows_ds], delta, mask=row_ok)
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "out_dtype", "interpret"))
+def _fwd_call(x, scale, bias, *, spec: _Spec, out_dtype, interpret: bool):
+  rows, d = x.shape
+  stat = jax.ShapeDtypeStruct((rows,), jnp.float32)
+  out_shape = [jax.ShapeDtypeStruct((rows, d), out_dtype)]
+  out_shape += [stat, stat, stat] if spec.center else [stat]
+  args = [x] + ([scale] if spec.has_scale else []) + ([bias] if spec.has_bias else [])
+  return pl.pallas_call(
+      functools.partial(_fwd_kernel, spec),
+      out_shape=out_shape,
+      grid=(pl.cdiv(rows, spec.cfg.block_rows),),
+      compiler_params=_compiler_params(spec),
+      interpret=interpret,
+      name="jaxnorm_layer_norm_fwd" if spec.center else "jaxnorm_rms_norm_fwd",
+  )(*args)
+
+
+# ----------------------------------------------------------------------------- backward kernels
+
+
+def _bwd_kernel(spec: _Spec, *refs):
+  """dx for the row tiles of this program, and its float32 partial sums of dscale/dbias."""
+  refs = list(refs)
+  x_ref, dy_ref = refs.pop(0), refs.pop(0)
+  scale_ref = refs.pop(0) if spec.has_scale else None
+  if spec.center:
+    shift_ref, delta_ref = refs.pop(0), refs.pop(0)
+  rstd_ref = refs.pop(0)
+  dx_ref = refs.pop(0)
+  ds_ref = refs.pop(0) if spec.has_scale else None
+  db_ref = refs.pop(0) if spec.has_bias else None
+  cfg = spec.cfg
+  d, br, bd = spec.d, cfg.block_rows, cfg.block_d
+  single = cfg.num_col_blocks == 1
+  pid = pl.program_id(0)
+  n_tiles = pl.cdiv(spec.rows, br)
+  steps = pl.cdiv(n_tiles, cfg.bwd_programs)
+  zeros_col = jnp.zeros((bd,), jnp.float32)
+
+  def tile_terms(row0, col0, stats):
+    """x_hat, dy and g of one tile, zero outside the array."""
+    rds, cds, _, col_ok, mask = _tile(spec, row0, col0)
+    x = _load(x_ref, (rds, cds), mask)  # (br, bd)
+    dy = _load(dy_ref, (rds, cds), mask)  # (br, bd)
+    if spec.center:
+      shift, delta, rstd = stats
+      xh = jnp.where(mask, ((x - shift[:, None]) - delta[:, None]) * rstd[:, None], 0.0)
+    else:
+      (rstd,) = stats
+      xh = x * rstd[:, None]
+    gam = _gamma(spec, scale_ref, cds, col_ok)
+    g = dy if gam is None else dy * gam
+    return rds, cds, col_ok, mask, xh, dy, g
+
+  def row_tile(i, acc):
+    row0 = (pid + i * cfg.bwd_programs) * br  # past the last row: everything masked.
+    rows_ds, _, row_ok, _, _ = _tile(spec, row0, 0)
+    rstd = _load(rstd_ref, (rows_ds,), row_ok)  # (br,)
+    if spec.center:
+      stats = (_load(shift_ref, (rows_ds,), row_ok), _load(delta_ref, (rows_ds,), row_ok), rstd)
+    else:
+      stats = (rstd,)
+
+    def reduce_body(col0, sums):
+      _, _, _, _, xh, _, g = tile_terms(row0, col0, stats)
+      return sums[0] + g * xh, sums[1] + g
+
+    if single:
+      terms = tile_terms(row0, 0, stats)
+      gx, gs = terms[4] * terms[6], terms[6]
+    else:
+      zero = jnp.zeros((br, bd), jnp.float32)
+      gx, gs = _col_loop(spec, reduce_body, (zero, zero))
+    mean_gx = jnp.sum(gx, axis=1) / d  # (br,)
+    c = _variance_factor(spec, rstd)
+    coef = mean_gx if c is None else mean_gx * c  # (br,)
+    mean_g = jnp.sum(gs, axis=1) / d if spec.center else None
+
+    def dx_body(col0, acc):
+      rds, cds, col_ok, mask, xh, dy, g = terms if single else tile_terms(row0, col0, stats)
+      inner = xh * coef[:, None]
+      if spec.center:
+        inner = inner + mean_g[:, None]
+      dx = rstd[:, None] * (g - inner)
+      plgpu.store(dx_ref.at[rds, cds], dx.astype(dx_ref.dtype), mask=mask)
+      ds_part = jnp.sum(dy * xh, axis=0)  # (bd,)
+      db_part = jnp.sum(dy, axis=0)  # (bd,)
+      if single:
+        return acc[0] + ds_part, acc[1] + db_part
+      # Several column blocks: this program's partial row lives in global memory.
+      if spec.has_scale:
+        prev = _load(ds_ref, (pid, cds), col_ok)
+        plgpu.store(ds_ref.at[pid, cds], prev + ds_part, mask=col_ok)
+      if spec.has_bias:
+        prev = _load(db_ref, (pid, cds), col_ok)
+        plgpu.store(db_ref.at[pid, cds], prev + db_part, mask=col_ok)
+      return acc
+
+    return _col_loop(spec, dx_body, acc)
+
+  if not single:
+
+    def zero_body(col0, carry):
+      cds, col_ok = pl.ds(col0, bd), col0 + jnp.arange(bd) < d
+      if spec.has_scale:
+        plgpu.store(ds_ref.at[pid, cds], zeros_col, mask=col_ok)
+      if spec.has_bias:
+        plgpu.store(db_ref.at[pid, cds], zeros_col, mask=col_ok)
+      return carry
+
+    _col_loop(spec, zero_body, 0)
+  ds_acc, db_acc = lax.fori_loop(0, steps, row_tile, (zeros_col, zeros_col))
+  if single:
+    cds, col_ok = pl.ds(0, bd), jnp.arange(bd) < d
+    if spec.has_scale:
+      plgpu.store(ds_ref.at[pid, cds], ds_acc, mask=col_ok)
+    if spec.has_bias:
+      plgpu.store(db_ref.at[pid, cds], db_acc, mask=col_ok)
+
+
+def _reduce_kernel(n_parts: int, rows: int, d: int, block_rows: int, block_d: int, *refs):
+  """Sums the (rows, d) float32 partials over rows, block_d columns per program."""
+  part_refs, out_refs = refs[:n_parts], refs[n_parts:]
+  col0 = pl.program_id(0) * block_d
+  cds = pl.ds(col0, block_d)
+  col_ok = col0 + jnp.arange(block_d) < d
+
+  def body(i, accs):
+    row0 = i * block_rows
+    row_ok = row0 + jnp.arange(block_rows) < rows
+    mask = row_ok[:, None] & col_ok[None, :]
+    return tuple(acc + _load(ref, (pl.ds(row0, block_rows), cds), mask)
+                 for acc, ref in zip(accs, part_refs))
+
+  init = tuple(jnp.zeros((block_rows, block_d), jnp.float32) for _ in part_refs)
+  accs = lax.fori_loop(0, pl.cdiv(rows, block_rows), body, init)
+  for acc, out_ref in zip(accs, out_refs):
+    plgpu.store(out_ref.at[cds], jnp.sum(acc, axis=0).astype(out_ref.dtype), mask=col_ok)
+
+
+def _reduce_partials(parts, out_dtypes, spec: _Spec, interpret: bool):
+  g, d = parts[0].shape
+  cfg = spec.cfg
+  block_rows = min(cfg.reduce_block_rows, pl.next_power_of_2(g))
+  return pl.pallas_call(
+      functools.partial(_reduce_kernel, len(parts), g, d, block_rows, cfg.reduce_block_d),
+      out_shape=[jax.ShapeDtypeStruct((d,), dt) for dt in out_dtypes],
+      grid=(pl.cdiv(d, cfg.reduce_block_d),),
+      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+      interpret=interpret,
+      name="jaxnorm_norm_param_reduce",
+  )(*parts)
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "interpret"))
+def _bwd_call(x, dy, scale, shift, delta, rstd, *, spec: _Spec, interpret: bool):
+  rows, d = x.shape
+  g = spec.cfg.bwd_programs
+  part = jax.ShapeDtypeStruct((g, d), jnp.float32)
+  out_shape = [jax.ShapeDtypeStruct((rows, d), x.dtype)]
+  out_shape += [part] if spec.has_scale else []
+  out_shape += [part] if spec.has_bias else []
+  args = [x, dy] + ([scale] if spec.has_scale else [])
+  args += [shift, delta, rstd] if spec.center else [rstd]
+  outs = pl.pallas_call(
+      functools.partial(_bwd_kernel, spec),
+      out_shape=out_shape,
+      grid=(g,),
+      compiler_params=_compiler_params(spec),
+      interpret=interpret,
+      name="jaxnorm_layer_norm_bwd" if spec.center else "jaxnorm_rms_norm_bwd",
+  )(*args)
+  dx, parts = outs[0], list(outs[1:])
+  dscale = dbias = None
+  if parts:
+    dtypes = ([scale.dtype] if spec.has_scale else []) + ([jnp.float32] if spec.has_bias else [])
+    sums = list(_reduce_partials(parts, dtypes, spec, interpret))
+    if spec.has_scale:
+      dscale = sums.pop(0)
+    if spec.has_bias:
+      dbias = sums.pop(0)
+  return dx, dscale, dbias
+
+
+# ----------------------------------------------------------------------------- public wrappers
+
+
+def _check_x(x) -> tuple[int, int]:
+  v.check_floating("x", x)
+  if x.ndim != 2:
+    raise ValueError(f"x must be 2-D (rows, d) for the Pallas kernels, got shape {x.shape}; "
+                     f"reshape it to (-1, d) first.")
+  ok, reason = supported(x.shape, x.dtype)
+  if not ok:
+    raise ValueError(f"x of shape {x.shape} and dtype {x.dtype} is not supported: {reason}.")
+  return x.shape
+
+
+def _check_vector(name: str, p, n: int, what: str) -> None:
+  if p is None:
+    return
+  v.check_floating(name, p)
+  if tuple(p.shape) != (n,):
+    raise ValueError(f"{name} must have shape ({n},) ({what}), got shape {tuple(p.shape)}.")
+
+
+def _check_like(name: str, a, x) -> None:
+  v.check_floating(name, a)
+  if tuple(a.shape) != tuple(x.shape):
+    raise ValueError(f"{name} must have the shape of x {tuple(x.shape)}, got {tuple(a.shape)}.")
+
+
+def _spec(x, *, center, has_scale, has_bias, epsilon, epsilon_placement, zero_centered_scale):
+  rows, d = x.shape
+  epsilon = v.check_epsilon(epsilon)
+  v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
+  if not isinstance(zero_centered_scale, bool):
+    raise TypeError(f"zero_centered_scale must be a bool, got {zero_centered_scale!r}.")
+  return _Spec(rows=rows, d=d, center=center, has_scale=has_scale, has_bias=has_bias,
+               epsilon=epsilon, outside=epsilon_placement == "outside",
+               zero_centered_scale=zero_centered_scale, cfg=_config_for(rows, d, x.dtype))
+
+
+def _out_dtype(out_dtype, x):
+  dt = jnp.dtype(out_dtype if out_dtype is not None else x.dtype)
+  if not jnp.issubdtype(dt, jnp.floating):
+    raise TypeError(f"out_dtype must be a floating dtype, got {dt}.")
+  return dt
+
+
+def layer_norm_fwd(x, scale, bias, *, epsilon, epsilon_placement="inside",
+                   zero_centered_scale=False, out_dtype=None, interpret=False):
+  r"""Fused LayerNorm forward: ``y`` and the float32 row statistics in one pass over ``x``.
+
+  .. math::
+
+     y = \gamma \odot (x - K - \delta)\, r + \beta, \quad K = x_{:,0},\
+     \delta = \overline{x - K},\ r = (v + \epsilon)^{-1/2} \text{ or } (\sqrt v + \epsilon)^{-1}
+
+  Args:
+    x: ``(rows, d)`` float32, bfloat16 or float16.
+    scale: ``(d,)`` or None.
+    bias: ``(d,)`` or None.
+    epsilon: non-negative Python float.
+    epsilon_placement: "inside" (``rsqrt(var + eps)``) or "outside" (``1/(sqrt(var) + eps)``).
+    zero_centered_scale: multiply by ``1 + scale`` instead of ``scale``.
+    out_dtype: dtype of ``y`` (default: ``x.dtype``).
+    interpret: run the kernels in Pallas interpret mode (any backend, slow).
+
+  Returns:
+    ``(y, shift, delta, rstd)``: ``y: (rows, d)`` in ``out_dtype``; ``shift`` (the pivot
+    ``x[:, 0]``), ``delta`` (mean of ``x - shift``) and ``rstd``, each float32 ``(rows,)``. The
+    row mean is ``shift + delta``.
+  """
+  rows, d = _check_x(x)
+  _check_vector("scale", scale, d, "the feature size of x")
+  _check_vector("bias", bias, d, "the feature size of x")
+  spec = _spec(x, center=True, has_scale=scale is not None, has_bias=bias is not None,
+               epsilon=epsilon, epsilon_placement=epsilon_placement,
+               zero_centered_scale=zero_centered_scale)
+  y, shift, delta, rstd = _fwd_call(x, scale, bias, spec=spec, out_dtype=_out_dtype(out_dtype, x),
+                                    interpret=bool(interpret))
+  return y, shift, delta, rstd
+
+
+def rms_norm_fwd(x, scale, *, epsilon, epsilon_placement="inside", zero_centered_scale=False,
+                 out_dtype=None, interpret=False):
+  r"""Fused RMSNorm forward: ``y`` and the float32 ``rstd`` in one pass over ``x``.
+
+  .. math::
+
+     y = \gamma \odot x\, r, \quad r = (\overline{x^2} + \epsilon)^{-1/2} \text{ or }
+     (\sqrt{\overline{x^2}} + \epsilon)^{-1}
+
+  Args:
+    x: ``(rows, d)`` float32, bfloat16 or float16.
+    scale: ``(d,)`` or None.
+    epsilon: non-negative Python float.
+    epsilon_placement: "inside" or "outside" (see :func:`layer_norm_fwd`).
+    zero_centered_scale: multiply by ``1 + scale`` instead of ``scale``.
+    out_dtype: dtype of ``y`` (default: ``x.dtype``).
+    interpret: run the kernels in Pallas interpret mode.
+
+  Returns:
+    ``(y, rstd)``: ``y: (rows, d)`` in ``out_dtype``, ``rstd`` float32 ``(rows,)``.
+  """
+  rows, d = _check_x(x)
+  _check_vector("scale", scale, d, "the feature size of x")
+  spec = _spec(x, center=False, has_scale=scale is not None, has_bias=False, epsilon=epsilon,
+               epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale)
+  y, rstd = _fwd_call(x, scale, None, spec=spec, out_dtype=_out_dtype(out_dtype, x),
+                      interpret=bool(interpret))
+  return y, rstd
+
+
+def layer_norm_bwd(x, scale, shift, delta, rstd, dy, *, epsilon, epsilon_placement="inside",
+                   zero_centered_scale=False, has_bias=True, interpret=False):
+  r"""Fused LayerNorm backward from the residuals of :func:`layer_norm_fwd` (or the XLA path).
+
+  .. math::
+
+     \hat x = (x - K - \delta)\, r,\quad g = dy \odot \gamma,\quad
+     dx = r\big(g - \overline g - c\,\hat x\,\overline{g\hat x}\big),\quad
+     d\text{scale} = \textstyle\sum_\text{rows} dy \odot \hat x,\quad
+     d\beta = \textstyle\sum_\text{rows} dy
+
+  with :math:`c = 1` ("inside") or :math:`1/(1 - \epsilon r)` ("outside", 0 where that
+  denominator is not positive).
+
+  Args:
+    x: ``(rows, d)`` primal input.
+    scale: ``(d,)`` or None.
+    shift, delta, rstd: float32 ``(rows,)`` statistics (see :func:`layer_norm_fwd`).
+    dy: ``(rows, d)`` cotangent of ``y``.
+    epsilon, epsilon_placement, zero_centered_scale: as in the forward.
+    has_bias: whether to compute ``dbias``.
+    interpret: run the kernels in Pallas interpret mode.
+
+  Returns:
+    ``(dx, dscale, dbias)``: ``dx`` in ``x.dtype``; ``dscale`` in ``scale.dtype`` or None;
+    ``dbias`` float32 ``(d,)`` (the bias is not an input; the caller casts it) or None.
+  """
+  rows, d = _check_x(x)
+  _check_vector("scale", scale, d, "the feature size of x")
+  for name, stat in (("shift", shift), ("delta", delta), ("rstd", rstd)):
+    _check_vector(name, stat, rows, "one value per row of x")
+  _check_like("dy", dy, x)
+  spec = _spec(x, center=True, has_scale=scale is not None, has_bias=bool(has_bias),
+               epsilon=epsilon, epsilon_placement=epsilon_placement,
+               zero_centered_scale=zero_centered_scale)
+  f32 = lambda a: a.astype(jnp.float32)  # noqa: E731
+  return _bwd_call(x, dy, scale, f32(shift), f32(delta), f32(rstd), spec=spec,
+                   interpret=bool(interpret))
+
+
+def rms_norm_bwd(x, scale, rstd, dy, *, epsilon, epsilon_placement="inside",
+                 zero_centered_scale=False, interpret=False):
+  r"""Fused RMSNorm backward from the ``rstd`` residual.
+
+  .. math::
+
+     \hat x = x\, r,\quad g = dy \odot \gamma,\quad
+     dx = r\big(g - c\,\hat x\,\overline{g\hat x}\big),\quad
+     d\text{scale} = \textstyle\sum_\text{rows} dy \odot \hat x
+
+  Args:
+    x: ``(rows, d)`` primal input.
+    scale: ``(d,)`` or None.
+    rstd: float32 ``(rows,)``.
+    dy: ``(rows, d)`` cotangent of ``y``.
+    epsilon, epsilon_placement, zero_centered_scale: as in the forward.
+    interpret: run the kernels in Pallas interpret mode.
+
+  Returns:
+    ``(dx, dscale)``: ``dx`` in ``x.dtype``; ``dscale`` in ``scale.dtype`` or None.
+  """
+  rows, d = _check_x(x)
+  _check_vector("scale", scale, d, "the feature size of x")
+  _check_vector("rstd", rstd, rows, "one value per row of x")
+  _check_like("dy", dy, x)
+  spec = _spec(x, center=False, has_scale=scale is not None, has_bias=False, epsilon=epsilon,
+               epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale)
+  dx, dscale, _ = _bwd_call(x, dy, scale, None, None, rstd.astype(jnp.float32), spec=spec,
+                            interpret=bool(interpret))
+  return dx, dscale
