@@ -1,0 +1,159 @@
+"""The claims the suite tests: statement, source with figure/table, and the published number.
+
+Each experiment's summary carries ``claims``: a list of ``{"id", "ours", "holds", "note"}``
+whose ``id`` is a key of :data:`CLAIMS`; the report joins both into its final table
+"claim - source - published number - our number - holds?". The verdict criteria are written
+in the experiment modules, next to the measurement, and are the same for every preset.
+
+Verdicts: ``"yes"``, ``"no"``, ``"partly"`` (some of the configurations agree), ``"n/a"``
+(not measurable by this preset, e.g. a single depth), ``"obs"`` (an observation without a
+published counterpart, e.g. the effect of the initialization).
+
+How the published numbers were checked: this session had no access to the papers' PDFs (no
+internet but PyPI). The RMSNorm 7%-64% range was checked against the paper's abstract
+(arXiv:1910.07467); the DeepNet constants are recomputed by the model code; the other numbers
+are quoted as given in the project issue together with the figure/table they come from, and
+are marked ``checked=False`` so the report says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["CLAIMS", "Claim", "VERDICTS"]
+
+VERDICTS = ("yes", "no", "partly", "n/a", "obs")
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  """One published (or source-note) claim.
+
+  Attributes:
+    experiment: the experiment that measures it.
+    statement: the claim in one sentence.
+    source: paper (authors, year) and the figure/table/section it comes from.
+    published: the published number or qualitative result.
+    checked: whether the published number was checked against the paper text in this project.
+  """
+
+  experiment: str
+  statement: str
+  source: str
+  published: str
+  checked: bool = False
+
+
+XIONG = "Xiong et al. 2020, On Layer Normalization in the Transformer Architecture (ICML)"
+LIU = "Liu et al. 2020, Understanding the Difficulty of Training Transformers (EMNLP)"
+DEEPNET = "Wang et al. 2022, DeepNet: Scaling Transformers to 1,000 Layers"
+ZHANG = "Zhang & Sennrich 2019, Root Mean Square Layer Normalization (NeurIPS)"
+NOTES = "source notes (shared/seeds: MA-RLHF LayerNorm/RMSNorm notes)"
+
+CLAIMS: dict[str, Claim] = {
+    # ---- 1. gradient norms at initialization
+    "xiong_grad_growth": Claim(
+        "grad_init",
+        "At initialization Post-LN's per-layer gradient norm grows with the layer index; Pre-LN's stays flat.",
+        f"{XIONG}, Fig. 3 and Theorem 1",
+        "Post-LN grows towards the output layer; Pre-LN flat (no number; qualitative figure)"),
+    "xiong_grad_depth_scaling": Claim(
+        "grad_init",
+        "Last-layer gradient norm: O(d sqrt(ln d)) for Post-LN (independent of L), "
+        "O(d sqrt(ln d / L)) for Pre-LN (scales like L^-1/2).",
+        f"{XIONG}, Theorem 1",
+        "log-log slope vs L: Post-LN 0, Pre-LN -0.5"),
+    "xiong_lemma2_preln": Claim(
+        "grad_init",
+        "Pre-LN residual stream: 1 + l/2 <= E||x_l||^2/d <= 1 + 3l/2 (each layer adds between 1/2 and 3/2).",
+        f"{XIONG}, Lemma 2 (theory setting W^Q = W^K = 0)",
+        "increment per layer in [0.5, 1.5]"),
+    "xiong_lemma_postln": Claim(
+        "grad_init",
+        "Post-LN norm inputs (x + F(x) with x normalized) have E||x||^2/d of about 3/2 at every layer.",
+        f"{XIONG}, Lemma 1-2 and proof of Theorem 1",
+        "about 1.5, flat in l"),
+    "init_changes_picture": Claim(
+        "grad_init",
+        "The Post-LN gradient growth at init depends on the initialization (Xiong's theory assumes Xavier).",
+        "this project (issue: 'the init decides whether Post-LN is unstable at all')",
+        "- (observation)"),
+    # ---- 2. warm-up and learning rate
+    "xiong_postln_needs_warmup": Claim(
+        "warmup",
+        "Post-LN trained with Adam without warm-up trains badly or diverges.",
+        f"{XIONG}, Sec. 3.1 and Fig. 1 (IWSLT14 De-En)",
+        "BLEU 8.45 without warm-up vs about 34 with 4000 warm-up steps"),
+    "xiong_postln_lr_sensitive": Claim(
+        "warmup",
+        "With a short warm-up, Post-LN is sensitive to the peak learning rate.",
+        f"{XIONG}, Sec. 3.1 and Fig. 1 (IWSLT14 De-En, 500 warm-up steps)",
+        "BLEU 31.16 at lr 5e-4 vs 2.77 at lr 1e-3"),
+    "xiong_preln_no_warmup": Claim(
+        "warmup",
+        "Pre-LN trains without warm-up as well as with it.",
+        f"{XIONG}, Sec. 4 and Fig. 4 (IWSLT14, BERT)",
+        "comparable BLEU without warm-up"),
+    "xiong_preln_faster": Claim(
+        "warmup",
+        "Pre-LN converges faster: it reaches Post-LN's final validation loss sooner.",
+        f"{XIONG}, Sec. 4.2 and Fig. 4 (BERT-base pre-training)",
+        "Pre-LN BERT reaches Post-LN's validation loss about 40% sooner"),
+    # ---- 3. depth
+    "admin_deep_postln_fails": Claim(
+        "depth",
+        "Deep Post-LN fails to train while Pre-LN trains.",
+        f"{LIU}, Table 1 and Fig. 1 (WMT14 En-De)",
+        "12L-12L and 18L-18L Post-LN diverge; Pre-LN trains"),
+    "deepnet_update_constant": Claim(
+        "depth",
+        "Post-LN's model update (change of the output after the first steps) grows with depth; "
+        "DeepNorm keeps it roughly constant.",
+        f"{DEEPNET}, Sec. 3-4 and Figs. 3/5 (model update, small 64-wide models)",
+        "Post-LN update explodes then stalls; DeepNorm bounded, about constant in N"),
+    "deepnet_constants": Claim(
+        "depth",
+        "DeepNorm constants for a decoder-only stack of N layers.",
+        f"{DEEPNET}, Fig. 2 / Table 1",
+        "alpha = (2N)^(1/4), beta = (8N)^(-1/4)"),
+    # ---- 4. invariance
+    "notes_rms_scale_invariance": Claim(
+        "invariance",
+        "RMSNorm(a x) = RMSNorm(x) for every a > 0.",
+        f"{NOTES}, Sec. 3.1 (forward scale invariance)",
+        "exact (ignoring epsilon)"),
+    "notes_rms_grad_invariance": Claim(
+        "invariance",
+        "The gradient of RMSNorm(a x) with respect to x does not depend on a.",
+        f"{NOTES}, Sec. 3.2 (backward gradient invariance)",
+        "exact (ignoring epsilon)"),
+    "notes_ln_shift_invariance": Claim(
+        "invariance",
+        "LayerNorm(x + c) = LayerNorm(x) for a constant shift c; RMSNorm is not shift invariant.",
+        f"{NOTES}, Sec. 4.3(b) and Zhang & Sennrich 2019, Sec. 3-4 (re-centering invariance)",
+        "exact for LayerNorm"),
+    "notes_grad_norms_close": Claim(
+        "invariance",
+        "Weight-gradient norms of LayerNorm and RMSNorm layers are close.",
+        f"{NOTES}, Sec. 3.3",
+        "rms_w_gradient.norm() ~= ln_w_gradient.norm()"),
+    # ---- 5. speed
+    "zhang_rms_speedup": Claim(
+        "speed",
+        "RMSNorm reduces the running time of a model compared with LayerNorm.",
+        f"{ZHANG}, abstract (range checked); per-task tables as quoted in the issue: 6.9% "
+        "(Transformer-base, V100) to 40.8% (order embedding), up to 64% with pRMSNorm",
+        "7%-64% less running time", checked=True),
+    "notes_rms_op_speedup": Claim(
+        "speed",
+        "RMSNorm is faster than LayerNorm as an op.",
+        f"{NOTES}, Sec. 2 ('about 10%-40%')",
+        "10%-40%"),
+    # ---- 6. custom VJP
+    "vjp_matches_autodiff": Claim(
+        "vjp",
+        "Training with jaxnorm's hand-derived backward gives the same loss curves as Flax's norms "
+        "differentiated by autodiff.",
+        "this project (the derived VJP in a real model, not only in unit tests)",
+        "identical up to float rounding"),
+}

@@ -1,0 +1,93 @@
+"""Sizes of the experiment suite: one preset per machine budget.
+
+A preset fixes every size the suite uses (model width, depths, steps, learning rates, seeds),
+never a threshold of a claim: the verdict criteria live in the experiment modules and do not
+change with the preset. Three presets:
+
+* ``smoke``: what the tests run; about a minute on 2 CPU cores. Tiny models, a handful of
+  steps: it checks that every experiment produces its files and the report renders, and the
+  structural facts that hold at any scale (the Post-LN/Pre-LN gradient ratio at init, the
+  invariance errors, jaxnorm-vs-Flax agreement).
+* ``cpu``: the README's main job; about 20 minutes on a 2-core laptop CPU with the default
+  corpus. Small models (width 64), 6/12/24 layers at init, 6/12/18 layers in training.
+* ``gpu``: the full-size version for an accelerator (width 256, up to 48 layers, thousands of
+  steps, several seeds).
+
+Each preset is a plain dict (so it is written verbatim into the results' provenance): ``model``
+holds :class:`jaxnorm.models.TransformerConfig` fields shared by every experiment, ``train``
+holds :class:`experiments.train.TrainConfig` fields shared by every training run, and one entry
+per experiment holds the fields of that module's ``Config`` dataclass.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+__all__ = ["PRESETS", "get_preset"]
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "smoke": {
+        "description": "structural checks for CI: tiny models, a few steps (about a minute on 2 cores)",
+        "model": {"d_model": 32, "n_heads": 2, "d_ff": 64, "max_len": 32},
+        "train": {"batch_size": 4, "seq_len": 32, "eval_every": 10, "eval_batches": 1},
+        "grad_init": {"depths": (2, 4), "seeds": (0,), "n_batches": 1, "norm_types": ("layernorm",),
+                      "small_init": False, "qk_zero": False},
+        "warmup": {"n_layers": 2, "steps": 20, "lrs": (1e-3,), "warmup": 5,
+                   "norm_types": ("layernorm",), "small_init": False},
+        "depth": {"depths": (2, 4), "positions": ("post", "pre", "deepnorm"), "steps": 10,
+                  "update_steps": 2, "lr": 1e-3},
+        "invariance": {"n_rows": 8, "d": 64, "n_points": 13, "seeds": (0,), "train_steps": 20,
+                       "n_layers": 2},
+        "speed": {"n_layers": 2, "steps": 10, "op_shapes": ((256, 64),), "op_repeats": 5},
+        "vjp": {"n_layers": 2, "steps": 20, "positions": ("pre", "post"),
+                "norm_types": ("layernorm",)},
+    },
+    "cpu": {
+        "description": "the README's main job: small models on a laptop CPU (about 20 minutes on 2 cores)",
+        "model": {"d_model": 64, "n_heads": 4, "d_ff": 256, "max_len": 64},
+        "train": {"batch_size": 16, "seq_len": 64, "eval_every": 25, "eval_batches": 4},
+        "grad_init": {"depths": (6, 12, 24), "seeds": (0, 1), "n_batches": 2,
+                      "norm_types": ("layernorm", "rmsnorm"), "small_init": True, "qk_zero": True},
+        "warmup": {"n_layers": 6, "steps": 300, "lrs": (5e-4, 1e-3), "warmup": 60,
+                   "norm_types": ("layernorm", "rmsnorm"), "small_init": True},
+        "depth": {"depths": (6, 12, 18), "positions": ("post", "pre", "sandwich", "deepnorm"),
+                  "steps": 150, "update_steps": 8, "lr": 1e-3},
+        "invariance": {"n_rows": 64, "d": 256, "n_points": 25, "seeds": (0, 1, 2),
+                       "train_steps": 300, "n_layers": 6},
+        "speed": {"n_layers": 6, "steps": 300, "op_shapes": ((1024, 64), (4096, 256), (8192, 1024)),
+                  "op_repeats": 30},
+        "vjp": {"n_layers": 6, "steps": 300, "positions": ("pre", "post"),
+                "norm_types": ("layernorm", "rmsnorm")},
+    },
+    "gpu": {
+        "description": "full-size version for one accelerator (width 256, up to 48 layers, several seeds)",
+        "model": {"d_model": 256, "n_heads": 4, "d_ff": 1024, "max_len": 256},
+        "train": {"batch_size": 32, "seq_len": 256, "eval_every": 100, "eval_batches": 8},
+        "grad_init": {"depths": (6, 12, 24, 48), "seeds": (0, 1, 2, 3), "n_batches": 4,
+                      "norm_types": ("layernorm", "rmsnorm"), "small_init": True, "qk_zero": True},
+        "warmup": {"n_layers": 6, "steps": 4000, "lrs": (5e-4, 1e-3, 2e-3), "warmup": 500,
+                   "norm_types": ("layernorm", "rmsnorm"), "small_init": True},
+        "depth": {"depths": (6, 12, 24, 48), "positions": ("post", "pre", "sandwich", "deepnorm"),
+                  "steps": 2000, "update_steps": 20, "lr": 1e-3},
+        "invariance": {"n_rows": 256, "d": 1024, "n_points": 49, "seeds": (0, 1, 2, 3),
+                       "train_steps": 4000, "n_layers": 6},
+        "speed": {"n_layers": 6, "steps": 500,
+                  "op_shapes": ((8192, 1024), (16384, 4096), (32768, 8192)), "op_repeats": 100},
+        "vjp": {"n_layers": 6, "steps": 1000, "positions": ("pre", "post"),
+                "norm_types": ("layernorm", "rmsnorm")},
+    },
+}
+
+
+def get_preset(name: str) -> dict[str, Any]:
+  """Returns a deep copy of the preset called ``name`` (with its ``name`` filled in).
+
+  Raises:
+    ValueError: ``name`` is not one of :data:`PRESETS`.
+  """
+  if name not in PRESETS:
+    raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}.")
+  preset = copy.deepcopy(PRESETS[name])
+  preset["name"] = name
+  return preset

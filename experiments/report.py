@@ -1,0 +1,154 @@
+"""Renders ``report.md`` from a results folder written by :mod:`experiments.suite`.
+
+The report starts with the provenance (preset, command, device, versions, corpus hash, git
+commit), then a summary of the verdicts, then one section per experiment (written by the
+experiment module's ``report_section``, embedding its PNGs by relative path), and ends with
+the table "claim - source - published number - our number - holds?" built from
+:data:`experiments.claims.CLAIMS` and the ``claims`` of each experiment's ``done.json``.
+
+``python -m experiments run --report-only --out DIR`` re-renders it without recomputing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+from typing import Any
+
+from experiments import claims as claims_lib
+from experiments import suite
+
+__all__ = ["claims_rows", "render", "render_text"]
+
+_VERDICT_TEXT = {"yes": "yes", "no": "**no**", "partly": "partly", "n/a": "n/a", "obs": "(observation)"}
+
+
+def _escape(text: Any) -> str:
+  return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def claims_rows(summaries: dict[str, dict]) -> list[dict]:
+  """Joins the published claims with the measured ones, in the order of :data:`CLAIMS`.
+
+  A claim whose experiment did not run (or did not report it) gets ``holds="not run"``.
+  """
+  measured = {}
+  for name, summary in summaries.items():
+    for c in summary.get("claims", []):
+      if c["id"] not in claims_lib.CLAIMS:
+        raise ValueError(f"experiment {name!r} reports an unknown claim id {c['id']!r}; "
+                         f"add it to experiments/claims.py.")
+      measured[c["id"]] = c
+  rows = []
+  for cid, claim in claims_lib.CLAIMS.items():
+    m = measured.get(cid)
+    rows.append({
+        "id": cid,
+        "experiment": claim.experiment,
+        "statement": claim.statement,
+        "source": claim.source + ("" if claim.checked else " [number as quoted in the issue]"),
+        "published": claim.published,
+        "ours": m["ours"] if m else "-",
+        "holds": m["holds"] if m else "not run",
+        "note": (m or {}).get("note", ""),
+    })
+  return rows
+
+
+def _provenance_lines(state: dict) -> list[str]:
+  dev = state.get("device", {})
+  ver = state.get("versions", {})
+  corpus = state.get("corpus") or {}
+  git = state.get("git") or {}
+  preset = state.get("preset_config", {})
+  lines = [
+      "| | |",
+      "|---|---|",
+      f"| preset | `{state.get('preset')}`: {preset.get('description', '')} |",
+      f"| command | `{state.get('command', '').strip()}` |",
+      f"| date (UTC) | {state.get('created')} |",
+      f"| device | {dev.get('backend')} / {dev.get('device_kind')} x{dev.get('n_devices')}; "
+      f"CPU {dev.get('cpu')} ({dev.get('cpu_count')} cores); {dev.get('platform')} |",
+      "| versions | " + ", ".join(f"{k} {v}" for k, v in ver.items() if v) + " |",
+      f"| corpus | {corpus.get('name')} ({corpus.get('n_bytes')} bytes, {corpus.get('n_files')} files), "
+      f"sha256 `{corpus.get('sha256')}` |",
+      f"| git | `{git.get('commit')}`{' (with uncommitted changes)' if git.get('dirty') else ''} |",
+  ]
+  return lines
+
+
+def render_text(root: str | pathlib.Path) -> str:
+  """The markdown text of the report of the results folder ``root``."""
+  root = pathlib.Path(root)
+  suite_path = root / "suite.json"
+  if not suite_path.exists():
+    raise FileNotFoundError(f"{suite_path} not found: run `python -m experiments run --out {root}` first.")
+  state = suite.read_json(suite_path)
+  summaries, failed, missing = {}, {}, []
+  for name in suite.EXPERIMENTS:
+    done, err = root / name / "done.json", root / name / "error.json"
+    if done.exists():
+      summaries[name] = suite.read_json(done)
+    elif err.exists():
+      failed[name] = suite.read_json(err)["error"]
+    else:
+      missing.append(name)
+
+  rows = claims_rows(summaries)
+  counts: dict[str, int] = {}
+  for r in rows:
+    counts[r["holds"]] = counts.get(r["holds"], 0) + 1
+
+  out = [f"# jaxnorm experiment report (preset `{state.get('preset')}`)", ""]
+  out += [
+      "Every number below was measured by `python -m experiments run` on the machine described "
+      "here; the published numbers beside them come from the papers cited in the claims table. "
+      "Small models on a byte-level corpus are not the papers' settings (IWSLT/WMT translation, "
+      "BERT pre-training): a claim that does not hold here is reported as such, with the scale "
+      "it was measured at. Presets change sizes only, never the verdict criteria.", ""]
+  out += ["## Provenance", ""] + _provenance_lines(state) + [""]
+  exps = state.get("experiments", {})
+  out += ["| experiment | status | wall time (s) | seeds |", "|---|---|---|---|"]
+  for name in suite.EXPERIMENTS:
+    info = exps.get(name, {})
+    status = "done" if name in summaries else ("failed" if name in failed else "not run")
+    wall = summaries.get(name, {}).get("wall_s", info.get("wall_s"))
+    seeds = summaries.get(name, {}).get("seeds", "")
+    out.append(f"| {name} | {status} | {'' if wall is None else f'{float(wall):.0f}'} | {seeds} |")
+  out.append("")
+
+  out += ["## Summary of verdicts", ""]
+  out.append(", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) + " (claims in the table at the end).")
+  out.append("")
+  for r in rows:
+    if r["holds"] in ("yes", "no", "partly"):
+      out.append(f"- **{r['holds']}** — {r['statement']} Ours: {r['ours']}.")
+  out.append("")
+
+  for i, name in enumerate(suite.EXPERIMENTS, 1):
+    module = importlib.import_module(suite.EXPERIMENTS[name])
+    out += [f"## {i}. {module.TITLE}", ""]
+    if name in summaries:
+      out.append(module.report_section(summaries[name], name).rstrip())
+    elif name in failed:
+      out.append(f"**This experiment failed:** `{_escape(failed[name])}` (traceback in `{name}/error.json`).")
+    else:
+      out.append("Not run in this results folder (`--only` excluded it).")
+    out.append("")
+
+  out += ["## Claims", "",
+          "| claim | source | published | ours | holds? |", "|---|---|---|---|---|"]
+  for r in rows:
+    ours = r["ours"] + (f" ({r['note']})" if r["note"] else "")
+    out.append(f"| {_escape(r['statement'])} | {_escape(r['source'])} | {_escape(r['published'])} | "
+               f"{_escape(ours)} | {_VERDICT_TEXT.get(r['holds'], r['holds'])} |")
+  out.append("")
+  return "\n".join(out)
+
+
+def render(root: str | pathlib.Path) -> pathlib.Path:
+  """Writes ``root/report.md`` and returns its path."""
+  root = pathlib.Path(root)
+  path = root / "report.md"
+  path.write_text(render_text(root))
+  return path
