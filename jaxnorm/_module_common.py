@@ -82,19 +82,24 @@ def feature_shape(x_shape: tuple[int, ...], feature_axes: Any) -> tuple[int, ...
 
 
 def check_num_features(module: str, num_features: int, x_shape: tuple[int, ...],
-                       feature_axes: Any) -> None:
-  """Raises ``ValueError`` unless ``num_features`` equals the input's feature size.
+                       feature_axes: Any, sharded: bool = False) -> None:
+  """Raises ``ValueError`` unless ``num_features`` matches the input's feature size.
 
   Flax reports this mismatch as a reshape error deep inside the layer; this names both sizes.
+  With ``sharded=True`` (the layer has an ``axis_name``: inside ``shard_map`` each device holds
+  a slice of the features) the local feature size must divide ``num_features``; the parameter
+  shards are then checked against the local size by :func:`normalize`.
   """
   fshape = feature_shape(x_shape, feature_axes)
   size = math.prod(fshape)
-  if size != num_features:
-    raise ValueError(
-        f"{module} was built with num_features={num_features}, but the input x of shape "
-        f"{tuple(x_shape)} has {size} features along feature_axes={feature_axes!r} (shape "
-        f"{fshape}). Build the layer with num_features={size}, or fix feature_axes."
-    )
+  if size == num_features or (sharded and num_features % size == 0):
+    return
+  where = "the local shard of the input" if sharded else "the input"
+  raise ValueError(
+      f"{module} was built with num_features={num_features}, but {where} x of shape "
+      f"{tuple(x_shape)} has {size} features along feature_axes={feature_axes!r} (shape "
+      f"{fshape}). Build the layer with num_features={size}, or fix feature_axes."
+  )
 
 
 def check_num_features_arg(module: str, num_features: Any) -> int:
@@ -218,9 +223,10 @@ def normalize(
   )
   if fused:
     # Scale and bias live on the reduction axes: the op applies them (and differentiates them).
-    nshape = tuple(int(xt.shape[a]) for a in axis)
-    s = None if scale is None else scale.reshape(nshape)
-    b = None if bias is None else bias.reshape(nshape)
+    # Flat (d,) parameters: the op accepts them for any number of normalized axes.
+    d = math.prod(fshape)
+    s = None if scale is None else scale.reshape(d)
+    b = None if bias is None else bias.reshape(d)
     if kind == "layer_norm":
       yt = _layer_norm_op(xt, s, b, zero_centered_scale=zero_centered_scale, dtype=dtype,
                           **op_kwargs)

@@ -308,7 +308,8 @@ def _call(layer: tp.Any, kind: str, x: tp.Any, scale: tp.Any, bias: tp.Any,
   name = type(layer).__name__
   if not hasattr(x, "shape"):
     x = jnp.asarray(x)
-  common.check_num_features(name, layer.num_features, x.shape, layer.feature_axes)
+  common.check_num_features(name, layer.num_features, x.shape, layer.feature_axes,
+                            sharded=layer.axis_name is not None)
   # Flax NNX promotes the input and the parameters to one dtype (`dtype` when given) first.
   if kind == "layer_norm":
     x, scale, bias = layer.promote_dtype((x, scale, bias), dtype=layer.dtype)

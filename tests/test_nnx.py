@@ -1,0 +1,442 @@
+"""jaxnorm.nnx.LayerNorm / RMSNorm against Flax NNX's modules.
+
+Parity is checked on outputs, on the input and parameter cotangents (random upstream
+gradients, never ``.sum()``), on the output and cotangent dtypes and on the state trees, over
+a product grid of input dtype, parameter dtype, mask, reduction/feature axes and
+``use_bias``/``use_scale``. The remaining tests cover the deliberate differences
+(``use_fast_variance``, the feature-size error), the extra options, parameter metadata, the
+NNX transforms, ``axis_name`` under ``shard_map`` and that the custom VJP is really used.
+"""
+
+import inspect
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+import jaxnorm
+from jaxnorm import nnx as jnn
+
+# One tolerance table keyed by the dtype being compared: (rtol, atol).
+TOL = {
+    jnp.dtype(jnp.float32): (2e-5, 2e-5),
+    jnp.dtype(jnp.float16): (4e-3, 4e-3),
+    jnp.dtype(jnp.bfloat16): (3e-2, 3e-2),
+}
+
+SHAPE = (2, 3, 4)
+# (reduction_axes, feature_axes): trailing, several trailing, a non-trailing axis (moved to
+# the end and back), features narrower than the reduction (affine map outside the op), and
+# both non-trailing and different.
+AXES = [(-1, -1), ((1, 2), (1, 2)), (1, 1), ((1, 2), -1), ((0, 2), 1)]
+AXES_IDS = ["last", "last2", "mid", "last2-feat-last", "outer-feat-mid"]
+PAIRS = {"LayerNorm": (jnn.LayerNorm, nnx.LayerNorm), "RMSNorm": (jnn.RMSNorm, nnx.RMSNorm)}
+
+
+def _canon(axes, ndim):
+  axes = (axes,) if isinstance(axes, int) else axes
+  return sorted(a % ndim for a in axes)
+
+
+def _num_features(feature_axes, shape=SHAPE):
+  return int(np.prod([shape[a] for a in _canon(feature_axes, len(shape))]))
+
+
+def _partial_mask(reduction_axes, shape=SHAPE):
+  """A partial mask that keeps 2 of every 3 elements, in a pattern that differs per group.
+
+  Every reduced group of 3 or more elements keeps at least 2 (a group with a single element
+  has zero variance and a gradient of order 1/sqrt(epsilon): a useless comparison).
+  """
+  del reduction_axes  # the pattern suits every grouping of SHAPE
+  return jnp.asarray(np.indices(shape).sum(0) % 3 != 0)
+
+
+def _randomize(state, seed=1):
+  """Replaces every parameter with random values (scale = 1 would hide a misplaced scale)."""
+  leaves, treedef = jax.tree.flatten(state)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  new = [1.0 + 0.5 * jax.random.normal(k, l.shape, jnp.float32) for k, l in zip(keys, leaves)]
+  return jax.tree.unflatten(treedef, [n.astype(l.dtype) for n, l in zip(new, leaves)])
+
+
+def _loosest(*dtypes):
+  """The dtype with the loosest tolerance: a result is as precise as its least precise input."""
+  return max((jnp.dtype(d) for d in dtypes), key=lambda d: TOL[d][0])
+
+
+def _assert_close(a, b, dtype=None):
+  dtype = jnp.dtype(dtype or a.dtype)
+  rtol, atol = TOL[dtype]
+  np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=rtol,
+                             atol=atol)
+
+
+def _out_and_grads(graphdef, state, x, mask, dy_seed=2):
+  """Runs the module functionally; returns y and the cotangents of (state, x) for a random dy."""
+  def f(state, x):
+    return nnx.merge(graphdef, state)(x, mask=mask)
+  y, vjp = jax.vjp(f, state, x)
+  dy = jax.random.normal(jax.random.key(dy_seed), y.shape, jnp.float32).astype(y.dtype)
+  dstate, dx = vjp(dy)
+  return y, dstate, dx
+
+
+def _compare_with_flax(name, x, mask, **kwargs):
+  ours_cls, flax_cls = PAIRS[name]
+  nf = _num_features(kwargs.get("feature_axes", -1), x.shape)
+  ours = ours_cls(nf, rngs=nnx.Rngs(0), **kwargs)
+  theirs = flax_cls(nf, rngs=nnx.Rngs(0), **kwargs)
+  g_ours, s_ours = nnx.split(ours)
+  g_theirs, s_theirs = nnx.split(theirs)
+  # Same state tree: structure, shapes, dtypes and initial values.
+  assert jax.tree.structure(s_ours) == jax.tree.structure(s_theirs)
+  jax.tree.map(np.testing.assert_array_equal, s_ours, s_theirs)
+  assert jax.tree.map(lambda a: (a.shape, a.dtype), s_ours) == \
+      jax.tree.map(lambda a: (a.shape, a.dtype), s_theirs)
+  state = _randomize(s_ours)
+  y1, ds1, dx1 = _out_and_grads(g_ours, state, x, mask)
+  y2, ds2, dx2 = _out_and_grads(g_theirs, state, x, mask)
+  assert y1.dtype == y2.dtype and y1.shape == y2.shape
+  assert dx1.dtype == dx2.dtype == x.dtype
+  tol = _loosest(x.dtype, y1.dtype)  # e.g. dtype=bfloat16 rounds a float32 x first
+  _assert_close(y1, y2, tol)
+  _assert_close(dx1, dx2, tol)
+  assert jax.tree.structure(ds1) == jax.tree.structure(ds2)
+  for a, b in zip(jax.tree.leaves(ds1), jax.tree.leaves(ds2)):
+    assert a.dtype == b.dtype
+    # Parameter cotangents are sums over rows: compare relative to their magnitude.
+    scale = max(1.0, float(jnp.max(jnp.abs(b.astype(jnp.float32)))))
+    _assert_close(a / scale, b / scale, _loosest(tol, a.dtype))
+  return y1
+
+
+# The grid: every (input dtype, param dtype, axes) triple for each layer, with the mask and the
+# use_scale/use_bias flags cycled so that every axes configuration and every dtype pair meets
+# both masks and every flag combination (a covering design; the full product costs ~4x the
+# compile time for no new code path).
+DTYPES = ["float32", "float16", "bfloat16"]
+PARAM_DTYPES = ["float32", "float16"]
+FLAGS = {"LayerNorm": [(True, True), (True, False), (False, True), (False, False)],
+         "RMSNorm": [(True, False), (False, False)]}
+GRID = [
+    (name, dt, pdt, (i + j + k) % 2 == 1, axes, *FLAGS[name][(2 * i + j + k) % len(FLAGS[name])])
+    for name in ("LayerNorm", "RMSNorm")
+    for i, dt in enumerate(DTYPES)
+    for j, pdt in enumerate(PARAM_DTYPES)
+    for k, axes in enumerate(AXES)
+]
+
+
+def _grid_id(case):
+  name, dt, pdt, m, axes, us, ub = case
+  return "-".join([name, dt, "p" + pdt, "mask" if m else "nomask", AXES_IDS[AXES.index(axes)],
+                   "scale" if us else "noscale", "bias" if ub else "nobias"])
+
+
+@pytest.mark.parametrize("name,dtype,param_dtype,masked,axes,use_scale,use_bias", GRID,
+                         ids=[_grid_id(c) for c in GRID])
+def test_parity_with_flax(name, dtype, param_dtype, masked, axes, use_scale, use_bias):
+  red, feat = axes
+  x = jax.random.normal(jax.random.key(3), SHAPE, jnp.float32)
+  x = (0.5 + 2.0 * x).astype(dtype)
+  mask = _partial_mask(red) if masked else None
+  kwargs = dict(param_dtype=jnp.dtype(param_dtype), use_scale=use_scale,
+                reduction_axes=red, feature_axes=feat)
+  if name == "LayerNorm":
+    kwargs["use_bias"] = use_bias
+  _compare_with_flax(name, x, mask, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])
+@pytest.mark.parametrize("x_dtype,dtype", [
+    ("float32", "bfloat16"), ("bfloat16", "float32"), ("float32", "float16"),
+    ("bfloat16", "bfloat16"),
+])
+def test_dtype_argument_matches_flax(name, x_dtype, dtype):
+  x = jax.random.normal(jax.random.key(4), SHAPE, jnp.float32).astype(x_dtype)
+  y = _compare_with_flax(name, x, None, dtype=jnp.dtype(dtype))
+  assert y.dtype == jnp.dtype(dtype)
+
+
+# Masks of lower rank or with size-1 axes, each keeping at least 2 elements per reduced group.
+BROADCAST_MASKS = [
+    (np.array([[True], [False], [True]]), 1),                          # (3, 1), reduce axis 1
+    (np.array([True, False, True, True]), (1, 2)),                      # (4,), reduce axes 1-2
+    (np.array([[[True, False, True, True]], [[False, True, True, False]]]), -1),  # (2, 1, 4)
+]
+
+
+@pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])
+@pytest.mark.parametrize("mask,red", BROADCAST_MASKS, ids=["3x1-mid", "4-last2", "2x1x4-last"])
+def test_broadcast_mask_matches_flax(name, mask, red):
+  x = jax.random.normal(jax.random.key(5), SHAPE, jnp.float32)
+  _compare_with_flax(name, x, jnp.asarray(mask), reduction_axes=red, feature_axes=red)
+
+
+def test_constructor_and_call_signatures_match_flax():
+  for name, (ours, theirs) in PAIRS.items():
+    a = list(inspect.signature(ours.__init__).parameters.values())
+    b = list(inspect.signature(theirs.__init__).parameters.values())
+    assert [(p.name, p.kind) for p in a[:len(b)]] == [(p.name, p.kind) for p in b], name
+    for p, q in zip(a, b):
+      if not callable(q.default):
+        assert p.default == q.default, (name, p.name)
+    extra = [(p.name, p.default, p.kind) for p in a[len(b):]]
+    assert extra == [("epsilon_placement", "inside", p.KEYWORD_ONLY),
+                     ("zero_centered_scale", False, p.KEYWORD_ONLY),
+                     ("impl", "auto", p.KEYWORD_ONLY)]
+  # Both siblings are called the same way.
+  assert inspect.signature(jnn.LayerNorm.__call__) == inspect.signature(jnn.RMSNorm.__call__)
+
+
+def test_fast_variance_only_differs_in_the_unstable_regime():
+  rng = np.random.default_rng(0)
+  base = rng.standard_normal((8, 64))
+  ours = jnn.LayerNorm(64, rngs=nnx.Rngs(0))
+  ours_fast = jnn.LayerNorm(64, use_fast_variance=True, rngs=nnx.Rngs(0))
+  flax_fast = nnx.LayerNorm(64, rngs=nnx.Rngs(0))  # Flax's default: fast variance
+  flax_slow = nnx.LayerNorm(64, use_fast_variance=False, rngs=nnx.Rngs(0))
+  # The flag does not change jaxnorm's numerics.
+  x = jnp.asarray(3.0 + base, jnp.float32)
+  np.testing.assert_array_equal(ours(x), ours_fast(x))
+  # Moderate mean/std (3 and 30): tight agreement with the two-pass Flax, close to the fast one.
+  for ratio in (3.0, 30.0):
+    x = jnp.asarray(ratio + base, jnp.float32)
+    np.testing.assert_allclose(ours(x), flax_slow(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ours(x), flax_fast(x), rtol=1e-4, atol=1e-4)
+  # mean/std = 1e4 in float32: the fast variance cancels catastrophically, jaxnorm does not.
+  x64 = 1e4 + base
+  x = jnp.asarray(x64, jnp.float32)
+  xs = np.asarray(x, np.float64)  # the float32 input, exactly, in float64
+  ref = (xs - xs.mean(-1, keepdims=True)) / np.sqrt(xs.var(-1, keepdims=True) + 1e-6)
+  err_ours = np.max(np.abs(np.asarray(ours(x), np.float64) - ref))
+  err_fast = np.max(np.abs(np.asarray(flax_fast(x), np.float64) - ref))
+  assert err_ours < 1e-3, err_ours
+  assert err_ours < err_fast / 10, (err_ours, err_fast)
+
+
+def test_rms_norm_fast_variance_flag_has_no_effect_in_either():
+  x = jax.random.normal(jax.random.key(6), (4, 8)) + 2.0
+  for fast in (True, False):
+    ours = jnn.RMSNorm(8, use_fast_variance=fast, rngs=nnx.Rngs(0))
+    theirs = nnx.RMSNorm(8, use_fast_variance=fast, rngs=nnx.Rngs(0))
+    np.testing.assert_allclose(ours(x), theirs(x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])
+def test_feature_size_mismatch_names_both_sizes(name):
+  cls = PAIRS[name][0]
+  with pytest.raises(ValueError, match=r"num_features=5.*6 features"):
+    cls(5, rngs=nnx.Rngs(0))(jnp.ones((2, 6)))
+  with pytest.raises(ValueError, match=r"num_features=6.*12 features"):
+    cls(6, reduction_axes=(1, 2), feature_axes=(1, 2), rngs=nnx.Rngs(0))(jnp.ones((2, 3, 4)))
+
+
+@pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])
+def test_bad_arguments_raise_clear_errors(name):
+  cls = PAIRS[name][0]
+  with pytest.raises(TypeError, match="num_features"):
+    cls(4.0, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="num_features"):
+    cls(0, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="epsilon_placement"):
+    cls(4, epsilon_placement="middle", rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="impl"):
+    cls(4, impl="cuda", rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="epsilon"):
+    cls(4, epsilon=-1.0, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"reduction_axes=3"):
+    cls(4, reduction_axes=3, rngs=nnx.Rngs(0))(jnp.ones((2, 4)))
+  with pytest.raises(ValueError, match=r"feature_axes=\(0, 2\)"):
+    cls(4, feature_axes=(0, 2), rngs=nnx.Rngs(0))(jnp.ones((2, 4)))
+  with pytest.raises(TypeError, match="mask"):
+    cls(4, rngs=nnx.Rngs(0))(jnp.ones((2, 4)), mask=jnp.ones((2, 4)))
+  with pytest.raises(TypeError, match="x"):
+    cls(4, rngs=nnx.Rngs(0))(jnp.ones((2, 4), jnp.complex64))
+
+
+@pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])
+@pytest.mark.parametrize("placement,zero_centered", [("outside", False), ("inside", True),
+                                                     ("outside", True)])
+@pytest.mark.parametrize("axes", [(-1, -1), (1, 1), ((1, 2), -1)])
+def test_extra_options_match_reference(name, placement, zero_centered, axes):
+  red, feat = axes
+  x = jax.random.normal(jax.random.key(7), SHAPE)
+  cls = PAIRS[name][0]
+  layer = cls(_num_features(feat), epsilon=1e-2, epsilon_placement=placement,
+              zero_centered_scale=zero_centered, reduction_axes=red, feature_axes=feat,
+              rngs=nnx.Rngs(0))
+  graphdef, state = nnx.split(layer)
+  state = _randomize(state)
+  layer = nnx.merge(graphdef, state)
+  # Reference: move the reduction axes to the end, normalize without parameters, then apply
+  # the broadcast (1 + scale) and bias by hand.
+  r = _canon(red, 3)
+  perm = [a for a in range(3) if a not in r] + r
+  xt = jnp.transpose(x, perm)
+  op = jaxnorm.reference.layer_norm if name == "LayerNorm" else jaxnorm.reference.rms_norm
+  yt = op(xt, epsilon=1e-2, axis=tuple(range(3 - len(r), 3)), epsilon_placement=placement)
+  y = jnp.transpose(yt, np.argsort(perm))
+  bshape = [SHAPE[a] if a in _canon(feat, 3) else 1 for a in range(3)]
+  s = layer.scale[...].reshape(bshape)
+  y = y * ((1.0 + s) if zero_centered else s)
+  if name == "LayerNorm":
+    y = y + layer.bias[...].reshape(bshape)
+  np.testing.assert_allclose(layer(x), y, rtol=1e-5, atol=1e-5)
+  # The default reproduces Flax: epsilon inside the root and a plain scale.
+  default = cls(_num_features(feat), epsilon=1e-2, reduction_axes=red, feature_axes=feat,
+                rngs=nnx.Rngs(0))
+  flax_layer = PAIRS[name][1](_num_features(feat), epsilon=1e-2, reduction_axes=red,
+                              feature_axes=feat, rngs=nnx.Rngs(0))
+  nnx.update(default, state)
+  nnx.update(flax_layer, state)
+  np.testing.assert_allclose(default(x), flax_layer(x), rtol=1e-5, atol=1e-5)
+
+
+def test_parameter_metadata_passes_through():
+  mesh = jax.make_mesh((len(jax.devices()),), ("model",))
+  x = jnp.ones((4, 8))
+  with jax.set_mesh(mesh):
+    for name, (ours_cls, flax_cls) in PAIRS.items():
+      kw = dict(scale_metadata={"out_sharding": ("model",)})
+      if name == "LayerNorm":
+        kw["bias_metadata"] = {"out_sharding": (None,)}
+      ours = ours_cls(8, rngs=nnx.Rngs(0), **kw)
+      theirs = flax_cls(8, rngs=nnx.Rngs(0), **kw)
+      spec_ours = nnx.get_partition_spec(nnx.state(ours))
+      assert spec_ours == nnx.get_partition_spec(nnx.state(theirs))
+      assert spec_ours["scale"].get_value() == P("model")
+      assert ours.scale.get_value().sharding.spec == P("model")
+      np.testing.assert_allclose(ours(x), theirs(x), atol=1e-6)
+    # An initializer wrapped with nnx.with_partitioning works as in Flax too.
+    init = nnx.with_partitioning(nnx.initializers.ones_init(), ("model",))
+    ours = jnn.LayerNorm(8, scale_init=init, rngs=nnx.Rngs(0))
+    assert nnx.get_partition_spec(nnx.state(ours))["scale"].get_value() == P("model")
+
+
+@pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])
+@pytest.mark.parametrize("axes", [(-1, -1), (1, 1), ((1, 2), -1)])
+def test_module_calls_the_custom_vjp_op(name, axes):
+  red, feat = axes
+  layer = PAIRS[name][0](_num_features(feat), reduction_axes=red, feature_axes=feat,
+                         rngs=nnx.Rngs(0))
+  graphdef, state = nnx.split(layer)
+  jaxpr = str(jax.make_jaxpr(lambda s, x: nnx.merge(graphdef, s)(x))(state, jnp.ones(SHAPE)))
+  assert "custom_vjp_call" in jaxpr
+  flax_layer = PAIRS[name][1](_num_features(feat), reduction_axes=red, feature_axes=feat,
+                              rngs=nnx.Rngs(0))
+  graphdef, state = nnx.split(flax_layer)
+  jaxpr = str(jax.make_jaxpr(lambda s, x: nnx.merge(graphdef, s)(x))(state, jnp.ones(SHAPE)))
+  assert "custom_vjp_call" not in jaxpr  # the check can fail
+
+
+def _stack_pair(name, n=3, d=4):
+  """n layers of ours and of Flax's with the same random parameters, stacked on axis 0."""
+  ours_cls, flax_cls = PAIRS[name]
+
+  @nnx.split_rngs(splits=n)
+  @nnx.vmap(in_axes=(0,), out_axes=0)
+  def create(rngs):
+    return ours_cls(d, rngs=rngs)
+
+  @nnx.split_rngs(splits=n)
+  @nnx.vmap(in_axes=(0,), out_axes=0)
+  def create_flax(rngs):
+    return flax_cls(d, rngs=rngs)
+
+  ours, theirs = create(nnx.Rngs(0)), create_flax(nnx.Rngs(0))
+  state = _randomize(nnx.state(ours))
+  nnx.update(ours, state)
+  nnx.update(theirs, state)
+  return ours, theirs
+
+
+def _scan_apply(stack, x):
+  @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
+  def body(layer, h):
+    return jnp.tanh(layer(h))
+  return body(stack, x)
+
+
+@pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])
+def test_nnx_transforms(name):
+  x = jax.random.normal(jax.random.key(8), (5, 4))
+  dy = jax.random.normal(jax.random.key(9), (5, 4))
+  ours_cls, flax_cls = PAIRS[name]
+
+  def loss(layer, x):
+    return jnp.sum(layer(x) * dy)  # a random cotangent, not a plain sum
+
+  layer = ours_cls(4, rngs=nnx.Rngs(0))
+  nnx.update(layer, _randomize(nnx.state(layer)))
+  flax_layer = flax_cls(4, rngs=nnx.Rngs(0))
+  nnx.update(flax_layer, nnx.state(layer))
+  # nnx.jit
+  np.testing.assert_allclose(nnx.jit(lambda m, x: m(x))(layer, x), flax_layer(x), rtol=1e-5,
+                             atol=1e-5)
+  # nnx.grad (jitted) and nnx.remat give Flax's parameter gradients
+  g = nnx.jit(nnx.grad(loss))(layer, x)
+  g_flax = nnx.grad(loss)(flax_layer, x)
+
+  def remat_loss(m, x):
+    return jnp.sum(nnx.remat(lambda m, x: m(x))(m, x) * dy)
+
+  g_remat = nnx.grad(remat_loss)(layer, x)
+  for a, b, c in zip(jax.tree.leaves(g), jax.tree.leaves(g_flax), jax.tree.leaves(g_remat)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(c, b, rtol=1e-5, atol=1e-5)
+  # nnx.vmap-created stack, run with nnx.scan, and its gradient
+  ours, theirs = _stack_pair(name)
+  np.testing.assert_allclose(_scan_apply(ours, x), _scan_apply(theirs, x), rtol=1e-5,
+                             atol=1e-5)
+
+  def stack_loss(stack, x):
+    return jnp.sum(_scan_apply(stack, x) * dy)
+
+  ga = nnx.grad(stack_loss)(ours, x)
+  gb = nnx.grad(stack_loss)(theirs, x)
+  for a, b in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+    assert a.shape[0] == 3
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  # nnx.vmap over a batch axis of the input (the layer broadcast)
+  xb = jnp.stack([x, 2 * x + 1])
+  yb = nnx.vmap(lambda m, x: m(x), in_axes=(None, 0))(layer, xb)
+  np.testing.assert_allclose(yb, jax.vmap(flax_layer)(xb), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_axis_name_under_shard_map_equals_unsharded(name, axis):
+  n_dev = len(jax.devices())
+  mesh = jax.make_mesh((n_dev,), ("model",), axis_types=(jax.sharding.AxisType.Auto,))
+  # The normalized (and feature) axis, of size 2 * n_dev, is split over the devices; axis=1 is
+  # not trailing, so the module also moves it to the end and back inside shard_map.
+  shape = (3, 2, 2 * n_dev) if axis == -1 else (3, 2 * n_dev, 2)
+  x = jax.random.normal(jax.random.key(10), shape) + 1.0
+  dy = jax.random.normal(jax.random.key(11), shape)
+  cls = PAIRS[name][0]
+  kw = dict(reduction_axes=axis, feature_axes=axis, rngs=nnx.Rngs(0))
+  full = cls(2 * n_dev, **kw)
+  nnx.update(full, _randomize(nnx.state(full)))
+  graphdef, _ = nnx.split(cls(2 * n_dev, axis_name="model", **kw))
+  g_full, state = nnx.split(full)
+  x_spec = P(None, None, "model") if axis == -1 else P(None, "model", None)
+  state_spec = jax.tree.map(lambda _: P("model"), state)
+
+  def local(state, x):
+    return nnx.merge(graphdef, state)(x)
+
+  f = jax.shard_map(local, mesh=mesh, in_specs=(state_spec, x_spec), out_specs=x_spec)
+  y, vjp = jax.vjp(f, state, x)
+  ds, dx = vjp(dy)
+  y_ref, vjp_ref = jax.vjp(lambda s, x: nnx.merge(g_full, s)(x), state, x)
+  ds_ref, dx_ref = vjp_ref(dy)
+  np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(dx, dx_ref, rtol=1e-5, atol=1e-5)
+  for a, b in zip(jax.tree.leaves(ds), jax.tree.leaves(ds_ref)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
