@@ -117,16 +117,20 @@ def _flax_linen(op: str):
   return f
 
 
-def _jax_pallas_ops(op: str):
-  _require_gpu("jax.experimental.pallas.ops.gpu")
-  mod = _import(f"jax.experimental.pallas.ops.gpu.{op}")
-  fn = getattr(mod, op)
+def _jax_pallas_ops(interpret: bool):
+  def build(op: str):
+    if not interpret:
+      _require_gpu("jax.experimental.pallas.ops.gpu")
+    mod = _import(f"jax.experimental.pallas.ops.gpu.{op}")
+    fn = getattr(mod, op)
 
-  def f(x, scale, bias):
-    # These ops take (batch, seq, d) and always add a bias (RMSNorm too).
-    b = bias if op == "layer_norm" else jnp.zeros_like(scale)
-    return fn(x[None], scale, b, eps=EPSILON)[0]
-  return f
+    def f(x, scale, bias):
+      # These ops take (batch, seq, d) and always add a bias (RMSNorm too); their config
+      # (num_warps, num_stages, eps, backward_pass_impl, interpret) is positional.
+      b = bias if op == "layer_norm" else jnp.zeros_like(scale)
+      return fn(x[None], scale, b, None, 3, EPSILON, "triton", interpret)[0]
+    return f
+  return build
 
 
 def _tokamax(op: str):
@@ -147,7 +151,7 @@ def registry(interpret: bool = False) -> dict[str, Callable[[str], Callable]]:
       "jaxnorm-pallas": _jaxnorm("pallas", interpret),
       "reference-vjp": _reference,
       "flax-linen": _flax_linen,
-      "jax-pallas-ops": _jax_pallas_ops,
+      "jax-pallas-ops": _jax_pallas_ops(interpret),
       "tokamax": _tokamax,
   }
 
@@ -353,8 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--out", default=os.path.join("results", "bench"),
                  help="output directory for bench.json and bench.md")
   p.add_argument("--interpret", action="store_true",
-                 help="run jaxnorm-pallas in Pallas interpret mode (smoke test on CPU; its "
-                      "timings are meaningless)")
+                 help="run the Pallas entries (jaxnorm-pallas, jax-pallas-ops) in interpret "
+                      "mode: a smoke test on a CPU; their timings are meaningless")
   return p
 
 
@@ -426,11 +430,24 @@ def main(argv: list[str] | None = None) -> int:
   sample_ms = args.sample_ms or (5.0 if on_gpu else 1.0)
   if repeats < 1:
     raise SystemExit(f"--repeats must be >= 1, got {repeats}")
-  device = jax.devices()[0]
-  reg = registry(args.interpret)
+  saved_env = os.environ.get("JAXNORM_PALLAS_INTERPRET")
   if args.interpret:
     # Read by jaxnorm's core ops at trace time: impl="pallas" runs the kernels interpreted.
     os.environ["JAXNORM_PALLAS_INTERPRET"] = "1"
+  try:
+    return _run(args, shapes, repeats, sample_ms, argv)
+  finally:
+    if saved_env is None:
+      os.environ.pop("JAXNORM_PALLAS_INTERPRET", None)
+    else:
+      os.environ["JAXNORM_PALLAS_INTERPRET"] = saved_env
+
+
+def _run(args, shapes, repeats, sample_ms, argv) -> int:
+  """The measuring loop of :func:`main`; returns the exit status."""
+  backend = jax.default_backend()
+  device = jax.devices()[0]
+  reg = registry(args.interpret)
 
   results, copies, memory = [], [], []
   widths = (10, 14, 10, 8, 7, 11, 8, 7)
@@ -468,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
             gbps = nbytes / t["median_s"] / 1e9
             row = {**base, "mode": mode, "status": "ok", **t, "bytes": nbytes,
                    "gbps": gbps, "pct_copy": 100.0 * gbps / copy["gbps"]}
-            if impl == "jaxnorm-pallas" and args.interpret:
+            if impl in ("jaxnorm-pallas", "jax-pallas-ops") and args.interpret:
               row["note"] = "interpret mode: timing not meaningful"
             results.append(row)
             print(_fmt_row((op, impl, shape, dtype, mode, f"{t['median_s'] * 1e6:.1f}",
