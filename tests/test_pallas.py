@@ -110,15 +110,14 @@ CASES = [
     ("layer_norm", 150, 300, jnp.float32, dict(epsilon_placement="outside")),
     ("layer_norm", 3, D_LOOP, jnp.float32, dict(zero_centered_scale=True, with_bias=False)),
     ("layer_norm", 16, 1, jnp.float32, {}),
-    ("layer_norm", 37, 300, jnp.float32, dict(with_scale=False, with_bias=False)),
+    ("layer_norm", 37, 300, jnp.float32,
+     dict(with_scale=False, with_bias=False, out_dtype=jnp.bfloat16)),
     ("layer_norm", 9, 96, jnp.float32,
      dict(epsilon_placement="outside", zero_centered_scale=True, epsilon=1e-2)),
-    ("layer_norm", 37, 300, jnp.float32, dict(out_dtype=jnp.bfloat16, with_scale=False)),
     ("layer_norm", 9, 96, jnp.bfloat16, {}),
     ("layer_norm", 3, D_LOOP, jnp.float16, dict(epsilon_placement="outside")),
     ("rms_norm", 5, 7, jnp.float32, dict(epsilon_placement="outside")),
     ("rms_norm", 150, 300, jnp.float32, dict(zero_centered_scale=True)),
-    ("rms_norm", 3, D_LOOP, jnp.float32, {}),
     ("rms_norm", 16, 1, jnp.float32, dict(epsilon_placement="outside", epsilon=1e-2)),
     ("rms_norm", 37, 300, jnp.float32, dict(with_scale=False, out_dtype=jnp.bfloat16)),
     ("rms_norm", 9, 96, jnp.float16, dict(zero_centered_scale=True)),
@@ -157,11 +156,14 @@ def test_statistics_mean_what_the_contract_says():
 
 
 def test_large_mean_small_spread_is_accurate():
-  # mean/std = 1e4: a one-pass E[x^2] - E[x]^2 loses every digit in float32.
-  x = 1e4 + jax.random.normal(jax.random.key(1), (6, 300), jnp.float32)
-  y, *_ = _pallas.layer_norm_fwd(x, None, None, epsilon=1e-6, interpret=True)
+  # mean/std = 1e4: a one-pass E[x^2] - E[x]^2 loses every digit in float32. (Same shape and
+  # configuration as the test above: the compiled kernel is reused.)
+  x = 1e4 + jax.random.normal(jax.random.key(1), (11, 300), jnp.float32)
+  ones, zeros = jnp.ones((300,), jnp.float32), jnp.zeros((300,), jnp.float32)
+  y, *_ = _pallas.layer_norm_fwd(x, ones, zeros, epsilon=1e-5, epsilon_placement="inside",
+                                 zero_centered_scale=False, out_dtype=None, interpret=True)
   x64 = np.asarray(x, np.float64)
-  want = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-6)
+  want = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5)
   np.testing.assert_allclose(np.asarray(y), want, atol=2e-3)
 
 
