@@ -77,7 +77,7 @@ CLAIMS: dict[str, Claim] = {
         "grad_init",
         "The Post-LN gradient growth at init depends on the initialization (Xiong's theory assumes Xavier).",
         "this project (issue: 'the init decides whether Post-LN is unstable at all')",
-        "- (observation)"),
+        "- (observation)", checked=True),
     # ---- 2. warm-up and learning rate
     "xiong_postln_needs_warmup": Claim(
         "warmup",
@@ -121,22 +121,22 @@ CLAIMS: dict[str, Claim] = {
         "invariance",
         "RMSNorm(a x) = RMSNorm(x) for every a > 0.",
         f"{NOTES}, Sec. 3.1 (forward scale invariance)",
-        "exact (ignoring epsilon)"),
+        "exact (ignoring epsilon)", checked=True),
     "notes_rms_grad_invariance": Claim(
         "invariance",
         "The gradient of RMSNorm(a x) with respect to x does not depend on a.",
         f"{NOTES}, Sec. 3.2 (backward gradient invariance)",
-        "exact (ignoring epsilon)"),
+        "exact (ignoring epsilon)", checked=True),
     "notes_ln_shift_invariance": Claim(
         "invariance",
         "LayerNorm(x + c) = LayerNorm(x) for a constant shift c; RMSNorm is not shift invariant.",
         f"{NOTES}, Sec. 4.3(b) and Zhang & Sennrich 2019, Sec. 3-4 (re-centering invariance)",
-        "exact for LayerNorm"),
+        "exact for LayerNorm", checked=True),
     "notes_grad_norms_close": Claim(
         "invariance",
         "Weight-gradient norms of LayerNorm and RMSNorm layers are close.",
         f"{NOTES}, Sec. 3.3",
-        "rms_w_gradient.norm() ~= ln_w_gradient.norm()"),
+        "rms_w_gradient.norm() ~= ln_w_gradient.norm()", checked=True),
     # ---- 5. speed
     "zhang_rms_speedup": Claim(
         "speed",
@@ -148,12 +148,12 @@ CLAIMS: dict[str, Claim] = {
         "speed",
         "RMSNorm is faster than LayerNorm as an op.",
         f"{NOTES}, Sec. 2 ('about 10%-40%')",
-        "10%-40%"),
+        "10%-40%", checked=True),
     # ---- 6. custom VJP
     "vjp_matches_autodiff": Claim(
         "vjp",
         "Training with jaxnorm's hand-derived backward gives the same loss curves as Flax's norms "
         "differentiated by autodiff.",
         "this project (the derived VJP in a real model, not only in unit tests)",
-        "identical up to float rounding"),
+        "identical up to float rounding", checked=True),
 }

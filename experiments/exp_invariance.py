@@ -188,9 +188,9 @@ def model_grad_norms(ctx, cfg: Config) -> dict:
     init[norm]["total"] = _total_layer_norm(r)
   curves = {}
   for norm in ("layernorm", "rmsnorm"):
-    mc = ctx.model_config(n_layers=cfg.n_layers, norm_position="pre", norm_type=norm)
-    run = ctx.train(ctx.train_config(mc, steps=cfg.train_steps, lr=1e-3, warmup=0),
-                    f"pre-{norm}-L{cfg.n_layers}-lr0.001-w0")
+    from experiments import exp_warmup
+    spec = {"norm_position": "pre", "norm_type": norm, "init": "xavier", "lr": 1e-3, "warmup": 0}
+    run = exp_warmup.train_run(ctx, spec, cfg.n_layers, cfg.train_steps)
     steps = [m["step"] for m in run.metrics if "attn_qkv" in m]
     totals = [_total_layer_norm(m) for m in run.metrics if "attn_qkv" in m]
     curves[norm] = {"step": steps, "total": totals, "run": run.path.name,

@@ -10,6 +10,8 @@ change with the preset. Three presets:
   invariance errors, jaxnorm-vs-Flax agreement).
 * ``cpu``: the README's main job; about 20 minutes on a 2-core laptop CPU with the default
   corpus. Small models (width 64), 6/12/24 layers at init, 6/12/18 layers in training.
+  (Run sharing: the warm-up grid's lr-1e-3 no-warm-up runs are also the baselines of the
+  invariance and VJP experiments, so their sizes are kept equal.)
 * ``gpu``: the full-size version for an accelerator (width 256, up to 48 layers, thousands of
   steps, several seeds).
 
@@ -31,33 +33,33 @@ PRESETS: dict[str, dict[str, Any]] = {
         "description": "structural checks for CI: tiny models, a few steps (about a minute on 2 cores)",
         "model": {"d_model": 32, "n_heads": 2, "d_ff": 64, "max_len": 32},
         "train": {"batch_size": 4, "seq_len": 32, "eval_every": 10, "eval_batches": 1},
-        "grad_init": {"depths": (2, 4), "seeds": (0,), "n_batches": 1, "norm_types": ("layernorm",),
+        "grad_init": {"depths": (6,), "seeds": (0,), "n_batches": 1, "norm_types": ("layernorm",),
                       "small_init": False, "qk_zero": False},
-        "warmup": {"n_layers": 2, "steps": 20, "lrs": (1e-3,), "warmup": 5,
+        "warmup": {"n_layers": 1, "steps": 20, "lrs": (1e-3,), "warmup": 5,
                    "norm_types": ("layernorm",), "small_init": False},
-        "depth": {"depths": (2, 4), "positions": ("post", "pre", "deepnorm"), "steps": 10,
+        "depth": {"depths": (1,), "positions": ("post", "deepnorm"), "steps": 4,
                   "update_steps": 2, "lr": 1e-3},
         "invariance": {"n_rows": 8, "d": 64, "n_points": 13, "seeds": (0,), "train_steps": 20,
-                       "n_layers": 2},
-        "speed": {"n_layers": 2, "steps": 10, "op_shapes": ((256, 64),), "op_repeats": 5},
-        "vjp": {"n_layers": 2, "steps": 20, "positions": ("pre", "post"),
-                "norm_types": ("layernorm",)},
+                       "n_layers": 1},
+        "speed": {"n_layers": 1, "steps": 3, "repeats": 1, "op_shapes": ((256, 64),), "op_repeats": 3},
+        "vjp": {"n_layers": 1, "steps": 20, "positions": ("post",), "norm_types": ("layernorm",)},
     },
     "cpu": {
         "description": "the README's main job: small models on a laptop CPU (about 20 minutes on 2 cores)",
         "model": {"d_model": 64, "n_heads": 4, "d_ff": 256, "max_len": 64},
-        "train": {"batch_size": 16, "seq_len": 64, "eval_every": 25, "eval_batches": 4},
+        "train": {"batch_size": 16, "seq_len": 64, "eval_every": 20, "eval_batches": 4},
         "grad_init": {"depths": (6, 12, 24), "seeds": (0, 1), "n_batches": 2,
-                      "norm_types": ("layernorm", "rmsnorm"), "small_init": True, "qk_zero": True},
-        "warmup": {"n_layers": 6, "steps": 300, "lrs": (5e-4, 1e-3), "warmup": 60,
+                      "norm_types": ("layernorm", "rmsnorm"), "small_init": True, "qk_zero": True,
+                      "variant_depths": (12,)},
+        "warmup": {"n_layers": 6, "steps": 200, "lrs": (5e-4, 1e-3), "warmup": 40,
                    "norm_types": ("layernorm", "rmsnorm"), "small_init": True},
         "depth": {"depths": (6, 12, 18), "positions": ("post", "pre", "sandwich", "deepnorm"),
-                  "steps": 150, "update_steps": 8, "lr": 1e-3},
+                  "steps": 60, "update_steps": 8, "lr": 1e-3},
         "invariance": {"n_rows": 64, "d": 256, "n_points": 25, "seeds": (0, 1, 2),
-                       "train_steps": 300, "n_layers": 6},
-        "speed": {"n_layers": 6, "steps": 300, "op_shapes": ((1024, 64), (4096, 256), (8192, 1024)),
-                  "op_repeats": 30},
-        "vjp": {"n_layers": 6, "steps": 300, "positions": ("pre", "post"),
+                       "train_steps": 200, "n_layers": 6},
+        "speed": {"n_layers": 6, "steps": 30, "repeats": 2,
+                  "op_shapes": ((1024, 64), (4096, 256), (8192, 1024)), "op_repeats": 20},
+        "vjp": {"n_layers": 6, "steps": 200, "positions": ("pre", "post"),
                 "norm_types": ("layernorm", "rmsnorm")},
     },
     "gpu": {
@@ -72,9 +74,9 @@ PRESETS: dict[str, dict[str, Any]] = {
                   "steps": 2000, "update_steps": 20, "lr": 1e-3},
         "invariance": {"n_rows": 256, "d": 1024, "n_points": 49, "seeds": (0, 1, 2, 3),
                        "train_steps": 4000, "n_layers": 6},
-        "speed": {"n_layers": 6, "steps": 500,
+        "speed": {"n_layers": 6, "steps": 100, "repeats": 3,
                   "op_shapes": ((8192, 1024), (16384, 4096), (32768, 8192)), "op_repeats": 100},
-        "vjp": {"n_layers": 6, "steps": 1000, "positions": ("pre", "post"),
+        "vjp": {"n_layers": 6, "steps": 4000, "positions": ("pre", "post"),
                 "norm_types": ("layernorm", "rmsnorm")},
     },
 }

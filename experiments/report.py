@@ -46,7 +46,7 @@ def claims_rows(summaries: dict[str, dict]) -> list[dict]:
         "id": cid,
         "experiment": claim.experiment,
         "statement": claim.statement,
-        "source": claim.source + ("" if claim.checked else " [number as quoted in the issue]"),
+        "source": claim.source + ("" if claim.checked else " [published number as quoted in the issue; not re-checked against the paper]"),
         "published": claim.published,
         "ours": m["ours"] if m else "-",
         "holds": m["holds"] if m else "not run",

@@ -210,6 +210,11 @@ class Context:
     key_src = json.dumps({"v": _RUN_CACHE_VERSION, "config": to_jsonable(config)}, sort_keys=True)
     key = hashlib.sha256(key_src.encode()).hexdigest()[:10]
     run_dir = self.root / "runs" / f"{label}-{key}"
+    # The hash decides: a run cached under another label is the same run.
+    for other in sorted((self.root / "runs").glob(f"*-{key}")):
+      if (other / "run.json").exists():
+        run_dir = other
+        break
     done = run_dir / "run.json"
     if done.exists():
       summary = read_json(done)["summary"]
@@ -220,7 +225,7 @@ class Context:
     run_dir.mkdir(parents=True)
     t0 = time.perf_counter()
     self.log(f"train {label} ({config.steps} steps)")
-    summary = train_lib.train(config, run_dir, progress=self.progress)
+    summary = train_lib.train(config, run_dir, progress=self.progress, corpus=self.corpus())
     wall = time.perf_counter() - t0
     summary = dict(summary)
     summary["wall_s"] = wall
@@ -378,7 +383,8 @@ def select(only: list[str] | None) -> list[str]:
 
 def run_suite(preset_name: str, out_dir: str | pathlib.Path, *, only: list[str] | None = None,
               force: list[str] | None = None, progress: bool | None = None,
-              render: bool = True, log: Callable[[str], None] | None = None) -> dict:
+              render: bool = True, log: Callable[[str], None] | None = None,
+              compile_cache: str | pathlib.Path | None = None) -> dict:
   """Runs the selected experiments into ``out_dir`` and renders the report.
 
   Args:
@@ -389,6 +395,8 @@ def run_suite(preset_name: str, out_dir: str | pathlib.Path, *, only: list[str] 
     progress: tqdm bars (default: when stderr is a TTY), else plain lines.
     render: whether to write ``report.md`` at the end.
     log: where progress lines go (default stderr).
+    compile_cache: a folder for JAX's persistent compilation cache (the same model compiled
+      for several seeds, or again on a re-run, is then compiled once); None: no cache.
 
   Returns:
     The ``suite.json`` dict: provenance plus ``experiments`` ``{name: {status, wall_s, ...}}``.
@@ -399,6 +407,10 @@ def run_suite(preset_name: str, out_dir: str | pathlib.Path, *, only: list[str] 
   root = pathlib.Path(out_dir)
   root.mkdir(parents=True, exist_ok=True)
   progress = _is_tty() if progress is None else progress
+  if compile_cache is not None:
+    import jax
+    jax.config.update("jax_compilation_cache_dir", str(compile_cache))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
   ctx = Context(root, preset, progress=progress, log=log)
 
   suite_path = root / "suite.json"
@@ -504,6 +516,8 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--export", default=None, metavar="DIR",
                       help="afterwards, copy report, plots and data (not the runs) to DIR")
   parser.add_argument("--list", action="store_true", help="list experiments and presets, then exit")
+  parser.add_argument("--no-compile-cache", action="store_true",
+                      help="do not use JAX's persistent compilation cache (default: <out>/jax_cache)")
   progress = parser.add_mutually_exclusive_group()
   progress.add_argument("--progress", dest="progress", action="store_true", default=None,
                         help="draw progress bars (default: when stderr is a terminal)")
@@ -525,7 +539,9 @@ def main(argv: list[str] | None = None) -> int:
       print(report.render(out))
       failed = []
     else:
-      state = run_suite(args.preset, out, only=args.only, force=args.force, progress=args.progress)
+      cache = None if args.no_compile_cache else out / "jax_cache"
+      state = run_suite(args.preset, out, only=args.only, force=args.force, progress=args.progress,
+                        compile_cache=cache)
       failed = state.get("failed", [])
   except ValueError as e:
     parser.error(str(e))

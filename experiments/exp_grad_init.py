@@ -1,0 +1,361 @@
+r"""Experiment 1: gradient norms at initialization (Xiong et al. 2020, Fig. 3 and Theorem 1).
+
+For Post-LN and Pre-LN stacks of several depths :math:`L` (LayerNorm and RMSNorm), the
+Frobenius norm of every layer's weight-matrix gradient (``attn_qkv``, ``attn_out``, ``mlp_in``,
+``mlp_out``) of the language-modelling loss at initialization, averaged over batches and seeds
+(``experiments.train.grad_norms_at_init``), plotted against the layer index. Derived numbers:
+
+* the last/first-layer ratio of the ``mlp_out`` (:math:`W^{2}`) gradient norm; the theory says
+  it grows with depth for Post-LN and is about 1 for Pre-LN;
+* the slope of :math:`\log \|\partial \mathcal L / \partial W^{2,L}\|` against :math:`\log L`:
+  0 for Post-LN, :math:`-1/2` for Pre-LN (:math:`O(d\sqrt{\ln d})` vs :math:`O(d\sqrt{\ln d / L})`);
+* the mean squared entry :math:`E\|x_l\|^2/d` of every norm input (their Lemma 2: for Pre-LN
+  each layer adds between 1/2 and 3/2; Post-LN's norm inputs stay near 3/2).
+
+The paper's setting is Xavier initialization, and its theory assumes :math:`W^Q = W^K = 0`;
+both are run, and the GPT-2 "small" initialization beside them, because at small scale the
+initialization decides how different Post-LN and Pre-LN look.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+NAME = "grad_init"
+TITLE = "Gradient norms at initialization (Xiong et al. 2020, Fig. 3 / Theorem 1)"
+
+GROUPS = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")
+# Verdict criteria (the same for every preset).
+GROWTH_FACTOR = 1.5          # Post-LN's last/first ratio must exceed Pre-LN's by this factor
+FLAT_RANGE = (0.5, 2.0)      # Pre-LN's last/first ratio counts as flat inside this range
+SLOPE_PRE = (-0.75, -0.25)   # accepted log-log slope of Pre-LN's last-layer gradient vs L
+SLOPE_POST_ABS = 0.25        # |slope| of Post-LN's counts as "independent of L"
+LEMMA2_INCREMENT = (0.5, 1.5)
+POST_LEVEL = (1.25, 1.75)    # "about 3/2"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Sizes of the gradient-norm experiment.
+
+  Attributes:
+    depths: numbers of layers of the main (Xavier) grid.
+    seeds: initialization seeds (each with its own batches); results are averaged.
+    n_batches: batches per seed.
+    norm_types: ``"layernorm"`` and/or ``"rmsnorm"`` for the main grid.
+    small_init: also run GPT-2's small init (LayerNorm) at ``variant_depths``.
+    qk_zero: also run the theory setting W^Q = W^K = 0 (Xavier, LayerNorm) at ``variant_depths``.
+    variant_depths: depths of the small-init and W^Q = W^K = 0 runs (default: ``depths``).
+  """
+
+  depths: tuple = (6, 12, 24)
+  seeds: tuple = (0, 1)
+  n_batches: int = 2
+  norm_types: tuple = ("layernorm", "rmsnorm")
+  small_init: bool = True
+  qk_zero: bool = True
+  variant_depths: tuple | None = None
+
+
+def settings(cfg: Config) -> list[dict]:
+  """Every (setting, position, norm, depth) to measure."""
+  out = []
+  for norm in cfg.norm_types:
+    for L in cfg.depths:
+      for pos in ("post", "pre"):
+        out.append({"setting": "xavier", "norm_position": pos, "norm_type": norm, "n_layers": L,
+                    "init": "xavier", "qk_zero_init": False})
+  vdepths = cfg.variant_depths or cfg.depths
+  for name, flag, init, qk in (("qk_zero", cfg.qk_zero, "xavier", True),
+                               ("small", cfg.small_init, "small", False)):
+    if not flag:
+      continue
+    for L in vdepths:
+      for pos in ("post", "pre"):
+        out.append({"setting": name, "norm_position": pos, "norm_type": "layernorm", "n_layers": L,
+                    "init": init, "qk_zero_init": qk})
+  return out
+
+
+def key(s: dict) -> str:
+  return f"{s['setting']}/{s['norm_position']}/{s['norm_type']}/L{s['n_layers']}"
+
+
+def measure(ctx, cfg: Config) -> dict:
+  """Runs grad_norms_at_init for every setting and seed; returns seed-averaged results."""
+  from experiments import train as train_lib
+  corpus = ctx.corpus()
+  tcfg = ctx.preset["train"]
+  results = {}
+  for s in ctx.iterate(settings(cfg), desc="settings"):
+    mc = ctx.model_config(norm_position=s["norm_position"], norm_type=s["norm_type"],
+                          n_layers=s["n_layers"], init=s["init"], qk_zero_init=s["qk_zero_init"])
+    per_seed = [train_lib.grad_norms_at_init(mc, corpus, batch_size=tcfg["batch_size"],
+                                             seq_len=tcfg["seq_len"], seed=seed,
+                                             n_batches=cfg.n_batches)
+                for seed in cfg.seeds]
+    mean = {k: np.mean([np.asarray(r[k], np.float64) for r in per_seed], axis=0).tolist()
+            for k in (*GROUPS, "residual_sq_norm", "grad_norm")}
+    mean["ratio_per_seed"] = [float(r["mlp_out"][-1] / r["mlp_out"][0]) for r in per_seed]
+    results[key(s)] = {**s, **mean}
+  return results
+
+
+def ratio(r: dict, group: str = "mlp_out") -> float:
+  """Last/first-layer gradient-norm ratio of the seed-averaged norms."""
+  return float(r[group][-1] / r[group][0])
+
+
+def _slope(depths, values) -> float:
+  if len(depths) < 2:
+    return float("nan")
+  return float(np.polyfit(np.log(depths), np.log(values), 1)[0])
+
+
+def analyse(results: dict, cfg: Config) -> dict:
+  """Ratios, depth slopes and residual-norm statistics."""
+  out = {"ratios": {}, "slopes": {}, "residual": {}}
+  for k, r in results.items():
+    out["ratios"][k] = {g: ratio(r, g) for g in GROUPS}
+    out["ratios"][k]["mlp_out_per_seed"] = r["ratio_per_seed"]
+  combos = sorted({(r["setting"], r["norm_position"], r["norm_type"]) for r in results.values()})
+  for setting, pos, norm in combos:
+    rows = sorted((r for r in results.values()
+                   if (r["setting"], r["norm_position"], r["norm_type"]) == (setting, pos, norm)),
+                  key=lambda r: r["n_layers"])
+    depths = [r["n_layers"] for r in rows]
+    last = [r["mlp_out"][-1] for r in rows]
+    out["slopes"][f"{setting}/{pos}/{norm}"] = {"depths": depths, "last_layer": last,
+                                                "slope": _slope(depths, last)}
+  for k, r in results.items():
+    e = np.asarray(r["residual_sq_norm"])
+    L = r["n_layers"]
+    if r["norm_position"] == "pre":
+      # Norm inputs: [attn_0, mlp_0, attn_1, ..., mlp_{L-1}, final]; the input of layer l is
+      # entry 2l, the output of the last layer the final norm's input (entry 2L).
+      layer_inputs = np.concatenate([e[0:2 * L:2], e[2 * L:2 * L + 1]])
+      inc = np.diff(layer_inputs)
+      out["residual"][k] = {"layer_inputs": layer_inputs.tolist(), "increments": inc.tolist(),
+                            "mean_increment": float(inc.mean()),
+                            "frac_in_bounds": float(np.mean((inc >= LEMMA2_INCREMENT[0]) &
+                                                            (inc <= LEMMA2_INCREMENT[1])))}
+    elif r["norm_position"] == "post":
+      rest = e[1:]  # the first norm input is embedding + sub-layer, not a normalized stream
+      out["residual"][k] = {"mean": float(rest.mean()), "min": float(rest.min()),
+                            "max": float(rest.max())}
+  return out
+
+
+def _fmt_ratio(x):
+  return f"{x:.2f}"
+
+
+def verdicts(results: dict, an: dict, cfg: Config) -> list[dict]:
+  claims = []
+  # Growth with layer index.
+  pairs, ok_strict, ok_loose = [], 0, 0
+  for norm in cfg.norm_types:
+    for L in cfg.depths:
+      post = an["ratios"][f"xavier/post/{norm}/L{L}"]["mlp_out"]
+      pre = an["ratios"][f"xavier/pre/{norm}/L{L}"]["mlp_out"]
+      pairs.append(f"{'LN' if norm == 'layernorm' else 'RMS'} L={L}: {_fmt_ratio(post)} vs {_fmt_ratio(pre)}")
+      ok_strict += post > GROWTH_FACTOR * pre and FLAT_RANGE[0] <= pre <= FLAT_RANGE[1]
+      ok_loose += post > pre
+  n = len(pairs)
+  claims.append({
+      "id": "xiong_grad_growth",
+      "ours": "last/first-layer W2 grad ratio, Post-LN vs Pre-LN (Xavier): " + "; ".join(pairs),
+      "holds": "yes" if ok_strict == n else ("partly" if ok_loose >= (n + 1) // 2 else "no"),
+      "note": f"yes = Post > {GROWTH_FACTOR}x Pre and Pre in {list(FLAT_RANGE)} everywhere",
+  })
+  # Depth scaling of the last-layer gradient.
+  if len(cfg.depths) >= 2:
+    parts, oks = [], []
+    for norm in cfg.norm_types:
+      sp = an["slopes"][f"xavier/pre/{norm}"]["slope"]
+      so = an["slopes"][f"xavier/post/{norm}"]["slope"]
+      parts.append(f"{'LN' if norm == 'layernorm' else 'RMS'}: Post-LN {so:+.2f}, Pre-LN {sp:+.2f}")
+      oks.append((SLOPE_PRE[0] <= sp <= SLOPE_PRE[1], abs(so) <= SLOPE_POST_ABS))
+    n_ok = sum(a + b for a, b in oks)
+    claims.append({
+        "id": "xiong_grad_depth_scaling",
+        "ours": f"log-log slope of the last-layer W2 grad norm vs L ({min(cfg.depths)}-{max(cfg.depths)}): "
+                + "; ".join(parts),
+        "holds": "yes" if n_ok == 2 * len(oks) else ("partly" if n_ok else "no"),
+        "note": f"accepted: Pre-LN in {list(SLOPE_PRE)}, |Post-LN| <= {SLOPE_POST_ABS}",
+    })
+  else:
+    claims.append({"id": "xiong_grad_depth_scaling", "ours": "one depth only", "holds": "n/a"})
+  # Lemma 2 (Pre-LN residual growth); prefer the theory setting.
+  setting = "qk_zero" if cfg.qk_zero else "xavier"
+  vdepths = (cfg.variant_depths or cfg.depths) if setting == "qk_zero" else cfg.depths
+  incs = {L: an["residual"][f"{setting}/pre/layernorm/L{L}"]["mean_increment"] for L in vdepths}
+  fr = {L: an["residual"][f"{setting}/pre/layernorm/L{L}"]["frac_in_bounds"] for L in vdepths}
+  inside = [LEMMA2_INCREMENT[0] <= v <= LEMMA2_INCREMENT[1] for v in incs.values()]
+  claims.append({
+      "id": "xiong_lemma2_preln",
+      "ours": f"mean increase of E||x_l||^2/d per layer ({setting.replace('_', ' ')}, LN): "
+              + ", ".join(f"L={L}: {v:.2f} ({100 * fr[L]:.0f}% of layers in bounds)" for L, v in incs.items()),
+      "holds": "yes" if all(inside) else ("partly" if any(inside) else "no"),
+  })
+  # Post-LN level.
+  means = {L: an["residual"][f"{setting}/post/layernorm/L{L}"]["mean"] for L in vdepths}
+  inside = [POST_LEVEL[0] <= v <= POST_LEVEL[1] for v in means.values()]
+  claims.append({
+      "id": "xiong_lemma_postln",
+      "ours": f"mean E||x||^2/d of Post-LN norm inputs ({setting.replace('_', ' ')}, LN): "
+              + ", ".join(f"L={L}: {v:.2f}" for L, v in means.items()),
+      "holds": "yes" if all(inside) else ("partly" if any(inside) else "no"),
+      "note": f"'about 3/2' = within {list(POST_LEVEL)}",
+  })
+  # Init comparison.
+  if cfg.small_init:
+    parts = []
+    for L in (cfg.variant_depths or cfg.depths):
+      px = an["ratios"][f"xavier/post/layernorm/L{L}"]["mlp_out"] if f"xavier/post/layernorm/L{L}" in an["ratios"] else float("nan")
+      ps = an["ratios"][f"small/post/layernorm/L{L}"]["mlp_out"]
+      rx = an["ratios"][f"xavier/pre/layernorm/L{L}"]["mlp_out"] if f"xavier/pre/layernorm/L{L}" in an["ratios"] else float("nan")
+      rs = an["ratios"][f"small/pre/layernorm/L{L}"]["mlp_out"]
+      parts.append(f"L={L}: Post-LN {px:.2f} (Xavier) -> {ps:.2f} (small), Pre-LN {rx:.2f} -> {rs:.2f}")
+    claims.append({"id": "init_changes_picture", "ours": "last/first W2 ratio; " + "; ".join(parts),
+                   "holds": "obs"})
+  return claims
+
+
+def plot(ctx, results: dict, an: dict, cfg: Config) -> list[str]:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  files = []
+  styles = {("post", "layernorm"): ("C3", "-", "Post-LN (LN)"), ("pre", "layernorm"): ("C0", "-", "Pre-LN (LN)"),
+            ("post", "rmsnorm"): ("C1", "--", "Post-LN (RMS)"), ("pre", "rmsnorm"): ("C2", "--", "Pre-LN (RMS)")}
+  for group_set, fname in ((("mlp_out", "attn_qkv"), "grad_norms_xavier.png"),):
+    fig, axes = plt.subplots(len(group_set), len(cfg.depths), figsize=(4 * len(cfg.depths), 3.2 * len(group_set)),
+                             squeeze=False)
+    for gi, g in enumerate(group_set):
+      for di, L in enumerate(cfg.depths):
+        ax = axes[gi, di]
+        for norm in cfg.norm_types:
+          for pos in ("post", "pre"):
+            r = results[f"xavier/{pos}/{norm}/L{L}"]
+            c, ls, lab = styles[(pos, norm)]
+            ax.plot(np.arange(1, L + 1), r[g], ls, color=c, marker="o", ms=3, label=lab)
+        ax.set_yscale("log")
+        ax.set_title(f"{g} gradient norm, L={L}", fontsize=10)
+        ax.set_xlabel("layer")
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle(f"Gradient norm per layer at initialization (Xavier; mean of {len(cfg.seeds)} seeds x "
+                 f"{cfg.n_batches} batches) -- cf. Xiong et al. Fig. 3", fontsize=10)
+    files.append(ctx.save_figure(fig, fname))
+
+  # Init comparison at the variant depths.
+  vdepths = cfg.variant_depths or cfg.depths
+  variants = [("xavier", "Xavier"), *((("qk_zero", "Xavier, W^Q=W^K=0"),) if cfg.qk_zero else ()),
+              *((("small", "GPT-2 small init"),) if cfg.small_init else ())]
+  if len(variants) > 1:
+    fig, axes = plt.subplots(1, len(vdepths), figsize=(4.5 * len(vdepths), 3.4), squeeze=False)
+    for di, L in enumerate(vdepths):
+      ax = axes[0, di]
+      for vi, (setting, label) in enumerate(variants):
+        for pos, ls in (("post", "-"), ("pre", "--")):
+          k = f"{setting}/{pos}/layernorm/L{L}"
+          if k in results:
+            ax.plot(np.arange(1, L + 1), results[k]["mlp_out"], ls, color=f"C{vi}", marker="o", ms=3,
+                    label=f"{'Post' if pos == 'post' else 'Pre'}-LN, {label}")
+      ax.set_yscale("log")
+      ax.set_xlabel("layer")
+      ax.set_title(f"mlp_out gradient norm, L={L}", fontsize=10)
+      ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=7)
+    fig.suptitle("The initialization changes the picture (LayerNorm; solid Post-LN, dashed Pre-LN)", fontsize=10)
+    files.append(ctx.save_figure(fig, "grad_norms_init_comparison.png"))
+
+  # Depth scaling and residual norms.
+  fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+  ax = axes[0]
+  for name, s in an["slopes"].items():
+    setting, pos, norm = name.split("/")
+    if len(s["depths"]) < 2 or setting != "xavier":
+      continue
+    c, ls, lab = styles[(pos, norm)]
+    ax.loglog(s["depths"], s["last_layer"], ls, color=c, marker="o", label=f"{lab}: slope {s['slope']:+.2f}")
+  if len(cfg.depths) >= 2:
+    d0 = np.asarray(cfg.depths, np.float64)
+    ref = an["slopes"]["xavier/pre/layernorm"]["last_layer"][0] if "xavier/pre/layernorm" in an["slopes"] else 1.0
+    ax.loglog(d0, ref * (d0 / d0[0]) ** -0.5, "k:", lw=1, label="L^-1/2 (theory, Pre-LN)")
+  ax.set_xlabel("number of layers L")
+  ax.set_ylabel("last-layer W2 gradient norm")
+  ax.set_title("Depth scaling of the last layer's gradient (Theorem 1)", fontsize=10)
+  ax.legend(fontsize=7)
+  ax.grid(alpha=0.3, which="both")
+  ax = axes[1]
+  setting = "qk_zero" if cfg.qk_zero else "xavier"
+  Lmax = max(vdepths if setting == "qk_zero" else cfg.depths)
+  pre = an["residual"].get(f"{setting}/pre/layernorm/L{Lmax}")
+  if pre:
+    li = np.asarray(pre["layer_inputs"])
+    ls_ = np.arange(len(li))
+    ax.plot(ls_, li, "o-", color="C0", ms=3, label="Pre-LN: input of layer l")
+    ax.fill_between(ls_, li[0] + ls_ / 2, li[0] + 3 * ls_ / 2, color="C0", alpha=0.15,
+                    label="Lemma 2: +l/2 .. +3l/2")
+  post = results.get(f"{setting}/post/layernorm/L{Lmax}")
+  if post:
+    e = np.asarray(post["residual_sq_norm"])
+    ax.plot(np.arange(len(e)) / 2, e, "s-", color="C3", ms=3, label="Post-LN: every norm input")
+    ax.axhline(1.5, color="C3", ls=":", lw=1, label="3/2")
+  ax.set_xlabel("layer l (Post-LN: two norm inputs per layer)")
+  ax.set_ylabel("E||x||^2 / d")
+  ax.set_title(f"Residual stream at init ({setting.replace('_', ' ')}, LN, L={Lmax})", fontsize=10)
+  ax.legend(fontsize=7)
+  ax.grid(alpha=0.3)
+  files.append(ctx.save_figure(fig, "depth_scaling_and_residuals.png"))
+  return files
+
+
+def run(ctx, cfg: Config) -> dict:
+  """Runs the experiment; returns its summary."""
+  results = measure(ctx, cfg)
+  an = analyse(results, cfg)
+  ctx.save_json("data.json", {"results": results, "analysis": an})
+  rows = []
+  for k, r in results.items():
+    for g in GROUPS:
+      for li, v in enumerate(r[g]):
+        rows.append([r["setting"], r["norm_position"], r["norm_type"], r["n_layers"], g, li + 1, v])
+  ctx.save_csv("grad_norms.csv", ["setting", "position", "norm", "L", "group", "layer", "grad_norm"], rows)
+  files = plot(ctx, results, an, cfg)
+  table = []
+  for k in results:
+    ra = an["ratios"][k]
+    table.append({"key": k, "mlp_out": ra["mlp_out"], "attn_qkv": ra["attn_qkv"],
+                  "per_seed": ra["mlp_out_per_seed"]})
+  return {"claims": verdicts(results, an, cfg), "files": files, "seeds": list(cfg.seeds),
+          "ratio_table": table, "slopes": an["slopes"], "model": dict(ctx.preset["model"])}
+
+
+def report_section(summary: dict, rel: str) -> str:
+  cfg = summary["config"]
+  lines = [
+      f"Setup: byte-level LM of width {summary['model']['d_model']}, depths {cfg['depths']}, "
+      f"gradient of the training loss at initialization, mean over seeds {cfg['seeds']} x "
+      f"{cfg['n_batches']} batches. Xiong et al. analyse Xavier init and (for the theory) "
+      "W^Q = W^K = 0; GPT-2's small init is shown beside them.", "",
+      f"![gradient norms per layer]({rel}/grad_norms_xavier.png)", "",
+  ]
+  if "grad_norms_init_comparison.png" in summary["files"]:
+    lines += [f"![init comparison]({rel}/grad_norms_init_comparison.png)", ""]
+  lines += [f"![depth scaling and residual norms]({rel}/depth_scaling_and_residuals.png)", "",
+            "Last/first-layer gradient-norm ratio (seed-averaged norms; per-seed ratios of W2 in brackets):", "",
+            "| setting / position / norm / depth | W2 (mlp_out) | W^QKV | per seed |", "|---|---|---|---|"]
+  for r in summary["ratio_table"]:
+    lines.append(f"| {r['key']} | {r['mlp_out']:.2f} | {r['attn_qkv']:.2f} | "
+                 f"{', '.join(f'{v:.2f}' for v in r['per_seed'])} |")
+  lines.append("")
+  for c in summary["claims"]:
+    lines.append(f"- {c['id']}: {c['ours']} -> **{c['holds']}**")
+  lines += ["", f"Raw data: `{rel}/data.json`, `{rel}/grad_norms.csv`."]
+  return "\n".join(lines)

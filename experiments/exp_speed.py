@@ -1,0 +1,180 @@
+r"""Experiment 5: speed of RMSNorm vs LayerNorm, and of jaxnorm vs Flax norms, on this device.
+
+Two levels:
+
+* op level, with the functions of the benchmark command (:mod:`experiments.bench`): median time
+  of the jitted forward and forward+backward of ``layer_norm``/``rms_norm`` (jaxnorm's XLA path
+  and Flax Linen) on ``(rows, d)`` float32 inputs;
+* training-step throughput (tokens/s, compilation excluded, ``experiments.train.throughput``) of
+  Pre-LN models with LayerNorm or RMSNorm, jaxnorm or Flax norms, measured interleaved
+  ``repeats`` times with the best of each kept (less sensitive to background load).
+
+The RMSNorm "speed-up" is reported as the published papers do, as the reduction of running
+time, :math:`1 - t_\mathrm{RMS} / t_\mathrm{LN}`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+NAME = "speed"
+TITLE = "Speed: RMSNorm vs LayerNorm, jaxnorm vs Flax (op level and training step)"
+
+PUBLISHED_MIN = 0.07     # Zhang & Sennrich: 7%-64%
+NOTES_MIN = 0.10         # source notes: 10%-40%
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Sizes of the speed experiment.
+
+  Attributes:
+    n_layers: depth of the models whose training step is timed.
+    steps: timed training steps per measurement.
+    repeats: interleaved measurements per model (best kept).
+    op_shapes: ``(rows, d)`` shapes of the op-level timing.
+    op_repeats: timed samples per op entry.
+  """
+
+  n_layers: int = 6
+  steps: int = 30
+  repeats: int = 2
+  op_shapes: tuple = ((1024, 64), (4096, 256), (8192, 1024))
+  op_repeats: int = 30
+
+
+def op_level(ctx, cfg: Config) -> list[dict]:
+  """Times the ops with the benchmark command's functions."""
+  from experiments import bench
+  import jax
+  reg = bench.registry()
+  sample_ms = 5.0 if jax.default_backend() == "gpu" else 1.0
+  rows = []
+  for rows_, d in ctx.iterate([tuple(s) for s in cfg.op_shapes], desc="op shapes"):
+    inp = bench.make_inputs(rows_, d, "float32")
+    for impl in ("jaxnorm-xla", "flax-linen"):
+      for op in ("layer_norm", "rms_norm"):
+        entry = bench.bench_entry(reg[impl](op), inp, repeats=cfg.op_repeats, sample_ms=sample_ms,
+                                  modes=("fwd", "fwd+bwd"))
+        for mode in ("fwd", "fwd+bwd"):
+          rows.append({"shape": f"{rows_}x{d}", "impl": impl, "op": op, "mode": mode,
+                       "median_s": entry[mode]["median_s"]})
+  return rows
+
+
+def op_speedups(rows: list[dict]) -> list[dict]:
+  t = {(r["shape"], r["impl"], r["op"], r["mode"]): r["median_s"] for r in rows}
+  out = []
+  for (shape, impl, op, mode), ln in t.items():
+    if op != "layer_norm":
+      continue
+    rms = t[(shape, impl, "rms_norm", mode)]
+    out.append({"shape": shape, "impl": impl, "mode": mode, "ln_us": 1e6 * ln, "rms_us": 1e6 * rms,
+                "time_reduction": 1.0 - rms / ln})
+  return out
+
+
+def training_level(ctx, cfg: Config) -> dict:
+  """Best-of-``repeats`` training throughput of LN/RMS x jaxnorm/Flax (interleaved)."""
+  from experiments import train as train_lib
+  corpus = ctx.corpus()
+  tcfg = ctx.preset["train"]
+  combos = [(norm, impl) for norm in ("layernorm", "rmsnorm") for impl in ("jaxnorm", "flax")]
+  best = {}
+  for rep, (norm, impl) in ctx.iterate([(r, c) for r in range(cfg.repeats) for c in combos],
+                                       desc="throughput"):
+    mc = ctx.model_config(n_layers=cfg.n_layers, norm_position="pre", norm_type=norm, norm_impl=impl)
+    r = train_lib.throughput(mc, batch_size=tcfg["batch_size"], seq_len=tcfg["seq_len"],
+                             steps=cfg.steps, corpus=corpus)
+    k = f"{norm}/{impl}"
+    best.setdefault(k, {"all_tokens_per_s": []})
+    best[k]["all_tokens_per_s"].append(r["tokens_per_s"])
+    if r["tokens_per_s"] >= max(best[k]["all_tokens_per_s"]):
+      best[k].update({kk: v for kk, v in r.items() if kk != "all_tokens_per_s"})
+  return best
+
+
+def run(ctx, cfg: Config) -> dict:
+  ops = op_level(ctx, cfg)
+  sp = op_speedups(ops)
+  train = training_level(ctx, cfg)
+  ctx.save_json("data.json", {"op": ops, "op_speedups": sp, "train": train})
+  ctx.save_csv("op_timings.csv", ["shape", "impl", "op", "mode", "median_us"],
+               ([r["shape"], r["impl"], r["op"], r["mode"], 1e6 * r["median_s"]] for r in ops))
+  tr = {}
+  for impl in ("jaxnorm", "flax"):
+    ln, rms = train[f"layernorm/{impl}"]["tokens_per_s"], train[f"rmsnorm/{impl}"]["tokens_per_s"]
+    tr[impl] = 1.0 - ln / rms  # time per token: 1/tps
+  vs_flax = {norm: train[f"{norm}/jaxnorm"]["tokens_per_s"] / train[f"{norm}/flax"]["tokens_per_s"]
+             for norm in ("layernorm", "rmsnorm")}
+  claims = []
+  x = tr["jaxnorm"]
+  claims.append({"id": "zhang_rms_speedup",
+                 "ours": (f"training step ({cfg.n_layers}-layer Pre-LN, width {ctx.preset['model']['d_model']}): "
+                          f"{100 * x:+.1f}% less time with RMSNorm (jaxnorm), {100 * tr['flax']:+.1f}% (Flax)"),
+                 "holds": "yes" if x >= PUBLISHED_MIN else ("partly" if x > 0 else "no"),
+                 "note": "partly = faster but below the published minimum of 7%"})
+  fb = [s["time_reduction"] for s in sp if s["impl"] == "jaxnorm-xla" and s["mode"] == "fwd+bwd"]
+  fw = [s["time_reduction"] for s in sp if s["impl"] == "jaxnorm-xla" and s["mode"] == "fwd"]
+  med = statistics.median(fb)
+  claims.append({"id": "notes_rms_op_speedup",
+                 "ours": (f"jaxnorm op time reduction, median over shapes: fwd+bwd {100 * med:+.0f}% "
+                          f"(range {100 * min(fb):+.0f}..{100 * max(fb):+.0f}%), fwd {100 * statistics.median(fw):+.0f}%"),
+                 "holds": "yes" if med >= NOTES_MIN else ("partly" if med > 0 else "no"),
+                 "note": "partly = faster but below 10%"})
+  files = plot(ctx, sp, train)
+  return {"claims": claims, "files": files, "seeds": [0], "op_speedups": sp, "train": train,
+          "train_time_reduction": tr, "jaxnorm_over_flax": vs_flax, "model": dict(ctx.preset["model"])}
+
+
+def plot(ctx, sp, train) -> list[str]:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import numpy as np
+  fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+  ax = axes[0]
+  labels = [f"{s['shape']}\n{s['impl'].split('-')[0]} {s['mode']}" for s in sp]
+  vals = [100 * s["time_reduction"] for s in sp]
+  ax.bar(np.arange(len(sp)), vals, color=["C0" if s["impl"] == "jaxnorm-xla" else "C1" for s in sp])
+  ax.axhspan(10, 40, color="grey", alpha=0.15, label="source notes: 10-40%")
+  ax.axhline(0, color="k", lw=0.8)
+  ax.set_xticks(np.arange(len(sp)))
+  ax.set_xticklabels(labels, fontsize=6, rotation=60, ha="right")
+  ax.set_ylabel("time reduction RMS vs LN (%)")
+  ax.set_title("Op level (blue jaxnorm, orange Flax)", fontsize=10)
+  ax.legend(fontsize=7)
+  ax = axes[1]
+  keys = list(train)
+  ax.bar(np.arange(len(keys)), [train[k]["tokens_per_s"] for k in keys],
+         color=["C0", "C1", "C0", "C1"][:len(keys)])
+  ax.set_xticks(np.arange(len(keys)))
+  ax.set_xticklabels(keys, fontsize=8)
+  ax.set_ylabel("training tokens / s (best of repeats)")
+  ax.set_title("Training step (Pre-LN)", fontsize=10)
+  return [ctx.save_figure(fig, "speed.png")]
+
+
+def report_section(summary: dict, rel: str) -> str:
+  cfg = summary["config"]
+  lines = [
+      "Timings on the device named in the provenance (a shared 2-core CPU for the committed report: "
+      "treat differences of a few percent as noise). Op level: median of "
+      f"{cfg['op_repeats']} samples per entry, float32; training: best of {cfg['repeats']} interleaved "
+      f"measurements of {cfg['steps']} steps of a {cfg['n_layers']}-layer Pre-LN model.", "",
+      f"![speed]({rel}/speed.png)", "",
+      "| shape | impl | mode | LN (us) | RMS (us) | time reduction |", "|---|---|---|---|---|---|"]
+  for s in summary["op_speedups"]:
+    lines.append(f"| {s['shape']} | {s['impl']} | {s['mode']} | {s['ln_us']:.1f} | {s['rms_us']:.1f} | "
+                 f"{100 * s['time_reduction']:+.1f}% |")
+  lines += ["", "| model | tokens/s | step (ms) |", "|---|---|---|"]
+  for k, v in summary["train"].items():
+    lines.append(f"| {k} | {v['tokens_per_s']:.0f} | {v['step_ms']:.1f} |")
+  lines += ["", "jaxnorm / Flax training throughput: " + ", ".join(
+      f"{k} {v:.3f}" for k, v in summary["jaxnorm_over_flax"].items()), ""]
+  for c in summary["claims"]:
+    lines.append(f"- {c['id']}: {c['ours']} -> **{c['holds']}**")
+  lines += ["", f"Raw data: `{rel}/data.json`, `{rel}/op_timings.csv`. The full benchmark "
+            "(bandwidth, memory, Pallas kernels) is `python -m experiments bench`."]
+  return "\n".join(lines)
