@@ -77,6 +77,7 @@ class NormConfig:
   axis_index_groups: Any  # Tuple of tuples, or None.
   out_dtype: Any  # NumPy dtype of y.
   bias_dtype: Any  # NumPy dtype of bias (for its cotangent), or None when there is no bias.
+  bias_shape: Any  # Shape of bias (for its cotangent), or None.
   impl: str  # "xla" or "pallas" (resolved, never "auto").
 
 
@@ -238,7 +239,7 @@ def _xla_backward(cfg: NormConfig, x, scale, mask, stats, dy):
   if scale is not None:
     dscale = jnp.sum(dyf * (xc * rstd), axis=lead).reshape(scale.shape).astype(scale.dtype)
   if cfg.bias_dtype is not None:
-    dbias = jnp.sum(dyf, axis=lead).astype(cfg.bias_dtype)
+    dbias = jnp.sum(dyf, axis=lead).reshape(cfg.bias_shape).astype(cfg.bias_dtype)
   return dx, dscale, dbias
 
 
@@ -284,7 +285,7 @@ def _pallas_backward(cfg: NormConfig, x, scale, mask, stats, dy):
   if dscale is not None:
     dscale = dscale.reshape(scale.shape).astype(scale.dtype)
   if dbias is not None:
-    dbias = dbias.astype(cfg.bias_dtype)
+    dbias = dbias.reshape(cfg.bias_shape).astype(cfg.bias_dtype)
   return dx.reshape(x.shape).astype(x.dtype), dscale, dbias
 
 
@@ -393,6 +394,7 @@ def prepare(x, scale, bias, *, center, epsilon, axis, mask, epsilon_placement,
       axis_index_groups=axis_index_groups,
       out_dtype=jnp.dtype(dtype or x.dtype),
       bias_dtype=None if bias is None else jnp.dtype(bias.dtype),
+      bias_shape=None if bias is None else tuple(bias.shape),
       impl=impl,
   )
   shape = tuple(x.shape)

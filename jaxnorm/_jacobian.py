@@ -39,7 +39,8 @@ def _jacobian(x, scale, *, center, epsilon, axis, mask, epsilon_placement, zero_
   c = _core.variance_path_factor(cfg, rstd)
   if c is not None:
     var_path = var_path * c[..., None]
-  jac = jnp.eye(d, dtype=ct) - var_path
+  eye = jnp.eye(d, dtype=ct).reshape((1,) * (x2.ndim - 1) + (d, d))
+  jac = eye - var_path
   if center:
     jac = jac - col[..., None, :]
   jac = rstd[..., None] * jac

@@ -35,7 +35,8 @@ def _normalizer(var, epsilon, epsilon_placement):
 
 
 def _affine(xhat, scale, bias, axes, zero_centered_scale):
-  shape = xhat.shape[axes[0]:]
+  # Explicit leading ones: no implicit rank promotion (the tests run with it set to "raise").
+  shape = (1,) * axes[0] + xhat.shape[axes[0]:]
   if scale is not None:
     s = scale.reshape(shape).astype(xhat.dtype)
     xhat = xhat * ((1.0 + s) if zero_centered_scale else s)

@@ -1,0 +1,83 @@
+"""The ops under JAX's transformations: jit, vmap, grad-of-grad, hessian, checkpoint, scan."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxnorm
+from jaxnorm import reference
+from _numerics import assert_close, random
+
+OPS = [
+    (lambda x, s, b, **k: jaxnorm.layer_norm(x, s, b, **k),
+     lambda x, s, b, **k: reference.layer_norm(x, s, b, **k)),
+    (lambda x, s, b, **k: jaxnorm.rms_norm(x, s, **k),
+     lambda x, s, b, **k: reference.rms_norm(x, s, **k)),
+]
+IDS = ["layer_norm", "rms_norm"]
+
+
+def _args(d=12, lead=(3, 4), dtype=jnp.float32, seed=0):
+  ks = jax.random.split(jax.random.key(seed), 4)
+  return (random(ks[0], lead + (d,), dtype, loc=0.5),
+          random(ks[1], (d,), dtype, loc=1.0, scale=0.3),
+          random(ks[2], (d,), dtype),
+          random(ks[3], lead + (d,), dtype))
+
+
+def _loss(op, w):
+  # A loss whose gradient is not degenerate (a plain sum is: LayerNorm's dx of sum(y) is 0).
+  return lambda x, s, b: jnp.sum(jnp.sin(op(x, s, b)) * w)
+
+
+@pytest.mark.parametrize("op,ref", OPS, ids=IDS)
+def test_vmap_matches_batched(op, ref):
+  x, s, b, dy = _args()
+  f = lambda x, s, b: jax.vjp(op, x, s, b)[1](dy[0])
+  per_example = jax.vmap(f, in_axes=(0, None, None))(x, s, b)
+  # vmap over an un-normalized axis gives per-example parameter gradients.
+  for i in range(x.shape[0]):
+    want = jax.vjp(ref, x[i], s, b)[1](dy[0])
+    for got, w in zip(per_example, want):
+      assert_close(got[i], w, jnp.float32)
+  # vmap over the parameters too (a batch of independent layers).
+  ss = jnp.stack([s, 2 * s, 3 * s])
+  ys = jax.vmap(op, in_axes=(0, 0, None))(x, ss, b)
+  assert_close(ys, jax.vmap(ref, in_axes=(0, 0, None))(x, ss, b), jnp.float32)
+
+
+@pytest.mark.parametrize("op,ref", OPS, ids=IDS)
+def test_grad_of_grad_and_hessian(x64, op, ref):
+  x, s, b, w = _args(d=6, lead=(2,), dtype=jnp.float64)
+  # grad of (a scalar function of the gradient)
+  gg = lambda f: jax.grad(lambda x: jnp.sum(jax.grad(_loss(f, w))(x, s, b) ** 2))(x)
+  assert_close(gg(op), gg(ref), jnp.float64, what="grad-of-grad")
+  h = jax.hessian(_loss(op, w), argnums=(0, 1))(x, s, b)
+  h_ref = jax.hessian(_loss(ref, w), argnums=(0, 1))(x, s, b)
+  for a, e in zip(jax.tree.leaves(h), jax.tree.leaves(h_ref)):
+    assert_close(a, e, jnp.float64, what="hessian")
+
+
+@pytest.mark.parametrize("op,ref", OPS, ids=IDS)
+def test_checkpoint_and_scan(op, ref):
+  x, s, b, w = _args(d=8, lead=(5,))
+  stack_s = jnp.stack([s, s * 0.5, s * 2.0])
+
+  def layers(f, remat):
+    body = (lambda c, si: (jnp.tanh(f(c, si, b)) + c, None))
+    if remat:
+      body = jax.checkpoint(body)
+    return lambda x, ss: jnp.sum(jax.lax.scan(body, x, ss)[0] * w)
+
+  for remat in (False, True):
+    g = jax.jit(jax.grad(layers(op, remat), argnums=(0, 1)))(x, stack_s)
+    g_ref = jax.grad(layers(ref, remat), argnums=(0, 1))(x, stack_s)
+    for a, e in zip(g, g_ref):
+      assert_close(a, e, jnp.float32, what=f"scan remat={remat}")
+
+
+@pytest.mark.parametrize("op,ref", OPS, ids=IDS)
+def test_forward_mode_is_a_documented_limit(op, ref):
+  x, s, b, _ = _args()
+  with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
+    jax.jvp(lambda x: op(x, s, b), (x,), (x,))
