@@ -103,12 +103,13 @@ def _check_against_reference(op, rows, d, dtype, *, with_scale=True, with_bias=T
 
 # (op, rows, d, dtype, variant): every shape and every variant appears for both ops. Shapes:
 # 5x7 (fewer rows than one row tile, d not a power of two), 150x300 (19 row tiles for 8
-# backward programs: several steps, the last one masked), 3xD_LOOP (two column blocks: the
+# backward programs: several steps, the last one masked), 20xD_LOOP and 12xD_LOOP (two column
+# blocks: the column loop, with several row tiles per backward program), 3xD_LOOP (the
 # column loop), 16x1 (x_hat = 0), 37x300 and 9x96.
 CASES = [
     ("layer_norm", 5, 7, jnp.float32, {}),
     ("layer_norm", 150, 300, jnp.float32, dict(epsilon_placement="outside")),
-    ("layer_norm", 3, D_LOOP, jnp.float32, dict(zero_centered_scale=True, with_bias=False)),
+    ("layer_norm", 20, D_LOOP, jnp.float32, dict(zero_centered_scale=True, with_bias=False)),
     ("layer_norm", 16, 1, jnp.float32, {}),
     ("layer_norm", 37, 300, jnp.float32,
      dict(with_scale=False, with_bias=False, out_dtype=jnp.bfloat16)),
@@ -121,7 +122,7 @@ CASES = [
     ("rms_norm", 16, 1, jnp.float32, dict(epsilon_placement="outside", epsilon=1e-2)),
     ("rms_norm", 37, 300, jnp.float32, dict(with_scale=False, out_dtype=jnp.bfloat16)),
     ("rms_norm", 9, 96, jnp.float16, dict(zero_centered_scale=True)),
-    ("rms_norm", 3, D_LOOP, jnp.bfloat16, dict(epsilon_placement="outside")),
+    ("rms_norm", 12, D_LOOP, jnp.bfloat16, dict(epsilon_placement="outside")),
 ]
 
 
