@@ -78,6 +78,7 @@ class NormConfig:
   out_dtype: Any  # NumPy dtype of y.
   bias_dtype: Any  # NumPy dtype of bias (for its cotangent), or None when there is no bias.
   bias_shape: Any  # Shape of bias (for its cotangent), or None.
+  bias_vma: frozenset  # Mesh axes bias varies over inside shard_map (empty outside).
   impl: str  # "xla" or "pallas" (resolved, never "auto").
 
 
@@ -102,6 +103,27 @@ def _row_sums(*arrays, mask=None):
   if mask is not None:
     arrays = tuple(jnp.where(mask, a, 0) for a in arrays)
   return tuple(jnp.sum(a, axis=-1, keepdims=True) for a in arrays)
+
+
+def varying_axes(a) -> frozenset:
+  """The manual mesh axes an array varies over inside ``shard_map`` (empty outside)."""
+  aval = jax.typeof(a)
+  mat = getattr(aval, "manual_axis_type", None)
+  if mat is not None:
+    return frozenset(mat.varying)
+  return frozenset(getattr(aval, "vma", frozenset()))
+
+
+def _match_vma(ct, primal_vma):
+  """Sums a parameter cotangent over the mesh axes its primal is replicated on.
+
+  Inside ``shard_map`` with the batch split over, say, "data", a parameter replicated over
+  "data" receives per-shard gradient contributions: its cotangent is their sum.
+  """
+  extra = varying_axes(ct) - primal_vma
+  if extra:
+    ct = lax.psum(ct, tuple(sorted(extra, key=str)))
+  return ct
 
 
 def _count(cfg: NormConfig, mask, x_shape, dtype):
@@ -310,6 +332,10 @@ def _norm_bwd(cfg: NormConfig, res, dy):
     dx, dscale, dbias = _pallas_backward(cfg, x, scale, mask, stats, dy)
   else:
     dx, dscale, dbias = _xla_backward(cfg, x, scale, mask, stats, dy)
+  if dscale is not None:
+    dscale = _match_vma(dscale, varying_axes(scale))
+  if dbias is not None:
+    dbias = _match_vma(dbias, cfg.bias_vma)
   return dx, dscale, dbias, None
 
 
@@ -395,6 +421,7 @@ def prepare(x, scale, bias, *, center, epsilon, axis, mask, epsilon_placement,
       out_dtype=jnp.dtype(dtype or x.dtype),
       bias_dtype=None if bias is None else jnp.dtype(bias.dtype),
       bias_shape=None if bias is None else tuple(bias.shape),
+      bias_vma=frozenset() if bias is None else varying_axes(bias),
       impl=impl,
   )
   shape = tuple(x.shape)
