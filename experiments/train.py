@@ -229,22 +229,16 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
 # Model as a pure function of a parameter dict.
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _init_pure(model_config: TransformerConfig, key):
-  return nnx.to_pure_dict(nnx.state(TransformerLM(model_config, rngs=nnx.Rngs(key))))
-
-
 def init_params(model_config: TransformerConfig, seed: int):
-  """Builds the model in one compiled call (not one small compile per initializer).
+  """Builds the model (eagerly: each initializer op compiles once per shape and process).
 
   Returns:
     ``(graphdef, params, paths)``: the model's graph definition, its parameters as a pure
     nested dict, and :func:`~jaxnorm.models.block_weight_paths` of the model.
   """
-  abstract = nnx.eval_shape(lambda: TransformerLM(model_config, rngs=nnx.Rngs(0)))
-  graphdef = nnx.graphdef(abstract)
-  return (graphdef, _init_pure(model_config, jax.random.key(seed)),
-          block_weight_paths(abstract))
+  model = TransformerLM(model_config, rngs=nnx.Rngs(seed))
+  graphdef, state = nnx.split(model)
+  return graphdef, nnx.to_pure_dict(state), block_weight_paths(model)
 
 
 def _get(tree, path):
