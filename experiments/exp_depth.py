@@ -173,7 +173,8 @@ def plot(ctx, runs: dict, cfg: Config) -> list[str]:
   for ax in axes:
     ax.grid(alpha=0.3, which="both")
   axes[2].legend(fontsize=6, ncol=2)
-  fig.suptitle(f"Depth (LayerNorm, lr {cfg.lr:g}, warm-up {_warmup(cfg)}; line style = depth)", fontsize=10)
+  fig.suptitle(f"Depth (LayerNorm, lr {cfg.lr:g}, warm-up {_warmup(cfg)}; line style = depth)", fontsize=10,
+               y=1.03)
   files = [ctx.save_figure(fig, "depth_runs.png")]
 
   fig, ax = plt.subplots(figsize=(6, 4))

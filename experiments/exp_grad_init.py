@@ -287,10 +287,14 @@ def plot(ctx, results: dict, an: dict, cfg: Config) -> list[str]:
     d0 = np.asarray(cfg.depths, np.float64)
     ref = an["slopes"]["xavier/pre/layernorm"]["last_layer"][0] if "xavier/pre/layernorm" in an["slopes"] else 1.0
     ax.loglog(d0, ref * (d0 / d0[0]) ** -0.5, "k:", lw=1, label="L^-1/2 (theory, Pre-LN)")
+  if len(cfg.depths) < 2:
+    ax.text(0.5, 0.5, "one depth in this preset:\nno depth scaling", ha="center", va="center",
+            transform=ax.transAxes)
+  else:
+    ax.legend(fontsize=7)
   ax.set_xlabel("number of layers L")
   ax.set_ylabel("last-layer W2 gradient norm")
   ax.set_title("Depth scaling of the last layer's gradient (Theorem 1)", fontsize=10)
-  ax.legend(fontsize=7)
   ax.grid(alpha=0.3, which="both")
   ax = axes[1]
   setting = "qk_zero" if cfg.qk_zero else "xavier"

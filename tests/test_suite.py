@@ -1,0 +1,253 @@
+"""The experiment suite: the smoke preset end to end, resume, report, and the verdict logic.
+
+The smoke preset runs once per session (module fixture) into a temporary folder; the tests
+check structural facts, never timings: every experiment produces its files, the report renders
+with its plots and the claims table, the Post-LN/Pre-LN gradient ratio at init, the invariance
+errors, and the agreement of jaxnorm and Flax training curves.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import re
+
+import numpy as np
+import pytest
+
+from experiments import claims as claims_lib
+from experiments import exp_depth, exp_grad_init, exp_vjp, exp_warmup
+from experiments import presets, report, suite
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+  root = tmp_path_factory.mktemp("smoke")
+  lines = []
+  state = suite.run_suite("smoke", root, progress=False, log=lines.append)
+  return root, state, lines
+
+
+def _done(root, name):
+  return json.loads((root / name / "done.json").read_text())
+
+
+def test_every_experiment_produces_its_files(smoke):
+  root, state, _ = smoke
+  assert state["failed"] == []
+  assert (root / "suite.json").exists()
+  for name in suite.EXPERIMENTS:
+    assert not (root / name / "error.json").exists(), (root / name / "error.json").read_text()
+    summary = _done(root, name)
+    assert summary["files"], name
+    for f in summary["files"]:
+      png = root / name / f
+      assert png.suffix == ".png" and png.stat().st_size > 5_000, png
+      assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((root / name).glob("*.json")) and list((root / name).glob("*.csv")), name
+    for c in summary["claims"]:
+      assert c["id"] in claims_lib.CLAIMS and c["holds"] in claims_lib.VERDICTS, c
+
+
+def test_provenance_is_recorded(smoke):
+  root, _, _ = smoke
+  state = json.loads((root / "suite.json").read_text())
+  assert state["preset"] == "smoke"
+  assert re.fullmatch(r"[0-9a-f]{64}", state["corpus"]["sha256"])
+  assert state["versions"]["jax"] and state["device"]["backend"]
+  assert state["preset_config"]["grad_init"]["seeds"] == [0]
+  assert all(state["experiments"][n]["status"] == "done" for n in suite.EXPERIMENTS)
+
+
+def test_report_renders_with_plots_and_claims_table(smoke):
+  root, _, _ = smoke
+  text = (root / "report.md").read_text()
+  for name, mod in suite.EXPERIMENTS.items():
+    title = __import__(mod, fromlist=["TITLE"]).TITLE
+    assert title in text, name
+  images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+  assert len(images) >= len(suite.EXPERIMENTS)
+  for rel in images:
+    assert (root / rel).exists(), rel
+  table = text[text.index("## Claims"):]
+  assert "| claim | source | published | ours | holds? |" in table
+  rows = [l for l in table.splitlines() if l.startswith("| ") and not l.startswith("| claim")]
+  assert len(rows) == len(claims_lib.CLAIMS)
+  assert "sha256" in text and "smoke" in text
+
+
+def test_post_ln_gradient_ratio_above_pre_ln(smoke):
+  root, _, _ = smoke
+  data = json.loads((root / "grad_init" / "data.json").read_text())
+  ratios = data["analysis"]["ratios"]
+  for L in presets.PRESETS["smoke"]["grad_init"]["depths"]:
+    post = ratios[f"xavier/post/layernorm/L{L}"]["mlp_out"]
+    pre = ratios[f"xavier/pre/layernorm/L{L}"]["mlp_out"]
+    assert post > 1.2 * pre, (L, post, pre)
+
+
+def test_rms_invariance_errors_are_tiny(smoke):
+  root, _, _ = smoke
+  data = json.loads((root / "invariance" / "data.json").read_text())
+  a = np.asarray(data["op"]["a"])
+  inner = (a >= 1e-2 - 1e-12) & (a <= 1e2 + 1e-12)
+  scale = data["op"]["scale"]
+  # Without epsilon: float32 rounding only, over the whole range.
+  assert max(scale["RMSNorm eps=0"]["fwd"]) < 1e-5
+  assert max(scale["RMSNorm eps=0"]["grad"]) < 1e-5
+  # With the default epsilon: small in [1e-2, 1e2] and equal to epsilon's predicted effect.
+  fwd = np.asarray(scale["RMSNorm eps=1e-6"]["fwd"])
+  pred = np.asarray(data["op"]["predicted_rms_eps"])
+  assert fwd[inner].max() < 5e-2
+  assert np.all(np.abs(fwd[inner] - pred[inner]) < 1e-5 + 0.05 * pred[inner])
+  assert max(np.asarray(scale["RMSNorm eps=1e-6"]["grad"])[inner]) < 5e-2
+  # LayerNorm is shift invariant, RMSNorm is not.
+  shift = data["op"]["shift"]
+  assert max(np.asarray(shift["LayerNorm eps=1e-6"]["fwd"])[a <= 1e2]) < 1e-3
+  assert min(np.asarray(shift["RMSNorm eps=1e-6"]["fwd"])[a >= 1]) > 0.1
+
+
+def test_jaxnorm_and_flax_curves_agree(smoke):
+  root, _, _ = smoke
+  pairs = json.loads((root / "vjp" / "pairs.json").read_text())
+  assert pairs
+  for key, p in pairs.items():
+    assert len(p["diff"]["steps"]) == presets.PRESETS["smoke"]["vjp"]["steps"], key
+    assert p["diff"]["step1"] < 1e-5, key
+    assert p["diff"]["max"] < 1e-3, key
+    assert p["jaxnorm"]["run"] != p["flax"]["run"]
+
+
+def test_rerun_resumes_finished_experiments(smoke):
+  root, _, _ = smoke
+  stamps = {n: (root / n / "done.json").stat().st_mtime_ns for n in suite.EXPERIMENTS}
+  lines = []
+  state = suite.run_suite("smoke", root, progress=False, log=lines.append)
+  assert state["failed"] == []
+  assert sum("finished earlier, skipped" in l for l in lines) == len(suite.EXPERIMENTS)
+  assert not any(" train " in l for l in lines)
+  assert stamps == {n: (root / n / "done.json").stat().st_mtime_ns for n in suite.EXPERIMENTS}
+  # --force recomputes one experiment, from the cached training runs.
+  lines.clear()
+  suite.run_suite("smoke", root, only=["vjp"], force=["vjp"], progress=False, log=lines.append)
+  assert not any(" train " in l for l in lines)
+  assert (root / "vjp" / "done.json").stat().st_mtime_ns != stamps["vjp"]
+
+
+def test_export_and_report_only(smoke, tmp_path):
+  root, _, _ = smoke
+  dest = suite.export(root, tmp_path / "export")
+  assert (dest / "report.md").exists() and not (dest / "runs").exists()
+  assert (dest / "grad_init" / "grad_norms_xavier.png").exists()
+  assert report.render(dest).read_text() == report.render_text(dest)
+  assert suite.main(["--report-only", "--out", str(dest)]) == 0
+
+
+def test_cli_list(capsys):
+  assert suite.main(["--list"]) == 0
+  out = capsys.readouterr().out
+  assert all(name in out for name in suite.EXPERIMENTS) and "smoke" in out
+
+
+# ---------------------------------------------------------------- arguments and verdict logic
+
+
+def test_bad_arguments_are_named():
+  with pytest.raises(ValueError, match="preset must be one of .* got 'laptop'"):
+    presets.get_preset("laptop")
+  with pytest.raises(ValueError, match="--only .* got 'gradnorm'"):
+    suite.select(["gradnorm"])
+  assert suite.select(["1,vjp"]) == ["grad_init", "vjp"]
+  with pytest.raises(SystemExit):
+    suite.main(["--preset", "laptop"])
+  with pytest.raises(ValueError, match="unknown claim id 'made_up'"):
+    report.claims_rows({"x": {"claims": [{"id": "made_up", "ours": "", "holds": "yes"}]}})
+
+
+def test_preset_fields_match_the_experiment_configs():
+  import importlib
+  for name in presets.PRESETS:
+    preset = presets.get_preset(name)
+    for exp, mod in suite.EXPERIMENTS.items():
+      importlib.import_module(mod).Config(**preset[exp])  # raises TypeError on a typo
+
+
+def test_to_jsonable_keeps_json_valid():
+  out = suite.to_jsonable({"a": np.float32(1.5), "b": float("nan"), "c": (np.int64(2), float("-inf")),
+                           "d": np.arange(2)})
+  assert json.loads(json.dumps(out)) == {"a": 1.5, "b": "nan", "c": [2, "-inf"], "d": [0, 1]}
+  assert math.isnan(suite.from_json_float("nan"))
+
+
+def _run(final, diverged_at=None, val=None):
+  return {"final_val_loss": None if diverged_at else final, "diverged": diverged_at is not None,
+          "diverged_at": diverged_at, "val_curve": val or [(0, 5.0), (100, final or 5.0)]}
+
+
+def test_warmup_verdicts():
+  cfg = exp_warmup.Config(n_layers=2, lrs=(5e-4, 1e-3), warmup=10, norm_types=("layernorm",),
+                          small_init=False)
+
+  def key(pos, lr, w):
+    return exp_warmup.label({"norm_position": pos, "norm_type": "layernorm", "init": "xavier",
+                             "lr": lr, "warmup": w}, 2)
+
+  runs = {}
+  for lr in cfg.lrs:
+    runs[key("post", lr, 0)] = _run(None, diverged_at=7)
+    runs[key("post", lr, 10)] = _run(2.0 if lr == 5e-4 else 2.5, val=[(0, 5.0), (50, 2.6), (100, 2.0 if lr == 5e-4 else 2.5)])
+    runs[key("pre", lr, 0)] = _run(1.9, val=[(0, 5.0), (50, 1.95), (100, 1.9)])
+    runs[key("pre", lr, 10)] = _run(1.9)
+  claims, extra = exp_warmup.verdicts(runs, cfg)
+  v = {c["id"]: c["holds"] for c in claims}
+  assert v == {"xiong_postln_needs_warmup": "yes", "xiong_postln_lr_sensitive": "yes",
+               "xiong_preln_no_warmup": "yes", "xiong_preln_faster": "yes"}
+  assert extra["preln_speed"]["0.0005"]["pre_steps"] == 50
+  # Post-LN without warm-up no worse -> the claim fails.
+  for lr in cfg.lrs:
+    runs[key("post", lr, 0)] = _run(1.8)
+  v = {c["id"]: c["holds"] for c in exp_warmup.verdicts(runs, cfg)[0]}
+  assert v["xiong_postln_needs_warmup"] == "no"
+
+
+def test_grad_init_verdict_on_synthetic_norms():
+  cfg = exp_grad_init.Config(depths=(4, 16), seeds=(0,), norm_types=("layernorm",), small_init=False,
+                             qk_zero=False)
+  results = {}
+  for L in cfg.depths:
+    layers = np.arange(1, L + 1)
+    post = 3.0 * 1.2 ** (layers - L)             # grows towards the output, last layer fixed
+    pre = np.full(L, 2.0 / math.sqrt(L))         # flat, last layer ~ L^-1/2
+    for pos, g in (("post", post), ("pre", pre)):
+      e = (1 + np.arange(2 * L + 1) / 2 * 0.5 * 2) if pos == "pre" else np.full(2 * L, 1.5)
+      results[f"xavier/{pos}/layernorm/L{L}"] = {
+          "setting": "xavier", "norm_position": pos, "norm_type": "layernorm", "n_layers": L,
+          **{k: g.tolist() for k in exp_grad_init.GROUPS}, "residual_sq_norm": e.tolist(),
+          "grad_norm": 1.0, "ratio_per_seed": [float(g[-1] / g[0])]}
+  an = exp_grad_init.analyse(results, cfg)
+  v = {c["id"]: c["holds"] for c in exp_grad_init.verdicts(results, an, cfg)}
+  assert v["xiong_grad_growth"] == "yes"
+  assert v["xiong_grad_depth_scaling"] == "yes"
+  assert abs(an["slopes"]["xavier/pre/layernorm"]["slope"] + 0.5) < 1e-9
+  assert v["xiong_lemma2_preln"] == "yes" and v["xiong_lemma_postln"] == "yes"
+  # Swap the roles: Pre-LN growing, Post-LN flat -> no.
+  swapped = {k.replace("post", "tmp").replace("pre", "post").replace("tmp", "pre"):
+             {**r, "norm_position": "pre" if r["norm_position"] == "post" else "post"}
+             for k, r in results.items()}
+  an = exp_grad_init.analyse(swapped, cfg)
+  v = {c["id"]: c["holds"] for c in exp_grad_init.verdicts(swapped, an, cfg)}
+  assert v["xiong_grad_growth"] == "no"
+
+
+def test_vjp_compare_and_depth_constants():
+  a = {"train_curve": [(1, 5.0), (2, 4.0)], "val_curve": [(0, 5.1), (2, 4.1)]}
+  b = {"train_curve": [(1, 5.0), (2, 4.01)], "val_curve": [(0, 5.1), (2, 4.2)]}
+  d = exp_vjp.compare(a, b)
+  assert d["step1"] == 0.0 and abs(d["max"] - 0.01) < 1e-9 and d["argmax"] == 2
+  assert abs(d["final_val"] - 0.1) < 1e-9
+  cfg = exp_depth.Config(depths=(4,), positions=("post", "deepnorm"))
+  claims = exp_depth.verdicts({}, {"4": ((8.0) ** 0.25, (32.0) ** -0.25)}, cfg)
+  assert {c["id"]: c["holds"] for c in claims}["deepnet_constants"] == "yes"
+  claims = exp_depth.verdicts({}, {"4": (1.0, 1.0)}, cfg)
+  assert {c["id"]: c["holds"] for c in claims}["deepnet_constants"] == "no"
