@@ -254,6 +254,7 @@ class Context:
     """Saves a matplotlib figure as a PNG (modest dpi) and closes it; returns the file name."""
     import matplotlib.pyplot as plt
     path = self.exp_dir / name
+    fig.tight_layout()
     fig.savefig(path, dpi=self.preset.get("dpi", 90), bbox_inches="tight")
     plt.close(fig)
     return name
