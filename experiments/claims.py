@@ -9,11 +9,12 @@ Verdicts: ``"yes"``, ``"no"``, ``"partly"`` (some of the configurations agree), 
 (not measurable by this preset, e.g. a single depth), ``"obs"`` (an observation without a
 published counterpart, e.g. the effect of the initialization).
 
-How the published numbers were checked: this session had no access to the papers' PDFs (no
+How the published numbers were checked: this project had no access to the papers' PDFs (no
 internet but PyPI). The RMSNorm 7%-64% range was checked against the paper's abstract
-(arXiv:1910.07467); the DeepNet constants are recomputed by the model code; the other numbers
-are quoted as given in the project issue together with the figure/table they come from, and
-are marked ``checked=False`` so the report says so.
+(arXiv:1910.07467); the source notes' claims are checked against the notes themselves (they
+are in the repository's seeds); the papers' other numbers are quoted as given in the project
+issue together with the figure/table they come from, and are marked ``checked=False`` so the
+report says so beside each of them.
 """
 
 from __future__ import annotations
