@@ -29,6 +29,10 @@ Deliberate differences from Flax:
   reduced in at least float32 (float64 for float64 inputs). With ``False`` Flax reduces
   half-precision inputs in half precision; jaxnorm's result is then the more accurate one and
   differs from Flax's by at most the half-precision rounding error.
+* With both ``axis_name`` and ``mask``, jaxnorm sums the masked-in elements and their count
+  over the devices (the exact mean of the masked-in elements); Flax averages the per-device
+  masked means with ``pmean``. The two agree whenever every device holds the same number of
+  masked-in elements per row (always, without a mask).
 * Complex inputs are not supported (``TypeError``).
 
 Extra trailing fields (their defaults reproduce Flax): ``epsilon_placement`` (``"inside"``:

@@ -25,6 +25,10 @@ Deliberate differences from Flax:
   fast formula cancels catastrophically and jaxnorm is the accurate one.
 * ``num_features`` that does not match the input's feature size raises a ``ValueError``
   naming both sizes (Flax fails inside a reshape).
+* With both ``axis_name`` and ``mask``, jaxnorm sums the masked-in elements and their count
+  over the devices (the exact mean of the masked-in elements); Flax averages the per-device
+  masked means with ``pmean``. The two agree whenever every device holds the same number of
+  masked-in elements per row (always, without a mask).
 * Complex inputs are not supported (``TypeError``).
 
 Extra trailing keyword arguments (their defaults reproduce Flax):
