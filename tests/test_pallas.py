@@ -44,8 +44,7 @@ def _close(got, want, dtype, what):
 
 
 def _reference_vjp(op, x, scale, bias, dy, **kw):
-  """``y`` and the cotangents of the autodiff reference, under one ``jax.jit`` (rank promotion
-  allowed: the oracle broadcasts ``(d,)`` parameters against ``(rows, d)``)."""
+  """``y`` and the cotangents of the autodiff reference, under one ``jax.jit``."""
   fn = getattr(reference, op)
   args = (x, scale, bias) if op == "layer_norm" else (x, scale)
   present = tuple(a is not None for a in args)
@@ -59,8 +58,7 @@ def _reference_vjp(op, x, scale, bias, dy, **kw):
     y, vjp = jax.vjp(f, *arrays)
     return y, vjp(dy)
 
-  with jax.numpy_rank_promotion("allow"):
-    y, grads = run([a for a in args if a is not None], dy)
+  y, grads = run([a for a in args if a is not None], dy)
   grads = iter(grads)
   return y, tuple(next(grads) if p else None for p in present)
 
