@@ -1,9 +1,10 @@
 """The experiment suite: the smoke preset end to end, resume, report, and the verdict logic.
 
-The smoke preset runs once per session (module fixture) into a temporary folder; the tests
-check structural facts, never timings: every experiment produces its files, the report renders
-with its plots and the claims table, the Post-LN/Pre-LN gradient ratio at init, the invariance
-errors, and the agreement of jaxnorm and Flax training curves.
+The smoke preset runs once, in one test (so that ``pytest -n 2`` does not run it once per
+worker), into a temporary folder; the checks are structural facts, never timings: every
+experiment produces its files, the report renders with its plots and the claims table, the
+Post-LN/Pre-LN gradient ratio at init, the invariance errors, the agreement of jaxnorm and Flax
+training curves, resume and export.
 """
 
 from __future__ import annotations
@@ -21,19 +22,26 @@ from experiments import exp_depth, exp_grad_init, exp_vjp, exp_warmup
 from experiments import presets, report, suite
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-  root = tmp_path_factory.mktemp("smoke")
+def test_smoke_suite_end_to_end(tmp_path):
+  root = tmp_path / "smoke"
   lines = []
   state = suite.run_suite("smoke", root, progress=False, log=lines.append)
-  return root, state, lines
+  smoke = (root, state, lines)
+  check_every_experiment_produces_its_files(smoke)
+  check_provenance_is_recorded(smoke)
+  check_report_renders_with_plots_and_claims_table(smoke)
+  check_post_ln_gradient_ratio_above_pre_ln(smoke)
+  check_rms_invariance_errors_are_tiny(smoke)
+  check_jaxnorm_and_flax_curves_agree(smoke)
+  check_export_and_report_only(smoke, tmp_path)
+  check_rerun_resumes_finished_experiments(smoke)
 
 
 def _done(root, name):
   return json.loads((root / name / "done.json").read_text())
 
 
-def test_every_experiment_produces_its_files(smoke):
+def check_every_experiment_produces_its_files(smoke):
   root, state, _ = smoke
   assert state["failed"] == []
   assert (root / "suite.json").exists()
@@ -50,7 +58,7 @@ def test_every_experiment_produces_its_files(smoke):
       assert c["id"] in claims_lib.CLAIMS and c["holds"] in claims_lib.VERDICTS, c
 
 
-def test_provenance_is_recorded(smoke):
+def check_provenance_is_recorded(smoke):
   root, _, _ = smoke
   state = json.loads((root / "suite.json").read_text())
   assert state["preset"] == "smoke"
@@ -60,7 +68,7 @@ def test_provenance_is_recorded(smoke):
   assert all(state["experiments"][n]["status"] == "done" for n in suite.EXPERIMENTS)
 
 
-def test_report_renders_with_plots_and_claims_table(smoke):
+def check_report_renders_with_plots_and_claims_table(smoke):
   root, _, _ = smoke
   text = (root / "report.md").read_text()
   for name, mod in suite.EXPERIMENTS.items():
@@ -77,7 +85,7 @@ def test_report_renders_with_plots_and_claims_table(smoke):
   assert "sha256" in text and "smoke" in text
 
 
-def test_post_ln_gradient_ratio_above_pre_ln(smoke):
+def check_post_ln_gradient_ratio_above_pre_ln(smoke):
   root, _, _ = smoke
   data = json.loads((root / "grad_init" / "data.json").read_text())
   ratios = data["analysis"]["ratios"]
@@ -87,7 +95,7 @@ def test_post_ln_gradient_ratio_above_pre_ln(smoke):
     assert post > 1.2 * pre, (L, post, pre)
 
 
-def test_rms_invariance_errors_are_tiny(smoke):
+def check_rms_invariance_errors_are_tiny(smoke):
   root, _, _ = smoke
   data = json.loads((root / "invariance" / "data.json").read_text())
   a = np.asarray(data["op"]["a"])
@@ -108,7 +116,7 @@ def test_rms_invariance_errors_are_tiny(smoke):
   assert min(np.asarray(shift["RMSNorm eps=1e-6"]["fwd"])[a >= 1]) > 0.1
 
 
-def test_jaxnorm_and_flax_curves_agree(smoke):
+def check_jaxnorm_and_flax_curves_agree(smoke):
   root, _, _ = smoke
   pairs = json.loads((root / "vjp" / "pairs.json").read_text())
   assert pairs
@@ -119,7 +127,7 @@ def test_jaxnorm_and_flax_curves_agree(smoke):
     assert p["jaxnorm"]["run"] != p["flax"]["run"]
 
 
-def test_rerun_resumes_finished_experiments(smoke):
+def check_rerun_resumes_finished_experiments(smoke):
   root, _, _ = smoke
   stamps = {n: (root / n / "done.json").stat().st_mtime_ns for n in suite.EXPERIMENTS}
   lines = []
@@ -135,7 +143,7 @@ def test_rerun_resumes_finished_experiments(smoke):
   assert (root / "vjp" / "done.json").stat().st_mtime_ns != stamps["vjp"]
 
 
-def test_export_and_report_only(smoke, tmp_path):
+def check_export_and_report_only(smoke, tmp_path):
   root, _, _ = smoke
   dest = suite.export(root, tmp_path / "export")
   assert (dest / "report.md").exists() and not (dest / "runs").exists()
