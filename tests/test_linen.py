@@ -291,3 +291,14 @@ def test_axis_name_under_shard_map_equals_unsharded(name):
   np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
   for a, b in zip(jax.tree.leaves(vjp(dy)), jax.tree.leaves(vjp_ref(dy))):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])
+def test_impl_is_passed_to_the_op(name):
+  cls = PAIRS[name][0]
+  x = jax.random.normal(jax.random.key(9), (4, 8))
+  v = cls().init(jax.random.key(0), x)
+  np.testing.assert_array_equal(cls(impl="xla").apply(v, x), cls().apply(v, x))
+  # The Pallas kernels take no mask: the op refuses, so the field demonstrably reaches it.
+  with pytest.raises(ValueError, match="impl='pallas'"):
+    cls(impl="pallas").apply(v, x, mask=x > 0)

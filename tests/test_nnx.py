@@ -444,3 +444,14 @@ def test_axis_name_under_shard_map_equals_unsharded(name, axis):
     np.testing.assert_allclose(dx, dx_ref, rtol=1e-5, atol=1e-5)
     for a, b in zip(jax.tree.leaves(ds), jax.tree.leaves(ds_ref)):
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])
+def test_impl_is_passed_to_the_op(name):
+  cls = PAIRS[name][0]
+  x = jax.random.normal(jax.random.key(12), (4, 8))
+  np.testing.assert_array_equal(cls(8, impl="xla", rngs=nnx.Rngs(0))(x),
+                                cls(8, rngs=nnx.Rngs(0))(x))
+  # The Pallas kernels take no mask: the op refuses, so the argument demonstrably reaches it.
+  with pytest.raises(ValueError, match="impl='pallas'"):
+    cls(8, impl="pallas", rngs=nnx.Rngs(0))(x, mask=x > 0)
