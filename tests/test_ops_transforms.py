@@ -1,5 +1,6 @@
 """The ops under JAX's transformations: jit, vmap, grad-of-grad, hessian, checkpoint, scan."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import pytest
@@ -81,3 +82,28 @@ def test_forward_mode_is_a_documented_limit(op, ref):
   x, s, b, _ = _args()
   with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
     jax.jvp(lambda x: op(x, s, b), (x,), (x,))
+
+
+class ChexVariantsTest(chex.TestCase):
+  """The same check with and without jit, through chex's variants."""
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_layer_norm_and_rms_norm_vjp(self):
+    x, s, b, dy = _args(d=20, lead=(3,))
+    for op, ref in OPS:
+      vjp = self.variant(lambda x, s, b, op=op: jax.vjp(op, x, s, b)[1](dy))
+      got, want = vjp(x, s, b), jax.vjp(ref, x, s, b)[1](dy)
+      chex.assert_trees_all_equal_shapes_and_dtypes(got, want)
+      chex.assert_trees_all_close(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_no_retrace_for_the_same_configuration():
+  x, s, b, _ = _args()
+
+  @jax.jit
+  @chex.assert_max_traces(n=1)
+  def f(x, s, b):
+    return jaxnorm.layer_norm(x, s, b, epsilon=1e-5, epsilon_placement="outside")
+
+  for i in range(3):
+    f(x + i, s, b)
