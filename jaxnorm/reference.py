@@ -45,15 +45,19 @@ def _affine(xhat, scale, bias, axes, zero_centered_scale):
   return xhat
 
 
-def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
-               epsilon_placement="inside", zero_centered_scale=False, dtype=None):
-  """Reference LayerNorm (autodiff, two-pass variance). See the module docstring."""
+def _check(x, epsilon, axis, epsilon_placement, mask):
   v.check_floating("x", x)
   epsilon = v.check_epsilon(epsilon)
   axes = v.normalized_axes(x.ndim, axis)
   v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
   v.check_mask(mask, x.shape)
-  xf = x.astype(_stat_dtype(x.dtype))
+  return epsilon, axes, x.astype(_stat_dtype(x.dtype))
+
+
+def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
+               epsilon_placement="inside", zero_centered_scale=False, dtype=None):
+  """Reference LayerNorm (autodiff, two-pass variance). See the module docstring."""
+  epsilon, axes, xf = _check(x, epsilon, axis, epsilon_placement, mask)
   mean = jnp.mean(xf, axis=axes, keepdims=True, where=mask)
   var = jnp.mean(jnp.square(xf - mean), axis=axes, keepdims=True, where=mask)
   xhat = (xf - mean) * _normalizer(var, epsilon, epsilon_placement)
@@ -64,12 +68,7 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
 def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None,
              epsilon_placement="inside", zero_centered_scale=False, dtype=None):
   """Reference RMSNorm (autodiff). See the module docstring."""
-  v.check_floating("x", x)
-  epsilon = v.check_epsilon(epsilon)
-  axes = v.normalized_axes(x.ndim, axis)
-  v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
-  v.check_mask(mask, x.shape)
-  xf = x.astype(_stat_dtype(x.dtype))
+  epsilon, axes, xf = _check(x, epsilon, axis, epsilon_placement, mask)
   ms = jnp.mean(jnp.square(xf), axis=axes, keepdims=True, where=mask)
   xhat = xf * _normalizer(ms, epsilon, epsilon_placement)
   y = _affine(xhat, scale, None, axes, zero_centered_scale)
