@@ -1,0 +1,325 @@
+"""Tests of the training harness: data, schedule, training, sharding, resume, divergence, CLI."""
+
+import dataclasses
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from experiments import data as data_lib
+from experiments import distributed
+from experiments import train as train_lib
+from experiments.train import TrainConfig
+from jaxnorm.models import NORM_POSITIONS, TransformerConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_MODEL = TransformerConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, max_len=32)
+STEPS = 8
+# Most runs below share the compiled step of the reference config (train() caches compiled
+# steps per config, ignoring host-side fields): compilation dominates the test time.
+REF_CLI = ["--steps", str(STEPS), "--d-model", "32", "--layers", "2", "--heads", "2", "--d-ff",
+           "64", "--seq-len", "32", "--batch-size", "16", "--lr", "5e-3", "--eval-batches", "1"]
+TEXT = "".join(f"def f{i % 7}(x):\n    return x * {i % 5} + {i % 3}  # the quick brown fox\n"
+               for i in range(400))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  path = tmp_path_factory.mktemp("data") / "tiny.txt"
+  path.write_text(TEXT)
+  return data_lib.load_corpus(str(path))
+
+
+def _config(**kw):
+  base = dict(model=TINY_MODEL, steps=STEPS, batch_size=16, seq_len=32, lr=5e-3, eval_every=4,
+              eval_batches=1, checkpoint_every=3)
+  return TrainConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def reference_run(corpus, tmp_path_factory):
+  """One uninterrupted single-device run, shared by the sharding and resume tests."""
+  out = tmp_path_factory.mktemp("ref")
+  return train_lib.train(_config(), out, progress=False, corpus=corpus), out
+
+
+def _losses(summary):
+  return np.array([loss for _, loss in summary["train_curve"]])
+
+
+# ----------------------------------------------------------------------------------------------
+# Data.
+
+
+def test_default_corpus_is_deterministic():
+  a, b = data_lib.load_corpus(), data_lib.load_corpus()
+  assert a.sha256 == b.sha256 and a.n_bytes == b.n_bytes == a.train.size + a.valid.size
+  assert a.files == sorted(a.files) and len(a.files) > 20
+  assert all(f.split("/")[0] in data_lib.DEFAULT_PACKAGES for f in a.files)
+  assert not any("/test/" in f for f in a.files)
+  assert a.train.dtype == np.uint8 and a.valid.size > 0.05 * a.n_bytes
+  assert 2.0 < data_lib.unigram_entropy_nats(a) < math.log(256)
+
+
+def test_data_file_and_errors(tmp_path, corpus):
+  assert corpus.n_bytes == len(TEXT) and corpus.files == ["tiny.txt"]
+  assert bytes(corpus.train) + bytes(corpus.valid) == TEXT.encode()
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    data_lib.load_corpus(str(tmp_path / "missing.txt"))
+  bad = tmp_path / "bad.txt"
+  bad.write_bytes(b"\xff\xfe" * 100)
+  with pytest.raises(ValueError, match="not valid UTF-8"):
+    data_lib.load_corpus(str(bad))
+
+
+def test_batches_reproducible_and_shifted(corpus):
+  stream = data_lib.batches(corpus.train, batch_size=4, seq_len=16, seed=3)
+  first = [next(stream) for _ in range(3)]
+  again = data_lib.batches(corpus.train, batch_size=4, seq_len=16, seed=3, start=2)
+  np.testing.assert_array_equal(next(again)[0], first[2][0])  # resumable at any index
+  x, y = first[0]
+  assert x.shape == y.shape == (4, 16) and x.dtype == np.int32
+  np.testing.assert_array_equal(x[:, 1:], y[:, :-1])
+  other = next(data_lib.batches(corpus.train, batch_size=4, seq_len=16, seed=4))
+  assert not np.array_equal(other[0], x)
+  with pytest.raises(ValueError, match="batch_size must be a positive int"):
+    next(data_lib.batches(corpus.train, batch_size=0, seq_len=16, seed=0))
+
+
+def test_unigram_entropy():
+  c = data_lib.Corpus(train=np.array([0, 1, 2, 3] * 10, np.uint8), valid=np.zeros(4, np.uint8),
+                      name="x", sha256="", n_bytes=44, files=[])
+  assert data_lib.unigram_entropy_nats(c) == pytest.approx(math.log(4))
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration and schedule.
+
+
+@pytest.mark.parametrize("kw, err, match", [
+    (dict(steps=-1), ValueError, "steps must be >= 0, got -1"),
+    (dict(lr=0.0), ValueError, "lr must be > 0"),
+    (dict(schedule="linear"), ValueError, "schedule must be one of"),
+    (dict(b2=1.0), ValueError, "b2 must be >= 0.0 and < 1.0"),
+    (dict(seq_len=64), ValueError, "exceeds the model's max_len=32"),
+    (dict(clip_norm=-1.0), ValueError, "clip_norm"),
+    (dict(batch_size=2.5), TypeError, "batch_size must be a Python int"),
+    (dict(model={}), TypeError, "model must be a TransformerConfig"),
+])
+def test_train_config_rejects(kw, err, match):
+  with pytest.raises(err, match=match):
+    _config(**kw)
+
+
+def test_train_config_roundtrip():
+  cfg = _config(clip_norm=1.0, data="x.txt")
+  assert TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_schedules():
+  def lrs(**kw):
+    sched = train_lib.learning_rate_schedule(_config(lr=1.0, steps=20, **kw))
+    return np.array([float(sched(c)) for c in range(20)])
+
+  warm = lrs(warmup=4, schedule="inverse_sqrt")
+  np.testing.assert_allclose(warm[:4], [0.25, 0.5, 0.75, 1.0])
+  np.testing.assert_allclose(warm[4], 1.0)  # the first update after warm-up is at the peak
+  np.testing.assert_allclose(warm[4 + 12], math.sqrt(4 / 16), rtol=1e-6)  # tau = warmup
+  none = lrs(warmup=0, schedule="inverse_sqrt")
+  assert none[0] == 1.0 and np.all(np.diff(none) < 0)
+  np.testing.assert_allclose(none[8], math.sqrt(2 / 10), rtol=1e-6)  # tau = steps // 10
+  cos = lrs(warmup=0, schedule="cosine")
+  assert cos[0] == pytest.approx(1.0) and cos[-1] == pytest.approx(0.1, abs=0.01)
+  assert np.all(np.diff(cos) <= 0)
+  np.testing.assert_allclose(lrs(warmup=5, schedule="constant")[5:], 1.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Training.
+
+
+def _assert_learns(summary, steps=STEPS):
+  losses = _losses(summary)
+  assert not summary["diverged"] and summary["steps_done"] == steps and len(losses) == steps
+  assert losses[-3:].mean() < losses[:2].mean() - 0.3, losses
+  vals = [v for _, v in summary["val_curve"]]
+  assert vals[-1] < vals[0] and summary["final_val_loss"] == vals[-1]
+
+
+# Every position trains; the two norm types alternate (each position x type pair is checked
+# against autodiff in test_models.py, and the reference run is pre + layernorm).
+@pytest.mark.parametrize("position, norm_type", [
+    ("pre", "rmsnorm"), ("post", "layernorm"), ("sandwich", "rmsnorm"), ("deepnorm", "layernorm")])
+def test_each_layout_trains(position, norm_type, corpus, tmp_path):
+  model = dataclasses.replace(TINY_MODEL, norm_position=position, norm_type=norm_type)
+  summary = train_lib.train(_config(model=model, checkpoint_every=0), tmp_path, progress=False,
+                            corpus=corpus)
+  _assert_learns(summary)
+
+
+def test_metrics_and_config_files(reference_run):
+  summary, out = reference_run
+  _assert_learns(summary)
+  record = json.loads((out / "config.json").read_text())
+  assert record["train"] == _config().to_dict() and record["init"] == "xavier"
+  lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+  steps = [l for l in lines if "loss" in l]
+  assert [l["step"] for l in steps] == list(range(1, STEPS + 1))
+  for l in steps:
+    for group in ("attn_qkv", "attn_out", "mlp_in", "mlp_out"):
+      assert len(l[group]) == 2 and all(g > 0 for g in l[group])
+    assert l["grad_norm"] > 0 and 0 < l["update_ratio"] < 1 and l["lr"] > 0
+    # The global norm bounds each per-layer norm.
+    assert max(max(l[g]) for g in ("attn_qkv", "attn_out", "mlp_in", "mlp_out")) < l["grad_norm"]
+  assert [l["step"] for l in lines if "val_loss" in l] == [0, 4, 8]
+  assert summary["tokens_per_s"] > 0 and summary["final_val_loss"] == lines[-1]["val_loss"]
+  assert summary["corpus"]["n_bytes"] == len(TEXT)
+
+
+def test_kill_and_resume_reproduces_the_curve(reference_run, corpus, tmp_path):
+  """Stop after 5 steps (checkpoint at 3, metrics up to 5), then resume: same curve."""
+  ref, _ = reference_run
+  partial = train_lib.train(_config(), tmp_path, progress=False, corpus=corpus, stop_after=5)
+  assert partial["steps_done"] == 5 and partial["final_val_loss"] is None
+  assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.isdigit()) == ["3"]
+  resumed = train_lib.train(_config(), tmp_path, progress=False, corpus=corpus)
+  np.testing.assert_allclose(_losses(resumed), _losses(ref), rtol=1e-6)
+  assert [s for s, _ in resumed["train_curve"]] == list(range(1, STEPS + 1))  # no duplicates
+  np.testing.assert_allclose([v for _, v in resumed["val_curve"]],
+                             [v for _, v in ref["val_curve"]], rtol=1e-6)
+  assert resumed["final_val_loss"] == pytest.approx(ref["final_val_loss"], rel=1e-6)
+  with pytest.raises(ValueError, match="different config"):
+    train_lib.train(_config(lr=1e-3), tmp_path, progress=False, corpus=corpus)
+
+
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_sharded_matches_single_device(reference_run, corpus, tmp_path, fsdp):
+  assert jax.device_count() == 8
+  ref, _ = reference_run
+  mesh = train_lib.make_mesh()
+  sharded = train_lib.train(_config(fsdp=fsdp), tmp_path, progress=False, corpus=corpus,
+                            mesh=mesh)
+  np.testing.assert_allclose(_losses(sharded), _losses(ref), rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose([v for _, v in sharded["val_curve"]],
+                             [v for _, v in ref["val_curve"]], rtol=2e-5)
+  with pytest.raises(ValueError, match="batch_size=12 must be divisible"):
+    train_lib.train(_config(batch_size=12), tmp_path / "x", progress=False, corpus=corpus,
+                    mesh=mesh)
+
+
+def test_divergence_is_recorded(corpus, tmp_path):
+  cfg = _config(lr=50.0, steps=30, batch_size=8, checkpoint_every=0, eval_every=0,
+                divergence_loss=10.0)
+  summary = train_lib.train(cfg, tmp_path, progress=False, corpus=corpus)
+  assert summary["diverged"] and 1 <= summary["diverged_at"] < 30
+  assert summary["final_val_loss"] is None and summary["steps_done"] == summary["diverged_at"]
+  lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert lines[-1] == {"step": summary["diverged_at"], "event": "diverged",
+                       "loss": lines[-2]["loss"]}
+  last = lines[-2]["loss"]
+  assert isinstance(last, str) or last > 10.0
+  assert json.loads((tmp_path / "summary.json").read_text())["diverged"] is True
+
+
+def test_init_instrumentation(corpus):
+  stats = train_lib.grad_norms_at_init(TINY_MODEL, corpus, batch_size=4, seq_len=16, seed=0,
+                                       n_batches=2)
+  for group in ("attn_qkv", "attn_out", "mlp_in", "mlp_out"):
+    assert len(stats[group]) == 2 and all(g > 0 for g in stats[group])
+  assert len(stats["residual_sq_norm"]) == 5 and stats["grad_norm"] > 0
+  sizes = train_lib.model_update_size(TINY_MODEL, _config(batch_size=8), corpus, steps=2)
+  assert len(sizes) == 2 and all(0 < s < 100 for s in sizes)
+
+
+def test_throughput_comparison(corpus):
+  # The jaxnorm model reuses the reference run's compiled step; only flax's is compiled here.
+  res = train_lib.compare_norm_impl(TINY_MODEL, repeats=1, batch_size=16, seq_len=32,
+                                    steps=STEPS, corpus=corpus, lr=5e-3)
+  assert res["jaxnorm"]["tokens_per_s"] > 0 and res["flax"]["norm_impl"] == "flax"
+  assert res["ratio"] == pytest.approx(
+      res["jaxnorm"]["tokens_per_s"] / res["flax"]["tokens_per_s"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line and multi-process.
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--steps", "-5"], "--steps: expected a non-negative integer (>= 0), got -5"),
+    (["--norm-position", "middle"], "--norm-position: invalid choice: 'middle'"),
+    (["--data", "/nonexistent/corpus.txt"], "--data: file '/nonexistent/corpus.txt' does not"),
+    (["--lr", "0"], "--lr: expected a finite number > 0"),
+    (["--d-model", "30", "--heads", "4"], "n_heads=4 must divide d_model=30"),
+    (["--seq-len", "0"], "--seq-len: expected a positive integer"),
+])
+def test_cli_rejects_bad_values(argv, match, capsys):
+  with pytest.raises(SystemExit) as exc:
+    train_lib.main(argv)
+  assert exc.value.code == 2
+  assert match in capsys.readouterr().err
+
+
+def test_cli_trains(reference_run, tmp_path, capsys):
+  ref, _ = reference_run
+  data = tmp_path / "tiny.txt"
+  data.write_text(TEXT)
+  out = tmp_path / "run"
+  code = train_lib.main([*REF_CLI, "--data", str(data), "--devices", "1", "--out", str(out),
+                         "--no-progress", "--eval-every", "0"])
+  assert code == 0
+  assert "final val loss" in capsys.readouterr().out
+  record = json.loads((out / "config.json").read_text())
+  assert record["train"]["model"] == dataclasses.asdict(TINY_MODEL) and record["init"] == "xavier"
+  lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+  assert len(lines) == STEPS + 2  # eval at 0, the steps, eval at the end
+  np.testing.assert_allclose([l["loss"] for l in lines if "loss" in l], _losses(ref), rtol=1e-6)
+
+
+def test_distributed_settings_are_checked(monkeypatch):
+  for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    monkeypatch.delenv(k, raising=False)
+  assert distributed.initialize() is False
+  with pytest.raises(ValueError, match="needs all of coordinator_address"):
+    distributed.initialize("127.0.0.1:1234")
+  with pytest.raises(ValueError, match=r"process_id must be in \[0, num_processes=2\)"):
+    distributed.initialize("127.0.0.1:1234", 2, 5)
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_process_run_matches_single_process(reference_run, tmp_path):
+  """jax.distributed with a local coordinator: 2 CPU processes x 1 device, data parallel."""
+  ref, _ = reference_run
+  data = tmp_path / "tiny.txt"
+  data.write_text(TEXT)
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+         "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
+  port = _free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, "-m", "experiments", "train", *REF_CLI, "--eval-every", "0", "--data",
+       str(data), "--no-progress", "--out", str(tmp_path / "mp"),
+       "--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2",
+       "--process-id", str(i)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  try:
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+  record = json.loads((tmp_path / "mp" / "config.json").read_text())
+  assert record["processes"] == 2 and record["devices"] == 2
+  multi = [json.loads(l)["loss"] for l in (tmp_path / "mp" / "metrics.jsonl").read_text()
+           .splitlines() if '"loss"' in l]
+  np.testing.assert_allclose(multi, _losses(ref), rtol=2e-5)
