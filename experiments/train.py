@@ -16,8 +16,8 @@ The optimizer is AdamW (optax) with linear warm-up over ``W`` steps followed by
    \eta_s = \eta\Big(0.1 + 0.9 \cdot \tfrac12\big(1 + \cos\tfrac{\pi (s - W - 1)}{S - W}\big)\Big)
    \;\text{(cosine)}
 
-for update ``s = W+1..S`` counted from ``s - W - 1 = 0`` (``tau = W``, or ``max(1, S // 10)`` when ``W = 0``; ``constant`` keeps
-:math:`\eta`), optional global-norm clipping, and weight decay on matrices only.
+for update ``s = W+1..S`` (``tau = W``, or ``max(1, S // 10)`` when ``W = 0``; ``constant``
+keeps :math:`\eta`), optional global-norm clipping, and weight decay on matrices only.
 
 Each step reports the loss, the global gradient norm (before clipping), the per-layer gradient
 norms of every block's ``attn_qkv``, ``attn_out``, ``mlp_in`` and ``mlp_out`` matrix, the
@@ -599,7 +599,7 @@ def train(config: TrainConfig, out_dir: str | pathlib.Path, *, progress: bool | 
         manager.save(step, args=ocp.args.StandardSave({"params": params,
                                                        "opt_state": opt_state}))
     else:
-      if end == config.steps and (config.steps > start or val is None):
+      if end == config.steps and config.steps > start:
         val = evaluate(config.steps)
   finally:
     bar.close()

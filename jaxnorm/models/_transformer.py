@@ -5,9 +5,9 @@ The model exists to study where the normalization goes. Writing :math:`F` for a 
 
 .. math::
 
-   \text{pre:}\quad      & x_{l+1} = x_l + F(N(x_l))            \quad\text{(final norm before the head)}\\
-   \text{post:}\quad     & x_{l+1} = N(x_l + F(x_l))            \quad\text{(Vaswani et al., 2017)}\\
-   \text{sandwich:}\quad & x_{l+1} = x_l + N'(F(N(x_l)))        \quad\text{(final norm before the head)}\\
+   \text{pre:}\quad      & x_{l+1} = x_l + F(N(x_l))      \quad\text{(final norm before the head)}\\
+   \text{post:}\quad     & x_{l+1} = N(x_l + F(x_l))      \quad\text{(Vaswani et al., 2017)}\\
+   \text{sandwich:}\quad & x_{l+1} = x_l + N'(F(N(x_l)))  \quad\text{(final norm before the head)}\\
    \text{deepnorm:}\quad & x_{l+1} = N(\alpha\, x_l + F(x_l)),  \quad \alpha = (2L)^{1/4}
 
 where :math:`L` is the number of blocks. ``norm_type`` picks LayerNorm or RMSNorm and
@@ -276,7 +276,12 @@ class CausalSelfAttention(nnx.Module):
 
 
 class MLP(nnx.Module):
-  r"""Position-wise feed-forward network, :math:`\mathrm{MLP}(x) = \mathrm{GELU}(x W_1 + b_1) W_2 + b_2`."""
+  r"""Position-wise feed-forward network.
+
+  .. math::
+
+     \mathrm{MLP}(x) = \mathrm{GELU}(x W_1 + b_1) W_2 + b_2
+  """
 
   def __init__(self, config: TransformerConfig, *, gain: float, rngs: nnx.Rngs):
     dtype = jnp.dtype(config.dtype)
