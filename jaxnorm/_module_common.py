@@ -171,7 +171,7 @@ def normalize(
     kind: ``"layer_norm"`` or ``"rms_norm"``.
     x: the input, already cast as the layer's dtype rules require.
     scale: ``None`` or an array with ``prod(feature shape)`` elements (any shape).
-    bias: ``None`` or like ``scale`` (ignored for ``rms_norm``, which must get ``None``).
+    bias: ``None`` or like ``scale``; must be ``None`` for ``rms_norm``.
     reduction_axes: axes the statistics are taken over (int or sequence).
     feature_axes: axes carrying the learned parameters (int or sequence).
     epsilon: the epsilon of the op.
@@ -192,6 +192,8 @@ def normalize(
   """
   if kind not in KINDS:
     raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
+  if kind == "rms_norm" and bias is not None:
+    raise ValueError("rms_norm has no bias; got a bias array. Pass bias=None.")
   v.check_floating("x", x)
   v.check_mask(mask, x.shape)
   ndim = x.ndim
@@ -245,10 +247,12 @@ def normalize(
   bshape = [1] * ndim
   for a in feat:
     bshape[a] = x.shape[a]
+  # Parameters are widened to the compute dtype first (exact), so 1 + scale is not rounded to
+  # a half-precision param_dtype.
   if scale is not None:
-    s = scale.reshape(bshape)
+    s = scale.reshape(bshape).astype(jnp.promote_types(compute, scale.dtype))
     y = y * ((1 + s) if zero_centered_scale else s)
   if bias is not None:
-    y = y + bias.reshape(bshape)
+    y = y + bias.reshape(bshape).astype(jnp.promote_types(compute, bias.dtype))
   return y.astype(dtype)
 

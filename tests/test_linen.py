@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+import jaxnorm
 from jaxnorm import linen as jln
 
 TOL = {
@@ -302,3 +303,22 @@ def test_impl_is_passed_to_the_op(name):
   # The Pallas kernels take no mask: the op refuses, so the field demonstrably reaches it.
   with pytest.raises(ValueError, match="impl='pallas'"):
     cls(impl="pallas").apply(v, x, mask=x > 0)
+
+
+@pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])
+@pytest.mark.parametrize("placement,zero_centered", [("outside", False), ("inside", True)])
+def test_extra_fields_match_reference(name, placement, zero_centered):
+  x = jax.random.normal(jax.random.key(10), (4, 8))
+  layer = PAIRS[name][0](epsilon=1e-2, epsilon_placement=placement,
+                         zero_centered_scale=zero_centered)
+  v = _randomize(layer.init(jax.random.key(0), x))
+  p = v["params"]
+  kw = dict(epsilon=1e-2, epsilon_placement=placement, zero_centered_scale=zero_centered)
+  if name == "LayerNorm":
+    ref = jaxnorm.reference.layer_norm(x, p["scale"], p["bias"], **kw)
+  else:
+    ref = jaxnorm.reference.rms_norm(x, p["scale"], **kw)
+  np.testing.assert_allclose(layer.apply(v, x), ref, rtol=1e-5, atol=1e-5)
+  # Defaults reproduce Flax.
+  np.testing.assert_allclose(PAIRS[name][0](epsilon=1e-2).apply(v, x),
+                             PAIRS[name][1](epsilon=1e-2).apply(v, x), rtol=1e-5, atol=1e-5)
