@@ -9,7 +9,6 @@ NNX transforms, ``axis_name`` under ``shard_map`` and that the custom VJP is rea
 """
 
 import inspect
-import itertools
 
 import jax
 import jax.numpy as jnp
