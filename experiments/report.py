@@ -68,7 +68,9 @@ def _provenance_lines(state: dict) -> list[str]:
       f"| command | `{state.get('command', '').strip()}` |",
       f"| date (UTC) | {state.get('created')} |",
       f"| device | {dev.get('backend')} / {dev.get('device_kind')} x{dev.get('n_devices')}; "
-      f"CPU {dev.get('cpu')} ({dev.get('cpu_count')} cores); {dev.get('platform')} |",
+      f"CPU {dev.get('cpu')} ({dev.get('cpu_count')} cores); {dev.get('platform')}"
+      + (f"; load average {dev['load_avg_1m']:.1f} at the start" if dev.get("load_avg_1m") is not None else "")
+      + " |",
       "| versions | " + ", ".join(f"{k} {v}" for k, v in ver.items() if v) + " |",
       f"| corpus | {corpus.get('name')} ({corpus.get('n_bytes')} bytes, {corpus.get('n_files')} files), "
       f"sha256 `{corpus.get('sha256')}` |",

@@ -327,6 +327,8 @@ def device_info() -> dict:
       "cpu": _cpu_model(),
       "cpu_count": os.cpu_count(),
       "platform": platform.platform(),
+      # Other processes compete for the CPU: timings of a loaded machine are slower and noisier.
+      "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
   }
 
 
