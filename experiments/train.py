@@ -192,38 +192,60 @@ class TrainConfig:
 # Optimizer.
 
 
+def _schedule_hyperparams(config: TrainConfig) -> dict[str, float]:
+  """The numbers that shape the schedule, as floats (they live in the optimizer state)."""
+  w, total = config.warmup, config.steps
+  tau = config.decay_timescale or (w if w > 0 else max(1, total // 10))
+  return {"peak_lr": float(config.lr), "warmup": float(w), "total": float(total),
+          "tau": float(tau)}
+
+
+def _lr_at(kind: str, count, peak_lr, warmup, total, tau):
+  """Learning rate of update ``count + 1`` (``count`` = updates already done)."""
+  s = jnp.asarray(count, jnp.float32) + 1.0  # 1-based update index
+  warm = peak_lr * s / jnp.maximum(warmup, 1.0)
+  after = s - warmup - 1.0  # 0 at the first update after warm-up (peak learning rate)
+  if kind == "inverse_sqrt":
+    decay = peak_lr * jnp.sqrt(tau / (tau + jnp.maximum(after, 0.0)))
+  elif kind == "cosine":
+    frac = jnp.clip(after / jnp.maximum(total - warmup, 1.0), 0.0, 1.0)
+    decay = peak_lr * (COSINE_FLOOR + (1.0 - COSINE_FLOOR) * 0.5 * (1.0 + jnp.cos(jnp.pi * frac)))
+  else:
+    decay = peak_lr * jnp.ones_like(s)
+  return jnp.where(s <= warmup, warm, decay)
+
+
 def learning_rate_schedule(config: TrainConfig) -> optax.Schedule:
   """The learning rate as a function of optax's update count (0 for the first update).
 
   See the module docstring for the formulas.
   """
-  lr, w, total = config.lr, config.warmup, config.steps
-  tau = config.decay_timescale or (w if w > 0 else max(1, total // 10))
+  return functools.partial(_lr_at, config.schedule, **_schedule_hyperparams(config))
 
-  def schedule(count):
-    s = jnp.asarray(count, jnp.float32) + 1.0  # 1-based update index
-    warm = lr * s / max(w, 1)
-    after = s - w - 1.0  # 0 at the first update after warm-up (peak learning rate)
-    if config.schedule == "inverse_sqrt":
-      decay = lr * jnp.sqrt(tau / (tau + jnp.maximum(after, 0.0)))
-    elif config.schedule == "cosine":
-      frac = jnp.clip(after / max(total - w, 1), 0.0, 1.0)
-      decay = lr * (COSINE_FLOOR + (1.0 - COSINE_FLOOR) * 0.5 * (1.0 + jnp.cos(jnp.pi * frac)))
-    else:
-      decay = jnp.full_like(s, lr)
-    return jnp.where(s <= w, warm, decay)
 
-  return schedule
+def _adamw(kind: str):
+  def make(peak_lr, warmup, total, tau, b1, b2, weight_decay):
+    schedule = functools.partial(_lr_at, kind, peak_lr=peak_lr, warmup=warmup, total=total,
+                                 tau=tau)
+    return optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay,
+                       mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params))
+  return make
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-  """AdamW with the schedule, optional clipping, weight decay on matrices only."""
-  adamw = optax.adamw(learning_rate_schedule(config), b1=config.b1, b2=config.b2,
-                      weight_decay=config.weight_decay,
-                      mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params))
+  """AdamW with the schedule, optional clipping, weight decay on matrices only.
+
+  The learning rate, the schedule's shape (warm-up, length, timescale), the betas and the
+  weight decay are injected hyper-parameters (``optax.inject_hyperparams``): they are arrays
+  in the optimizer state, not constants of the compiled step, so runs that differ only in
+  them (learning-rate or warm-up sweeps) share one compilation.
+  """
+  tx = optax.inject_hyperparams(_adamw(config.schedule))(
+      **_schedule_hyperparams(config), b1=float(config.b1), b2=float(config.b2),
+      weight_decay=float(config.weight_decay))
   if config.clip_norm is None:
-    return adamw
-  return optax.chain(optax.clip_by_global_norm(config.clip_norm), adamw)
+    return tx
+  return optax.chain(optax.clip_by_global_norm(config.clip_norm), tx)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -255,7 +277,6 @@ def _loss(graphdef, params, inputs, targets, collect_stats=False):
 
 def _build_steps(graphdef, paths, config: TrainConfig, tx: optax.GradientTransformation):
   """The (un-jitted) train and eval step functions."""
-  schedule = learning_rate_schedule(config)
   collect = config.log_residual_norms
 
   def train_step(params, opt_state, inputs, targets, fixed_inputs=None, ref_logits=None):
@@ -268,7 +289,7 @@ def _build_steps(graphdef, paths, config: TrainConfig, tx: optax.GradientTransfo
         "loss": loss,
         "grad_norm": optax.tree.norm(grads),
         "update_ratio": optax.tree.norm(updates) / optax.tree.norm(params),
-        "lr": schedule(_schedule_count(opt_state) - 1),
+        "lr": _current_lr(config.schedule, opt_state),
     }
     if config.log_grad_norms:
       for group in WEIGHT_GROUPS:
@@ -285,10 +306,12 @@ def _build_steps(graphdef, paths, config: TrainConfig, tx: optax.GradientTransfo
   return train_step, eval_step
 
 
-def _schedule_count(opt_state):
-  """Update count of the schedule inside the (possibly chained) optax state."""
-  states = jax.tree.leaves(opt_state, is_leaf=lambda s: isinstance(s, optax.ScaleByScheduleState))
-  return next(s for s in states if isinstance(s, optax.ScaleByScheduleState)).count
+def _current_lr(kind: str, opt_state):
+  """The learning rate of the update just applied, from the (possibly chained) state."""
+  is_inject = lambda x: hasattr(x, "hyperparams") and hasattr(x, "count")  # noqa: E731
+  state = next(x for x in jax.tree.leaves(opt_state, is_leaf=is_inject) if is_inject(x))
+  h = state.hyperparams
+  return _lr_at(kind, state.count - 1, h["peak_lr"], h["warmup"], h["total"], h["tau"])
 
 
 def _logit_change(graphdef, params, inputs, ref_logits):
@@ -357,8 +380,10 @@ class _Placement:
 
 
 # Fields of TrainConfig that do not change the compiled steps (they are host-side only).
+# Neither do the injected optimizer hyper-parameters (see make_optimizer).
 _HOST_ONLY = dict(seed=0, eval_every=0, eval_batches=1, checkpoint_every=0,
-                  divergence_loss=1.0, data=None, log_every=1)
+                  divergence_loss=1.0, data=None, log_every=1, steps=0, lr=1.0, warmup=0,
+                  b1=0.9, b2=0.98, weight_decay=0.0, decay_timescale=None)
 
 
 @functools.lru_cache(maxsize=32)
@@ -385,7 +410,9 @@ def compiled_steps(config: TrainConfig, mesh=None):
   """The jitted ``(train_step, eval_step, graphdef)`` of a config, cached per process.
 
   Runs that differ only in host-side settings (seed, evaluation, checkpoint and logging
-  intervals, data) share one compilation, so seed sweeps and resumed runs compile once.
+  intervals, data) or in the injected optimizer hyper-parameters (learning rate, warm-up,
+  number of steps, betas, weight decay) share one compilation, so seed and learning-rate
+  sweeps and resumed runs compile once.
 
   ``train_step(params, opt_state, inputs, targets[, fixed_inputs, ref_logits])`` returns
   ``(params, opt_state, metrics)`` and donates ``params`` and ``opt_state``;
