@@ -123,8 +123,9 @@ def render_text(root: str | pathlib.Path) -> str:
   out.append(", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) + " (claims in the table at the end).")
   out.append("")
   for r in rows:
-    if r["holds"] in ("yes", "no", "partly"):
-      out.append(f"- **{r['holds']}** — {r['statement']} Ours: {r['ours']}.")
+    if r["holds"] in ("yes", "no", "partly", "obs"):
+      verdict = "observation" if r["holds"] == "obs" else r["holds"]
+      out.append(f"- **{verdict}** — {r['statement']} Ours: {r['ours']}.")
   out.append("")
 
   for i, name in enumerate(suite.EXPERIMENTS, 1):
