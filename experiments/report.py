@@ -76,6 +76,9 @@ def _provenance_lines(state: dict) -> list[str]:
       f"sha256 `{corpus.get('sha256')}` |",
       f"| git | `{git.get('commit')}`{' (with uncommitted changes)' if git.get('dirty') else ''} |",
   ]
+  for inv in state.get("invocations", [])[1:]:
+    lines.append(f"| later invocation | {inv.get('created')}: `{inv.get('command', '').strip()}` "
+                 f"(git `{(inv.get('git') or {}).get('commit')}`) |")
   return lines
 
 

@@ -426,7 +426,13 @@ def run_suite(preset_name: str, out_dir: str | pathlib.Path, *, only: list[str] 
     corpus = ctx.corpus()
   except Exception as e:  # noqa: BLE001 - the op-level experiment runs without the corpus
     ctx.log(f"corpus unavailable ({type(e).__name__}: {e}); training experiments will fail")
-  state.update(provenance(preset, corpus))
+  # The first invocation's provenance stays at the top level (it produced most of the numbers);
+  # every invocation (resume, --force, --only) is appended to "invocations".
+  prov = provenance(preset, corpus)
+  if "created" not in state:
+    state.update(prov)
+  state.setdefault("invocations", []).append(
+      {k: prov[k] for k in ("created", "command", "git", "device", "versions")})
   state.setdefault("experiments", {})
   write_json(suite_path, state)
 
