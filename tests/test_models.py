@@ -226,3 +226,11 @@ def test_bfloat16_compute():
   logits = model(_tokens())
   assert logits.dtype == jnp.float32 and np.all(np.isfinite(logits))
   assert model.embed.embedding[...].dtype == jnp.float32  # parameters stay float32
+
+
+def test_float64_without_x64_is_refused():
+  from flax import nnx
+  from jaxnorm.models import TransformerConfig, TransformerLM
+  with pytest.raises(ValueError, match="dtype='float64' needs 64-bit mode"):
+    TransformerLM(TransformerConfig(d_model=16, n_heads=2, d_ff=32, n_layers=1, dtype="float64"),
+                  rngs=nnx.Rngs(0))

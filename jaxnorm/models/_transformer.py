@@ -363,6 +363,11 @@ class TransformerLM(nnx.Module):
     if not isinstance(config, TransformerConfig):
       raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}.")
     self.config = config
+    if config.dtype == "float64" and not jax.config.jax_enable_x64:
+      raise ValueError(
+          "dtype='float64' needs 64-bit mode, which is off (JAX would silently compute in "
+          "float32); enable it with jax.config.update('jax_enable_x64', True) or "
+          "JAX_ENABLE_X64=1, or pick dtype='float32'.")
     dtype = jnp.dtype(config.dtype)
     std = _embed_std(config)
     self.embed = nnx.Embed(config.vocab_size, config.d_model, dtype=dtype,
