@@ -138,6 +138,18 @@ def _to_rank(mask: Any, ndim: int) -> Any:
   return mask.reshape((1,) * (ndim - mask.ndim) + tuple(mask.shape))
 
 
+LAYER_OPTIONS = ("reduction_axes", "feature_axes", "epsilon", "axis_name", "axis_index_groups",
+                 "epsilon_placement", "zero_centered_scale", "impl")
+
+
+def layer_options(layer: Any) -> dict[str, Any]:
+  """The options of :func:`normalize` read off an NNX layer or a Linen module.
+
+  Both APIs store them under the same attribute names, so one place maps a layer to the op.
+  """
+  return {name: getattr(layer, name) for name in LAYER_OPTIONS}
+
+
 def normalize(
     kind: str,
     x: Any,

@@ -75,19 +75,8 @@ def _call(mdl: nn.Module, kind: str, x: Any, mask: Any, use_scale: bool, use_bia
   scale, bias = _params(mdl, x, use_scale, use_bias)
   # Linen does not promote x: the output dtype is `dtype`, else result_type(x, scale, bias).
   out_dtype = common.output_dtype(x, scale, bias, dtype=mdl.dtype)
-  return common.normalize(
-      kind, x, scale, bias,
-      reduction_axes=mdl.reduction_axes,
-      feature_axes=mdl.feature_axes,
-      epsilon=mdl.epsilon,
-      dtype=out_dtype,
-      mask=mask,
-      axis_name=mdl.axis_name,
-      axis_index_groups=mdl.axis_index_groups,
-      epsilon_placement=mdl.epsilon_placement,
-      zero_centered_scale=mdl.zero_centered_scale,
-      impl=mdl.impl,
-  )
+  return common.normalize(kind, x, scale, bias, dtype=out_dtype, mask=mask,
+                          **common.layer_options(mdl))
 
 
 class LayerNorm(nn.Module):

@@ -320,16 +320,5 @@ def _call(layer: tp.Any, kind: str, x: tp.Any, scale: tp.Any, bias: tp.Any,
   else:
     x, scale = layer.promote_dtype((x, scale), dtype=layer.dtype)
   out_dtype = common.output_dtype(x, scale, bias, dtype=layer.dtype)
-  return common.normalize(
-      kind, x, scale, bias,
-      reduction_axes=layer.reduction_axes,
-      feature_axes=layer.feature_axes,
-      epsilon=layer.epsilon,
-      dtype=out_dtype,
-      mask=mask,
-      axis_name=layer.axis_name,
-      axis_index_groups=layer.axis_index_groups,
-      epsilon_placement=layer.epsilon_placement,
-      zero_centered_scale=layer.zero_centered_scale,
-      impl=layer.impl,
-  )
+  return common.normalize(kind, x, scale, bias, dtype=out_dtype, mask=mask,
+                          **common.layer_options(layer))
