@@ -785,44 +785,28 @@ def compare_norm_impl(model_config: TransformerConfig, *, repeats: int = 3, **kw
 # Command line.
 
 
-def _positive_int(text: str) -> int:
-  try:
-    v = int(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-  if v < 1:
-    raise argparse.ArgumentTypeError(f"expected a positive integer (>= 1), got {v}")
-  return v
+def _number(cast, lower: float, strict: bool, what: str):
+  """An argparse ``type=`` that parses with ``cast`` and requires a finite value above ``lower``
+  (``> lower`` when ``strict``, else ``>=``), with an error that says what was expected."""
+
+  def parse(text: str):
+    try:
+      value = cast(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    ok = math.isfinite(value) and (value > lower if strict else value >= lower)
+    if not ok:
+      raise argparse.ArgumentTypeError(
+          f"expected {what} ({'>' if strict else '>='} {lower:g}), got {text}")
+    return value
+
+  return parse
 
 
-def _nonneg_int(text: str) -> int:
-  try:
-    v = int(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-  if v < 0:
-    raise argparse.ArgumentTypeError(f"expected a non-negative integer (>= 0), got {v}")
-  return v
-
-
-def _positive_float(text: str) -> float:
-  try:
-    v = float(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-  if not (math.isfinite(v) and v > 0):
-    raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
-  return v
-
-
-def _nonneg_float(text: str) -> float:
-  try:
-    v = float(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}") from None
-  if not (math.isfinite(v) and v >= 0):
-    raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
-  return v
+_positive_int = _number(int, 0, True, "a positive integer")
+_nonneg_int = _number(int, 0, False, "a non-negative integer")
+_positive_float = _number(float, 0, True, "a positive number")
+_nonneg_float = _number(float, 0, False, "a non-negative number")
 
 
 def _beta(text: str) -> float:

@@ -1,4 +1,4 @@
-"""The fused Pallas kernels, run in interpret mode on the CPU.
+"""The fused Pallas kernels: in interpret mode on a CPU (CI), compiled on a GPU.
 
 Outputs, statistics and gradients are compared with ``jax.vjp`` of :mod:`jaxnorm.reference`
 (random cotangents) and with the core ops' XLA path, at feature sizes that are 1, not powers
@@ -26,6 +26,10 @@ TOL = {
 }
 
 D_LOOP = _pallas.MAX_BLOCK_D + 8  # two column blocks: the column loop.
+
+# Interpret mode wherever the kernels cannot be compiled (CI's CPU); real kernels on a GPU, so
+# the same file is the GPU correctness run.
+INTERPRET = jax.default_backend() not in ("gpu", "cuda", "rocm")
 
 
 def _inputs(rows, d, dtype, seed=0, offset=3.0):
@@ -66,7 +70,7 @@ def _reference_vjp(op, x, scale, bias, dy, **kw):
 def _kernels(op, x, scale, bias, dy, *, epsilon=1e-5, epsilon_placement="inside",
              zero_centered_scale=False, out_dtype=None):
   kw = dict(epsilon=epsilon, epsilon_placement=epsilon_placement,
-            zero_centered_scale=zero_centered_scale, interpret=True)
+            zero_centered_scale=zero_centered_scale, interpret=INTERPRET)
   if op == "layer_norm":
     y, shift, delta, rstd = _pallas.layer_norm_fwd(x, scale, bias, out_dtype=out_dtype, **kw)
     grads = _pallas.layer_norm_bwd(x, scale, shift, delta, rstd, dy, has_bias=bias is not None,
@@ -141,7 +145,7 @@ def test_statistics_mean_what_the_contract_says():
   _, shift, delta, rstd = _pallas.layer_norm_fwd(x, scale, bias, epsilon=1e-5,
                                                  epsilon_placement="inside",
                                                  zero_centered_scale=False, out_dtype=None,
-                                                 interpret=True)
+                                                 interpret=INTERPRET)
   x64 = np.asarray(x, np.float64)
   mean = x64.mean(axis=1)
   var = x64.var(axis=1)
@@ -149,7 +153,7 @@ def test_statistics_mean_what_the_contract_says():
   np.testing.assert_array_equal(np.asarray(shift), x64[:, 0].astype(np.float32))
   np.testing.assert_allclose(np.asarray(shift, np.float64) + np.asarray(delta), mean, rtol=1e-6)
   np.testing.assert_allclose(np.asarray(rstd), 1 / np.sqrt(var + 1e-5), rtol=1e-5)
-  _, rstd_rms = _pallas.rms_norm_fwd(x, None, epsilon=1e-5, interpret=True)
+  _, rstd_rms = _pallas.rms_norm_fwd(x, None, epsilon=1e-5, interpret=INTERPRET)
   np.testing.assert_allclose(np.asarray(rstd_rms), 1 / np.sqrt((x64**2).mean(1) + 1e-5),
                              rtol=1e-5)
 
@@ -160,7 +164,7 @@ def test_large_mean_small_spread_is_accurate():
   x = 1e4 + jax.random.normal(jax.random.key(1), (11, 300), jnp.float32)
   ones, zeros = jnp.ones((300,), jnp.float32), jnp.zeros((300,), jnp.float32)
   y, *_ = _pallas.layer_norm_fwd(x, ones, zeros, epsilon=1e-5, epsilon_placement="inside",
-                                 zero_centered_scale=False, out_dtype=None, interpret=True)
+                                 zero_centered_scale=False, out_dtype=None, interpret=INTERPRET)
   x64 = np.asarray(x, np.float64)
   want = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5)
   np.testing.assert_allclose(np.asarray(y), want, atol=2e-3)
@@ -208,7 +212,7 @@ def test_core_op_pallas_matches_xla(op, param_shape, monkeypatch):
   # The core op with impl="pallas" (interpret mode requested through the environment) on a
   # 4-D input with two trailing normalized axes, against impl="xla"; parameters of shape (d,)
   # or of the normalized shape.
-  monkeypatch.setenv("JAXNORM_PALLAS_INTERPRET", "1")
+  monkeypatch.setenv("JAXNORM_PALLAS_INTERPRET", "1" if INTERPRET else "0")
   x, scale, bias, dy = _core_inputs(param_shape)
   kw = dict(axis=(-2, -1), epsilon=1e-5, zero_centered_scale=True)
   want = _core_vjp(op, "xla", x, scale, bias, dy, **kw)
@@ -260,7 +264,7 @@ def test_supported():
 
 def test_bad_arguments_raise_clear_errors():
   x, scale, bias, dy = _inputs(4, 16, jnp.float32)
-  kw = dict(epsilon=1e-5, interpret=True)
+  kw = dict(epsilon=1e-5, interpret=INTERPRET)
   with pytest.raises(ValueError, match=r"x must be 2-D .*\(2, 2, 16\)"):
     _pallas.layer_norm_fwd(x.reshape(2, 2, 16), scale, bias, **kw)
   with pytest.raises(ValueError, match=r"scale must have shape \(16,\).*\(15,\)"):
@@ -274,7 +278,7 @@ def test_bad_arguments_raise_clear_errors():
   with pytest.raises(ValueError, match=r"rstd must have shape \(4,\)"):
     _pallas.layer_norm_bwd(x, None, jnp.ones(4), jnp.ones(4), jnp.ones(5), dy, **kw)
   with pytest.raises(ValueError, match="epsilon must be finite"):
-    _pallas.layer_norm_fwd(x, None, None, epsilon=-1.0, interpret=True)
+    _pallas.layer_norm_fwd(x, None, None, epsilon=-1.0, interpret=INTERPRET)
 
 
 @pytest.mark.parametrize("d", [1, 7, 96, 300, 1024, 8192, 8193, 50000])

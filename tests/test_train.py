@@ -275,7 +275,7 @@ def test_learning_rate_sweeps_share_one_compilation():
     (["--steps", "-5"], "--steps: expected a non-negative integer (>= 0), got -5"),
     (["--norm-position", "middle"], "--norm-position: invalid choice: 'middle'"),
     (["--data", "/nonexistent/corpus.txt"], "--data: file '/nonexistent/corpus.txt' does not"),
-    (["--lr", "0"], "--lr: expected a finite number > 0"),
+    (["--lr", "0"], "--lr: expected a positive number (> 0), got 0"),
     (["--d-model", "30", "--heads", "4"], "n_heads=4 must divide d_model=30"),
     (["--seq-len", "0"], "--seq-len: expected a positive integer"),
 ])
