@@ -23,6 +23,16 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+  """Dispatches ``python -m experiments <command> [options]`` to the command's module.
+
+  Args:
+    argv: the arguments after ``python -m experiments`` (default ``sys.argv[1:]``); the first
+      names the command, the rest are passed to that module's ``main``.
+
+  Returns:
+    The exit status: the command's (``None`` counts as 0); 0 after ``-h``/``--help``; 2 (with
+    the module docstring or an error on stderr) without a command or for an unknown one.
+  """
   argv = list(sys.argv[1:] if argv is None else argv)
   if not argv or argv[0] in ("-h", "--help"):
     print(__doc__)

@@ -245,6 +245,20 @@ class Inputs:
 
 
 def make_inputs(rows: int, d: int, dtype: str, seed: int = 0) -> Inputs:
+  """Random inputs of one benchmark entry, computed and blocked on before any timing.
+
+  ``x = 2 N(0, 1) + 0.5`` and the cotangent ``dy = N(0, 1)``, both ``(rows, d)`` in ``dtype``;
+  ``scale = 1 + 0.1 N(0, 1)`` and ``bias = 0.1 N(0, 1)``, both ``(d,)`` in float32.
+
+  Args:
+    rows: number of rows (tokens).
+    d: feature size.
+    dtype: dtype name of ``x`` and ``dy`` (``"float32"``, ``"bfloat16"``, ...).
+    seed: the PRNG seed.
+
+  Returns:
+    The :class:`Inputs`.
+  """
   kx, ks, kb, kd = jax.random.split(jax.random.key(seed), 4)
   dt = jnp.dtype(dtype)
   x = (2.0 * jax.random.normal(kx, (rows, d), jnp.float32) + 0.5).astype(dt)
@@ -336,6 +350,12 @@ def _parse_dtypes(text: str) -> tuple[str, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+  """The ``argparse`` parser of ``python -m experiments bench``.
+
+  ``--shapes`` (``TOKENSxD,...``), ``--dtypes``, ``--ops``, ``--impls`` and ``--modes`` take
+  comma-separated lists checked against the known choices; ``--shapes``, ``--repeats`` and
+  ``--sample-ms`` default to None, which :func:`main` replaces by per-backend defaults.
+  """
   p = argparse.ArgumentParser(
       prog="python -m experiments bench",
       description="Time LayerNorm/RMSNorm implementations (fwd, bwd, fwd+bwd) against the copy "

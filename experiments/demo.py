@@ -35,6 +35,20 @@ def _median_ms(f, *args, repeats):
 
 
 def main(argv=None) -> int:
+  """Runs the demo and prints its two tables.
+
+  First, for LayerNorm and RMSNorm in four variants (default, ``epsilon_placement="outside"``,
+  ``zero_centered_scale=True``, a random mask), the relative difference
+  ``max|a - b| / max|b|`` between jaxnorm and ``jax.vjp`` of :mod:`jaxnorm.reference` for ``y``,
+  ``dx``, ``dscale`` and (LayerNorm) ``dbias`` on a fixed ``(64, 96)`` float32 input; then the
+  median time of the jitted forward+backward of both at ``(--tokens, --d)`` and their ratio.
+
+  Args:
+    argv: command-line arguments (default ``sys.argv[1:]``): ``--tokens``, ``--d``, ``--repeats``.
+
+  Returns:
+    0 (invalid arguments exit through ``argparse``).
+  """
   p = argparse.ArgumentParser(prog="python -m experiments demo", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--tokens", type=int, default=2048, help="rows of the timing input")

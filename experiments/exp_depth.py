@@ -54,6 +54,22 @@ def _warmup(cfg):
 
 
 def run(ctx, cfg: Config) -> dict:
+  """Runs the depth experiment; returns its summary.
+
+  Trains (or loads from the cache) one LayerNorm model per (layout, depth) with the model update
+  and the norm-input norms logged at every step, checks DeepNorm's constants, and writes
+  ``runs.json``, ``final.csv`` and the plots.
+
+  Args:
+    ctx: the suite's :class:`~experiments.suite.Context`.
+    cfg: the experiment's :class:`Config`.
+
+  Returns:
+    ``claims`` (:func:`verdicts`), ``files`` (the PNGs), ``seeds``, ``table`` (per run: final val
+    loss, divergence step, the model update after 1 and after ``update_steps`` steps, and the
+    norm-input growth: mean ``E||x||^2/d`` at step ``update_steps`` over step 1),
+    ``deepnorm_constants``, ``model`` and ``warmup_steps``.
+  """
   runs = {}
   specs = [(pos, L) for L in cfg.depths for pos in cfg.positions]
   for pos, L in ctx.iterate(specs, desc="runs"):
@@ -91,6 +107,26 @@ def run(ctx, cfg: Config) -> dict:
 
 
 def verdicts(runs: dict, consts: dict, cfg: Config) -> list[dict]:
+  """The claims of the depth experiment.
+
+  * ``admin_deep_postln_fails``: at a depth ``>= DEEP`` (12), Post-LN fails if it diverges while
+    Pre-LN does not, or if its final val loss exceeds Pre-LN's by more than ``WORSE_MARGIN``
+    (0.1 nats). yes if it fails at every such depth, partly at some, no at none; n/a without such
+    a depth or without both ``"post"`` and ``"pre"``.
+  * ``deepnet_update_constant``: with spread = max/min over depths of the model update after
+    ``update_steps`` steps, yes if DeepNorm's spread is ``<= CONSTANT_RANGE`` (2) and Post-LN's is
+    larger, partly if one of the two, no otherwise; n/a with fewer than 2 depths or without
+    ``"post"`` and ``"deepnorm"``.
+  * ``deepnet_constants``: yes if every ``(alpha, beta)`` is ``((2N)^(1/4), (8N)^(-1/4))`` to 1e-12.
+
+  Args:
+    runs: per-run results of :func:`run`, keyed ``"<position>/L<depth>"``.
+    consts: depth (a string) -> DeepNorm's ``(alpha, beta)``.
+    cfg: the experiment's config.
+
+  Returns:
+    Claim dicts with ``id``, ``ours``, ``holds`` and, for most, ``note``.
+  """
   claims = []
   deep = [L for L in cfg.depths if L >= DEEP]
   if "post" in cfg.positions and "pre" in cfg.positions and deep:
@@ -138,6 +174,20 @@ def verdicts(runs: dict, consts: dict, cfg: Config) -> list[dict]:
 
 
 def plot(ctx, runs: dict, cfg: Config) -> list[str]:
+  """Draws the figures of the depth experiment into its folder.
+
+  ``depth_runs.png``: per run, the model update per step, the mean norm-input ``E||x||^2/d``
+  relative to step 1 (first ``5 * update_steps`` steps) and the validation loss with divergence
+  steps marked; ``update_vs_depth.png``: the update after ``update_steps`` steps against depth.
+
+  Args:
+    ctx: the suite context (saves the figures).
+    runs: per-run results of :func:`run`.
+    cfg: the experiment's config.
+
+  Returns:
+    The PNG file names.
+  """
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -192,6 +242,16 @@ def plot(ctx, runs: dict, cfg: Config) -> list[str]:
 
 
 def report_section(summary: dict, rel: str) -> str:
+  """Markdown section of the depth experiment for the report.
+
+  Args:
+    summary: the experiment's ``done.json``: the summary returned by :func:`run` plus its
+      ``config`` (as a dict).
+    rel: the experiment's folder relative to the report, used in image and data links.
+
+  Returns:
+    The setup, the two plots, the per-run table, the claims and the raw-data links.
+  """
   cfg = summary["config"]
   lines = [
       f"Setup: LayerNorm byte-level LMs of width {summary['model']['d_model']}, depths {cfg['depths']}, "

@@ -81,6 +81,7 @@ def settings(cfg: Config) -> list[dict]:
 
 
 def key(s: dict) -> str:
+  """The key of a :func:`settings` entry: ``"<setting>/<position>/<norm>/L<depth>"``."""
   return f"{s['setting']}/{s['norm_position']}/{s['norm_type']}/L{s['n_layers']}"
 
 
@@ -154,6 +155,33 @@ def _fmt_ratio(x):
 
 
 def verdicts(results: dict, an: dict, cfg: Config) -> list[dict]:
+  """The claims of the gradient-norm experiment, from the analysis ``an``.
+
+  Ratios are last/first-layer ``mlp_out`` (W2) gradient-norm ratios; "yes/partly/no" means at
+  every / some / no depth unless stated otherwise.
+
+  * ``xiong_grad_growth`` (Xavier grid): yes if everywhere Post-LN's ratio exceeds
+    ``GROWTH_FACTOR`` (1.5) times Pre-LN's and Pre-LN's lies in ``FLAT_RANGE`` [0.5, 2]; partly if
+    Post-LN's ratio exceeds Pre-LN's in at least half of the (norm, depth) pairs; no otherwise.
+  * ``xiong_grad_depth_scaling`` (Xavier grid): the log-log slope of the last-layer W2 gradient
+    norm against L, checked per norm type: Pre-LN's in ``SLOPE_PRE`` [-0.75, -0.25], Post-LN's
+    of absolute value ``<= SLOPE_POST_ABS`` (0.25); yes if all checks pass, partly if some, no if
+    none; n/a with one depth.
+  * ``xiong_lemma2_preln``: Pre-LN's (LayerNorm; W^Q = W^K = 0 if run, else Xavier) mean
+    per-layer increase of ``E||x_l||^2/d`` in ``LEMMA2_INCREMENT`` [0.5, 1.5].
+  * ``xiong_lemma_postln``: the mean ``E||x||^2/d`` of Post-LN's norm inputs (same setting) in
+    ``POST_LEVEL`` [1.25, 1.75].
+  * ``init_changes_picture`` (with ``small_init``): the ratios under Xavier and small init, an
+    observation (``"obs"``) without verdict.
+
+  Args:
+    results: the seed-averaged measurements of :func:`measure` (not read; ``an`` has all).
+    an: the output of :func:`analyse`.
+    cfg: the experiment's config.
+
+  Returns:
+    Claim dicts with ``id``, ``ours``, ``holds`` and, for some, ``note``.
+  """
   claims = []
   # Growth with layer index.
   pairs, ok_strict, ok_loose = [], 0, 0
@@ -226,6 +254,24 @@ def verdicts(results: dict, an: dict, cfg: Config) -> list[dict]:
 
 
 def plot(ctx, results: dict, an: dict, cfg: Config) -> list[str]:
+  """Draws the figures of the gradient-norm experiment into its folder.
+
+  ``grad_norms_xavier.png``: ``mlp_out`` and ``attn_qkv`` gradient norm per layer at each Xavier
+  depth (Post/Pre-LN, LayerNorm/RMSNorm); ``grad_norms_init_comparison.png`` (if a variant ran):
+  ``mlp_out`` per layer under Xavier, W^Q = W^K = 0 and small init (LayerNorm);
+  ``depth_scaling_and_residuals.png``: the last-layer W2 gradient norm against L with the
+  ``L^-1/2`` reference, and ``E||x||^2/d`` of the norm inputs at the largest depth with Lemma 2's
+  band and the 3/2 level.
+
+  Args:
+    ctx: the suite context (saves the figures).
+    results: the seed-averaged measurements of :func:`measure`.
+    an: the output of :func:`analyse`.
+    cfg: the experiment's config.
+
+  Returns:
+    The PNG file names.
+  """
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -342,6 +388,17 @@ def run(ctx, cfg: Config) -> dict:
 
 
 def report_section(summary: dict, rel: str) -> str:
+  """Markdown section of the gradient-norm experiment for the report.
+
+  Args:
+    summary: the experiment's ``done.json``: the summary returned by :func:`run` plus its
+      ``config`` (as a dict).
+    rel: the experiment's folder relative to the report, used in image and data links.
+
+  Returns:
+    The setup, the plots, the table of last/first-layer ratios, the claims and the
+    raw-data links.
+  """
   cfg = summary["config"]
   lines = [
       f"Setup: byte-level LM of width {summary['model']['d_model']}, depths {cfg['depths']}, "

@@ -269,6 +269,22 @@ def verdicts(data: dict) -> list[dict]:
 
 
 def plot(ctx, data: dict) -> list[str]:
+  """Draws the figures of the invariance experiment into its folder.
+
+  ``scale_invariance.png``: forward and relative gradient error against ``a`` for every variant,
+  with the predicted effect of epsilon; ``shift_invariance.png``: the same against the shift
+  ``c``; ``grad_norms_ln_vs_rms.png`` (if the model-level part ran): per-layer gradient norms of
+  LN and RMS Pre-LN models at init and their total block-weight gradient norm in training.
+  Errors below 1e-9 are drawn at 1e-9.
+
+  Args:
+    ctx: the suite context (saves the figures).
+    data: the data of :func:`run`: ``op`` (:func:`op_invariance`), ``op_weight_grads`` and
+      ``model`` (:func:`model_grad_norms`, or None).
+
+  Returns:
+    The PNG file names.
+  """
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt

@@ -64,6 +64,21 @@ def op_level(ctx, cfg: Config) -> list[dict]:
 
 
 def op_speedups(rows: list[dict]) -> list[dict]:
+  """RMSNorm's time reduction against LayerNorm from the op-level timings.
+
+  For every (shape, impl, mode) timed for both ops: ``time_reduction = 1 - t_RMS / t_LN``
+  (positive: RMSNorm is faster).
+
+  Args:
+    rows: the timings of :func:`op_level` (``shape``, ``impl``, ``op``, ``mode``, ``median_s``).
+
+  Returns:
+    One dict per (shape, impl, mode): ``shape``, ``impl``, ``mode``, ``ln_us``, ``rms_us``
+    (microseconds) and ``time_reduction``.
+
+  Raises:
+    KeyError: a LayerNorm timing has no RMSNorm counterpart.
+  """
   t = {(r["shape"], r["impl"], r["op"], r["mode"]): r["median_s"] for r in rows}
   out = []
   for (shape, impl, op, mode), ln in t.items():
@@ -96,6 +111,25 @@ def training_level(ctx, cfg: Config) -> dict:
 
 
 def run(ctx, cfg: Config) -> dict:
+  """Runs the speed experiment; returns its summary.
+
+  Times the ops (:func:`op_level`) and the training step (:func:`training_level`), writes
+  ``data.json``, ``op_timings.csv`` and the plot, and judges two claims:
+
+  * ``zhang_rms_speedup``: the training-step time reduction with jaxnorm norms,
+    ``1 - tps_LN / tps_RMS`` (tokens/s): yes if ``>= PUBLISHED_MIN`` (7%), partly if > 0, else no.
+  * ``notes_rms_op_speedup``: the median over shapes of jaxnorm-xla's fwd+bwd op time reduction:
+    yes if ``>= NOTES_MIN`` (10%), partly if > 0, else no.
+
+  Args:
+    ctx: the suite's :class:`~experiments.suite.Context`.
+    cfg: the experiment's :class:`Config`.
+
+  Returns:
+    ``claims``, ``files``, ``seeds``, ``op_speedups`` (:func:`op_speedups`), ``train``
+    (:func:`training_level`), ``train_time_reduction`` (per norm impl), ``jaxnorm_over_flax``
+    (tokens/s ratio per norm type) and ``model``.
+  """
   ops = op_level(ctx, cfg)
   sp = op_speedups(ops)
   train = training_level(ctx, cfg)
@@ -129,6 +163,18 @@ def run(ctx, cfg: Config) -> dict:
 
 
 def plot(ctx, sp, train) -> list[str]:
+  """Draws ``speed.png``: op-level RMS-vs-LN time reductions and training tokens/s.
+
+  The op-level panel shades the source notes' 10-40% range.
+
+  Args:
+    ctx: the suite context (saves the figure).
+    sp: the rows of :func:`op_speedups`.
+    train: the result of :func:`training_level`, keyed ``"<norm>/<impl>"``.
+
+  Returns:
+    The PNG file names.
+  """
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -157,6 +203,17 @@ def plot(ctx, sp, train) -> list[str]:
 
 
 def report_section(summary: dict, rel: str) -> str:
+  """Markdown section of the speed experiment for the report.
+
+  Args:
+    summary: the experiment's ``done.json``: the summary returned by :func:`run` plus its
+      ``config`` (as a dict).
+    rel: the experiment's folder relative to the report, used in image and data links.
+
+  Returns:
+    The setup, the plot, the op-level and training tables, the jaxnorm/Flax
+    throughput ratios, the claims and the raw-data links.
+  """
   cfg = summary["config"]
   lines = [
       "Timings on the device named in the provenance (a shared 2-core CPU for the committed report: "

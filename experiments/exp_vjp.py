@@ -61,6 +61,24 @@ def compare(a: dict, b: dict) -> dict:
 
 
 def run(ctx, cfg: Config) -> dict:
+  """Runs the VJP experiment; returns its summary.
+
+  For every (position, norm type) trains the same model (cached, seed 0, no warm-up) with
+  jaxnorm's and with Flax's norms, compares the curves (:func:`compare`), and writes
+  ``pairs.json``, ``diff.csv`` and the plot. A pair agrees if the step-1 training losses differ
+  by ``<= STEP1_TOL`` (1e-5) and either neither run diverges and the training curves and final
+  val losses stay within ``CURVE_TOL`` (2e-2 nats) of each other, or both runs diverge, at the
+  same step or with the training curves within ``CURVE_TOL``. Claim ``vjp_matches_autodiff``:
+  yes if every pair agrees, partly if some do, no otherwise.
+
+  Args:
+    ctx: the suite's :class:`~experiments.suite.Context`.
+    cfg: the experiment's :class:`Config`.
+
+  Returns:
+    ``claims``, ``files``, ``seeds``, ``table`` (per pair: the differences of :func:`compare`
+    and both final val losses) and ``model``.
+  """
   from experiments import exp_warmup
   pairs = {}
   specs = [(pos, norm) for norm in cfg.norm_types for pos in cfg.positions]
@@ -100,6 +118,19 @@ def run(ctx, cfg: Config) -> dict:
 
 
 def plot(ctx, pairs: dict, cfg: Config) -> list[str]:
+  """Draws ``vjp_vs_autodiff.png``: the training curves of every pair and their difference.
+
+  The absolute loss difference per step is drawn on a log scale against ``CURVE_TOL`` (exact
+  zeros at 1e-9).
+
+  Args:
+    ctx: the suite context (saves the figure).
+    pairs: the pairs of :func:`run`, keyed ``"<position>/<norm>"``.
+    cfg: the experiment's config (unused).
+
+  Returns:
+    The PNG file names.
+  """
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -126,6 +157,17 @@ def plot(ctx, pairs: dict, cfg: Config) -> list[str]:
 
 
 def report_section(summary: dict, rel: str) -> str:
+  """Markdown section of the VJP experiment for the report.
+
+  Args:
+    summary: the experiment's ``done.json``: the summary returned by :func:`run` plus its
+      ``config`` (as a dict).
+    rel: the experiment's folder relative to the report, used in image and data links.
+
+  Returns:
+    The setup, the plot, the per-pair table of differences, the claims and the
+    raw-data links.
+  """
   cfg = summary["config"]
   lines = [
       f"Setup: {cfg['n_layers']}-layer models, {cfg['steps']} steps at lr {cfg['lr']:g} without warm-up, "

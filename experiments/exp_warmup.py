@@ -45,6 +45,15 @@ class Config:
 
 
 def run_specs(cfg: Config) -> list[dict]:
+  """The runs of the warm-up experiment, as specs for :func:`train_run`.
+
+  LayerNorm with Xavier init: Post-LN and Pre-LN at every learning rate, each with warm-up 0 and
+  ``cfg.warmup``; at the largest learning rate without warm-up, Post-LN and Pre-LN also with
+  RMSNorm (if ``"rmsnorm"`` is in ``cfg.norm_types``) and with small init (if ``cfg.small_init``).
+
+  Returns:
+    Dicts with ``norm_position``, ``norm_type``, ``init``, ``lr`` and ``warmup``.
+  """
   specs = []
   for lr in cfg.lrs:
     for pos in ("post", "pre"):
@@ -61,6 +70,11 @@ def run_specs(cfg: Config) -> list[dict]:
 
 
 def label(spec: dict, n_layers: int) -> str:
+  """The label of a run spec, also its key in ``runs``.
+
+  ``"<position>-<norm>[-small]-L<n_layers>-lr<lr>-w<warmup>"`` (``-small`` for a non-Xavier
+  init), e.g. ``"post-layernorm-L6-lr0.001-w0"``.
+  """
   init = "" if spec["init"] == "xavier" else "-small"
   return f"{spec['norm_position']}-{spec['norm_type']}{init}-L{n_layers}-lr{spec['lr']:g}-w{spec['warmup']}"
 
@@ -88,6 +102,33 @@ def _final(r):
 
 
 def verdicts(runs: dict, cfg: Config) -> tuple[list[dict], dict]:
+  """The claims of the warm-up experiment (LayerNorm, Xavier runs).
+
+  Run a is *worse* than run b if a diverges and b does not, or neither diverges and a's final val
+  loss exceeds b's by more than ``MARGIN`` (0.05 nats). W is ``cfg.warmup``.
+
+  * ``xiong_postln_needs_warmup``: Post-LN without warm-up is worse than with W steps: yes at
+    every learning rate, partly at some, no at none.
+  * ``xiong_postln_lr_sensitive``: with warm-up, Post-LN at the largest learning rate is worse
+    than at the smallest: yes or no; n/a with one learning rate.
+  * ``xiong_preln_no_warmup``: Pre-LN without warm-up is not worse than with: yes / partly / no
+    as above.
+  * ``xiong_preln_faster``: per learning rate at which Post-LN with warm-up did not diverge, the
+    first eval step at which Pre-LN without warm-up reaches Post-LN's final val loss, over the
+    step at which Post-LN first reaches it; passes if ``<= FASTER`` (0.9), fails if Pre-LN never
+    reaches it. yes if some learning rate was judged and all passed, partly if some passed, no
+    otherwise. Its note keeps an ``{eval_every}`` placeholder that :func:`run` fills in.
+
+  Args:
+    runs: per-run results keyed by :func:`label` (``final_val_loss``, ``diverged``,
+      ``diverged_at``, ``val_curve``).
+    cfg: the experiment's config.
+
+  Returns:
+    ``(claims, extra)``: claim dicts with ``id``, ``ours``, ``holds`` and, for most, ``note``;
+    ``extra["preln_speed"]`` maps ``str(lr)`` to ``target``, ``pre_steps``, ``post_steps`` and
+    ``fraction``.
+  """
   def get(pos, lr, w, norm="layernorm", init="xavier"):
     return runs[label({"norm_position": pos, "norm_type": norm, "init": init, "lr": lr, "warmup": w}, cfg.n_layers)]
 
@@ -168,6 +209,21 @@ def _smooth(y, k=10):
 
 
 def plot(ctx, runs: dict, cfg: Config) -> list[str]:
+  """Draws the figures of the warm-up experiment into its folder.
+
+  ``warmup_lr_curves.png``: per learning rate, Post-LN and Pre-LN (LayerNorm, Xavier) with and
+  without warm-up: validation loss, training loss (10-step moving average) and divergence steps;
+  ``no_warmup_variants.png`` (if RMSNorm or small-init runs exist): validation loss without
+  warm-up at the largest learning rate, LayerNorm beside those variants.
+
+  Args:
+    ctx: the suite context (saves the figures).
+    runs: per-run results of :func:`run`, keyed by :func:`label`.
+    cfg: the experiment's config.
+
+  Returns:
+    The PNG file names.
+  """
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -217,6 +273,20 @@ def plot(ctx, runs: dict, cfg: Config) -> list[str]:
 
 
 def run(ctx, cfg: Config) -> dict:
+  """Runs the warm-up experiment; returns its summary.
+
+  Trains (or loads from the cache) every spec of :func:`run_specs` with seed ``cfg.seed``,
+  judges the claims (:func:`verdicts`), and writes ``runs.json``, ``final.csv`` and the plots.
+
+  Args:
+    ctx: the suite's :class:`~experiments.suite.Context`.
+    cfg: the experiment's :class:`Config`.
+
+  Returns:
+    ``claims``, ``files``, ``seeds``, ``table`` (final val loss and divergence step per run),
+    ``preln_speed`` (from :func:`verdicts`), ``unigram_nats`` (the corpus's unigram entropy, a
+    baseline) and ``model``.
+  """
   runs = {}
   for spec in ctx.iterate(run_specs(cfg), desc="runs"):
     r = train_run(ctx, spec, cfg.n_layers, cfg.steps, seed=cfg.seed)
@@ -237,6 +307,17 @@ def run(ctx, cfg: Config) -> dict:
 
 
 def report_section(summary: dict, rel: str) -> str:
+  """Markdown section of the warm-up experiment for the report.
+
+  Args:
+    summary: the experiment's ``done.json``: the summary returned by :func:`run` plus its
+      ``config`` (as a dict).
+    rel: the experiment's folder relative to the report, used in image and data links.
+
+  Returns:
+    The setup (with the unigram baseline), the plots, the per-run table, the claims
+    and the raw-data links.
+  """
   cfg = summary["config"]
   lines = [
       f"Setup: {cfg['n_layers']}-layer byte-level LMs (width {summary['model']['d_model']}), AdamW(0.9, 0.98), "

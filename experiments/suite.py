@@ -100,6 +100,7 @@ def write_json(path: pathlib.Path, obj: Any) -> None:
 
 
 def read_json(path: pathlib.Path) -> Any:
+  """Parses the JSON file at ``path`` (non-finite floats stay strings: :func:`from_json_float`)."""
   return json.loads(pathlib.Path(path).read_text())
 
 
@@ -237,6 +238,7 @@ class Context:
 
   # ---------------------------------------------------------------- files
   def save_json(self, name: str, obj: Any) -> pathlib.Path:
+    """Writes ``obj`` as JSON (:func:`write_json`) to ``exp_dir / name``; returns the path."""
     path = self.exp_dir / name
     write_json(path, obj)
     return path
