@@ -63,6 +63,14 @@ def _value(param: tp.Any) -> tp.Any:
   return None if param is None else param[...]
 
 
+def _param(rngs: nnx.Rngs, use: bool, init: tp.Any, shape: tuple[int, ...], dtype: tp.Any,
+           metadata: tp.Mapping[str, tp.Any]) -> tp.Any:
+  """A learned parameter as Flax creates it (drawing a key only when it is used), or None."""
+  if not use:
+    return nnx.data(None)
+  return nnx.Param(init(rngs.params(), shape, dtype), **metadata)
+
+
 class LayerNorm(nnx.Module):
   r"""Layer normalization (https://arxiv.org/abs/1607.06450) with a custom VJP.
 
@@ -148,19 +156,10 @@ class LayerNorm(nnx.Module):
 
     # Keys are drawn scale first, then bias, as in Flax, so that the same Rngs give the same
     # initial values.
-    self.scale: nnx.Param[jax.Array] | None
-    if use_scale:
-      key = rngs.params()
-      self.scale = nnx.Param(scale_init(key, feature_shape, param_dtype), **scale_metadata)
-    else:
-      self.scale = nnx.data(None)
-
-    self.bias: nnx.Param[jax.Array] | None
-    if use_bias:
-      key = rngs.params()
-      self.bias = nnx.Param(bias_init(key, feature_shape, param_dtype), **bias_metadata)
-    else:
-      self.bias = nnx.data(None)
+    self.scale: nnx.Param[jax.Array] | None = _param(
+        rngs, use_scale, scale_init, feature_shape, param_dtype, scale_metadata)
+    self.bias: nnx.Param[jax.Array] | None = _param(
+        rngs, use_bias, bias_init, feature_shape, param_dtype, bias_metadata)
 
     self.num_features = num_features
     self.epsilon = epsilon
@@ -269,12 +268,8 @@ class RMSNorm(nnx.Module):
     common.check_options(epsilon, epsilon_placement, impl)
     feature_shape = (num_features,)
 
-    self.scale: nnx.Param[jax.Array] | None
-    if use_scale:
-      key = rngs.params()
-      self.scale = nnx.Param(scale_init(key, feature_shape, param_dtype), **scale_metadata)
-    else:
-      self.scale = nnx.data(None)
+    self.scale: nnx.Param[jax.Array] | None = _param(
+        rngs, use_scale, scale_init, feature_shape, param_dtype, scale_metadata)
 
     self.num_features = num_features
     self.epsilon = epsilon
