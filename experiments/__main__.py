@@ -6,6 +6,8 @@ its options):
 * ``train``  one training run (:mod:`experiments.train`).
 * ``run``    the experiment suite and its report (:mod:`experiments.suite`).
 * ``bench``  the op-level benchmark (:mod:`experiments.bench`).
+* ``tune``   launch configurations of the Pallas kernels, measured on a GPU
+  (:mod:`experiments.tune_pallas`).
 * ``demo``   a short check of the custom VJPs against autodiff (:mod:`experiments.demo`).
 """
 
@@ -19,6 +21,7 @@ COMMANDS = {
     "run": "experiments.suite",
     "bench": "experiments.bench",
     "demo": "experiments.demo",
+    "tune": "experiments.tune_pallas",
 }
 
 

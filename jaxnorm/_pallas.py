@@ -96,6 +96,9 @@ class BlockConfig:
     num_col_blocks: ``cdiv(d, block_d)``; more than one means the column loop.
     block_rows: rows of a tile (a power of two).
     num_warps: Triton warps per program (32 threads each).
+    num_stages: Triton software-pipelining depth of the loops over row tiles / column blocks.
+    bwd_block_rows, bwd_num_warps, bwd_num_stages: the same three settings for the backward dx
+      kernel (None: the forward's).
     bwd_programs: programs of the backward dx kernel; each owns one row of the float32
       ``(bwd_programs, d)`` partial sums of ``dscale``/``dbias``.
     reduce_block_d: columns per program of the partial-sum reduction kernel.
@@ -109,6 +112,10 @@ class BlockConfig:
   bwd_programs: int
   reduce_block_d: int
   reduce_block_rows: int
+  num_stages: int = 1
+  bwd_block_rows: int | None = None
+  bwd_num_warps: int | None = None
+  bwd_num_stages: int | None = None
 
 
 @functools.lru_cache(maxsize=256)
@@ -119,8 +126,14 @@ def block_config(rows: int, d: int, dtype: Any, device_kind: str = "",
   * ``block_d = min(next_pow2(d), MAX_BLOCK_D)``: the whole row in registers when it fits.
   * ``block_rows = clamp(TARGET_TILE // block_d, 1, MAX_BLOCK_ROWS)``, at most
     ``next_pow2(rows)``: short rows are batched so a tile has about 4096 elements.
-  * ``num_warps = clamp(block_rows * block_d // 256, 1, 8)``: about 8 elements per thread at
-    4 warps per 1024 elements, the Triton tutorial's rule for row-wise kernels.
+  * ``num_warps = clamp(block_rows * block_d // 1024, 1, 4)``: about 32 elements per thread,
+    at most 4 warps. Measured on an H100 (``python -m experiments tune``, 2026-11-23; see
+    ``experiments/results/gpu-h100/``): at d = 4096 and 8192, one row per program with 4 warps
+    beat 8 and 16 warps in every forward case (bfloat16 LayerNorm at 16384x4096: 1.89 TB/s
+    with 4 warps against 1.13 with 8), and more rows per program never helped.
+  * ``bwd_num_warps = 4`` up to 4096 elements per tile, 16 above: the backward keeps four
+    tile-sized float32 arrays live; at d = 8192 with 4 warps they spill (LayerNorm float32 at
+    32768x8192: 1.34 TB/s with 4 warps, 2.04-2.14 with 16, same sweep).
   * ``bwd_programs = min(row_tiles, 2 * core_count)``: two programs per SM keep enough loads
     in flight, and the float32 partial sums they write and the reduction reads back add
     ``16 P / (3 rows itemsize)`` to the backward's traffic for LayerNorm (half for RMSNorm):
@@ -143,7 +156,9 @@ def block_config(rows: int, d: int, dtype: Any, device_kind: str = "",
   del dtype, device_kind  # Same rules for every dtype and device until a GPU tunes them.
   block_d = min(pl.next_power_of_2(d), MAX_BLOCK_D)
   block_rows = max(1, min(TARGET_TILE // block_d, MAX_BLOCK_ROWS, pl.next_power_of_2(rows)))
-  num_warps = max(1, min(block_rows * block_d // 256, 8))
+  num_warps = max(1, min(block_rows * block_d // 1024, 4))
+  # The backward holds x, dy, x_hat and g of a tile: past 4096 elements, 4 warps spill.
+  bwd_num_warps = 4 if block_rows * block_d <= 4096 else 16
   row_tiles = pl.cdiv(rows, block_rows)
   max_programs = 2 * core_count if core_count else 8
   return BlockConfig(
@@ -154,6 +169,7 @@ def block_config(rows: int, d: int, dtype: Any, device_kind: str = "",
       bwd_programs=max(1, min(row_tiles, max_programs)),
       reduce_block_d=min(REDUCE_BLOCK_D, pl.next_power_of_2(d)),
       reduce_block_rows=REDUCE_BLOCK_ROWS,
+      bwd_num_warps=bwd_num_warps,
   )
 
 
@@ -257,7 +273,7 @@ def _col_loop(spec: _Spec, body, init):
 
 def _compiler_params(spec: _Spec):
   # Triton CompilerParams select the Triton lowering on GPUs (not Mosaic GPU).
-  return plgpu.CompilerParams(num_warps=spec.cfg.num_warps, num_stages=1)
+  return plgpu.CompilerParams(num_warps=spec.cfg.num_warps, num_stages=spec.cfg.num_stages)
 
 
 # ----------------------------------------------------------------------------- forward kernel
@@ -485,9 +501,19 @@ def _reduce_partials(parts, out_dtypes, spec: _Spec, interpret: bool):
   )(*parts)
 
 
+def _backward_config(cfg: BlockConfig) -> BlockConfig:
+  """``cfg`` with the backward's own rows/warps/stages (where set) in the forward's fields."""
+  own = {"block_rows": cfg.bwd_block_rows, "num_warps": cfg.bwd_num_warps,
+         "num_stages": cfg.bwd_num_stages}
+  own = {k: val for k, val in own.items() if val is not None}
+  return dataclasses.replace(cfg, bwd_block_rows=None, bwd_num_warps=None, bwd_num_stages=None,
+                             **own)
+
+
 @functools.partial(jax.jit, static_argnames=("spec", "interpret"))
 def _bwd_call(x, dy, scale, shift, delta, rstd, *, spec: _Spec, interpret: bool):
   rows, d = x.shape
+  spec = dataclasses.replace(spec, cfg=_backward_config(spec.cfg))
   g = spec.cfg.bwd_programs
   part = jax.ShapeDtypeStruct((g, d), jnp.float32)
   out_shape = [jax.ShapeDtypeStruct((rows, d), x.dtype)]

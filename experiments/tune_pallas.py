@@ -1,0 +1,204 @@
+r"""Measures launch configurations of jaxnorm's Pallas kernels on a GPU: ``python -m experiments tune``.
+
+For each (op, shape, dtype) it times the forward kernel over a grid of ``block_rows`` x
+``num_warps`` x ``num_stages`` and the backward kernels (dx kernel plus the parameter-gradient
+reduction) over ``bwd_programs`` x ``num_warps`` x ``num_stages``, each candidate checked
+against the default configuration's outputs (a candidate whose result differs by more than
+rounding is reported as ``mismatch``, never as a time). Times are medians of many samples
+(:func:`experiments.bench.time_fn`), bandwidths count the bytes the op must move
+(:func:`experiments.bench.must_move_bytes`) and are compared with a copy (``x * 2``) of the same
+array timed in the same run.
+
+The backward is timed as the jitted kernel call with its residuals passed as arguments (never
+closed over), so XLA cannot fold anything.
+
+Output: a table on stdout (best candidate per entry, next to the default) and ``tune.json``
+under ``--out``; the chosen rules are written by hand into
+:func:`jaxnorm._pallas.block_config` with the measurements that justify them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import itertools
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments import bench
+
+SHAPES = ((4096, 4096), (16384, 4096), (32768, 8192))
+
+
+def _spec_and_args(op: str, inp: bench.Inputs):
+  from jaxnorm import _pallas  # noqa: PLC0415 - GPU-only module, imported when used.
+
+  center = op == "layer_norm"
+  spec = _pallas._spec(inp.x, center=center, has_scale=True, has_bias=center, epsilon=1e-6,
+                       epsilon_placement="inside", zero_centered_scale=False)
+  return _pallas, spec
+
+
+def _fwd(pallas, spec, inp, interpret=False):
+  bias = inp.bias if spec.center else None
+  return lambda: pallas._fwd_call(inp.x, inp.scale, bias, spec=spec, out_dtype=inp.x.dtype,
+                                  interpret=interpret)
+
+
+def _bwd(pallas, spec, inp, stats, interpret=False):
+  if spec.center:
+    shift, delta, rstd = stats
+  else:
+    shift = delta = None
+    (rstd,) = stats
+  return lambda: pallas._bwd_call(inp.x, inp.dy, inp.scale, shift, delta, rstd, spec=spec,
+                                  interpret=interpret)
+
+
+def _max_rel_diff(a, b) -> float:
+  out = 0.0
+  for u, w in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    u = np.asarray(u, np.float32)
+    w = np.asarray(w, np.float32)
+    scale = max(float(np.max(np.abs(w))), 1e-6)
+    out = max(out, float(np.max(np.abs(u - w))) / scale)
+  return out
+
+
+def tune_entry(op: str, rows: int, d: int, dtype: str, *, repeats: int, sample_ms: float,
+               fwd_grid, bwd_grid, interpret: bool = False) -> dict:
+  """Times every candidate configuration of one (op, shape, dtype); see the module docstring.
+
+  ``interpret=True`` runs the kernels in Pallas interpret mode (a check of this code on a CPU;
+  its times mean nothing).
+  """
+  inp = bench.make_inputs(rows, d, dtype)
+  pallas, base = _spec_and_args(op, inp)
+  tol = 1e-5 if dtype == "float32" else 1e-2
+  ref_fwd = bench._block(_fwd(pallas, base, inp, interpret)())
+  stats = tuple(ref_fwd[1:])
+  ref_bwd = bench._block(_bwd(pallas, base, inp, stats, interpret)())
+  out = {"op": op, "shape": f"{rows}x{d}", "dtype": dtype, "default": dataclasses.asdict(base.cfg),
+         "copy": bench.copy_bandwidth(inp, repeats=repeats, sample_ms=sample_ms),
+         "fwd": [], "bwd": []}
+  p_size = inp.scale.dtype.itemsize
+  x_size = inp.x.dtype.itemsize
+  for direction, grid in (("fwd", fwd_grid), ("bwd", bwd_grid)):
+    nbytes = bench.must_move_bytes(op, direction, rows, d, x_size, p_size)
+    for cand in grid(base.cfg):
+      spec = dataclasses.replace(base, cfg=dataclasses.replace(base.cfg, **cand))
+      call = (_fwd(pallas, spec, inp, interpret) if direction == "fwd"
+              else _bwd(pallas, spec, inp, stats, interpret))
+      row = {"config": cand, "default": spec.cfg == base.cfg}
+      try:
+        got = bench._block(call())
+      except Exception as e:  # noqa: BLE001 - a config the compiler refuses is a result.
+        row.update(status="error", reason=f"{type(e).__name__}: {str(e)[:200]}")
+        out[direction].append(row)
+        continue
+      ref = ref_fwd[0] if direction == "fwd" else ref_bwd
+      err = _max_rel_diff(got[0] if direction == "fwd" else got, ref)
+      if not np.isfinite(err) or err > tol:
+        row.update(status="mismatch", max_rel_diff=err)
+        out[direction].append(row)
+        continue
+      t = bench.time_fn(lambda: call(), (), repeats=repeats, sample_ms=sample_ms)
+      gbps = nbytes / t["median_s"] / 1e9
+      row.update(status="ok", max_rel_diff=err, median_s=t["median_s"], gbps=gbps,
+                 pct_copy=100 * gbps / out["copy"]["gbps"])
+      out[direction].append(row)
+  return out
+
+
+def _pow2_range(lo: int, hi: int):
+  v = lo
+  while v <= hi:
+    yield v
+    v *= 2
+
+
+def fwd_grid(cfg):
+  """Forward candidates: rows per program x warps x pipelining stages (tiles <= 16384 elems)."""
+  for br, nw, ns in itertools.product((1, 2, 4, 8), (4, 8, 16), (1, 2)):
+    if br * cfg.block_d <= 16384 and br * cfg.block_d >= nw * 32:
+      yield {"block_rows": br, "num_warps": nw, "num_stages": ns}
+
+
+def bwd_grid_for(core_count: int, per_sm=(1, 2, 4, 8), bwd_rows=(None,)):
+  """Backward candidates: programs per SM x rows per tile x warps x pipelining stages."""
+  def grid(cfg):
+    for k, br, nw, ns in itertools.product(per_sm, bwd_rows, (4, 8, 16), (1, 2)):
+      if br is not None and br * cfg.block_d > 32768:
+        continue
+      cand = {"bwd_programs": k * core_count, "bwd_num_warps": nw, "bwd_num_stages": ns}
+      if br is not None:
+        cand["bwd_block_rows"] = br
+      yield cand
+  return grid
+
+
+def _parse_shapes(text):
+  return bench._parse_shapes(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+  """Runs the sweep; see ``python -m experiments tune --help``."""
+  p = argparse.ArgumentParser(prog="python -m experiments tune", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--shapes", type=_parse_shapes, default=SHAPES)
+  p.add_argument("--dtypes", type=bench._parse_dtypes, default=bench.DTYPES)
+  p.add_argument("--ops", type=bench._parse_list(bench.OPS, "--ops"), default=bench.OPS)
+  p.add_argument("--repeats", type=int, default=20)
+  p.add_argument("--sample-ms", type=float, default=3.0)
+  p.add_argument("--out", default=os.path.join("results", "tune"))
+  p.add_argument("--directions", type=bench._parse_list(("fwd", "bwd"), "--directions"),
+                 default=("fwd", "bwd"))
+  p.add_argument("--bwd-per-sm", default="1,2,4,8",
+                 help="backward programs per SM to try (comma-separated)")
+  p.add_argument("--bwd-rows", default="",
+                 help="rows per backward tile to try (comma-separated; default: the forward's)")
+  args = p.parse_args(argv)
+  device = jax.devices()[0]
+  if device.platform not in ("gpu", "cuda", "rocm"):
+    raise SystemExit(f"tune compiles the Triton kernels and needs a GPU; this device is "
+                     f"{device.platform!r}")
+  core_count = int(getattr(device, "core_count", 0) or 132)
+  per_sm = tuple(int(v) for v in args.bwd_per_sm.split(","))
+  bwd_rows = tuple(int(v) for v in args.bwd_rows.split(",")) if args.bwd_rows else (None,)
+  entries = []
+  os.makedirs(args.out, exist_ok=True)
+  report = {"device": getattr(device, "device_kind", str(device)), "core_count": core_count,
+            "versions": bench._versions(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "entries": entries}
+  for (rows, d), dtype, op in itertools.product(args.shapes, args.dtypes, args.ops):
+    e = tune_entry(op, rows, d, dtype, repeats=args.repeats, sample_ms=args.sample_ms,
+                   fwd_grid=fwd_grid if "fwd" in args.directions else lambda cfg: iter(()),
+                   bwd_grid=(bwd_grid_for(core_count, per_sm, bwd_rows) if "bwd" in args.directions
+                             else lambda cfg: iter(())))
+    entries.append(e)
+    with open(os.path.join(args.out, "tune.json"), "w") as fh:  # after every entry: a run cut
+      json.dump(report, fh, indent=1)                             # short keeps what it measured
+    for direction in ("fwd", "bwd"):
+      ok = [r for r in e[direction] if r["status"] == "ok"]
+      bad = [r for r in e[direction] if r["status"] != "ok"]
+      default = next((r for r in ok if r["default"]), None)
+      best = max(ok, key=lambda r: r["gbps"]) if ok else None
+      fmt = lambda r: (f"{r['gbps']:7.0f} GB/s {r['pct_copy']:5.1f}% {r['config']}"  # noqa: E731
+                       if r else "-")
+      print(f"{op:10s} {e['shape']:11s} {dtype:9s} {direction}: copy {e['copy']['gbps']:.0f} GB/s"
+            f" | default {fmt(default)} | best {fmt(best)} | not ok: {len(bad)}", flush=True)
+      for r in bad[:3]:
+        print(f"    {r['status']}: {r['config']} {r.get('reason', r.get('max_rel_diff'))}")
+  print(f"wrote {os.path.join(args.out, 'tune.json')}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
