@@ -342,19 +342,22 @@ def _norm_bwd(cfg: NormConfig, res, dy):
 _norm.defvjp(_norm_fwd, _norm_bwd)
 
 
-# Whether impl="auto" may pick the Pallas kernels on a GPU. Off until the kernels have been
-# compiled and run on a real GPU (so far they are verified in interpret mode and lowered to
-# Triton IR only): "auto" must never fail where "xla" works, and a kernel that does not
-# compile would fail the user's whole jitted program. Flip after the GPU test run.
-AUTO_PALLAS_ON_GPU = False
+
+
+def _under_non_manual_mesh() -> bool:
+  """Whether the current trace has an abstract mesh with an axis that is not Manual."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh is None or mesh.empty:
+    return False
+  return any(t != jax.sharding.AxisType.Manual for t in mesh.axis_types)
 
 
 def _resolve_impl(impl: str, x2_shape, dtype, mask, axis_name) -> str:
   """Picks "xla" or "pallas" for ``impl`` in {"auto", "xla", "pallas"}.
 
-  "auto" takes the Pallas kernels only on a GPU backend, only when :data:`AUTO_PALLAS_ON_GPU`
-  is set, and only for calls they support (no mask, no axis_name, a supported shape and
-  dtype); it never fails where "xla" works. "pallas" raises a ``ValueError`` saying why when
+  "auto" takes the Pallas kernels only on a GPU backend and only for calls they support (no
+  mask, no axis_name, not traced under a mesh with non-manual axes, a supported shape and
+  dtype); it never fails where "xla" works (checked by the op and module tests on an H100). "pallas" raises a ``ValueError`` saying why when
   the kernels cannot run the call.
   """
   v.check_choice("impl", impl, v.IMPLS)
@@ -362,13 +365,16 @@ def _resolve_impl(impl: str, x2_shape, dtype, mask, axis_name) -> str:
     return "xla"
   backend = jax.default_backend()
   on_gpu = backend in ("gpu", "cuda", "rocm")
-  if impl == "auto" and not (on_gpu and AUTO_PALLAS_ON_GPU):
+  if impl == "auto" and not on_gpu:
     return "xla"
   why_not = None
   if mask is not None:
     why_not = "the Pallas kernels do not take a mask"
   elif axis_name is not None:
     why_not = "the Pallas kernels do not take an axis_name (sharded feature axis)"
+  elif _under_non_manual_mesh():
+    why_not = ("the call is traced under a mesh with non-manual axes (explicit or automatic "
+               "sharding); a pallas_call runs per device, inside shard_map only")
   elif not on_gpu and not _pallas_interpret():
     why_not = (f"the Pallas kernels need a GPU and the default backend is {backend!r} (set the "
                f"environment variable JAXNORM_PALLAS_INTERPRET=1 to run them in interpret mode, "

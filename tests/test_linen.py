@@ -299,7 +299,13 @@ def test_impl_is_passed_to_the_op(name):
   cls = PAIRS[name][0]
   x = jax.random.normal(jax.random.key(9), (4, 8))
   v = cls().init(jax.random.key(0), x)
-  np.testing.assert_array_equal(cls(impl="xla").apply(v, x), cls().apply(v, x))
+  # impl reaches the op: "xla" matches the op's XLA path and the default the op's "auto" (the
+  # kernels on a GPU), bit for bit.
+  op = jaxnorm.layer_norm if name == "LayerNorm" else jaxnorm.rms_norm
+  params = tuple(v["params"][k] for k in ("scale", "bias") if k in v["params"])
+  np.testing.assert_array_equal(cls(impl="xla").apply(v, x),
+                                op(x, *params, epsilon=1e-6, impl="xla"))
+  np.testing.assert_array_equal(cls().apply(v, x), op(x, *params, epsilon=1e-6, impl="auto"))
   # The Pallas kernels take no mask: the op refuses, so the field demonstrably reaches it.
   with pytest.raises(ValueError, match="impl='pallas'"):
     cls(impl="pallas").apply(v, x, mask=x > 0)

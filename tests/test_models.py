@@ -144,11 +144,14 @@ def test_xavier_and_qk_zero_init():
   assert not q.any() and not k.any() and v.std() == pytest.approx(xavier_std, rel=0.1)
   # W^Q = W^K = 0: every causal attention row is uniform over the visible prefix, so the
   # first block's attention output at position t is the mean of the values of 0..t.
-  x = jax.random.normal(jax.random.key(3), (1, 5, 64))
-  attn = zero.blocks[0].attn
-  vals = attn.qkv(x)[..., 128:]
-  expected = attn.out(jnp.cumsum(vals, axis=1) / jnp.arange(1, 6, dtype=jnp.float32)[None, :, None])
-  np.testing.assert_allclose(attn(x), expected, rtol=1e-5, atol=1e-5)
+  # Full float32 matmuls: a GPU's default (TF32) would differ from the closed form by ~1e-3.
+  with jax.default_matmul_precision("highest"):
+    x = jax.random.normal(jax.random.key(3), (1, 5, 64))
+    attn = zero.blocks[0].attn
+    vals = attn.qkv(x)[..., 128:]
+    expected = attn.out(
+        jnp.cumsum(vals, axis=1) / jnp.arange(1, 6, dtype=jnp.float32)[None, :, None])
+    np.testing.assert_allclose(attn(x), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_small_init_and_deepnorm_beta():

@@ -449,8 +449,14 @@ def test_axis_name_under_shard_map_equals_unsharded(name, axis):
 def test_impl_is_passed_to_the_op(name):
   cls = PAIRS[name][0]
   x = jax.random.normal(jax.random.key(12), (4, 8))
-  np.testing.assert_array_equal(cls(8, impl="xla", rngs=nnx.Rngs(0))(x),
-                                cls(8, rngs=nnx.Rngs(0))(x))
+  # impl reaches the op: "xla" matches the op's XLA path and the default the op's "auto" (the
+  # kernels on a GPU), bit for bit.
+  module_xla, module_auto = cls(8, impl="xla", rngs=nnx.Rngs(0)), cls(8, rngs=nnx.Rngs(0))
+  op = jaxnorm.layer_norm if name == "LayerNorm" else jaxnorm.rms_norm
+  params = (module_xla.scale.get_value(),) + (
+      (module_xla.bias.get_value(),) if name == "LayerNorm" else ())
+  np.testing.assert_array_equal(module_xla(x), op(x, *params, epsilon=1e-6, impl="xla"))
+  np.testing.assert_array_equal(module_auto(x), op(x, *params, epsilon=1e-6, impl="auto"))
   # The Pallas kernels take no mask: the op refuses, so the argument demonstrably reaches it.
   with pytest.raises(ValueError, match="impl='pallas'"):
     cls(8, impl="pallas", rngs=nnx.Rngs(0))(x, mask=x > 0)

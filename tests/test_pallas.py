@@ -244,7 +244,8 @@ def test_kernels_lower_to_triton_for_cuda(rows, d):
     # backward: the dx kernel, then the partial-sum reduction when there is a parameter
     # (rms_bwd is called without a scale: no reduction).
     assert calls == (2 if name == "ln_bwd" else 1), (name, calls)
-    assert f"num_warps = {cfg.num_warps} : i32" in text, name
+    warps = cfg.num_warps if name.endswith("fwd") else _pallas._backward_config(cfg).num_warps
+    assert f"num_warps = {warps} : i32" in text, name
     grid = -(-rows // cfg.block_rows) if name.endswith("fwd") else cfg.bwd_programs
     assert f"grid_x = {grid} : i32" in text, name
 
@@ -317,5 +318,7 @@ def test_bench_command_on_cpu(tmp_path, monkeypatch):
         assert by[(op, "jax-pallas-ops", mode)]["status"] == "n/a"
   assert {r["mode"] for r in report["ln_over_rms"] if r["impl"] == "jaxnorm-xla"} == {
       "fwd", "bwd", "fwd+bwd"}
-  assert report["memory"] and all(m["impl"] == "jaxnorm-xla" for m in report["memory"])
+  assert report["memory"]
+  if jax.default_backend() == "cpu":
+    assert all(m["impl"] == "jaxnorm-xla" for m in report["memory"])
   assert "| layer_norm | jaxnorm-xla |" in (tmp_path / "bench.md").read_text()
