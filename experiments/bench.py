@@ -77,9 +77,15 @@ def _import(name: str):
     raise NotApplicable(f"cannot import {name}: {type(e).__name__}: {e}") from None
 
 
+def _on_gpu() -> bool:
+  """Whether JAX's default backend is one the Pallas (Triton) kernels compile for."""
+  from jaxnorm._pallas import GPU_BACKENDS
+  return jax.default_backend() in GPU_BACKENDS
+
+
 def _require_gpu(what: str) -> None:
   backend = jax.default_backend()
-  if backend != "gpu":
+  if not _on_gpu():
     raise NotApplicable(f"{what} needs a GPU (Triton); this backend is {backend}")
 
 
@@ -443,8 +449,7 @@ def _markdown(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
   """Runs the benchmark; see ``python -m experiments bench --help``."""
   args = build_parser().parse_args(argv)
-  backend = jax.default_backend()
-  on_gpu = backend == "gpu"
+  on_gpu = _on_gpu()
   shapes = args.shapes or (GPU_SHAPES if on_gpu else CPU_SHAPES)
   repeats = args.repeats or (50 if on_gpu else 10)
   sample_ms = args.sample_ms or (5.0 if on_gpu else 1.0)

@@ -3,7 +3,7 @@ r"""Experiment 1: gradient norms at initialization (Xiong et al. 2020, Fig. 3 an
 For Post-LN and Pre-LN stacks of several depths :math:`L` (LayerNorm and RMSNorm), the
 Frobenius norm of every layer's weight-matrix gradient (``attn_qkv``, ``attn_out``, ``mlp_in``,
 ``mlp_out``) of the language-modelling loss at initialization, averaged over batches and seeds
-(``experiments.train.grad_norms_at_init``), plotted against the layer index. Derived numbers:
+(``experiments.probes.grad_norms_at_init``), plotted against the layer index. Derived numbers:
 
 * the last/first-layer ratio of the ``mlp_out`` (:math:`W^{2}`) gradient norm; the theory says
   it grows with depth for Post-LN and is about 1 for Pre-LN;
@@ -24,8 +24,8 @@ import math
 
 import numpy as np
 
-NAME = "grad_init"
 TITLE = "Gradient norms at initialization (Xiong et al. 2020, Fig. 3 / Theorem 1)"
+RAW_DATA = ('data.json', 'grad_norms.csv')  # files the report links under the claims
 
 GROUPS = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")
 # Verdict criteria (the same for every preset).
@@ -87,14 +87,14 @@ def key(s: dict) -> str:
 
 def measure(ctx, cfg: Config) -> dict:
   """Runs grad_norms_at_init for every setting and seed; returns seed-averaged results."""
-  from experiments import train as train_lib
+  from experiments import probes
   corpus = ctx.corpus()
   tcfg = ctx.preset["train"]
   results = {}
   for s in ctx.iterate(settings(cfg), desc="settings"):
     mc = ctx.model_config(norm_position=s["norm_position"], norm_type=s["norm_type"],
                           n_layers=s["n_layers"], init=s["init"], qk_zero_init=s["qk_zero_init"])
-    per_seed = [train_lib.grad_norms_at_init(mc, corpus, batch_size=tcfg["batch_size"],
+    per_seed = [probes.grad_norms_at_init(mc, corpus, batch_size=tcfg["batch_size"],
                                              seq_len=tcfg["seq_len"], seed=seed,
                                              n_batches=cfg.n_batches)
                 for seed in cfg.seeds]
@@ -272,14 +272,11 @@ def plot(ctx, results: dict, an: dict, cfg: Config) -> list[str]:
   Returns:
     The PNG file names.
   """
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   files = []
   styles = {("post", "layernorm"): ("C3", "-", "Post-LN (LN)"), ("pre", "layernorm"): ("C0", "-", "Pre-LN (LN)"),
             ("post", "rmsnorm"): ("C1", "--", "Post-LN (RMS)"), ("pre", "rmsnorm"): ("C2", "--", "Pre-LN (RMS)")}
   for group_set, fname in ((("mlp_out", "attn_qkv"), "grad_norms_xavier.png"),):
-    fig, axes = plt.subplots(len(group_set), len(cfg.depths), figsize=(4 * len(cfg.depths), 3.2 * len(group_set)),
+    fig, axes = ctx.subplots(len(group_set), len(cfg.depths), figsize=(4 * len(cfg.depths), 3.2 * len(group_set)),
                              squeeze=False)
     for gi, g in enumerate(group_set):
       for di, L in enumerate(cfg.depths):
@@ -303,7 +300,7 @@ def plot(ctx, results: dict, an: dict, cfg: Config) -> list[str]:
   variants = [("xavier", "Xavier"), *((("qk_zero", "Xavier, W^Q=W^K=0"),) if cfg.qk_zero else ()),
               *((("small", "GPT-2 small init"),) if cfg.small_init else ())]
   if len(variants) > 1:
-    fig, axes = plt.subplots(1, len(vdepths), figsize=(4.5 * len(vdepths), 3.4), squeeze=False)
+    fig, axes = ctx.subplots(1, len(vdepths), figsize=(4.5 * len(vdepths), 3.4), squeeze=False)
     for di, L in enumerate(vdepths):
       ax = axes[0, di]
       for vi, (setting, label) in enumerate(variants):
@@ -321,7 +318,7 @@ def plot(ctx, results: dict, an: dict, cfg: Config) -> list[str]:
     files.append(ctx.save_figure(fig, "grad_norms_init_comparison.png"))
 
   # Depth scaling and residual norms.
-  fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+  fig, axes = ctx.subplots(1, 2, figsize=(11, 3.8))
   ax = axes[0]
   for name, s in an["slopes"].items():
     setting, pos, norm = name.split("/")
@@ -396,8 +393,7 @@ def report_section(summary: dict, rel: str) -> str:
     rel: the experiment's folder relative to the report, used in image and data links.
 
   Returns:
-    The setup, the plots, the table of last/first-layer ratios, the claims and the
-    raw-data links.
+    The setup, the plots, the table of last/first-layer ratios (the report adds the claims and the raw-data links).
   """
   cfg = summary["config"]
   lines = [
@@ -416,7 +412,4 @@ def report_section(summary: dict, rel: str) -> str:
     lines.append(f"| {r['key']} | {r['mlp_out']:.2f} | {r['attn_qkv']:.2f} | "
                  f"{', '.join(f'{v:.2f}' for v in r['per_seed'])} |")
   lines.append("")
-  for c in summary["claims"]:
-    lines.append(f"- {c['id']}: {c['ours']} -> **{c['holds']}**")
-  lines += ["", f"Raw data: `{rel}/data.json`, `{rel}/grad_norms.csv`."]
   return "\n".join(lines)

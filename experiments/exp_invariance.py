@@ -30,8 +30,10 @@ import math
 
 import numpy as np
 
-NAME = "invariance"
+from experiments.context import train_run
+
 TITLE = "RMSNorm invariance (source notes): scale, gradient and shift invariance; LN vs RMS gradient norms"
+RAW_DATA = ('data.json', 'scale_invariance.csv')  # files the report links under the claims
 
 # Verdict criteria (the same for every preset).
 ROUNDING_TOL = 1e-5        # float32 rounding level of an O(1) output with d <= 1024
@@ -176,21 +178,20 @@ def _total_layer_norm(entry: dict) -> float:
 
 def model_grad_norms(ctx, cfg: Config) -> dict:
   """LN vs RMS Pre-LN models: per-group grad norms at init, total block-weight grad norm in training."""
-  from experiments import train as train_lib
+  from experiments import probes
   corpus = ctx.corpus()
   tcfg = ctx.preset["train"]
   init = {}
   for norm in ("layernorm", "rmsnorm"):
     mc = ctx.model_config(n_layers=cfg.n_layers, norm_position="pre", norm_type=norm)
-    r = train_lib.grad_norms_at_init(mc, corpus, batch_size=tcfg["batch_size"],
+    r = probes.grad_norms_at_init(mc, corpus, batch_size=tcfg["batch_size"],
                                      seq_len=tcfg["seq_len"], seed=0, n_batches=2)
     init[norm] = {g: r[g] for g in ("attn_qkv", "attn_out", "mlp_in", "mlp_out")}
     init[norm]["total"] = _total_layer_norm(r)
   curves = {}
   for norm in ("layernorm", "rmsnorm"):
-    from experiments import exp_warmup
     spec = {"norm_position": "pre", "norm_type": norm, "init": "xavier", "lr": 1e-3, "warmup": 0}
-    run = exp_warmup.train_run(ctx, spec, cfg.n_layers, cfg.train_steps)
+    run = train_run(ctx, spec, cfg.n_layers, cfg.train_steps)
     steps = [m["step"] for m in run.metrics if "attn_qkv" in m]
     totals = [_total_layer_norm(m) for m in run.metrics if "attn_qkv" in m]
     curves[norm] = {"step": steps, "total": totals, "run": run.path.name,
@@ -285,13 +286,10 @@ def plot(ctx, data: dict) -> list[str]:
   Returns:
     The PNG file names.
   """
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   files = []
   grid = np.asarray(data["op"]["a"])
   floor = 1e-9
-  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+  fig, axes = ctx.subplots(1, 2, figsize=(11, 4))
   for ax, key, title in ((axes[0], "fwd", "forward: max |N(a x) - N(x)|"),
                          (axes[1], "grad", "gradient: rel. max |d/dx N(a x) - d/dx N(x)|")):
     for label, _, _, _ in VARIANTS:
@@ -309,7 +307,7 @@ def plot(ctx, data: dict) -> list[str]:
                f"errors below {floor:g} drawn at {floor:g})", fontsize=10)
   files.append(ctx.save_figure(fig, "scale_invariance.png"))
 
-  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+  fig, axes = ctx.subplots(1, 2, figsize=(11, 4))
   for ax, key, title in ((axes[0], "fwd", "forward: max |N(x + c) - N(x)|"),
                          (axes[1], "grad", "gradient: rel. max |d/dx N(x + c) - d/dx N(x)|")):
     for label in ("LayerNorm eps=1e-6", "LayerNorm eps=0", "RMSNorm eps=1e-6"):
@@ -324,7 +322,7 @@ def plot(ctx, data: dict) -> list[str]:
 
   model = data.get("model")
   if model:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = ctx.subplots(1, 2, figsize=(11, 4))
     ax = axes[0]
     groups = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")
     for norm, ls in (("layernorm", "-"), ("rmsnorm", "--")):
@@ -411,8 +409,4 @@ def report_section(summary: dict, rel: str) -> str:
   ]
   if "grad_norms_ln_vs_rms.png" in summary.get("files", []):
     lines += [f"![LN vs RMS gradient norms]({rel}/grad_norms_ln_vs_rms.png)", ""]
-  for c in summary["claims"]:
-    lines.append(f"- {c['id']}: {c['ours']} -> **{c['holds']}**")
-  lines.append("")
-  lines.append(f"Raw data: `{rel}/data.json`, `{rel}/scale_invariance.csv`.")
   return "\n".join(lines)

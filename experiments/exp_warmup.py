@@ -13,8 +13,10 @@ import dataclasses
 
 import numpy as np
 
-NAME = "warmup"
+from experiments.context import run_label, train_run
+
 TITLE = "Warm-up and learning-rate sensitivity (Xiong et al. 2020, Sec. 3-4)"
+RAW_DATA = ('runs.json', 'final.csv')  # files the report links under the claims
 
 MARGIN = 0.05      # nats: a smaller difference of final validation losses counts as "the same"
 FASTER = 0.9       # Pre-LN is "faster" if it needs <= this fraction of Post-LN's steps
@@ -45,7 +47,7 @@ class Config:
 
 
 def run_specs(cfg: Config) -> list[dict]:
-  """The runs of the warm-up experiment, as specs for :func:`train_run`.
+  """The runs of the warm-up experiment, as specs for :func:`~experiments.context.train_run`.
 
   LayerNorm with Xavier init: Post-LN and Pre-LN at every learning rate, each with warm-up 0 and
   ``cfg.warmup``; at the largest learning rate without warm-up, Post-LN and Pre-LN also with
@@ -67,25 +69,6 @@ def run_specs(cfg: Config) -> list[dict]:
     for pos in ("post", "pre"):
       specs.append({"norm_position": pos, "norm_type": "layernorm", "init": "small", "lr": top, "warmup": 0})
   return specs
-
-
-def label(spec: dict, n_layers: int) -> str:
-  """The label of a run spec, also its key in ``runs``.
-
-  ``"<position>-<norm>[-small]-L<n_layers>-lr<lr>-w<warmup>"`` (``-small`` for a non-Xavier
-  init), e.g. ``"post-layernorm-L6-lr0.001-w0"``.
-  """
-  init = "" if spec["init"] == "xavier" else "-small"
-  return f"{spec['norm_position']}-{spec['norm_type']}{init}-L{n_layers}-lr{spec['lr']:g}-w{spec['warmup']}"
-
-
-def train_run(ctx, spec: dict, n_layers: int, steps: int, seed: int = 0, **extra):
-  """One (cached) run; shared with the invariance, speed and VJP experiments."""
-  mc = ctx.model_config(n_layers=n_layers, norm_position=spec["norm_position"],
-                        norm_type=spec["norm_type"], init=spec.get("init", "xavier"),
-                        **({"norm_impl": spec["norm_impl"]} if "norm_impl" in spec else {}))
-  tc = ctx.train_config(mc, steps=steps, lr=spec["lr"], warmup=spec["warmup"], seed=seed, **extra)
-  return ctx.train(tc, label(spec, n_layers) + (f"-{spec['norm_impl']}" if "norm_impl" in spec else ""))
 
 
 def steps_to_reach(val_steps, val, target):
@@ -120,7 +103,7 @@ def verdicts(runs: dict, cfg: Config) -> tuple[list[dict], dict]:
     otherwise. Its note keeps an ``{eval_every}`` placeholder that :func:`run` fills in.
 
   Args:
-    runs: per-run results keyed by :func:`label` (``final_val_loss``, ``diverged``,
+    runs: per-run results keyed by :func:`~experiments.context.run_label` (``final_val_loss``, ``diverged``,
       ``diverged_at``, ``val_curve``).
     cfg: the experiment's config.
 
@@ -130,7 +113,7 @@ def verdicts(runs: dict, cfg: Config) -> tuple[list[dict], dict]:
     ``fraction``.
   """
   def get(pos, lr, w, norm="layernorm", init="xavier"):
-    return runs[label({"norm_position": pos, "norm_type": norm, "init": init, "lr": lr, "warmup": w}, cfg.n_layers)]
+    return runs[run_label({"norm_position": pos, "norm_type": norm, "init": init, "lr": lr, "warmup": w}, cfg.n_layers)]
 
   def worse(a, b):  # run a is worse than run b
     if a["diverged"] and not b["diverged"]:
@@ -218,22 +201,19 @@ def plot(ctx, runs: dict, cfg: Config) -> list[str]:
 
   Args:
     ctx: the suite context (saves the figures).
-    runs: per-run results of :func:`run`, keyed by :func:`label`.
+    runs: per-run results of :func:`run`, keyed by :func:`~experiments.context.run_label`.
     cfg: the experiment's config.
 
   Returns:
     The PNG file names.
   """
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   files = []
-  fig, axes = plt.subplots(1, len(cfg.lrs), figsize=(5.5 * len(cfg.lrs), 3.8), squeeze=False)
+  fig, axes = ctx.subplots(1, len(cfg.lrs), figsize=(5.5 * len(cfg.lrs), 3.8), squeeze=False)
   for i, lr in enumerate(cfg.lrs):
     ax = axes[0, i]
     for pos, color in (("post", "C3"), ("pre", "C0")):
       for w, ls in ((0, "-"), (cfg.warmup, "--")):
-        r = runs[label({"norm_position": pos, "norm_type": "layernorm", "init": "xavier", "lr": lr, "warmup": w},
+        r = runs[run_label({"norm_position": pos, "norm_type": "layernorm", "init": "xavier", "lr": lr, "warmup": w},
                        cfg.n_layers)]
         name = f"{'Post' if pos == 'post' else 'Pre'}-LN, {'no warm-up' if w == 0 else f'warm-up {w}'}"
         ts, tl = zip(*r["train_curve"]) if r["train_curve"] else ((), ())
@@ -254,8 +234,8 @@ def plot(ctx, runs: dict, cfg: Config) -> list[str]:
   others = [k for k, r in runs.items() if r["spec"]["norm_type"] == "rmsnorm" or r["spec"]["init"] == "small"]
   if others:
     top = max(cfg.lrs)
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    base = [label({"norm_position": p, "norm_type": "layernorm", "init": "xavier", "lr": top, "warmup": 0},
+    fig, ax = ctx.subplots(figsize=(6.5, 4))
+    base = [run_label({"norm_position": p, "norm_type": "layernorm", "init": "xavier", "lr": top, "warmup": 0},
                   cfg.n_layers) for p in ("post", "pre")]
     for i, k in enumerate(base + others):
       r = runs[k]
@@ -290,7 +270,7 @@ def run(ctx, cfg: Config) -> dict:
   runs = {}
   for spec in ctx.iterate(run_specs(cfg), desc="runs"):
     r = train_run(ctx, spec, cfg.n_layers, cfg.steps, seed=cfg.seed)
-    runs[label(spec, cfg.n_layers)] = {"spec": spec, **{k: r.summary.get(k) for k in (
+    runs[run_label(spec, cfg.n_layers)] = {"spec": spec, **{k: r.summary.get(k) for k in (
         "final_val_loss", "diverged", "diverged_at", "tokens_per_s", "steps_done", "val_curve")},
         "train_curve": r.summary.get("train_curve"), "run": r.path.name}
   claims, extra = verdicts(runs, cfg)
@@ -315,8 +295,7 @@ def report_section(summary: dict, rel: str) -> str:
     rel: the experiment's folder relative to the report, used in image and data links.
 
   Returns:
-    The setup (with the unigram baseline), the plots, the per-run table, the claims
-    and the raw-data links.
+    The setup (with the unigram baseline), the plots, the per-run table (the report adds the claims and the raw-data links).
   """
   cfg = summary["config"]
   lines = [
@@ -334,7 +313,4 @@ def report_section(summary: dict, rel: str) -> str:
     f = "-" if r["final"] is None else f"{float(r['final']):.4f}"
     lines.append(f"| {r['run']} | {f} | {r['diverged_at'] or '-'} |")
   lines.append("")
-  for c in summary["claims"]:
-    lines.append(f"- {c['id']}: {c['ours']} -> **{c['holds']}**")
-  lines += ["", f"Raw data: `{rel}/runs.json`, `{rel}/final.csv`."]
   return "\n".join(lines)

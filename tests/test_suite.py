@@ -19,7 +19,7 @@ import pytest
 
 from experiments import claims as claims_lib
 from experiments import exp_depth, exp_grad_init, exp_vjp, exp_warmup
-from experiments import presets, report, suite
+from experiments import context, presets, registry, report, suite
 
 
 def test_smoke_suite_end_to_end(tmp_path):
@@ -182,10 +182,10 @@ def test_preset_fields_match_the_experiment_configs():
 
 
 def test_to_jsonable_keeps_json_valid():
-  out = suite.to_jsonable({"a": np.float32(1.5), "b": float("nan"), "c": (np.int64(2), float("-inf")),
+  out = registry.to_jsonable({"a": np.float32(1.5), "b": float("nan"), "c": (np.int64(2), float("-inf")),
                            "d": np.arange(2)})
   assert json.loads(json.dumps(out)) == {"a": 1.5, "b": "nan", "c": [2, "-inf"], "d": [0, 1]}
-  assert math.isnan(suite.from_json_float("nan"))
+  assert math.isnan(registry.from_json_float("nan"))
 
 
 def _run(final, diverged_at=None, val=None):
@@ -198,7 +198,7 @@ def test_warmup_verdicts():
                           small_init=False)
 
   def key(pos, lr, w):
-    return exp_warmup.label({"norm_position": pos, "norm_type": "layernorm", "init": "xavier",
+    return context.run_label({"norm_position": pos, "norm_type": "layernorm", "init": "xavier",
                              "lr": lr, "warmup": w}, 2)
 
   runs = {}

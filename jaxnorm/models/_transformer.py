@@ -40,8 +40,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxnorm import nnx as jaxnorm_nnx
+
 __all__ = [
+    "DTYPES",
+    "INITS",
+    "NORM_IMPLS",
     "NORM_POSITIONS",
+    "NORM_TYPES",
+    "POSITIONS",
+    "WEIGHT_GROUPS",
     "TransformerConfig",
     "TransformerLM",
     "block_weight_paths",
@@ -59,7 +67,9 @@ WEIGHT_GROUPS = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-  if not isinstance(value, str) or value not in choices:
+  if not isinstance(value, str):
+    raise TypeError(f"{name} must be a str, one of {choices}; got {type(value).__name__} {value!r}.")
+  if value not in choices:
     raise ValueError(f"{name} must be one of {choices}, got {value!r}.")
 
 
@@ -127,8 +137,10 @@ class TransformerConfig:
           f"positions='rotary' needs an even head size, got d_model/n_heads = "
           f"{self.d_model}/{self.n_heads} = {self.d_model // self.n_heads}."
       )
-    if (isinstance(self.epsilon, bool) or not isinstance(self.epsilon, (int, float))
-        or not math.isfinite(self.epsilon) or self.epsilon < 0):
+    if isinstance(self.epsilon, bool) or not isinstance(self.epsilon, (int, float)):
+      raise TypeError(f"epsilon must be a Python float, got {type(self.epsilon).__name__} "
+                      f"{self.epsilon!r}.")
+    if not math.isfinite(self.epsilon) or self.epsilon < 0:
       raise ValueError(f"epsilon must be a finite float >= 0, got {self.epsilon!r}.")
 
   @property
@@ -208,13 +220,6 @@ def _make_norm(config: TransformerConfig, rngs: nnx.Rngs) -> nnx.Module:
   if config.norm_impl == "flax":
     layer_norm_cls, rms_norm_cls = nnx.LayerNorm, nnx.RMSNorm
   else:
-    try:
-      from jaxnorm import nnx as jaxnorm_nnx  # lazy: jaxnorm.nnx may not be importable
-    except ImportError as e:
-      raise ImportError(
-          "norm_impl='jaxnorm' needs the custom-VJP Flax modules jaxnorm.nnx.LayerNorm/RMSNorm, "
-          f"which could not be imported ({e}). Use norm_impl='flax' for Flax's own modules."
-      ) from e
     layer_norm_cls, rms_norm_cls = jaxnorm_nnx.LayerNorm, jaxnorm_nnx.RMSNorm
   cls = layer_norm_cls if config.norm_type == "layernorm" else rms_norm_cls
   return cls(config.d_model, epsilon=config.epsilon, dtype=jnp.dtype(config.dtype), rngs=rngs)
