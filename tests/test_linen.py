@@ -21,11 +21,7 @@ from jax.sharding import PartitionSpec as P
 import jaxnorm
 from jaxnorm import linen as jln
 
-TOL = {
-    jnp.dtype(jnp.float32): (2e-5, 2e-5),
-    jnp.dtype(jnp.float16): (4e-3, 4e-3),
-    jnp.dtype(jnp.bfloat16): (3e-2, 3e-2),
-}
+from _numerics import assert_allclose, loosest
 
 SHAPE = (2, 3, 4)
 AXES = [(-1, -1), ((1, 2), (1, 2)), (1, 1), ((1, 2), -1), ((0, 2), 1)]
@@ -51,16 +47,6 @@ def _grid_id(case):
   name, dt, pdt, m, axes, us, ub = case
   return "-".join([name, dt, "p" + pdt, "mask" if m else "nomask", AXES_IDS[AXES.index(axes)],
                    "scale" if us else "noscale", "bias" if ub else "nobias"])
-
-
-def _loosest(*dtypes):
-  return max((jnp.dtype(d) for d in dtypes), key=lambda d: TOL[d][0])
-
-
-def _assert_close(a, b, dtype):
-  rtol, atol = TOL[jnp.dtype(dtype)]
-  np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=rtol,
-                             atol=atol)
 
 
 def _partial_mask(shape=SHAPE):
@@ -97,14 +83,14 @@ def _compare_with_flax(name, x, mask, **kwargs):
   y2, dv2, dx2 = _out_and_grads(theirs, variables, x, mask)
   assert y1.dtype == y2.dtype and y1.shape == y2.shape
   assert dx1.dtype == dx2.dtype == x.dtype
-  tol = _loosest(x.dtype, y1.dtype)
-  _assert_close(y1, y2, tol)
-  _assert_close(dx1, dx2, tol)
+  tol = loosest(x.dtype, y1.dtype)
+  assert_allclose(y1, y2, tol)
+  assert_allclose(dx1, dx2, tol)
   assert jax.tree.structure(dv1) == jax.tree.structure(dv2)
   for a, b in zip(jax.tree.leaves(dv1), jax.tree.leaves(dv2)):
     assert a.dtype == b.dtype
     scale = max(1.0, float(jnp.max(jnp.abs(b.astype(jnp.float32)))))
-    _assert_close(a / scale, b / scale, _loosest(tol, a.dtype))
+    assert_allclose(a / scale, b / scale, loosest(tol, a.dtype))
   return y1
 
 
@@ -176,7 +162,7 @@ def test_compatibility_fields_only_differ_where_flax_is_inaccurate():
     err_ours = float(jnp.max(jnp.abs(y_ours - y_ref)))
     err_flax = float(jnp.max(jnp.abs(y_flax - y_ref)))
     assert err_ours <= err_flax and err_ours < 1e-4, (name, err_ours, err_flax)
-    _assert_close(y_ours, y_flax, jnp.bfloat16)
+    assert_allclose(y_ours, y_flax, jnp.bfloat16)
 
 
 @pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])

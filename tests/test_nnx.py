@@ -20,12 +20,7 @@ from jax.sharding import PartitionSpec as P
 import jaxnorm
 from jaxnorm import nnx as jnn
 
-# One tolerance table keyed by the dtype being compared: (rtol, atol).
-TOL = {
-    jnp.dtype(jnp.float32): (2e-5, 2e-5),
-    jnp.dtype(jnp.float16): (4e-3, 4e-3),
-    jnp.dtype(jnp.bfloat16): (3e-2, 3e-2),
-}
+from _numerics import assert_allclose, loosest
 
 SHAPE = (2, 3, 4)
 # (reduction_axes, feature_axes): trailing, several trailing, a non-trailing axis (moved to
@@ -63,18 +58,6 @@ def _randomize(state, seed=1):
   return jax.tree.unflatten(treedef, [n.astype(l.dtype) for n, l in zip(new, leaves)])
 
 
-def _loosest(*dtypes):
-  """The dtype with the loosest tolerance: a result is as precise as its least precise input."""
-  return max((jnp.dtype(d) for d in dtypes), key=lambda d: TOL[d][0])
-
-
-def _assert_close(a, b, dtype=None):
-  dtype = jnp.dtype(dtype or a.dtype)
-  rtol, atol = TOL[dtype]
-  np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=rtol,
-                             atol=atol)
-
-
 def _out_and_grads(graphdef, state, x, mask, dy_seed=2):
   """Runs the module functionally; returns y and the cotangents of (state, x) for a random dy."""
   def f(state, x):
@@ -102,15 +85,15 @@ def _compare_with_flax(name, x, mask, **kwargs):
   y2, ds2, dx2 = _out_and_grads(g_theirs, state, x, mask)
   assert y1.dtype == y2.dtype and y1.shape == y2.shape
   assert dx1.dtype == dx2.dtype == x.dtype
-  tol = _loosest(x.dtype, y1.dtype)  # e.g. dtype=bfloat16 rounds a float32 x first
-  _assert_close(y1, y2, tol)
-  _assert_close(dx1, dx2, tol)
+  tol = loosest(x.dtype, y1.dtype)  # e.g. dtype=bfloat16 rounds a float32 x first
+  assert_allclose(y1, y2, tol)
+  assert_allclose(dx1, dx2, tol)
   assert jax.tree.structure(ds1) == jax.tree.structure(ds2)
   for a, b in zip(jax.tree.leaves(ds1), jax.tree.leaves(ds2)):
     assert a.dtype == b.dtype
     # Parameter cotangents are sums over rows: compare relative to their magnitude.
     scale = max(1.0, float(jnp.max(jnp.abs(b.astype(jnp.float32)))))
-    _assert_close(a / scale, b / scale, _loosest(tol, a.dtype))
+    assert_allclose(a / scale, b / scale, loosest(tol, a.dtype))
   return y1
 
 
