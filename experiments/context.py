@@ -221,7 +221,7 @@ def run_label(spec: dict, n_layers: int) -> str:
   """The label of a run spec (the warm-up experiment's key of its runs).
 
   ``"<position>-<norm>[-small]-L<n_layers>-lr<lr>-w<warmup>"`` (``-small`` for a non-Xavier
-  init), e.g. ``"post-layernorm-L6-lr0.001-w0"``.
+  init), e.g. ``"post-layer_norm-L6-lr0.001-w0"``.
   """
   init = "" if spec["init"] == "xavier" else "-small"
   return f"{spec['norm_position']}-{spec['norm_type']}{init}-L{n_layers}-lr{spec['lr']:g}-w{spec['warmup']}"

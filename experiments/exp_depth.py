@@ -73,7 +73,7 @@ def run(ctx, cfg: Config) -> dict:
   runs = {}
   specs = [(pos, L) for L in cfg.depths for pos in cfg.positions]
   for pos, L in ctx.iterate(specs, desc="runs"):
-    mc = ctx.model_config(n_layers=L, norm_position=pos, norm_type="layernorm")
+    mc = ctx.model_config(n_layers=L, norm_position=pos, norm_type="layer_norm")
     tc = ctx.train_config(mc, steps=cfg.steps, lr=cfg.lr, warmup=_warmup(cfg), seed=cfg.seed,
                           log_update_size=True, log_residual_norms=True)
     r = ctx.train(tc, f"depth-{pos}-L{L}-lr{cfg.lr:g}-w{_warmup(cfg)}")

@@ -45,7 +45,7 @@ class Config:
     depths: numbers of layers of the main (Xavier) grid.
     seeds: initialization seeds (each with its own batches); results are averaged.
     n_batches: batches per seed.
-    norm_types: ``"layernorm"`` and/or ``"rmsnorm"`` for the main grid.
+    norm_types: ``"layer_norm"`` and/or ``"rms_norm"`` for the main grid.
     small_init: also run GPT-2's small init (LayerNorm) at ``variant_depths``.
     qk_zero: also run the theory setting W^Q = W^K = 0 (Xavier, LayerNorm) at ``variant_depths``.
     variant_depths: depths of the small-init and W^Q = W^K = 0 runs (default: ``depths``).
@@ -54,7 +54,7 @@ class Config:
   depths: tuple = (6, 12, 24)
   seeds: tuple = (0, 1)
   n_batches: int = 2
-  norm_types: tuple = ("layernorm", "rmsnorm")
+  norm_types: tuple = ("layer_norm", "rms_norm")
   small_init: bool = True
   qk_zero: bool = True
   variant_depths: tuple | None = None
@@ -75,7 +75,7 @@ def settings(cfg: Config) -> list[dict]:
       continue
     for L in vdepths:
       for pos in ("post", "pre"):
-        out.append({"setting": name, "norm_position": pos, "norm_type": "layernorm", "n_layers": L,
+        out.append({"setting": name, "norm_position": pos, "norm_type": "layer_norm", "n_layers": L,
                     "init": init, "qk_zero_init": qk})
   return out
 
@@ -189,7 +189,7 @@ def verdicts(results: dict, an: dict, cfg: Config) -> list[dict]:
     for L in cfg.depths:
       post = an["ratios"][f"xavier/post/{norm}/L{L}"]["mlp_out"]
       pre = an["ratios"][f"xavier/pre/{norm}/L{L}"]["mlp_out"]
-      pairs.append(f"{'LN' if norm == 'layernorm' else 'RMS'} L={L}: {_fmt_ratio(post)} vs {_fmt_ratio(pre)}")
+      pairs.append(f"{'LN' if norm == 'layer_norm' else 'RMS'} L={L}: {_fmt_ratio(post)} vs {_fmt_ratio(pre)}")
       ok_strict += post > GROWTH_FACTOR * pre and FLAT_RANGE[0] <= pre <= FLAT_RANGE[1]
       ok_loose += post > pre
   n = len(pairs)
@@ -205,7 +205,7 @@ def verdicts(results: dict, an: dict, cfg: Config) -> list[dict]:
     for norm in cfg.norm_types:
       sp = an["slopes"][f"xavier/pre/{norm}"]["slope"]
       so = an["slopes"][f"xavier/post/{norm}"]["slope"]
-      parts.append(f"{'LN' if norm == 'layernorm' else 'RMS'}: Post-LN {so:+.2f}, Pre-LN {sp:+.2f}")
+      parts.append(f"{'LN' if norm == 'layer_norm' else 'RMS'}: Post-LN {so:+.2f}, Pre-LN {sp:+.2f}")
       oks.append((SLOPE_PRE[0] <= sp <= SLOPE_PRE[1], abs(so) <= SLOPE_POST_ABS))
     n_ok = sum(a + b for a, b in oks)
     claims.append({
@@ -220,8 +220,8 @@ def verdicts(results: dict, an: dict, cfg: Config) -> list[dict]:
   # Lemma 2 (Pre-LN residual growth); prefer the theory setting.
   setting = "qk_zero" if cfg.qk_zero else "xavier"
   vdepths = (cfg.variant_depths or cfg.depths) if setting == "qk_zero" else cfg.depths
-  incs = {L: an["residual"][f"{setting}/pre/layernorm/L{L}"]["mean_increment"] for L in vdepths}
-  fr = {L: an["residual"][f"{setting}/pre/layernorm/L{L}"]["frac_in_bounds"] for L in vdepths}
+  incs = {L: an["residual"][f"{setting}/pre/layer_norm/L{L}"]["mean_increment"] for L in vdepths}
+  fr = {L: an["residual"][f"{setting}/pre/layer_norm/L{L}"]["frac_in_bounds"] for L in vdepths}
   inside = [LEMMA2_INCREMENT[0] <= v <= LEMMA2_INCREMENT[1] for v in incs.values()]
   claims.append({
       "id": "xiong_lemma2_preln",
@@ -230,7 +230,7 @@ def verdicts(results: dict, an: dict, cfg: Config) -> list[dict]:
       "holds": "yes" if all(inside) else ("partly" if any(inside) else "no"),
   })
   # Post-LN level.
-  means = {L: an["residual"][f"{setting}/post/layernorm/L{L}"]["mean"] for L in vdepths}
+  means = {L: an["residual"][f"{setting}/post/layer_norm/L{L}"]["mean"] for L in vdepths}
   inside = [POST_LEVEL[0] <= v <= POST_LEVEL[1] for v in means.values()]
   claims.append({
       "id": "xiong_lemma_postln",
@@ -243,10 +243,10 @@ def verdicts(results: dict, an: dict, cfg: Config) -> list[dict]:
   if cfg.small_init:
     parts = []
     for L in (cfg.variant_depths or cfg.depths):
-      px = an["ratios"][f"xavier/post/layernorm/L{L}"]["mlp_out"] if f"xavier/post/layernorm/L{L}" in an["ratios"] else float("nan")
-      ps = an["ratios"][f"small/post/layernorm/L{L}"]["mlp_out"]
-      rx = an["ratios"][f"xavier/pre/layernorm/L{L}"]["mlp_out"] if f"xavier/pre/layernorm/L{L}" in an["ratios"] else float("nan")
-      rs = an["ratios"][f"small/pre/layernorm/L{L}"]["mlp_out"]
+      px = an["ratios"][f"xavier/post/layer_norm/L{L}"]["mlp_out"] if f"xavier/post/layer_norm/L{L}" in an["ratios"] else float("nan")
+      ps = an["ratios"][f"small/post/layer_norm/L{L}"]["mlp_out"]
+      rx = an["ratios"][f"xavier/pre/layer_norm/L{L}"]["mlp_out"] if f"xavier/pre/layer_norm/L{L}" in an["ratios"] else float("nan")
+      rs = an["ratios"][f"small/pre/layer_norm/L{L}"]["mlp_out"]
       parts.append(f"L={L}: Post-LN {px:.2f} (Xavier) -> {ps:.2f} (small), Pre-LN {rx:.2f} -> {rs:.2f}")
     claims.append({"id": "init_changes_picture", "ours": "last/first W2 ratio; " + "; ".join(parts),
                    "holds": "obs"})
@@ -273,8 +273,8 @@ def plot(ctx, results: dict, an: dict, cfg: Config) -> list[str]:
     The PNG file names.
   """
   files = []
-  styles = {("post", "layernorm"): ("C3", "-", "Post-LN (LN)"), ("pre", "layernorm"): ("C0", "-", "Pre-LN (LN)"),
-            ("post", "rmsnorm"): ("C1", "--", "Post-LN (RMS)"), ("pre", "rmsnorm"): ("C2", "--", "Pre-LN (RMS)")}
+  styles = {("post", "layer_norm"): ("C3", "-", "Post-LN (LN)"), ("pre", "layer_norm"): ("C0", "-", "Pre-LN (LN)"),
+            ("post", "rms_norm"): ("C1", "--", "Post-LN (RMS)"), ("pre", "rms_norm"): ("C2", "--", "Pre-LN (RMS)")}
   for group_set, fname in ((("mlp_out", "attn_qkv"), "grad_norms_xavier.png"),):
     fig, axes = ctx.subplots(len(group_set), len(cfg.depths), figsize=(4 * len(cfg.depths), 3.2 * len(group_set)),
                              squeeze=False)
@@ -305,7 +305,7 @@ def plot(ctx, results: dict, an: dict, cfg: Config) -> list[str]:
       ax = axes[0, di]
       for vi, (setting, label) in enumerate(variants):
         for pos, ls in (("post", "-"), ("pre", "--")):
-          k = f"{setting}/{pos}/layernorm/L{L}"
+          k = f"{setting}/{pos}/layer_norm/L{L}"
           if k in results:
             ax.plot(np.arange(1, L + 1), results[k]["mlp_out"], ls, color=f"C{vi}", marker="o", ms=3,
                     label=f"{'Post' if pos == 'post' else 'Pre'}-LN, {label}")
@@ -328,7 +328,7 @@ def plot(ctx, results: dict, an: dict, cfg: Config) -> list[str]:
     ax.loglog(s["depths"], s["last_layer"], ls, color=c, marker="o", label=f"{lab}: slope {s['slope']:+.2f}")
   if len(cfg.depths) >= 2:
     d0 = np.asarray(cfg.depths, np.float64)
-    ref = an["slopes"]["xavier/pre/layernorm"]["last_layer"][0] if "xavier/pre/layernorm" in an["slopes"] else 1.0
+    ref = an["slopes"]["xavier/pre/layer_norm"]["last_layer"][0] if "xavier/pre/layer_norm" in an["slopes"] else 1.0
     ax.loglog(d0, ref * (d0 / d0[0]) ** -0.5, "k:", lw=1, label="L^-1/2 (theory, Pre-LN)")
   if len(cfg.depths) < 2:
     ax.text(0.5, 0.5, "one depth in this preset:\nno depth scaling", ha="center", va="center",
@@ -342,14 +342,14 @@ def plot(ctx, results: dict, an: dict, cfg: Config) -> list[str]:
   ax = axes[1]
   setting = "qk_zero" if cfg.qk_zero else "xavier"
   Lmax = max(vdepths if setting == "qk_zero" else cfg.depths)
-  pre = an["residual"].get(f"{setting}/pre/layernorm/L{Lmax}")
+  pre = an["residual"].get(f"{setting}/pre/layer_norm/L{Lmax}")
   if pre:
     li = np.asarray(pre["layer_inputs"])
     ls_ = np.arange(len(li))
     ax.plot(ls_, li, "o-", color="C0", ms=3, label="Pre-LN: input of layer l")
     ax.fill_between(ls_, li[0] + ls_ / 2, li[0] + 3 * ls_ / 2, color="C0", alpha=0.15,
                     label="Lemma 2: +l/2 .. +3l/2")
-  post = results.get(f"{setting}/post/layernorm/L{Lmax}")
+  post = results.get(f"{setting}/post/layer_norm/L{Lmax}")
   if post:
     e = np.asarray(post["residual_sq_norm"])
     ax.plot(np.arange(len(e)) / 2, e, "s-", color="C3", ms=3, label="Post-LN: every norm input")

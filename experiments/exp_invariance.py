@@ -182,25 +182,25 @@ def model_grad_norms(ctx, cfg: Config) -> dict:
   corpus = ctx.corpus()
   tcfg = ctx.preset["train"]
   init = {}
-  for norm in ("layernorm", "rmsnorm"):
+  for norm in ("layer_norm", "rms_norm"):
     mc = ctx.model_config(n_layers=cfg.n_layers, norm_position="pre", norm_type=norm)
     r = probes.grad_norms_at_init(mc, corpus, batch_size=tcfg["batch_size"],
                                      seq_len=tcfg["seq_len"], seed=0, n_batches=2)
     init[norm] = {g: r[g] for g in ("attn_qkv", "attn_out", "mlp_in", "mlp_out")}
     init[norm]["total"] = _total_layer_norm(r)
   curves = {}
-  for norm in ("layernorm", "rmsnorm"):
+  for norm in ("layer_norm", "rms_norm"):
     spec = {"norm_position": "pre", "norm_type": norm, "init": "xavier", "lr": 1e-3, "warmup": 0}
     run = train_run(ctx, spec, cfg.n_layers, cfg.train_steps)
     steps = [m["step"] for m in run.metrics if "attn_qkv" in m]
     totals = [_total_layer_norm(m) for m in run.metrics if "attn_qkv" in m]
     curves[norm] = {"step": steps, "total": totals, "run": run.path.name,
                     "final_val_loss": run.summary.get("final_val_loss")}
-  n = min(len(curves["layernorm"]["total"]), len(curves["rmsnorm"]["total"]))
-  ratio = (np.asarray(curves["rmsnorm"]["total"][:n]) /
-           np.maximum(np.asarray(curves["layernorm"]["total"][:n]), 1e-30))
+  n = min(len(curves["layer_norm"]["total"]), len(curves["rms_norm"]["total"]))
+  ratio = (np.asarray(curves["rms_norm"]["total"][:n]) /
+           np.maximum(np.asarray(curves["layer_norm"]["total"][:n]), 1e-30))
   return {"init": init, "train": curves,
-          "init_ratio": init["rmsnorm"]["total"] / init["layernorm"]["total"],
+          "init_ratio": init["rms_norm"]["total"] / init["layer_norm"]["total"],
           "train_ratio_median": float(np.median(ratio)) if n else float("nan"),
           "train_ratio_q10_q90": ([float(np.quantile(ratio, 0.1)), float(np.quantile(ratio, 0.9))]
                                   if n else [float("nan")] * 2),
@@ -325,20 +325,20 @@ def plot(ctx, data: dict) -> list[str]:
     fig, axes = ctx.subplots(1, 2, figsize=(11, 4))
     ax = axes[0]
     groups = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")
-    for norm, ls in (("layernorm", "-"), ("rmsnorm", "--")):
+    for norm, ls in (("layer_norm", "-"), ("rms_norm", "--")):
       for gi, g in enumerate(groups):
         vals = model["init"][norm][g]
         ax.plot(np.arange(1, len(vals) + 1), vals, ls, color=f"C{gi}",
-                label=f"{g} ({'LN' if norm == 'layernorm' else 'RMS'})")
+                label=f"{g} ({'LN' if norm == 'layer_norm' else 'RMS'})")
     ax.set_xlabel("layer")
     ax.set_ylabel("gradient norm at init")
     ax.set_yscale("log")
     ax.set_title("Pre-LN model at init: LN (solid) vs RMS (dashed)", fontsize=10)
     ax.legend(fontsize=6, ncol=2)
     ax = axes[1]
-    for norm in ("layernorm", "rmsnorm"):
+    for norm in ("layer_norm", "rms_norm"):
       c = model["train"][norm]
-      ax.plot(c["step"], c["total"], label="LayerNorm" if norm == "layernorm" else "RMSNorm", lw=1)
+      ax.plot(c["step"], c["total"], label="LayerNorm" if norm == "layer_norm" else "RMSNorm", lw=1)
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("norm of all block-weight gradients")

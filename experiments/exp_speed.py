@@ -95,7 +95,7 @@ def training_level(ctx, cfg: Config) -> dict:
   from experiments import probes
   corpus = ctx.corpus()
   tcfg = ctx.preset["train"]
-  combos = [(norm, impl) for norm in ("layernorm", "rmsnorm") for impl in ("jaxnorm", "flax")]
+  combos = [(norm, impl) for norm in ("layer_norm", "rms_norm") for impl in ("jaxnorm", "flax")]
   best = {}
   for rep, (norm, impl) in ctx.iterate([(r, c) for r in range(cfg.repeats) for c in combos],
                                        desc="throughput"):
@@ -138,10 +138,10 @@ def run(ctx, cfg: Config) -> dict:
                ([r["shape"], r["impl"], r["op"], r["mode"], 1e6 * r["median_s"]] for r in ops))
   tr = {}
   for impl in ("jaxnorm", "flax"):
-    ln, rms = train[f"layernorm/{impl}"]["tokens_per_s"], train[f"rmsnorm/{impl}"]["tokens_per_s"]
+    ln, rms = train[f"layer_norm/{impl}"]["tokens_per_s"], train[f"rms_norm/{impl}"]["tokens_per_s"]
     tr[impl] = 1.0 - ln / rms  # time per token: 1/tps
   vs_flax = {norm: train[f"{norm}/jaxnorm"]["tokens_per_s"] / train[f"{norm}/flax"]["tokens_per_s"]
-             for norm in ("layernorm", "rmsnorm")}
+             for norm in ("layer_norm", "rms_norm")}
   claims = []
   x = tr["jaxnorm"]
   claims.append({"id": "zhang_rms_speedup",

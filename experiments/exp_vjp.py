@@ -40,7 +40,7 @@ class Config:
   n_layers: int = 6
   steps: int = 300
   positions: tuple = ("pre", "post")
-  norm_types: tuple = ("layernorm", "rmsnorm")
+  norm_types: tuple = ("layer_norm", "rms_norm")
   lr: float = 1e-3
 
 

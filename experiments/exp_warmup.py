@@ -31,7 +31,7 @@ class Config:
     steps: optimizer updates per run.
     lrs: peak learning rates.
     warmup: linear warm-up steps of the "with warm-up" runs.
-    norm_types: ``"layernorm"`` gets the full grid; ``"rmsnorm"`` runs Post/Pre at the largest
+    norm_types: ``"layer_norm"`` gets the full grid; ``"rms_norm"`` runs Post/Pre at the largest
       learning rate without warm-up.
     small_init: also run GPT-2's small init (LayerNorm, largest lr, no warm-up).
     seed: the training seed.
@@ -41,7 +41,7 @@ class Config:
   steps: int = 300
   lrs: tuple = (5e-4, 1e-3)
   warmup: int = 60
-  norm_types: tuple = ("layernorm", "rmsnorm")
+  norm_types: tuple = ("layer_norm", "rms_norm")
   small_init: bool = True
   seed: int = 0
 
@@ -51,7 +51,7 @@ def run_specs(cfg: Config) -> list[dict]:
 
   LayerNorm with Xavier init: Post-LN and Pre-LN at every learning rate, each with warm-up 0 and
   ``cfg.warmup``; at the largest learning rate without warm-up, Post-LN and Pre-LN also with
-  RMSNorm (if ``"rmsnorm"`` is in ``cfg.norm_types``) and with small init (if ``cfg.small_init``).
+  RMSNorm (if ``"rms_norm"`` is in ``cfg.norm_types``) and with small init (if ``cfg.small_init``).
 
   Returns:
     Dicts with ``norm_position``, ``norm_type``, ``init``, ``lr`` and ``warmup``.
@@ -60,14 +60,14 @@ def run_specs(cfg: Config) -> list[dict]:
   for lr in cfg.lrs:
     for pos in ("post", "pre"):
       for w in (0, cfg.warmup):
-        specs.append({"norm_position": pos, "norm_type": "layernorm", "init": "xavier", "lr": lr, "warmup": w})
+        specs.append({"norm_position": pos, "norm_type": "layer_norm", "init": "xavier", "lr": lr, "warmup": w})
   top = max(cfg.lrs)
-  if "rmsnorm" in cfg.norm_types:
+  if "rms_norm" in cfg.norm_types:
     for pos in ("post", "pre"):
-      specs.append({"norm_position": pos, "norm_type": "rmsnorm", "init": "xavier", "lr": top, "warmup": 0})
+      specs.append({"norm_position": pos, "norm_type": "rms_norm", "init": "xavier", "lr": top, "warmup": 0})
   if cfg.small_init:
     for pos in ("post", "pre"):
-      specs.append({"norm_position": pos, "norm_type": "layernorm", "init": "small", "lr": top, "warmup": 0})
+      specs.append({"norm_position": pos, "norm_type": "layer_norm", "init": "small", "lr": top, "warmup": 0})
   return specs
 
 
@@ -112,7 +112,7 @@ def verdicts(runs: dict, cfg: Config) -> tuple[list[dict], dict]:
     ``extra["preln_speed"]`` maps ``str(lr)`` to ``target``, ``pre_steps``, ``post_steps`` and
     ``fraction``.
   """
-  def get(pos, lr, w, norm="layernorm", init="xavier"):
+  def get(pos, lr, w, norm="layer_norm", init="xavier"):
     return runs[run_label({"norm_position": pos, "norm_type": norm, "init": init, "lr": lr, "warmup": w}, cfg.n_layers)]
 
   def worse(a, b):  # run a is worse than run b
@@ -213,7 +213,7 @@ def plot(ctx, runs: dict, cfg: Config) -> list[str]:
     ax = axes[0, i]
     for pos, color in (("post", "C3"), ("pre", "C0")):
       for w, ls in ((0, "-"), (cfg.warmup, "--")):
-        r = runs[run_label({"norm_position": pos, "norm_type": "layernorm", "init": "xavier", "lr": lr, "warmup": w},
+        r = runs[run_label({"norm_position": pos, "norm_type": "layer_norm", "init": "xavier", "lr": lr, "warmup": w},
                        cfg.n_layers)]
         name = f"{'Post' if pos == 'post' else 'Pre'}-LN, {'no warm-up' if w == 0 else f'warm-up {w}'}"
         ts, tl = zip(*r["train_curve"]) if r["train_curve"] else ((), ())
@@ -231,11 +231,11 @@ def plot(ctx, runs: dict, cfg: Config) -> list[str]:
   fig.suptitle("Warm-up and learning rate: validation loss", fontsize=10)
   files.append(ctx.save_figure(fig, "warmup_lr_curves.png"))
 
-  others = [k for k, r in runs.items() if r["spec"]["norm_type"] == "rmsnorm" or r["spec"]["init"] == "small"]
+  others = [k for k, r in runs.items() if r["spec"]["norm_type"] == "rms_norm" or r["spec"]["init"] == "small"]
   if others:
     top = max(cfg.lrs)
     fig, ax = ctx.subplots(figsize=(6.5, 4))
-    base = [run_label({"norm_position": p, "norm_type": "layernorm", "init": "xavier", "lr": top, "warmup": 0},
+    base = [run_label({"norm_position": p, "norm_type": "layer_norm", "init": "xavier", "lr": top, "warmup": 0},
                   cfg.n_layers) for p in ("post", "pre")]
     for i, k in enumerate(base + others):
       r = runs[k]

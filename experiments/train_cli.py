@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   m = p.add_argument_group("model")
   m.add_argument("--norm-position", choices=NORM_POSITIONS, default="pre")
-  m.add_argument("--norm-type", choices=NORM_TYPES, default="layernorm")
+  m.add_argument("--norm-type", choices=NORM_TYPES, default="layer_norm")
   m.add_argument("--norm-impl", choices=NORM_IMPLS, default="jaxnorm")
   m.add_argument("--layers", type=_positive_int, default=4, help="number of blocks")
   m.add_argument("--d-model", type=_positive_int, default=128)

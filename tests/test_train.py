@@ -18,7 +18,7 @@ from experiments import probes, sharding, train_cli
 from experiments import train as train_lib
 from experiments import train_config
 from experiments.train_config import TrainConfig
-from jaxnorm.models import NORM_POSITIONS, TransformerConfig
+from jaxnorm.models import TransformerConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_MODEL = TransformerConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, max_len=32)
@@ -112,6 +112,7 @@ def test_unigram_entropy():
     (dict(seq_len=64), ValueError, "exceeds the model's max_len=32"),
     (dict(clip_norm=-1.0), ValueError, "clip_norm"),
     (dict(batch_size=2.5), TypeError, "batch_size must be a Python int"),
+    (dict(lr="1e-3"), TypeError, "lr must be a Python number"),
     (dict(model={}), TypeError, "model must be a TransformerConfig"),
 ])
 def test_train_config_rejects(kw, err, match):
@@ -155,9 +156,9 @@ def _assert_learns(summary, steps=STEPS):
 
 
 # Every position trains; the two norm types alternate (each position x type pair is checked
-# against autodiff in test_models.py, and the reference run is pre + layernorm).
+# against autodiff in test_models.py, and the reference run is pre + layer_norm).
 @pytest.mark.parametrize("position, norm_type", [
-    ("pre", "rmsnorm"), ("post", "layernorm"), ("sandwich", "rmsnorm"), ("deepnorm", "layernorm")])
+    ("pre", "rms_norm"), ("post", "layer_norm"), ("sandwich", "rms_norm"), ("deepnorm", "layer_norm")])
 def test_each_layout_trains(position, norm_type, corpus, tmp_path):
   model = dataclasses.replace(TINY_MODEL, norm_position=position, norm_type=norm_type)
   summary = train_lib.train(_config(model=model, checkpoint_every=0), tmp_path, progress=False,

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import nnx as jaxnorm_nnx
+from jaxnorm._module_common import KINDS
 
 __all__ = [
     "DTYPES",
@@ -57,7 +58,7 @@ __all__ = [
 ]
 
 NORM_POSITIONS = ("pre", "post", "sandwich", "deepnorm")
-NORM_TYPES = ("layernorm", "rmsnorm")
+NORM_TYPES = KINDS  # ("layer_norm", "rms_norm"): the op names, as the modules spell them
 NORM_IMPLS = ("jaxnorm", "flax")
 INITS = ("xavier", "small")
 POSITIONS = ("learned", "rotary")
@@ -92,7 +93,7 @@ class TransformerConfig:
     n_heads: attention heads; must divide ``d_model``.
     d_ff: hidden width of the MLP.
     norm_position: ``"pre"``, ``"post"``, ``"sandwich"`` or ``"deepnorm"`` (module docstring).
-    norm_type: ``"layernorm"`` or ``"rmsnorm"``.
+    norm_type: ``"layer_norm"`` or ``"rms_norm"``.
     norm_impl: ``"jaxnorm"`` (custom VJP, :mod:`jaxnorm.nnx`) or ``"flax"`` (Flax's modules).
     init: ``"xavier"`` (Xiong et al.) or ``"small"`` (GPT-2, N(0, 0.02)).
     qk_zero_init: start with :math:`W^Q = W^K = 0` (uniform attention at init).
@@ -108,7 +109,7 @@ class TransformerConfig:
   n_heads: int = 4               # attention heads (divides d_model)
   d_ff: int = 512                # MLP hidden width
   norm_position: str = "pre"     # "pre" | "post" | "sandwich" | "deepnorm"
-  norm_type: str = "layernorm"   # "layernorm" | "rmsnorm"
+  norm_type: str = "layer_norm"   # "layer_norm" | "rms_norm"
   norm_impl: str = "jaxnorm"     # "jaxnorm" | "flax"
   init: str = "xavier"           # "xavier" | "small"
   qk_zero_init: bool = False     # Xiong et al. theory setting W^Q = W^K = 0
@@ -221,7 +222,7 @@ def _make_norm(config: TransformerConfig, rngs: nnx.Rngs) -> nnx.Module:
     layer_norm_cls, rms_norm_cls = nnx.LayerNorm, nnx.RMSNorm
   else:
     layer_norm_cls, rms_norm_cls = jaxnorm_nnx.LayerNorm, jaxnorm_nnx.RMSNorm
-  cls = layer_norm_cls if config.norm_type == "layernorm" else rms_norm_cls
+  cls = layer_norm_cls if config.norm_type == "layer_norm" else rms_norm_cls
   return cls(config.d_model, epsilon=config.epsilon, dtype=jnp.dtype(config.dtype), rngs=rngs)
 
 
