@@ -20,7 +20,6 @@ initialization decides how different Post-LN and Pre-LN look.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 
@@ -243,9 +242,9 @@ def verdicts(results: dict, an: dict, cfg: Config) -> list[dict]:
   if cfg.small_init:
     parts = []
     for L in (cfg.variant_depths or cfg.depths):
-      px = an["ratios"][f"xavier/post/layer_norm/L{L}"]["mlp_out"] if f"xavier/post/layer_norm/L{L}" in an["ratios"] else float("nan")
+      px = an["ratios"].get(f"xavier/post/layer_norm/L{L}", {}).get("mlp_out", float("nan"))
       ps = an["ratios"][f"small/post/layer_norm/L{L}"]["mlp_out"]
-      rx = an["ratios"][f"xavier/pre/layer_norm/L{L}"]["mlp_out"] if f"xavier/pre/layer_norm/L{L}" in an["ratios"] else float("nan")
+      rx = an["ratios"].get(f"xavier/pre/layer_norm/L{L}", {}).get("mlp_out", float("nan"))
       rs = an["ratios"][f"small/pre/layer_norm/L{L}"]["mlp_out"]
       parts.append(f"L={L}: Post-LN {px:.2f} (Xavier) -> {ps:.2f} (small), Pre-LN {rx:.2f} -> {rs:.2f}")
     claims.append({"id": "init_changes_picture", "ours": "last/first W2 ratio; " + "; ".join(parts),

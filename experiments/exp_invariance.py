@@ -390,7 +390,8 @@ def report_section(summary: dict, rel: str) -> str:
       "invariant; are LN and RMS weight-gradient norms close? (float32, jaxnorm custom-VJP ops, "
       "errors are maxima over rows, features and seeds.)", "",
       f"![scale invariance]({rel}/scale_invariance.png)", "",
-      "| variant | max fwd error, a in [1e-2, 1e2] | over [1e-3, 1e3] | max rel. grad error, [1e-2, 1e2] | over [1e-3, 1e3] |",
+      "| variant | max fwd error, a in [1e-2, 1e2] | over [1e-3, 1e3] | max rel. grad error, [1e-2, 1e2] "
+      "| over [1e-3, 1e3] |",
       "|---|---|---|---|---|",
   ]
   for r in summary["headline"]:

@@ -154,7 +154,8 @@ def run(ctx, cfg: Config) -> dict:
   med = statistics.median(fb)
   claims.append({"id": "notes_rms_op_speedup",
                  "ours": (f"jaxnorm op time reduction, median over shapes: fwd+bwd {100 * med:+.0f}% "
-                          f"(range {100 * min(fb):+.0f}..{100 * max(fb):+.0f}%), fwd {100 * statistics.median(fw):+.0f}%"),
+                          f"(range {100 * min(fb):+.0f}..{100 * max(fb):+.0f}%), "
+                          f"fwd {100 * statistics.median(fw):+.0f}%"),
                  "holds": "yes" if med >= NOTES_MIN else ("partly" if med > 0 else "no"),
                  "note": "partly = faster but below 10%"})
   files = plot(ctx, sp, train)

@@ -107,7 +107,8 @@ def run(ctx, cfg: Config) -> dict:
     if not both_div:
       ok = ok and not (p["jaxnorm"]["diverged"] or p["flax"]["diverged"]) and d["final_val"] <= CURVE_TOL
     oks.append(ok)
-    parts.append(f"{k}: step-1 {d['step1']:.1e}, max {d['max']:.1e} (step {d['argmax']}), final val {d['final_val']:.1e}")
+    parts.append(f"{k}: step-1 {d['step1']:.1e}, max {d['max']:.1e} (step {d['argmax']}), "
+                 f"final val {d['final_val']:.1e}")
   claims = [{"id": "vjp_matches_autodiff", "ours": "|loss_jaxnorm - loss_flax|: " + "; ".join(parts),
              "holds": "yes" if all(oks) else ("partly" if any(oks) else "no"),
              "note": f"criteria: step 1 <= {STEP1_TOL:g}, whole curve and final val <= {CURVE_TOL:g} nats"}]
@@ -175,6 +176,7 @@ def report_section(summary: dict, rel: str) -> str:
   for r in summary["table"]:
     fj = "-" if r["final_jaxnorm"] is None else f"{float(r['final_jaxnorm']):.5f}"
     ff = "-" if r["final_flax"] is None else f"{float(r['final_flax']):.5f}"
-    lines.append(f"| {r['pair']} | {r['step1']:.1e} | {r['max']:.1e} ({r['argmax']}) | {r['val_max']:.1e} | {fj} | {ff} |")
+    lines.append(f"| {r['pair']} | {r['step1']:.1e} | {r['max']:.1e} ({r['argmax']}) | {r['val_max']:.1e} "
+                 f"| {fj} | {ff} |")
   lines.append("")
   return "\n".join(lines)

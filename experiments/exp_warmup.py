@@ -295,7 +295,8 @@ def report_section(summary: dict, rel: str) -> str:
     rel: the experiment's folder relative to the report, used in image and data links.
 
   Returns:
-    The setup (with the unigram baseline), the plots, the per-run table (the report adds the claims and the raw-data links).
+    The setup (with the unigram baseline), the plots, the per-run table (the report adds the
+    claims and the raw-data links).
   """
   cfg = summary["config"]
   lines = [

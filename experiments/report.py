@@ -21,6 +21,7 @@ from experiments.registry import EXPERIMENTS, read_json
 
 __all__ = ["claims_rows", "render", "render_text"]
 
+_NOT_RECHECKED = " [published number as quoted in the issue; not re-checked against the paper]"
 _VERDICT_TEXT = {"yes": "yes", "no": "**no**", "partly": "partly", "n/a": "n/a", "obs": "(observation)"}
 
 
@@ -47,7 +48,7 @@ def claims_rows(summaries: dict[str, dict]) -> list[dict]:
         "id": cid,
         "experiment": claim.experiment,
         "statement": claim.statement,
-        "source": claim.source + ("" if claim.checked else " [published number as quoted in the issue; not re-checked against the paper]"),
+        "source": claim.source + ("" if claim.checked else _NOT_RECHECKED),
         "published": claim.published,
         "ours": m["ours"] if m else "-",
         "holds": m["holds"] if m else "not run",

@@ -144,7 +144,10 @@ def _normalizer(cfg: NormConfig, var):
 
 
 def variance_path_factor(cfg: NormConfig, rstd):
-  """c in the backward's variance-path term (None for "inside"): :func:`_math.variance_path_factor`."""
+  """c in the backward's variance-path term (None for "inside").
+
+  See :func:`jaxnorm._math.variance_path_factor`.
+  """
   return _math.variance_path_factor(rstd, cfg.epsilon, cfg.epsilon_placement == "outside")
 
 

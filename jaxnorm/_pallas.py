@@ -12,10 +12,10 @@ Normalization is memory-bound on a GPU, so the kernels are written to move each 
 * **parameter reduction**: a second, small kernel sums those partial rows per column. There are
   no atomics, so ``dscale``/``dbias`` are deterministic, run to run.
 
-For feature sizes larger than one block (``d > _pallas_config.MAX_BLOCK_D``) the kernels loop over column
-blocks (the forward then reads a row three times and the backward twice; the re-reads of one
-row tile usually hit L2). Blocks are powers of two, loads and stores are masked, so any ``d``
-works, including sizes that are not powers of two.
+For feature sizes larger than one block (``d > _pallas_config.MAX_BLOCK_D``) the kernels loop
+over column blocks (the forward then reads a row three times and the backward twice; the
+re-reads of one row tile usually hit L2). Blocks are powers of two, loads and stores are
+masked, so any ``d`` works, including sizes that are not powers of two.
 
 Math (the same derived formulas as the XLA path in :mod:`jaxnorm._core`), per row of ``d``
 features, with :math:`\gamma` = ``scale`` or ``1 + scale`` (``zero_centered_scale``) or 1:

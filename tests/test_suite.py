@@ -203,7 +203,8 @@ def test_warmup_verdicts():
   runs = {}
   for lr in cfg.lrs:
     runs[key("post", lr, 0)] = _run(None, diverged_at=7)
-    runs[key("post", lr, 10)] = _run(2.0 if lr == 5e-4 else 2.5, val=[(0, 5.0), (50, 2.6), (100, 2.0 if lr == 5e-4 else 2.5)])
+    final = 2.0 if lr == 5e-4 else 2.5
+    runs[key("post", lr, 10)] = _run(final, val=[(0, 5.0), (50, 2.6), (100, final)])
     runs[key("pre", lr, 0)] = _run(1.9, val=[(0, 5.0), (50, 1.95), (100, 1.9)])
     runs[key("pre", lr, 10)] = _run(1.9)
   claims, extra = exp_warmup.verdicts(runs, cfg)

@@ -69,7 +69,8 @@ WEIGHT_GROUPS = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
   if not isinstance(value, str):
-    raise TypeError(f"{name} must be a str, one of {choices}; got {type(value).__name__} {value!r}.")
+    raise TypeError(
+        f"{name} must be a str, one of {choices}; got {type(value).__name__} {value!r}.")
   if value not in choices:
     raise ValueError(f"{name} must be one of {choices}, got {value!r}.")
 
