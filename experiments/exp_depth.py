@@ -18,6 +18,8 @@ import dataclasses
 
 import numpy as np
 
+from experiments import claims as claims_lib
+
 TITLE = "Depth: Post-LN, Pre-LN, Sandwich, DeepNorm (Liu et al. 2020; Wang et al. 2022)"
 RAW_DATA = ('runs.json', 'final.csv')  # files the report links under the claims
 
@@ -142,7 +144,7 @@ def verdicts(runs: dict, consts: dict, cfg: Config) -> list[dict]:
       parts.append(f"L={L}: Post-LN {pv:.3f} vs Pre-LN {qtxt}")
       oks.append(qv is not None and pv > float(qv) + WORSE_MARGIN)
     claims.append({"id": "admin_deep_postln_fails", "ours": "final val loss; " + "; ".join(parts),
-                   "holds": "yes" if all(oks) else ("partly" if any(oks) else "no"),
+                   "holds": claims_lib.verdict(oks),
                    "note": f"fails = diverges or is worse than Pre-LN by > {WORSE_MARGIN} nats"})
   else:
     claims.append({"id": "admin_deep_postln_fails", "ours": f"no depth >= {DEEP} in this preset",
@@ -239,15 +241,9 @@ def plot(ctx, runs: dict, cfg: Config) -> list[str]:
 
 
 def report_section(summary: dict, rel: str) -> str:
-  """Markdown section of the depth experiment for the report.
+  """Markdown section of the depth experiment: the setup, the two plots, the per-run table.
 
-  Args:
-    summary: the experiment's ``done.json``: the summary returned by :func:`run` plus its
-      ``config`` (as a dict).
-    rel: the experiment's folder relative to the report, used in image and data links.
-
-  Returns:
-    The setup, the two plots, the per-run table (the report adds the claims and the raw-data links).
+  The protocol (``summary``, ``rel``, what the report adds) is in :mod:`experiments.report`.
   """
   cfg = summary["config"]
   lines = [

@@ -23,6 +23,8 @@ import dataclasses
 
 import numpy as np
 
+from experiments import claims as claims_lib
+
 TITLE = "Gradient norms at initialization (Xiong et al. 2020, Fig. 3 / Theorem 1)"
 RAW_DATA = ('data.json', 'grad_norms.csv')  # files the report links under the claims
 
@@ -226,7 +228,7 @@ def verdicts(results: dict, an: dict, cfg: Config) -> list[dict]:
       "id": "xiong_lemma2_preln",
       "ours": f"mean increase of E||x_l||^2/d per layer ({setting.replace('_', ' ')}, LN): "
               + ", ".join(f"L={L}: {v:.2f} ({100 * fr[L]:.0f}% of layers in bounds)" for L, v in incs.items()),
-      "holds": "yes" if all(inside) else ("partly" if any(inside) else "no"),
+      "holds": claims_lib.verdict(inside),
   })
   # Post-LN level.
   means = {L: an["residual"][f"{setting}/post/layer_norm/L{L}"]["mean"] for L in vdepths}
@@ -235,7 +237,7 @@ def verdicts(results: dict, an: dict, cfg: Config) -> list[dict]:
       "id": "xiong_lemma_postln",
       "ours": f"mean E||x||^2/d of Post-LN norm inputs ({setting.replace('_', ' ')}, LN): "
               + ", ".join(f"L={L}: {v:.2f}" for L, v in means.items()),
-      "holds": "yes" if all(inside) else ("partly" if any(inside) else "no"),
+      "holds": claims_lib.verdict(inside),
       "note": f"'about 3/2' = within {list(POST_LEVEL)}",
   })
   # Init comparison.
@@ -384,15 +386,10 @@ def run(ctx, cfg: Config) -> dict:
 
 
 def report_section(summary: dict, rel: str) -> str:
-  """Markdown section of the gradient-norm experiment for the report.
+  """Markdown section of the gradient-norm experiment: the setup, the plots, the table of
+  last/first-layer ratios.
 
-  Args:
-    summary: the experiment's ``done.json``: the summary returned by :func:`run` plus its
-      ``config`` (as a dict).
-    rel: the experiment's folder relative to the report, used in image and data links.
-
-  Returns:
-    The setup, the plots, the table of last/first-layer ratios (the report adds the claims and the raw-data links).
+  The protocol (``summary``, ``rel``, what the report adds) is in :mod:`experiments.report`.
   """
   cfg = summary["config"]
   lines = [

@@ -30,6 +30,7 @@ import math
 
 import numpy as np
 
+from experiments import claims as claims_lib
 from experiments.context import train_run
 
 TITLE = "RMSNorm invariance (source notes): scale, gradient and shift invariance; LN vs RMS gradient norms"
@@ -263,7 +264,7 @@ def verdicts(data: dict) -> list[dict]:
   claims.append({
       "id": "notes_grad_norms_close",
       "ours": "; ".join(parts),
-      "holds": "yes" if all(ok) else ("partly" if any(ok) else "no"),
+      "holds": claims_lib.verdict(ok),
       "note": f"'close' = ratio in [{CLOSE_RATIO[0]}, {CLOSE_RATIO[1]}]",
   })
   return claims
@@ -383,7 +384,10 @@ def _headline(data):
 
 
 def report_section(summary: dict, rel: str) -> str:
-  """Markdown of this experiment for the report."""
+  """Markdown section of the invariance experiment: the question, the plots and the error table.
+
+  The protocol (``summary``, ``rel``, what the report adds) is in :mod:`experiments.report`.
+  """
   lines = [
       "Question: is RMSNorm(a x) = RMSNorm(x), and is the gradient with respect to the original x "
       "independent of a, as the source notes say; where does epsilon break it; is LayerNorm shift "

@@ -201,16 +201,10 @@ def plot(ctx, sp, train) -> list[str]:
 
 
 def report_section(summary: dict, rel: str) -> str:
-  """Markdown section of the speed experiment for the report.
+  """Markdown section of the speed experiment: the setup, the plot, the op-level and training
+  tables, the jaxnorm/Flax throughput ratios.
 
-  Args:
-    summary: the experiment's ``done.json``: the summary returned by :func:`run` plus its
-      ``config`` (as a dict).
-    rel: the experiment's folder relative to the report, used in image and data links.
-
-  Returns:
-    The setup, the plot, the op-level and training tables, the jaxnorm/Flax
-    throughput ratios (the report adds the claims and the raw-data links).
+  The protocol (``summary``, ``rel``, what the report adds) is in :mod:`experiments.report`.
   """
   cfg = summary["config"]
   lines = [

@@ -16,6 +16,7 @@ import dataclasses
 
 import numpy as np
 
+from experiments import claims as claims_lib
 from experiments.context import train_run
 
 TITLE = "Custom VJP vs autodiff in training (jaxnorm vs Flax norms)"
@@ -110,7 +111,7 @@ def run(ctx, cfg: Config) -> dict:
     parts.append(f"{k}: step-1 {d['step1']:.1e}, max {d['max']:.1e} (step {d['argmax']}), "
                  f"final val {d['final_val']:.1e}")
   claims = [{"id": "vjp_matches_autodiff", "ours": "|loss_jaxnorm - loss_flax|: " + "; ".join(parts),
-             "holds": "yes" if all(oks) else ("partly" if any(oks) else "no"),
+             "holds": claims_lib.verdict(oks),
              "note": f"criteria: step 1 <= {STEP1_TOL:g}, whole curve and final val <= {CURVE_TOL:g} nats"}]
   files = plot(ctx, pairs, cfg)
   table = [{"pair": k, **{kk: p["diff"][kk] for kk in ("step1", "max", "argmax", "val_max", "final_val")},
@@ -156,15 +157,9 @@ def plot(ctx, pairs: dict, cfg: Config) -> list[str]:
 
 
 def report_section(summary: dict, rel: str) -> str:
-  """Markdown section of the VJP experiment for the report.
+  """Markdown section of the VJP experiment: the setup, the plot, the per-pair table of differences.
 
-  Args:
-    summary: the experiment's ``done.json``: the summary returned by :func:`run` plus its
-      ``config`` (as a dict).
-    rel: the experiment's folder relative to the report, used in image and data links.
-
-  Returns:
-    The setup, the plot, the per-pair table of differences (the report adds the claims and the raw-data links).
+  The protocol (``summary``, ``rel``, what the report adds) is in :mod:`experiments.report`.
   """
   cfg = summary["config"]
   lines = [

@@ -13,6 +13,7 @@ import dataclasses
 
 import numpy as np
 
+from experiments import claims as claims_lib
 from experiments.context import run_label, train_run
 
 TITLE = "Warm-up and learning-rate sensitivity (Xiong et al. 2020, Sec. 3-4)"
@@ -132,7 +133,7 @@ def verdicts(runs: dict, cfg: Config) -> tuple[list[dict], dict]:
     parts.append(f"lr {lr:g}: {desc(a)} without vs {desc(b)} with warm-up")
     oks.append(worse(a, b))
   claims.append({"id": "xiong_postln_needs_warmup", "ours": "Post-LN final val loss, " + "; ".join(parts),
-                 "holds": "yes" if all(oks) else ("partly" if any(oks) else "no"),
+                 "holds": claims_lib.verdict(oks),
                  "note": f"holds where no-warm-up is worse by > {MARGIN} nats or diverges"})
   # LR sensitivity with warm-up.
   if len(cfg.lrs) >= 2:
@@ -153,7 +154,7 @@ def verdicts(runs: dict, cfg: Config) -> tuple[list[dict], dict]:
     parts.append(f"lr {lr:g}: {desc(a)} without vs {desc(b)} with")
     oks.append(not worse(a, b))
   claims.append({"id": "xiong_preln_no_warmup", "ours": "Pre-LN final val loss, " + "; ".join(parts),
-                 "holds": "yes" if all(oks) else ("partly" if any(oks) else "no"),
+                 "holds": claims_lib.verdict(oks),
                  "note": f"holds where no-warm-up is not worse by > {MARGIN} nats"})
   # Pre-LN faster: steps of Pre-LN (no warm-up) to reach Post-LN's (with warm-up) final val loss.
   parts, oks, speed = [], [], {}
@@ -178,7 +179,7 @@ def verdicts(runs: dict, cfg: Config) -> tuple[list[dict], dict]:
   extra["preln_speed"] = speed
   claims.append({"id": "xiong_preln_faster",
                  "ours": "Pre-LN (no warm-up) reaches Post-LN's (warm-up) final val loss: " + "; ".join(parts),
-                 "holds": "yes" if oks and all(oks) else ("partly" if any(oks) else "no"),
+                 "holds": (claims_lib.verdict(oks) if oks else "no"),
                  "note": f"eval every {{eval_every}} steps; 'sooner' = <= {FASTER:.0%} of the steps"})
   return claims, extra
 
@@ -287,16 +288,10 @@ def run(ctx, cfg: Config) -> dict:
 
 
 def report_section(summary: dict, rel: str) -> str:
-  """Markdown section of the warm-up experiment for the report.
+  """Markdown section of the warm-up experiment: the setup (with the unigram baseline), the plots,
+  the per-run table.
 
-  Args:
-    summary: the experiment's ``done.json``: the summary returned by :func:`run` plus its
-      ``config`` (as a dict).
-    rel: the experiment's folder relative to the report, used in image and data links.
-
-  Returns:
-    The setup (with the unigram baseline), the plots, the per-run table (the report adds the
-    claims and the raw-data links).
+  The protocol (``summary``, ``rel``, what the report adds) is in :mod:`experiments.report`.
   """
   cfg = summary["config"]
   lines = [

@@ -7,6 +7,12 @@ claims and the links to its ``RAW_DATA`` files), and ends with
 the table "claim - source - published number - our number - holds?" built from
 :data:`experiments.claims.CLAIMS` and the ``claims`` of each experiment's ``done.json``.
 
+Each experiment module provides ``TITLE``, ``RAW_DATA`` (its data files, linked after its
+claims) and ``report_section(summary, rel) -> str``: ``summary`` is the experiment's
+``done.json`` (what its ``run`` returned plus its ``config`` as a dict) and ``rel`` its folder
+relative to the report, for image and data links. The section returns the setup, plots and
+tables; this module adds the claims list and the raw-data line after it.
+
 ``python -m experiments run --report-only --out DIR`` re-renders it without recomputing.
 """
 

@@ -43,20 +43,6 @@ from flax import nnx
 from jaxnorm import nnx as jaxnorm_nnx
 from jaxnorm._module_common import KINDS
 
-__all__ = [
-    "DTYPES",
-    "INITS",
-    "NORM_IMPLS",
-    "NORM_POSITIONS",
-    "NORM_TYPES",
-    "POSITIONS",
-    "WEIGHT_GROUPS",
-    "TransformerConfig",
-    "TransformerLM",
-    "block_weight_paths",
-    "deepnorm_alpha_beta",
-]
-
 NORM_POSITIONS = ("pre", "post", "sandwich", "deepnorm")
 NORM_TYPES = KINDS  # ("layer_norm", "rms_norm"): the op names, as the modules spell them
 NORM_IMPLS = ("jaxnorm", "flax")
