@@ -3,7 +3,7 @@
 Commands (each module builds its own ``argparse`` parser; ``--help`` after a command lists
 its options):
 
-* ``train``  one training run (:mod:`experiments.train`).
+* ``train``  one training run (:mod:`experiments.train_cli`).
 * ``run``    the experiment suite and its report (:mod:`experiments.suite`).
 * ``bench``  the op-level benchmark (:mod:`experiments.bench`).
 * ``tune``   launch configurations of the Pallas kernels, measured on a GPU
@@ -17,7 +17,7 @@ import importlib
 import sys
 
 COMMANDS = {
-    "train": "experiments.train",
+    "train": "experiments.train_cli",
     "run": "experiments.suite",
     "bench": "experiments.bench",
     "demo": "experiments.demo",

@@ -55,6 +55,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxnorm._pallas_config import on_gpu
+
 OPS = ("layer_norm", "rms_norm")
 MODES = ("fwd", "bwd", "fwd+bwd")
 GPU_SHAPES = ((8192, 1024), (4096, 4096), (16384, 4096), (32768, 8192))
@@ -79,7 +81,7 @@ def _import(name: str):
 
 def _require_gpu(what: str) -> None:
   backend = jax.default_backend()
-  if backend != "gpu":
+  if not on_gpu(backend):
     raise NotApplicable(f"{what} needs a GPU (Triton); this backend is {backend}")
 
 
@@ -88,11 +90,32 @@ def _jaxnorm(impl: str, interpret: bool):
     jaxnorm = _import("jaxnorm")
     if impl == "pallas" and not interpret:
       _require_gpu("jaxnorm pallas")
+    if impl == "pallas" and interpret:
+      return _jaxnorm_interpreted(op)
     fn = getattr(jaxnorm, op)
     if op == "layer_norm":
       return lambda x, scale, bias: fn(x, scale, bias, epsilon=EPSILON, impl=impl)
     return lambda x, scale, bias: fn(x, scale, epsilon=EPSILON, impl=impl)
   return build
+
+
+def _jaxnorm_interpreted(op: str):
+  """The core op with impl="pallas" and the kernels in Pallas interpret mode (any backend).
+
+  The public ops read interpret mode from the environment; the benchmark passes it as an
+  argument to the op's preparation step instead of writing ``os.environ``.
+  """
+  from jaxnorm import _core
+  center = op == "layer_norm"
+  kw = dict(center=center, epsilon=EPSILON, axis=-1, mask=None, epsilon_placement="inside",
+            zero_centered_scale=False, axis_name=None, axis_index_groups=None, dtype=None,
+            impl="pallas", interpret=True)
+
+  def f(x, scale, bias):
+    bias = bias if center else None
+    cfg, x2, mask2, restore = _core.prepare(x, scale, bias, **kw)
+    return restore(_core.apply(cfg, x2, scale, bias, mask2))
+  return f
 
 
 def _reference(op: str):
@@ -443,24 +466,13 @@ def _markdown(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
   """Runs the benchmark; see ``python -m experiments bench --help``."""
   args = build_parser().parse_args(argv)
-  backend = jax.default_backend()
-  on_gpu = backend == "gpu"
-  shapes = args.shapes or (GPU_SHAPES if on_gpu else CPU_SHAPES)
-  repeats = args.repeats or (50 if on_gpu else 10)
-  sample_ms = args.sample_ms or (5.0 if on_gpu else 1.0)
+  gpu = on_gpu()
+  shapes = args.shapes or (GPU_SHAPES if gpu else CPU_SHAPES)
+  repeats = args.repeats or (50 if gpu else 10)
+  sample_ms = args.sample_ms or (5.0 if gpu else 1.0)
   if repeats < 1:
     raise SystemExit(f"--repeats must be >= 1, got {repeats}")
-  saved_env = os.environ.get("JAXNORM_PALLAS_INTERPRET")
-  if args.interpret:
-    # Read by jaxnorm's core ops at trace time: impl="pallas" runs the kernels interpreted.
-    os.environ["JAXNORM_PALLAS_INTERPRET"] = "1"
-  try:
-    return _run(args, shapes, repeats, sample_ms, argv)
-  finally:
-    if saved_env is None:
-      os.environ.pop("JAXNORM_PALLAS_INTERPRET", None)
-    else:
-      os.environ["JAXNORM_PALLAS_INTERPRET"] = saved_env
+  return _run(args, shapes, repeats, sample_ms, argv)
 
 
 def _run(args, shapes, repeats, sample_ms, argv) -> int:

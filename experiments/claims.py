@@ -21,9 +21,19 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["CLAIMS", "Claim", "VERDICTS"]
+__all__ = ["CLAIMS", "Claim", "VERDICTS", "verdict"]
 
 VERDICTS = ("yes", "no", "partly", "n/a", "obs")
+
+
+def verdict(oks) -> str:
+  """``"yes"`` if every configuration agrees, ``"partly"`` if some do, else ``"no"``.
+
+  An empty ``oks`` gives ``"yes"`` (as ``all([])``); callers for whom no judged configuration
+  means "no" say so.
+  """
+  oks = list(oks)
+  return "yes" if all(oks) else ("partly" if any(oks) else "no")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,8 +18,10 @@ import dataclasses
 
 import numpy as np
 
-NAME = "depth"
+from experiments import claims as claims_lib
+
 TITLE = "Depth: Post-LN, Pre-LN, Sandwich, DeepNorm (Liu et al. 2020; Wang et al. 2022)"
+RAW_DATA = ('runs.json', 'final.csv')  # files the report links under the claims
 
 WORSE_MARGIN = 0.1       # nats: Post-LN counts as failing if worse than Pre-LN by more than this
 DEEP = 12                # Admin's failing depth
@@ -73,7 +75,7 @@ def run(ctx, cfg: Config) -> dict:
   runs = {}
   specs = [(pos, L) for L in cfg.depths for pos in cfg.positions]
   for pos, L in ctx.iterate(specs, desc="runs"):
-    mc = ctx.model_config(n_layers=L, norm_position=pos, norm_type="layernorm")
+    mc = ctx.model_config(n_layers=L, norm_position=pos, norm_type="layer_norm")
     tc = ctx.train_config(mc, steps=cfg.steps, lr=cfg.lr, warmup=_warmup(cfg), seed=cfg.seed,
                           log_update_size=True, log_residual_norms=True)
     r = ctx.train(tc, f"depth-{pos}-L{L}-lr{cfg.lr:g}-w{_warmup(cfg)}")
@@ -142,7 +144,7 @@ def verdicts(runs: dict, consts: dict, cfg: Config) -> list[dict]:
       parts.append(f"L={L}: Post-LN {pv:.3f} vs Pre-LN {qtxt}")
       oks.append(qv is not None and pv > float(qv) + WORSE_MARGIN)
     claims.append({"id": "admin_deep_postln_fails", "ours": "final val loss; " + "; ".join(parts),
-                   "holds": "yes" if all(oks) else ("partly" if any(oks) else "no"),
+                   "holds": claims_lib.verdict(oks),
                    "note": f"fails = diverges or is worse than Pre-LN by > {WORSE_MARGIN} nats"})
   else:
     claims.append({"id": "admin_deep_postln_fails", "ours": f"no depth >= {DEEP} in this preset",
@@ -188,12 +190,9 @@ def plot(ctx, runs: dict, cfg: Config) -> list[str]:
   Returns:
     The PNG file names.
   """
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   colors = {"post": "C3", "pre": "C0", "sandwich": "C2", "deepnorm": "C4"}
   styles = ["-", "--", ":", "-."]
-  fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+  fig, axes = ctx.subplots(1, 3, figsize=(16, 4))
   for pos in cfg.positions:
     for di, L in enumerate(cfg.depths):
       r = runs[f"{pos}/L{L}"]
@@ -227,7 +226,7 @@ def plot(ctx, runs: dict, cfg: Config) -> list[str]:
                y=1.03)
   files = [ctx.save_figure(fig, "depth_runs.png")]
 
-  fig, ax = plt.subplots(figsize=(6, 4))
+  fig, ax = ctx.subplots(figsize=(6, 4))
   for pos in cfg.positions:
     v = [runs[f"{pos}/L{L}"]["update_early"] for L in cfg.depths]
     ax.plot(cfg.depths, v, "o-", color=colors[pos], label=pos)
@@ -242,15 +241,9 @@ def plot(ctx, runs: dict, cfg: Config) -> list[str]:
 
 
 def report_section(summary: dict, rel: str) -> str:
-  """Markdown section of the depth experiment for the report.
+  """Markdown section of the depth experiment: the setup, the two plots, the per-run table.
 
-  Args:
-    summary: the experiment's ``done.json``: the summary returned by :func:`run` plus its
-      ``config`` (as a dict).
-    rel: the experiment's folder relative to the report, used in image and data links.
-
-  Returns:
-    The setup, the two plots, the per-run table, the claims and the raw-data links.
+  The protocol (``summary``, ``rel``, what the report adds) is in :mod:`experiments.report`.
   """
   cfg = summary["config"]
   lines = [
@@ -269,7 +262,4 @@ def report_section(summary: dict, rel: str) -> str:
     g = "-" if r["growth"] is None else f"{float(r['growth']):.3g}"
     lines.append(f"| {r['key']} | {f} | {r['diverged_at'] or '-'} | {u1} | {float(r['update_early']):.3g} | {g} |")
   lines.append("")
-  for c in summary["claims"]:
-    lines.append(f"- {c['id']}: {c['ours']} -> **{c['holds']}**")
-  lines += ["", f"Raw data: `{rel}/runs.json`, `{rel}/final.csv`."]
   return "\n".join(lines)

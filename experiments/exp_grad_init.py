@@ -3,7 +3,7 @@ r"""Experiment 1: gradient norms at initialization (Xiong et al. 2020, Fig. 3 an
 For Post-LN and Pre-LN stacks of several depths :math:`L` (LayerNorm and RMSNorm), the
 Frobenius norm of every layer's weight-matrix gradient (``attn_qkv``, ``attn_out``, ``mlp_in``,
 ``mlp_out``) of the language-modelling loss at initialization, averaged over batches and seeds
-(``experiments.train.grad_norms_at_init``), plotted against the layer index. Derived numbers:
+(``experiments.probes.grad_norms_at_init``), plotted against the layer index. Derived numbers:
 
 * the last/first-layer ratio of the ``mlp_out`` (:math:`W^{2}`) gradient norm; the theory says
   it grows with depth for Post-LN and is about 1 for Pre-LN;
@@ -20,12 +20,13 @@ initialization decides how different Post-LN and Pre-LN look.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 
-NAME = "grad_init"
+from experiments import claims as claims_lib
+
 TITLE = "Gradient norms at initialization (Xiong et al. 2020, Fig. 3 / Theorem 1)"
+RAW_DATA = ('data.json', 'grad_norms.csv')  # files the report links under the claims
 
 GROUPS = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")
 # Verdict criteria (the same for every preset).
@@ -45,7 +46,7 @@ class Config:
     depths: numbers of layers of the main (Xavier) grid.
     seeds: initialization seeds (each with its own batches); results are averaged.
     n_batches: batches per seed.
-    norm_types: ``"layernorm"`` and/or ``"rmsnorm"`` for the main grid.
+    norm_types: ``"layer_norm"`` and/or ``"rms_norm"`` for the main grid.
     small_init: also run GPT-2's small init (LayerNorm) at ``variant_depths``.
     qk_zero: also run the theory setting W^Q = W^K = 0 (Xavier, LayerNorm) at ``variant_depths``.
     variant_depths: depths of the small-init and W^Q = W^K = 0 runs (default: ``depths``).
@@ -54,7 +55,7 @@ class Config:
   depths: tuple = (6, 12, 24)
   seeds: tuple = (0, 1)
   n_batches: int = 2
-  norm_types: tuple = ("layernorm", "rmsnorm")
+  norm_types: tuple = ("layer_norm", "rms_norm")
   small_init: bool = True
   qk_zero: bool = True
   variant_depths: tuple | None = None
@@ -75,7 +76,7 @@ def settings(cfg: Config) -> list[dict]:
       continue
     for L in vdepths:
       for pos in ("post", "pre"):
-        out.append({"setting": name, "norm_position": pos, "norm_type": "layernorm", "n_layers": L,
+        out.append({"setting": name, "norm_position": pos, "norm_type": "layer_norm", "n_layers": L,
                     "init": init, "qk_zero_init": qk})
   return out
 
@@ -87,14 +88,14 @@ def key(s: dict) -> str:
 
 def measure(ctx, cfg: Config) -> dict:
   """Runs grad_norms_at_init for every setting and seed; returns seed-averaged results."""
-  from experiments import train as train_lib
+  from experiments import probes
   corpus = ctx.corpus()
   tcfg = ctx.preset["train"]
   results = {}
   for s in ctx.iterate(settings(cfg), desc="settings"):
     mc = ctx.model_config(norm_position=s["norm_position"], norm_type=s["norm_type"],
                           n_layers=s["n_layers"], init=s["init"], qk_zero_init=s["qk_zero_init"])
-    per_seed = [train_lib.grad_norms_at_init(mc, corpus, batch_size=tcfg["batch_size"],
+    per_seed = [probes.grad_norms_at_init(mc, corpus, batch_size=tcfg["batch_size"],
                                              seq_len=tcfg["seq_len"], seed=seed,
                                              n_batches=cfg.n_batches)
                 for seed in cfg.seeds]
@@ -189,7 +190,7 @@ def verdicts(results: dict, an: dict, cfg: Config) -> list[dict]:
     for L in cfg.depths:
       post = an["ratios"][f"xavier/post/{norm}/L{L}"]["mlp_out"]
       pre = an["ratios"][f"xavier/pre/{norm}/L{L}"]["mlp_out"]
-      pairs.append(f"{'LN' if norm == 'layernorm' else 'RMS'} L={L}: {_fmt_ratio(post)} vs {_fmt_ratio(pre)}")
+      pairs.append(f"{'LN' if norm == 'layer_norm' else 'RMS'} L={L}: {_fmt_ratio(post)} vs {_fmt_ratio(pre)}")
       ok_strict += post > GROWTH_FACTOR * pre and FLAT_RANGE[0] <= pre <= FLAT_RANGE[1]
       ok_loose += post > pre
   n = len(pairs)
@@ -205,7 +206,7 @@ def verdicts(results: dict, an: dict, cfg: Config) -> list[dict]:
     for norm in cfg.norm_types:
       sp = an["slopes"][f"xavier/pre/{norm}"]["slope"]
       so = an["slopes"][f"xavier/post/{norm}"]["slope"]
-      parts.append(f"{'LN' if norm == 'layernorm' else 'RMS'}: Post-LN {so:+.2f}, Pre-LN {sp:+.2f}")
+      parts.append(f"{'LN' if norm == 'layer_norm' else 'RMS'}: Post-LN {so:+.2f}, Pre-LN {sp:+.2f}")
       oks.append((SLOPE_PRE[0] <= sp <= SLOPE_PRE[1], abs(so) <= SLOPE_POST_ABS))
     n_ok = sum(a + b for a, b in oks)
     claims.append({
@@ -220,33 +221,33 @@ def verdicts(results: dict, an: dict, cfg: Config) -> list[dict]:
   # Lemma 2 (Pre-LN residual growth); prefer the theory setting.
   setting = "qk_zero" if cfg.qk_zero else "xavier"
   vdepths = (cfg.variant_depths or cfg.depths) if setting == "qk_zero" else cfg.depths
-  incs = {L: an["residual"][f"{setting}/pre/layernorm/L{L}"]["mean_increment"] for L in vdepths}
-  fr = {L: an["residual"][f"{setting}/pre/layernorm/L{L}"]["frac_in_bounds"] for L in vdepths}
+  incs = {L: an["residual"][f"{setting}/pre/layer_norm/L{L}"]["mean_increment"] for L in vdepths}
+  fr = {L: an["residual"][f"{setting}/pre/layer_norm/L{L}"]["frac_in_bounds"] for L in vdepths}
   inside = [LEMMA2_INCREMENT[0] <= v <= LEMMA2_INCREMENT[1] for v in incs.values()]
   claims.append({
       "id": "xiong_lemma2_preln",
       "ours": f"mean increase of E||x_l||^2/d per layer ({setting.replace('_', ' ')}, LN): "
               + ", ".join(f"L={L}: {v:.2f} ({100 * fr[L]:.0f}% of layers in bounds)" for L, v in incs.items()),
-      "holds": "yes" if all(inside) else ("partly" if any(inside) else "no"),
+      "holds": claims_lib.verdict(inside),
   })
   # Post-LN level.
-  means = {L: an["residual"][f"{setting}/post/layernorm/L{L}"]["mean"] for L in vdepths}
+  means = {L: an["residual"][f"{setting}/post/layer_norm/L{L}"]["mean"] for L in vdepths}
   inside = [POST_LEVEL[0] <= v <= POST_LEVEL[1] for v in means.values()]
   claims.append({
       "id": "xiong_lemma_postln",
       "ours": f"mean E||x||^2/d of Post-LN norm inputs ({setting.replace('_', ' ')}, LN): "
               + ", ".join(f"L={L}: {v:.2f}" for L, v in means.items()),
-      "holds": "yes" if all(inside) else ("partly" if any(inside) else "no"),
+      "holds": claims_lib.verdict(inside),
       "note": f"'about 3/2' = within {list(POST_LEVEL)}",
   })
   # Init comparison.
   if cfg.small_init:
     parts = []
     for L in (cfg.variant_depths or cfg.depths):
-      px = an["ratios"][f"xavier/post/layernorm/L{L}"]["mlp_out"] if f"xavier/post/layernorm/L{L}" in an["ratios"] else float("nan")
-      ps = an["ratios"][f"small/post/layernorm/L{L}"]["mlp_out"]
-      rx = an["ratios"][f"xavier/pre/layernorm/L{L}"]["mlp_out"] if f"xavier/pre/layernorm/L{L}" in an["ratios"] else float("nan")
-      rs = an["ratios"][f"small/pre/layernorm/L{L}"]["mlp_out"]
+      px = an["ratios"].get(f"xavier/post/layer_norm/L{L}", {}).get("mlp_out", float("nan"))
+      ps = an["ratios"][f"small/post/layer_norm/L{L}"]["mlp_out"]
+      rx = an["ratios"].get(f"xavier/pre/layer_norm/L{L}", {}).get("mlp_out", float("nan"))
+      rs = an["ratios"][f"small/pre/layer_norm/L{L}"]["mlp_out"]
       parts.append(f"L={L}: Post-LN {px:.2f} (Xavier) -> {ps:.2f} (small), Pre-LN {rx:.2f} -> {rs:.2f}")
     claims.append({"id": "init_changes_picture", "ours": "last/first W2 ratio; " + "; ".join(parts),
                    "holds": "obs"})
@@ -272,14 +273,11 @@ def plot(ctx, results: dict, an: dict, cfg: Config) -> list[str]:
   Returns:
     The PNG file names.
   """
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   files = []
-  styles = {("post", "layernorm"): ("C3", "-", "Post-LN (LN)"), ("pre", "layernorm"): ("C0", "-", "Pre-LN (LN)"),
-            ("post", "rmsnorm"): ("C1", "--", "Post-LN (RMS)"), ("pre", "rmsnorm"): ("C2", "--", "Pre-LN (RMS)")}
+  styles = {("post", "layer_norm"): ("C3", "-", "Post-LN (LN)"), ("pre", "layer_norm"): ("C0", "-", "Pre-LN (LN)"),
+            ("post", "rms_norm"): ("C1", "--", "Post-LN (RMS)"), ("pre", "rms_norm"): ("C2", "--", "Pre-LN (RMS)")}
   for group_set, fname in ((("mlp_out", "attn_qkv"), "grad_norms_xavier.png"),):
-    fig, axes = plt.subplots(len(group_set), len(cfg.depths), figsize=(4 * len(cfg.depths), 3.2 * len(group_set)),
+    fig, axes = ctx.subplots(len(group_set), len(cfg.depths), figsize=(4 * len(cfg.depths), 3.2 * len(group_set)),
                              squeeze=False)
     for gi, g in enumerate(group_set):
       for di, L in enumerate(cfg.depths):
@@ -303,12 +301,12 @@ def plot(ctx, results: dict, an: dict, cfg: Config) -> list[str]:
   variants = [("xavier", "Xavier"), *((("qk_zero", "Xavier, W^Q=W^K=0"),) if cfg.qk_zero else ()),
               *((("small", "GPT-2 small init"),) if cfg.small_init else ())]
   if len(variants) > 1:
-    fig, axes = plt.subplots(1, len(vdepths), figsize=(4.5 * len(vdepths), 3.4), squeeze=False)
+    fig, axes = ctx.subplots(1, len(vdepths), figsize=(4.5 * len(vdepths), 3.4), squeeze=False)
     for di, L in enumerate(vdepths):
       ax = axes[0, di]
       for vi, (setting, label) in enumerate(variants):
         for pos, ls in (("post", "-"), ("pre", "--")):
-          k = f"{setting}/{pos}/layernorm/L{L}"
+          k = f"{setting}/{pos}/layer_norm/L{L}"
           if k in results:
             ax.plot(np.arange(1, L + 1), results[k]["mlp_out"], ls, color=f"C{vi}", marker="o", ms=3,
                     label=f"{'Post' if pos == 'post' else 'Pre'}-LN, {label}")
@@ -321,7 +319,7 @@ def plot(ctx, results: dict, an: dict, cfg: Config) -> list[str]:
     files.append(ctx.save_figure(fig, "grad_norms_init_comparison.png"))
 
   # Depth scaling and residual norms.
-  fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+  fig, axes = ctx.subplots(1, 2, figsize=(11, 3.8))
   ax = axes[0]
   for name, s in an["slopes"].items():
     setting, pos, norm = name.split("/")
@@ -331,7 +329,7 @@ def plot(ctx, results: dict, an: dict, cfg: Config) -> list[str]:
     ax.loglog(s["depths"], s["last_layer"], ls, color=c, marker="o", label=f"{lab}: slope {s['slope']:+.2f}")
   if len(cfg.depths) >= 2:
     d0 = np.asarray(cfg.depths, np.float64)
-    ref = an["slopes"]["xavier/pre/layernorm"]["last_layer"][0] if "xavier/pre/layernorm" in an["slopes"] else 1.0
+    ref = an["slopes"]["xavier/pre/layer_norm"]["last_layer"][0] if "xavier/pre/layer_norm" in an["slopes"] else 1.0
     ax.loglog(d0, ref * (d0 / d0[0]) ** -0.5, "k:", lw=1, label="L^-1/2 (theory, Pre-LN)")
   if len(cfg.depths) < 2:
     ax.text(0.5, 0.5, "one depth in this preset:\nno depth scaling", ha="center", va="center",
@@ -345,14 +343,14 @@ def plot(ctx, results: dict, an: dict, cfg: Config) -> list[str]:
   ax = axes[1]
   setting = "qk_zero" if cfg.qk_zero else "xavier"
   Lmax = max(vdepths if setting == "qk_zero" else cfg.depths)
-  pre = an["residual"].get(f"{setting}/pre/layernorm/L{Lmax}")
+  pre = an["residual"].get(f"{setting}/pre/layer_norm/L{Lmax}")
   if pre:
     li = np.asarray(pre["layer_inputs"])
     ls_ = np.arange(len(li))
     ax.plot(ls_, li, "o-", color="C0", ms=3, label="Pre-LN: input of layer l")
     ax.fill_between(ls_, li[0] + ls_ / 2, li[0] + 3 * ls_ / 2, color="C0", alpha=0.15,
                     label="Lemma 2: +l/2 .. +3l/2")
-  post = results.get(f"{setting}/post/layernorm/L{Lmax}")
+  post = results.get(f"{setting}/post/layer_norm/L{Lmax}")
   if post:
     e = np.asarray(post["residual_sq_norm"])
     ax.plot(np.arange(len(e)) / 2, e, "s-", color="C3", ms=3, label="Post-LN: every norm input")
@@ -388,16 +386,10 @@ def run(ctx, cfg: Config) -> dict:
 
 
 def report_section(summary: dict, rel: str) -> str:
-  """Markdown section of the gradient-norm experiment for the report.
+  """Markdown section of the gradient-norm experiment: the setup, the plots, the table of
+  last/first-layer ratios.
 
-  Args:
-    summary: the experiment's ``done.json``: the summary returned by :func:`run` plus its
-      ``config`` (as a dict).
-    rel: the experiment's folder relative to the report, used in image and data links.
-
-  Returns:
-    The setup, the plots, the table of last/first-layer ratios, the claims and the
-    raw-data links.
+  The protocol (``summary``, ``rel``, what the report adds) is in :mod:`experiments.report`.
   """
   cfg = summary["config"]
   lines = [
@@ -416,7 +408,4 @@ def report_section(summary: dict, rel: str) -> str:
     lines.append(f"| {r['key']} | {r['mlp_out']:.2f} | {r['attn_qkv']:.2f} | "
                  f"{', '.join(f'{v:.2f}' for v in r['per_seed'])} |")
   lines.append("")
-  for c in summary["claims"]:
-    lines.append(f"- {c['id']}: {c['ours']} -> **{c['holds']}**")
-  lines += ["", f"Raw data: `{rel}/data.json`, `{rel}/grad_norms.csv`."]
   return "\n".join(lines)

@@ -30,8 +30,11 @@ import math
 
 import numpy as np
 
-NAME = "invariance"
+from experiments import claims as claims_lib
+from experiments.context import train_run
+
 TITLE = "RMSNorm invariance (source notes): scale, gradient and shift invariance; LN vs RMS gradient norms"
+RAW_DATA = ('data.json', 'scale_invariance.csv')  # files the report links under the claims
 
 # Verdict criteria (the same for every preset).
 ROUNDING_TOL = 1e-5        # float32 rounding level of an O(1) output with d <= 1024
@@ -176,30 +179,29 @@ def _total_layer_norm(entry: dict) -> float:
 
 def model_grad_norms(ctx, cfg: Config) -> dict:
   """LN vs RMS Pre-LN models: per-group grad norms at init, total block-weight grad norm in training."""
-  from experiments import train as train_lib
+  from experiments import probes
   corpus = ctx.corpus()
   tcfg = ctx.preset["train"]
   init = {}
-  for norm in ("layernorm", "rmsnorm"):
+  for norm in ("layer_norm", "rms_norm"):
     mc = ctx.model_config(n_layers=cfg.n_layers, norm_position="pre", norm_type=norm)
-    r = train_lib.grad_norms_at_init(mc, corpus, batch_size=tcfg["batch_size"],
+    r = probes.grad_norms_at_init(mc, corpus, batch_size=tcfg["batch_size"],
                                      seq_len=tcfg["seq_len"], seed=0, n_batches=2)
     init[norm] = {g: r[g] for g in ("attn_qkv", "attn_out", "mlp_in", "mlp_out")}
     init[norm]["total"] = _total_layer_norm(r)
   curves = {}
-  for norm in ("layernorm", "rmsnorm"):
-    from experiments import exp_warmup
+  for norm in ("layer_norm", "rms_norm"):
     spec = {"norm_position": "pre", "norm_type": norm, "init": "xavier", "lr": 1e-3, "warmup": 0}
-    run = exp_warmup.train_run(ctx, spec, cfg.n_layers, cfg.train_steps)
+    run = train_run(ctx, spec, cfg.n_layers, cfg.train_steps)
     steps = [m["step"] for m in run.metrics if "attn_qkv" in m]
     totals = [_total_layer_norm(m) for m in run.metrics if "attn_qkv" in m]
     curves[norm] = {"step": steps, "total": totals, "run": run.path.name,
                     "final_val_loss": run.summary.get("final_val_loss")}
-  n = min(len(curves["layernorm"]["total"]), len(curves["rmsnorm"]["total"]))
-  ratio = (np.asarray(curves["rmsnorm"]["total"][:n]) /
-           np.maximum(np.asarray(curves["layernorm"]["total"][:n]), 1e-30))
+  n = min(len(curves["layer_norm"]["total"]), len(curves["rms_norm"]["total"]))
+  ratio = (np.asarray(curves["rms_norm"]["total"][:n]) /
+           np.maximum(np.asarray(curves["layer_norm"]["total"][:n]), 1e-30))
   return {"init": init, "train": curves,
-          "init_ratio": init["rmsnorm"]["total"] / init["layernorm"]["total"],
+          "init_ratio": init["rms_norm"]["total"] / init["layer_norm"]["total"],
           "train_ratio_median": float(np.median(ratio)) if n else float("nan"),
           "train_ratio_q10_q90": ([float(np.quantile(ratio, 0.1)), float(np.quantile(ratio, 0.9))]
                                   if n else [float("nan")] * 2),
@@ -262,7 +264,7 @@ def verdicts(data: dict) -> list[dict]:
   claims.append({
       "id": "notes_grad_norms_close",
       "ours": "; ".join(parts),
-      "holds": "yes" if all(ok) else ("partly" if any(ok) else "no"),
+      "holds": claims_lib.verdict(ok),
       "note": f"'close' = ratio in [{CLOSE_RATIO[0]}, {CLOSE_RATIO[1]}]",
   })
   return claims
@@ -285,13 +287,10 @@ def plot(ctx, data: dict) -> list[str]:
   Returns:
     The PNG file names.
   """
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   files = []
   grid = np.asarray(data["op"]["a"])
   floor = 1e-9
-  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+  fig, axes = ctx.subplots(1, 2, figsize=(11, 4))
   for ax, key, title in ((axes[0], "fwd", "forward: max |N(a x) - N(x)|"),
                          (axes[1], "grad", "gradient: rel. max |d/dx N(a x) - d/dx N(x)|")):
     for label, _, _, _ in VARIANTS:
@@ -309,7 +308,7 @@ def plot(ctx, data: dict) -> list[str]:
                f"errors below {floor:g} drawn at {floor:g})", fontsize=10)
   files.append(ctx.save_figure(fig, "scale_invariance.png"))
 
-  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+  fig, axes = ctx.subplots(1, 2, figsize=(11, 4))
   for ax, key, title in ((axes[0], "fwd", "forward: max |N(x + c) - N(x)|"),
                          (axes[1], "grad", "gradient: rel. max |d/dx N(x + c) - d/dx N(x)|")):
     for label in ("LayerNorm eps=1e-6", "LayerNorm eps=0", "RMSNorm eps=1e-6"):
@@ -324,23 +323,23 @@ def plot(ctx, data: dict) -> list[str]:
 
   model = data.get("model")
   if model:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = ctx.subplots(1, 2, figsize=(11, 4))
     ax = axes[0]
     groups = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")
-    for norm, ls in (("layernorm", "-"), ("rmsnorm", "--")):
+    for norm, ls in (("layer_norm", "-"), ("rms_norm", "--")):
       for gi, g in enumerate(groups):
         vals = model["init"][norm][g]
         ax.plot(np.arange(1, len(vals) + 1), vals, ls, color=f"C{gi}",
-                label=f"{g} ({'LN' if norm == 'layernorm' else 'RMS'})")
+                label=f"{g} ({'LN' if norm == 'layer_norm' else 'RMS'})")
     ax.set_xlabel("layer")
     ax.set_ylabel("gradient norm at init")
     ax.set_yscale("log")
     ax.set_title("Pre-LN model at init: LN (solid) vs RMS (dashed)", fontsize=10)
     ax.legend(fontsize=6, ncol=2)
     ax = axes[1]
-    for norm in ("layernorm", "rmsnorm"):
+    for norm in ("layer_norm", "rms_norm"):
       c = model["train"][norm]
-      ax.plot(c["step"], c["total"], label="LayerNorm" if norm == "layernorm" else "RMSNorm", lw=1)
+      ax.plot(c["step"], c["total"], label="LayerNorm" if norm == "layer_norm" else "RMSNorm", lw=1)
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("norm of all block-weight gradients")
@@ -385,14 +384,18 @@ def _headline(data):
 
 
 def report_section(summary: dict, rel: str) -> str:
-  """Markdown of this experiment for the report."""
+  """Markdown section of the invariance experiment: the question, the plots and the error table.
+
+  The protocol (``summary``, ``rel``, what the report adds) is in :mod:`experiments.report`.
+  """
   lines = [
       "Question: is RMSNorm(a x) = RMSNorm(x), and is the gradient with respect to the original x "
       "independent of a, as the source notes say; where does epsilon break it; is LayerNorm shift "
       "invariant; are LN and RMS weight-gradient norms close? (float32, jaxnorm custom-VJP ops, "
       "errors are maxima over rows, features and seeds.)", "",
       f"![scale invariance]({rel}/scale_invariance.png)", "",
-      "| variant | max fwd error, a in [1e-2, 1e2] | over [1e-3, 1e3] | max rel. grad error, [1e-2, 1e2] | over [1e-3, 1e3] |",
+      "| variant | max fwd error, a in [1e-2, 1e2] | over [1e-3, 1e3] | max rel. grad error, [1e-2, 1e2] "
+      "| over [1e-3, 1e3] |",
       "|---|---|---|---|---|",
   ]
   for r in summary["headline"]:
@@ -411,8 +414,4 @@ def report_section(summary: dict, rel: str) -> str:
   ]
   if "grad_norms_ln_vs_rms.png" in summary.get("files", []):
     lines += [f"![LN vs RMS gradient norms]({rel}/grad_norms_ln_vs_rms.png)", ""]
-  for c in summary["claims"]:
-    lines.append(f"- {c['id']}: {c['ours']} -> **{c['holds']}**")
-  lines.append("")
-  lines.append(f"Raw data: `{rel}/data.json`, `{rel}/scale_invariance.csv`.")
   return "\n".join(lines)

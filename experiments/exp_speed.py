@@ -5,7 +5,7 @@ Two levels:
 * op level, with the functions of the benchmark command (:mod:`experiments.bench`): median time
   of the jitted forward and forward+backward of ``layer_norm``/``rms_norm`` (jaxnorm's XLA path
   and Flax Linen) on ``(rows, d)`` float32 inputs;
-* training-step throughput (tokens/s, compilation excluded, ``experiments.train.throughput``) of
+* training-step throughput (tokens/s, compilation excluded, ``experiments.probes.throughput``) of
   Pre-LN models with LayerNorm or RMSNorm, jaxnorm or Flax norms, measured interleaved
   ``repeats`` times with the best of each kept (less sensitive to background load).
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-NAME = "speed"
 TITLE = "Speed: RMSNorm vs LayerNorm, jaxnorm vs Flax (op level and training step)"
+RAW_DATA = ('data.json', 'op_timings.csv')  # files the report links under the claims
 
 PUBLISHED_MIN = 0.07     # Zhang & Sennrich: 7%-64%
 NOTES_MIN = 0.10         # source notes: 10%-40%
@@ -92,15 +92,15 @@ def op_speedups(rows: list[dict]) -> list[dict]:
 
 def training_level(ctx, cfg: Config) -> dict:
   """Best-of-``repeats`` training throughput of LN/RMS x jaxnorm/Flax (interleaved)."""
-  from experiments import train as train_lib
+  from experiments import probes
   corpus = ctx.corpus()
   tcfg = ctx.preset["train"]
-  combos = [(norm, impl) for norm in ("layernorm", "rmsnorm") for impl in ("jaxnorm", "flax")]
+  combos = [(norm, impl) for norm in ("layer_norm", "rms_norm") for impl in ("jaxnorm", "flax")]
   best = {}
   for rep, (norm, impl) in ctx.iterate([(r, c) for r in range(cfg.repeats) for c in combos],
                                        desc="throughput"):
     mc = ctx.model_config(n_layers=cfg.n_layers, norm_position="pre", norm_type=norm, norm_impl=impl)
-    r = train_lib.throughput(mc, batch_size=tcfg["batch_size"], seq_len=tcfg["seq_len"],
+    r = probes.throughput(mc, batch_size=tcfg["batch_size"], seq_len=tcfg["seq_len"],
                              steps=cfg.steps, corpus=corpus)
     k = f"{norm}/{impl}"
     best.setdefault(k, {"all_tokens_per_s": []})
@@ -138,10 +138,10 @@ def run(ctx, cfg: Config) -> dict:
                ([r["shape"], r["impl"], r["op"], r["mode"], 1e6 * r["median_s"]] for r in ops))
   tr = {}
   for impl in ("jaxnorm", "flax"):
-    ln, rms = train[f"layernorm/{impl}"]["tokens_per_s"], train[f"rmsnorm/{impl}"]["tokens_per_s"]
+    ln, rms = train[f"layer_norm/{impl}"]["tokens_per_s"], train[f"rms_norm/{impl}"]["tokens_per_s"]
     tr[impl] = 1.0 - ln / rms  # time per token: 1/tps
   vs_flax = {norm: train[f"{norm}/jaxnorm"]["tokens_per_s"] / train[f"{norm}/flax"]["tokens_per_s"]
-             for norm in ("layernorm", "rmsnorm")}
+             for norm in ("layer_norm", "rms_norm")}
   claims = []
   x = tr["jaxnorm"]
   claims.append({"id": "zhang_rms_speedup",
@@ -154,7 +154,8 @@ def run(ctx, cfg: Config) -> dict:
   med = statistics.median(fb)
   claims.append({"id": "notes_rms_op_speedup",
                  "ours": (f"jaxnorm op time reduction, median over shapes: fwd+bwd {100 * med:+.0f}% "
-                          f"(range {100 * min(fb):+.0f}..{100 * max(fb):+.0f}%), fwd {100 * statistics.median(fw):+.0f}%"),
+                          f"(range {100 * min(fb):+.0f}..{100 * max(fb):+.0f}%), "
+                          f"fwd {100 * statistics.median(fw):+.0f}%"),
                  "holds": "yes" if med >= NOTES_MIN else ("partly" if med > 0 else "no"),
                  "note": "partly = faster but below 10%"})
   files = plot(ctx, sp, train)
@@ -175,11 +176,8 @@ def plot(ctx, sp, train) -> list[str]:
   Returns:
     The PNG file names.
   """
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   import numpy as np
-  fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+  fig, axes = ctx.subplots(1, 2, figsize=(11, 3.8))
   ax = axes[0]
   labels = [f"{s['shape']}\n{s['impl'].split('-')[0]} {s['mode']}" for s in sp]
   vals = [100 * s["time_reduction"] for s in sp]
@@ -203,16 +201,10 @@ def plot(ctx, sp, train) -> list[str]:
 
 
 def report_section(summary: dict, rel: str) -> str:
-  """Markdown section of the speed experiment for the report.
+  """Markdown section of the speed experiment: the setup, the plot, the op-level and training
+  tables, the jaxnorm/Flax throughput ratios.
 
-  Args:
-    summary: the experiment's ``done.json``: the summary returned by :func:`run` plus its
-      ``config`` (as a dict).
-    rel: the experiment's folder relative to the report, used in image and data links.
-
-  Returns:
-    The setup, the plot, the op-level and training tables, the jaxnorm/Flax
-    throughput ratios, the claims and the raw-data links.
+  The protocol (``summary``, ``rel``, what the report adds) is in :mod:`experiments.report`.
   """
   cfg = summary["config"]
   lines = [
@@ -230,8 +222,6 @@ def report_section(summary: dict, rel: str) -> str:
     lines.append(f"| {k} | {v['tokens_per_s']:.0f} | {v['step_ms']:.1f} |")
   lines += ["", "jaxnorm / Flax training throughput: " + ", ".join(
       f"{k} {v:.3f}" for k, v in summary["jaxnorm_over_flax"].items()), ""]
-  for c in summary["claims"]:
-    lines.append(f"- {c['id']}: {c['ours']} -> **{c['holds']}**")
-  lines += ["", f"Raw data: `{rel}/data.json`, `{rel}/op_timings.csv`. The full benchmark "
-            "(bandwidth, memory, Pallas kernels) is `python -m experiments bench`."]
+  lines += ["The full benchmark (bandwidth, memory, Pallas kernels) is `python -m experiments bench`.",
+            ""]
   return "\n".join(lines)

@@ -16,8 +16,11 @@ import dataclasses
 
 import numpy as np
 
-NAME = "vjp"
+from experiments import claims as claims_lib
+from experiments.context import train_run
+
 TITLE = "Custom VJP vs autodiff in training (jaxnorm vs Flax norms)"
+RAW_DATA = ('pairs.json', 'diff.csv')  # files the report links under the claims
 
 STEP1_TOL = 1e-5
 CURVE_TOL = 2e-2
@@ -38,7 +41,7 @@ class Config:
   n_layers: int = 6
   steps: int = 300
   positions: tuple = ("pre", "post")
-  norm_types: tuple = ("layernorm", "rmsnorm")
+  norm_types: tuple = ("layer_norm", "rms_norm")
   lr: float = 1e-3
 
 
@@ -79,7 +82,6 @@ def run(ctx, cfg: Config) -> dict:
     ``claims``, ``files``, ``seeds``, ``table`` (per pair: the differences of :func:`compare`
     and both final val losses) and ``model``.
   """
-  from experiments import exp_warmup
   pairs = {}
   specs = [(pos, norm) for norm in cfg.norm_types for pos in cfg.positions]
   for pos, norm in ctx.iterate(specs, desc="pairs"):
@@ -88,7 +90,7 @@ def run(ctx, cfg: Config) -> dict:
       spec = {"norm_position": pos, "norm_type": norm, "init": "xavier", "lr": cfg.lr, "warmup": 0}
       if impl == "flax":
         spec["norm_impl"] = "flax"
-      r = exp_warmup.train_run(ctx, spec, cfg.n_layers, cfg.steps)
+      r = train_run(ctx, spec, cfg.n_layers, cfg.steps)
       res[impl] = {k: r.summary.get(k) for k in ("train_curve", "val_curve", "final_val_loss", "diverged",
                                                   "diverged_at", "tokens_per_s")}
       res[impl]["run"] = r.path.name
@@ -106,9 +108,10 @@ def run(ctx, cfg: Config) -> dict:
     if not both_div:
       ok = ok and not (p["jaxnorm"]["diverged"] or p["flax"]["diverged"]) and d["final_val"] <= CURVE_TOL
     oks.append(ok)
-    parts.append(f"{k}: step-1 {d['step1']:.1e}, max {d['max']:.1e} (step {d['argmax']}), final val {d['final_val']:.1e}")
+    parts.append(f"{k}: step-1 {d['step1']:.1e}, max {d['max']:.1e} (step {d['argmax']}), "
+                 f"final val {d['final_val']:.1e}")
   claims = [{"id": "vjp_matches_autodiff", "ours": "|loss_jaxnorm - loss_flax|: " + "; ".join(parts),
-             "holds": "yes" if all(oks) else ("partly" if any(oks) else "no"),
+             "holds": claims_lib.verdict(oks),
              "note": f"criteria: step 1 <= {STEP1_TOL:g}, whole curve and final val <= {CURVE_TOL:g} nats"}]
   files = plot(ctx, pairs, cfg)
   table = [{"pair": k, **{kk: p["diff"][kk] for kk in ("step1", "max", "argmax", "val_max", "final_val")},
@@ -131,10 +134,7 @@ def plot(ctx, pairs: dict, cfg: Config) -> list[str]:
   Returns:
     The PNG file names.
   """
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+  fig, axes = ctx.subplots(1, 2, figsize=(11, 3.8))
   for i, (k, p) in enumerate(pairs.items()):
     for impl, ls in (("jaxnorm", "-"), ("flax", "--")):
       if p[impl]["train_curve"]:
@@ -157,16 +157,9 @@ def plot(ctx, pairs: dict, cfg: Config) -> list[str]:
 
 
 def report_section(summary: dict, rel: str) -> str:
-  """Markdown section of the VJP experiment for the report.
+  """Markdown section of the VJP experiment: the setup, the plot, the per-pair table of differences.
 
-  Args:
-    summary: the experiment's ``done.json``: the summary returned by :func:`run` plus its
-      ``config`` (as a dict).
-    rel: the experiment's folder relative to the report, used in image and data links.
-
-  Returns:
-    The setup, the plot, the per-pair table of differences, the claims and the
-    raw-data links.
+  The protocol (``summary``, ``rel``, what the report adds) is in :mod:`experiments.report`.
   """
   cfg = summary["config"]
   lines = [
@@ -178,9 +171,7 @@ def report_section(summary: dict, rel: str) -> str:
   for r in summary["table"]:
     fj = "-" if r["final_jaxnorm"] is None else f"{float(r['final_jaxnorm']):.5f}"
     ff = "-" if r["final_flax"] is None else f"{float(r['final_flax']):.5f}"
-    lines.append(f"| {r['pair']} | {r['step1']:.1e} | {r['max']:.1e} ({r['argmax']}) | {r['val_max']:.1e} | {fj} | {ff} |")
+    lines.append(f"| {r['pair']} | {r['step1']:.1e} | {r['max']:.1e} ({r['argmax']}) | {r['val_max']:.1e} "
+                 f"| {fj} | {ff} |")
   lines.append("")
-  for c in summary["claims"]:
-    lines.append(f"- {c['id']}: {c['ours']} -> **{c['holds']}**")
-  lines += ["", f"Raw data: `{rel}/pairs.json`, `{rel}/diff.csv`."]
   return "\n".join(lines)

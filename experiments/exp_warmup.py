@@ -13,8 +13,11 @@ import dataclasses
 
 import numpy as np
 
-NAME = "warmup"
+from experiments import claims as claims_lib
+from experiments.context import run_label, train_run
+
 TITLE = "Warm-up and learning-rate sensitivity (Xiong et al. 2020, Sec. 3-4)"
+RAW_DATA = ('runs.json', 'final.csv')  # files the report links under the claims
 
 MARGIN = 0.05      # nats: a smaller difference of final validation losses counts as "the same"
 FASTER = 0.9       # Pre-LN is "faster" if it needs <= this fraction of Post-LN's steps
@@ -29,7 +32,7 @@ class Config:
     steps: optimizer updates per run.
     lrs: peak learning rates.
     warmup: linear warm-up steps of the "with warm-up" runs.
-    norm_types: ``"layernorm"`` gets the full grid; ``"rmsnorm"`` runs Post/Pre at the largest
+    norm_types: ``"layer_norm"`` gets the full grid; ``"rms_norm"`` runs Post/Pre at the largest
       learning rate without warm-up.
     small_init: also run GPT-2's small init (LayerNorm, largest lr, no warm-up).
     seed: the training seed.
@@ -39,17 +42,17 @@ class Config:
   steps: int = 300
   lrs: tuple = (5e-4, 1e-3)
   warmup: int = 60
-  norm_types: tuple = ("layernorm", "rmsnorm")
+  norm_types: tuple = ("layer_norm", "rms_norm")
   small_init: bool = True
   seed: int = 0
 
 
 def run_specs(cfg: Config) -> list[dict]:
-  """The runs of the warm-up experiment, as specs for :func:`train_run`.
+  """The runs of the warm-up experiment, as specs for :func:`~experiments.context.train_run`.
 
   LayerNorm with Xavier init: Post-LN and Pre-LN at every learning rate, each with warm-up 0 and
   ``cfg.warmup``; at the largest learning rate without warm-up, Post-LN and Pre-LN also with
-  RMSNorm (if ``"rmsnorm"`` is in ``cfg.norm_types``) and with small init (if ``cfg.small_init``).
+  RMSNorm (if ``"rms_norm"`` is in ``cfg.norm_types``) and with small init (if ``cfg.small_init``).
 
   Returns:
     Dicts with ``norm_position``, ``norm_type``, ``init``, ``lr`` and ``warmup``.
@@ -58,34 +61,15 @@ def run_specs(cfg: Config) -> list[dict]:
   for lr in cfg.lrs:
     for pos in ("post", "pre"):
       for w in (0, cfg.warmup):
-        specs.append({"norm_position": pos, "norm_type": "layernorm", "init": "xavier", "lr": lr, "warmup": w})
+        specs.append({"norm_position": pos, "norm_type": "layer_norm", "init": "xavier", "lr": lr, "warmup": w})
   top = max(cfg.lrs)
-  if "rmsnorm" in cfg.norm_types:
+  if "rms_norm" in cfg.norm_types:
     for pos in ("post", "pre"):
-      specs.append({"norm_position": pos, "norm_type": "rmsnorm", "init": "xavier", "lr": top, "warmup": 0})
+      specs.append({"norm_position": pos, "norm_type": "rms_norm", "init": "xavier", "lr": top, "warmup": 0})
   if cfg.small_init:
     for pos in ("post", "pre"):
-      specs.append({"norm_position": pos, "norm_type": "layernorm", "init": "small", "lr": top, "warmup": 0})
+      specs.append({"norm_position": pos, "norm_type": "layer_norm", "init": "small", "lr": top, "warmup": 0})
   return specs
-
-
-def label(spec: dict, n_layers: int) -> str:
-  """The label of a run spec, also its key in ``runs``.
-
-  ``"<position>-<norm>[-small]-L<n_layers>-lr<lr>-w<warmup>"`` (``-small`` for a non-Xavier
-  init), e.g. ``"post-layernorm-L6-lr0.001-w0"``.
-  """
-  init = "" if spec["init"] == "xavier" else "-small"
-  return f"{spec['norm_position']}-{spec['norm_type']}{init}-L{n_layers}-lr{spec['lr']:g}-w{spec['warmup']}"
-
-
-def train_run(ctx, spec: dict, n_layers: int, steps: int, seed: int = 0, **extra):
-  """One (cached) run; shared with the invariance, speed and VJP experiments."""
-  mc = ctx.model_config(n_layers=n_layers, norm_position=spec["norm_position"],
-                        norm_type=spec["norm_type"], init=spec.get("init", "xavier"),
-                        **({"norm_impl": spec["norm_impl"]} if "norm_impl" in spec else {}))
-  tc = ctx.train_config(mc, steps=steps, lr=spec["lr"], warmup=spec["warmup"], seed=seed, **extra)
-  return ctx.train(tc, label(spec, n_layers) + (f"-{spec['norm_impl']}" if "norm_impl" in spec else ""))
 
 
 def steps_to_reach(val_steps, val, target):
@@ -120,7 +104,7 @@ def verdicts(runs: dict, cfg: Config) -> tuple[list[dict], dict]:
     otherwise. Its note keeps an ``{eval_every}`` placeholder that :func:`run` fills in.
 
   Args:
-    runs: per-run results keyed by :func:`label` (``final_val_loss``, ``diverged``,
+    runs: per-run results keyed by :func:`~experiments.context.run_label` (``final_val_loss``, ``diverged``,
       ``diverged_at``, ``val_curve``).
     cfg: the experiment's config.
 
@@ -129,8 +113,8 @@ def verdicts(runs: dict, cfg: Config) -> tuple[list[dict], dict]:
     ``extra["preln_speed"]`` maps ``str(lr)`` to ``target``, ``pre_steps``, ``post_steps`` and
     ``fraction``.
   """
-  def get(pos, lr, w, norm="layernorm", init="xavier"):
-    return runs[label({"norm_position": pos, "norm_type": norm, "init": init, "lr": lr, "warmup": w}, cfg.n_layers)]
+  def get(pos, lr, w, norm="layer_norm", init="xavier"):
+    return runs[run_label({"norm_position": pos, "norm_type": norm, "init": init, "lr": lr, "warmup": w}, cfg.n_layers)]
 
   def worse(a, b):  # run a is worse than run b
     if a["diverged"] and not b["diverged"]:
@@ -149,7 +133,7 @@ def verdicts(runs: dict, cfg: Config) -> tuple[list[dict], dict]:
     parts.append(f"lr {lr:g}: {desc(a)} without vs {desc(b)} with warm-up")
     oks.append(worse(a, b))
   claims.append({"id": "xiong_postln_needs_warmup", "ours": "Post-LN final val loss, " + "; ".join(parts),
-                 "holds": "yes" if all(oks) else ("partly" if any(oks) else "no"),
+                 "holds": claims_lib.verdict(oks),
                  "note": f"holds where no-warm-up is worse by > {MARGIN} nats or diverges"})
   # LR sensitivity with warm-up.
   if len(cfg.lrs) >= 2:
@@ -170,7 +154,7 @@ def verdicts(runs: dict, cfg: Config) -> tuple[list[dict], dict]:
     parts.append(f"lr {lr:g}: {desc(a)} without vs {desc(b)} with")
     oks.append(not worse(a, b))
   claims.append({"id": "xiong_preln_no_warmup", "ours": "Pre-LN final val loss, " + "; ".join(parts),
-                 "holds": "yes" if all(oks) else ("partly" if any(oks) else "no"),
+                 "holds": claims_lib.verdict(oks),
                  "note": f"holds where no-warm-up is not worse by > {MARGIN} nats"})
   # Pre-LN faster: steps of Pre-LN (no warm-up) to reach Post-LN's (with warm-up) final val loss.
   parts, oks, speed = [], [], {}
@@ -195,7 +179,7 @@ def verdicts(runs: dict, cfg: Config) -> tuple[list[dict], dict]:
   extra["preln_speed"] = speed
   claims.append({"id": "xiong_preln_faster",
                  "ours": "Pre-LN (no warm-up) reaches Post-LN's (warm-up) final val loss: " + "; ".join(parts),
-                 "holds": "yes" if oks and all(oks) else ("partly" if any(oks) else "no"),
+                 "holds": (claims_lib.verdict(oks) if oks else "no"),
                  "note": f"eval every {{eval_every}} steps; 'sooner' = <= {FASTER:.0%} of the steps"})
   return claims, extra
 
@@ -218,22 +202,19 @@ def plot(ctx, runs: dict, cfg: Config) -> list[str]:
 
   Args:
     ctx: the suite context (saves the figures).
-    runs: per-run results of :func:`run`, keyed by :func:`label`.
+    runs: per-run results of :func:`run`, keyed by :func:`~experiments.context.run_label`.
     cfg: the experiment's config.
 
   Returns:
     The PNG file names.
   """
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   files = []
-  fig, axes = plt.subplots(1, len(cfg.lrs), figsize=(5.5 * len(cfg.lrs), 3.8), squeeze=False)
+  fig, axes = ctx.subplots(1, len(cfg.lrs), figsize=(5.5 * len(cfg.lrs), 3.8), squeeze=False)
   for i, lr in enumerate(cfg.lrs):
     ax = axes[0, i]
     for pos, color in (("post", "C3"), ("pre", "C0")):
       for w, ls in ((0, "-"), (cfg.warmup, "--")):
-        r = runs[label({"norm_position": pos, "norm_type": "layernorm", "init": "xavier", "lr": lr, "warmup": w},
+        r = runs[run_label({"norm_position": pos, "norm_type": "layer_norm", "init": "xavier", "lr": lr, "warmup": w},
                        cfg.n_layers)]
         name = f"{'Post' if pos == 'post' else 'Pre'}-LN, {'no warm-up' if w == 0 else f'warm-up {w}'}"
         ts, tl = zip(*r["train_curve"]) if r["train_curve"] else ((), ())
@@ -251,11 +232,11 @@ def plot(ctx, runs: dict, cfg: Config) -> list[str]:
   fig.suptitle("Warm-up and learning rate: validation loss", fontsize=10)
   files.append(ctx.save_figure(fig, "warmup_lr_curves.png"))
 
-  others = [k for k, r in runs.items() if r["spec"]["norm_type"] == "rmsnorm" or r["spec"]["init"] == "small"]
+  others = [k for k, r in runs.items() if r["spec"]["norm_type"] == "rms_norm" or r["spec"]["init"] == "small"]
   if others:
     top = max(cfg.lrs)
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    base = [label({"norm_position": p, "norm_type": "layernorm", "init": "xavier", "lr": top, "warmup": 0},
+    fig, ax = ctx.subplots(figsize=(6.5, 4))
+    base = [run_label({"norm_position": p, "norm_type": "layer_norm", "init": "xavier", "lr": top, "warmup": 0},
                   cfg.n_layers) for p in ("post", "pre")]
     for i, k in enumerate(base + others):
       r = runs[k]
@@ -290,7 +271,7 @@ def run(ctx, cfg: Config) -> dict:
   runs = {}
   for spec in ctx.iterate(run_specs(cfg), desc="runs"):
     r = train_run(ctx, spec, cfg.n_layers, cfg.steps, seed=cfg.seed)
-    runs[label(spec, cfg.n_layers)] = {"spec": spec, **{k: r.summary.get(k) for k in (
+    runs[run_label(spec, cfg.n_layers)] = {"spec": spec, **{k: r.summary.get(k) for k in (
         "final_val_loss", "diverged", "diverged_at", "tokens_per_s", "steps_done", "val_curve")},
         "train_curve": r.summary.get("train_curve"), "run": r.path.name}
   claims, extra = verdicts(runs, cfg)
@@ -307,16 +288,10 @@ def run(ctx, cfg: Config) -> dict:
 
 
 def report_section(summary: dict, rel: str) -> str:
-  """Markdown section of the warm-up experiment for the report.
+  """Markdown section of the warm-up experiment: the setup (with the unigram baseline), the plots,
+  the per-run table.
 
-  Args:
-    summary: the experiment's ``done.json``: the summary returned by :func:`run` plus its
-      ``config`` (as a dict).
-    rel: the experiment's folder relative to the report, used in image and data links.
-
-  Returns:
-    The setup (with the unigram baseline), the plots, the per-run table, the claims
-    and the raw-data links.
+  The protocol (``summary``, ``rel``, what the report adds) is in :mod:`experiments.report`.
   """
   cfg = summary["config"]
   lines = [
@@ -334,7 +309,4 @@ def report_section(summary: dict, rel: str) -> str:
     f = "-" if r["final"] is None else f"{float(r['final']):.4f}"
     lines.append(f"| {r['run']} | {f} | {r['diverged_at'] or '-'} |")
   lines.append("")
-  for c in summary["claims"]:
-    lines.append(f"- {c['id']}: {c['ours']} -> **{c['holds']}**")
-  lines += ["", f"Raw data: `{rel}/runs.json`, `{rel}/final.csv`."]
   return "\n".join(lines)

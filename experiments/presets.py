@@ -17,7 +17,7 @@ change with the preset. Three presets:
 
 Each preset is a plain dict (so it is written verbatim into the results' provenance): ``model``
 holds :class:`jaxnorm.models.TransformerConfig` fields shared by every experiment, ``train``
-holds :class:`experiments.train.TrainConfig` fields shared by every training run, and one entry
+holds :class:`experiments.train_config.TrainConfig` fields shared by every training run, and one entry
 per experiment holds the fields of that module's ``Config`` dataclass.
 """
 
@@ -33,26 +33,26 @@ PRESETS: dict[str, dict[str, Any]] = {
         "description": "structural checks for CI: tiny models, a few steps (about a minute on 2 cores)",
         "model": {"d_model": 32, "n_heads": 2, "d_ff": 64, "max_len": 32},
         "train": {"batch_size": 4, "seq_len": 32, "eval_every": 10, "eval_batches": 1},
-        "grad_init": {"depths": (6,), "seeds": (0,), "n_batches": 1, "norm_types": ("layernorm",),
+        "grad_init": {"depths": (6,), "seeds": (0,), "n_batches": 1, "norm_types": ("layer_norm",),
                       "small_init": False, "qk_zero": False},
         "warmup": {"n_layers": 1, "steps": 20, "lrs": (1e-3,), "warmup": 5,
-                   "norm_types": ("layernorm",), "small_init": False},
+                   "norm_types": ("layer_norm",), "small_init": False},
         "depth": {"depths": (1,), "positions": ("post", "deepnorm"), "steps": 4,
                   "update_steps": 2, "lr": 1e-3},
         "invariance": {"n_rows": 8, "d": 64, "n_points": 13, "seeds": (0,), "train_steps": 20,
                        "n_layers": 1},
         "speed": {"n_layers": 1, "steps": 3, "repeats": 1, "op_shapes": ((256, 64),), "op_repeats": 3},
-        "vjp": {"n_layers": 1, "steps": 20, "positions": ("post",), "norm_types": ("layernorm",)},
+        "vjp": {"n_layers": 1, "steps": 20, "positions": ("post",), "norm_types": ("layer_norm",)},
     },
     "cpu": {
         "description": "the README's main job: small models on a laptop CPU (about 20 minutes on 2 cores)",
         "model": {"d_model": 64, "n_heads": 4, "d_ff": 256, "max_len": 64},
         "train": {"batch_size": 16, "seq_len": 64, "eval_every": 20, "eval_batches": 4},
         "grad_init": {"depths": (6, 12, 24), "seeds": (0, 1), "n_batches": 2,
-                      "norm_types": ("layernorm", "rmsnorm"), "small_init": True, "qk_zero": True,
+                      "norm_types": ("layer_norm", "rms_norm"), "small_init": True, "qk_zero": True,
                       "variant_depths": (12,)},
         "warmup": {"n_layers": 6, "steps": 200, "lrs": (5e-4, 1e-3), "warmup": 40,
-                   "norm_types": ("layernorm", "rmsnorm"), "small_init": True},
+                   "norm_types": ("layer_norm", "rms_norm"), "small_init": True},
         "depth": {"depths": (6, 12, 18), "positions": ("post", "pre", "sandwich", "deepnorm"),
                   "steps": 60, "update_steps": 8, "lr": 1e-3},
         "invariance": {"n_rows": 64, "d": 256, "n_points": 25, "seeds": (0, 1, 2),
@@ -60,16 +60,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         "speed": {"n_layers": 6, "steps": 30, "repeats": 2,
                   "op_shapes": ((1024, 64), (4096, 256), (8192, 1024)), "op_repeats": 20},
         "vjp": {"n_layers": 6, "steps": 200, "positions": ("pre", "post"),
-                "norm_types": ("layernorm", "rmsnorm")},
+                "norm_types": ("layer_norm", "rms_norm")},
     },
     "gpu": {
         "description": "full-size version for one accelerator (width 256, up to 48 layers, several seeds)",
         "model": {"d_model": 256, "n_heads": 4, "d_ff": 1024, "max_len": 256},
         "train": {"batch_size": 32, "seq_len": 256, "eval_every": 100, "eval_batches": 8},
         "grad_init": {"depths": (6, 12, 24, 48), "seeds": (0, 1, 2, 3), "n_batches": 4,
-                      "norm_types": ("layernorm", "rmsnorm"), "small_init": True, "qk_zero": True},
+                      "norm_types": ("layer_norm", "rms_norm"), "small_init": True, "qk_zero": True},
         "warmup": {"n_layers": 6, "steps": 4000, "lrs": (5e-4, 1e-3, 2e-3), "warmup": 500,
-                   "norm_types": ("layernorm", "rmsnorm"), "small_init": True},
+                   "norm_types": ("layer_norm", "rms_norm"), "small_init": True},
         "depth": {"depths": (6, 12, 24, 48), "positions": ("post", "pre", "sandwich", "deepnorm"),
                   "steps": 2000, "update_steps": 20, "lr": 1e-3},
         "invariance": {"n_rows": 256, "d": 1024, "n_points": 49, "seeds": (0, 1, 2, 3),
@@ -77,7 +77,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "speed": {"n_layers": 6, "steps": 100, "repeats": 3,
                   "op_shapes": ((8192, 1024), (16384, 4096), (32768, 8192)), "op_repeats": 100},
         "vjp": {"n_layers": 6, "steps": 4000, "positions": ("pre", "post"),
-                "norm_types": ("layernorm", "rmsnorm")},
+                "norm_types": ("layer_norm", "rms_norm")},
     },
 }
 

@@ -2,9 +2,16 @@
 
 The report starts with the provenance (preset, command, device, versions, corpus hash, git
 commit), then a summary of the verdicts, then one section per experiment (written by the
-experiment module's ``report_section``, embedding its PNGs by relative path), and ends with
+experiment module's ``report_section``, embedding its PNGs by relative path, followed by its
+claims and the links to its ``RAW_DATA`` files), and ends with
 the table "claim - source - published number - our number - holds?" built from
 :data:`experiments.claims.CLAIMS` and the ``claims`` of each experiment's ``done.json``.
+
+Each experiment module provides ``TITLE``, ``RAW_DATA`` (its data files, linked after its
+claims) and ``report_section(summary, rel) -> str``: ``summary`` is the experiment's
+``done.json`` (what its ``run`` returned plus its ``config`` as a dict) and ``rel`` its folder
+relative to the report, for image and data links. The section returns the setup, plots and
+tables; this module adds the claims list and the raw-data line after it.
 
 ``python -m experiments run --report-only --out DIR`` re-renders it without recomputing.
 """
@@ -16,10 +23,11 @@ import pathlib
 from typing import Any
 
 from experiments import claims as claims_lib
-from experiments import suite
+from experiments.registry import EXPERIMENTS, read_json
 
 __all__ = ["claims_rows", "render", "render_text"]
 
+_NOT_RECHECKED = " [published number as quoted in the issue; not re-checked against the paper]"
 _VERDICT_TEXT = {"yes": "yes", "no": "**no**", "partly": "partly", "n/a": "n/a", "obs": "(observation)"}
 
 
@@ -46,13 +54,19 @@ def claims_rows(summaries: dict[str, dict]) -> list[dict]:
         "id": cid,
         "experiment": claim.experiment,
         "statement": claim.statement,
-        "source": claim.source + ("" if claim.checked else " [published number as quoted in the issue; not re-checked against the paper]"),
+        "source": claim.source + ("" if claim.checked else _NOT_RECHECKED),
         "published": claim.published,
         "ours": m["ours"] if m else "-",
         "holds": m["holds"] if m else "not run",
         "note": (m or {}).get("note", ""),
     })
   return rows
+
+
+def _claims_and_raw_data(summary: dict, rel: str, raw_data: tuple[str, ...]) -> list[str]:
+  """The end of every experiment's section: its claims, one line each, and its raw-data files."""
+  lines = [f"- {c['id']}: {c['ours']} -> **{c['holds']}**" for c in summary["claims"]]
+  return lines + ["", "Raw data: " + ", ".join(f"`{rel}/{f}`" for f in raw_data) + "."]
 
 
 def _provenance_lines(state: dict) -> list[str]:
@@ -88,14 +102,14 @@ def render_text(root: str | pathlib.Path) -> str:
   suite_path = root / "suite.json"
   if not suite_path.exists():
     raise FileNotFoundError(f"{suite_path} not found: run `python -m experiments run --out {root}` first.")
-  state = suite.read_json(suite_path)
+  state = read_json(suite_path)
   summaries, failed, missing = {}, {}, []
-  for name in suite.EXPERIMENTS:
+  for name in EXPERIMENTS:
     done, err = root / name / "done.json", root / name / "error.json"
     if done.exists():
-      summaries[name] = suite.read_json(done)
+      summaries[name] = read_json(done)
     elif err.exists():
-      failed[name] = suite.read_json(err)["error"]
+      failed[name] = read_json(err)["error"]
     else:
       missing.append(name)
 
@@ -114,7 +128,7 @@ def render_text(root: str | pathlib.Path) -> str:
   out += ["## Provenance", ""] + _provenance_lines(state) + [""]
   exps = state.get("experiments", {})
   out += ["| experiment | status | wall time (s) | seeds |", "|---|---|---|---|"]
-  for name in suite.EXPERIMENTS:
+  for name in EXPERIMENTS:
     info = exps.get(name, {})
     status = "done" if name in summaries else ("failed" if name in failed else "not run")
     wall = summaries.get(name, {}).get("wall_s", info.get("wall_s"))
@@ -131,11 +145,12 @@ def render_text(root: str | pathlib.Path) -> str:
       out.append(f"- **{verdict}** — {r['statement']} Ours: {r['ours']}.")
   out.append("")
 
-  for i, name in enumerate(suite.EXPERIMENTS, 1):
-    module = importlib.import_module(suite.EXPERIMENTS[name])
+  for i, name in enumerate(EXPERIMENTS, 1):
+    module = importlib.import_module(EXPERIMENTS[name])
     out += [f"## {i}. {module.TITLE}", ""]
     if name in summaries:
       out.append(module.report_section(summaries[name], name).rstrip())
+      out += [""] + _claims_and_raw_data(summaries[name], name, module.RAW_DATA)
     elif name in failed:
       out.append(f"**This experiment failed:** `{_escape(failed[name])}` (traceback in `{name}/error.json`).")
     else:

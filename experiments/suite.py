@@ -22,341 +22,28 @@ report with its plots and data, but not the training runs, to ``DIR`` (this is h
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import datetime
-import hashlib
 import importlib
-import json
-import math
 import os
 import pathlib
-import platform
 import shutil
-import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Callable, Iterable, Iterator
-
-import numpy as np
+from typing import Callable
 
 from experiments import presets as presets_lib
+from experiments import report
+from experiments.context import Context
+from experiments.provenance import provenance
+from experiments.registry import EXPERIMENTS, read_json, write_json
 
-__all__ = ["EXPERIMENTS", "Context", "RunResult", "main", "run_suite", "to_jsonable"]
-
-# Experiment name -> module, in the order of the report (the numbering of the issue).
-EXPERIMENTS: dict[str, str] = {
-    "grad_init": "experiments.exp_grad_init",
-    "warmup": "experiments.exp_warmup",
-    "depth": "experiments.exp_depth",
-    "invariance": "experiments.exp_invariance",
-    "speed": "experiments.exp_speed",
-    "vjp": "experiments.exp_vjp",
-}
-
-_RUN_CACHE_VERSION = 1
-
-
-def to_jsonable(obj: Any) -> Any:
-  """Converts numpy/JAX scalars and arrays, tuples and dataclasses into JSON-ready values.
-
-  Non-finite floats become the strings ``"nan"``/``"inf"``/``"-inf"`` so that the files stay
-  valid JSON (diverged runs produce them).
-  """
-  if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-    return to_jsonable(dataclasses.asdict(obj))
-  if isinstance(obj, dict):
-    return {str(k): to_jsonable(v) for k, v in obj.items()}
-  if isinstance(obj, (list, tuple)):
-    return [to_jsonable(v) for v in obj]
-  if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):
-    return to_jsonable(obj.tolist())
-  if isinstance(obj, (bool, np.bool_)):
-    return bool(obj)
-  if isinstance(obj, (int, np.integer)):
-    return int(obj)
-  if isinstance(obj, (float, np.floating)):
-    f = float(obj)
-    if math.isfinite(f):
-      return f
-    return "nan" if math.isnan(f) else ("inf" if f > 0 else "-inf")
-  return obj
-
-
-def from_json_float(value: Any) -> float:
-  """Inverse of :func:`to_jsonable` for one float (``"nan"`` -> ``nan``; ``None`` -> ``nan``)."""
-  if value is None:
-    return float("nan")
-  return float(value)
-
-
-def write_json(path: pathlib.Path, obj: Any) -> None:
-  """Writes ``obj`` as indented JSON atomically (a crash never leaves half a file)."""
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix(path.suffix + ".tmp")
-  tmp.write_text(json.dumps(to_jsonable(obj), indent=1, sort_keys=False) + "\n")
-  os.replace(tmp, path)
-
-
-def read_json(path: pathlib.Path) -> Any:
-  """Parses the JSON file at ``path`` (non-finite floats stay strings: :func:`from_json_float`)."""
-  return json.loads(pathlib.Path(path).read_text())
+__all__ = ["export", "main", "run_suite", "select"]
 
 
 def _is_tty() -> bool:
   return sys.stderr.isatty()
 
 
-@dataclasses.dataclass
-class RunResult:
-  """One finished training run: ``summary`` is what ``train()`` returned, ``metrics`` the
-  parsed lines of its ``metrics.jsonl`` (train lines carry ``loss``, eval lines ``val_loss``)."""
-
-  label: str
-  path: pathlib.Path
-  summary: dict
-  metrics: list[dict]
-  cached: bool
-
-  def train_curve(self, key: str = "loss") -> tuple[np.ndarray, np.ndarray]:
-    """(steps, values) of ``key`` over the train lines that have it."""
-    rows = [m for m in self.metrics if key in m and "step" in m]
-    steps = np.array([m["step"] for m in rows], dtype=np.int64)
-    values = np.array([from_json_float(m[key]) for m in rows], dtype=np.float64)
-    return steps, values
-
-  def val_curve(self) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, val_loss) from the summary's ``val_curve``."""
-    curve = self.summary.get("val_curve") or []
-    steps = np.array([s for s, _ in curve], dtype=np.int64)
-    values = np.array([from_json_float(v) for _, v in curve], dtype=np.float64)
-    return steps, values
-
-
-class Context:
-  """What an experiment gets from the suite: its folder, the preset, logging, progress,
-  the corpus, and cached training runs.
-
-  Attributes:
-    root: the results folder.
-    preset: the preset dict (see :mod:`experiments.presets`).
-    exp_dir: the folder of the experiment being run (set by the suite).
-    progress: whether to draw progress bars (a TTY) or print plain lines.
-  """
-
-  def __init__(self, root: pathlib.Path, preset: dict, *, progress: bool,
-               log: Callable[[str], None] | None = None):
-    self.root = pathlib.Path(root)
-    self.preset = preset
-    self.progress = progress
-    self.exp_dir = self.root
-    self.exp_name = ""
-    self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    self._corpus = None
-
-  # ---------------------------------------------------------------- output
-  def log(self, msg: str) -> None:
-    """Prints one progress line, prefixed with the time and the experiment's name."""
-    stamp = datetime.datetime.now().strftime("%H:%M:%S")
-    self._log(f"[{stamp}] {self.exp_name or 'suite'}: {msg}")
-
-  def iterate(self, items: Iterable, *, desc: str, total: int | None = None) -> Iterator:
-    """Iterates over ``items`` with a tqdm bar on a TTY, or with one plain line per item."""
-    items = list(items)
-    total = len(items) if total is None else total
-    if self.progress:
-      from tqdm.auto import tqdm
-      yield from tqdm(items, desc=f"{self.exp_name}: {desc}", total=total, leave=False)
-      return
-    for i, item in enumerate(items):
-      self.log(f"{desc} {i + 1}/{total}")
-      yield item
-
-  # ---------------------------------------------------------------- data and models
-  def corpus(self):
-    """The corpus of the preset (``experiments.data.load_corpus``), loaded once."""
-    if self._corpus is None:
-      from experiments import data
-      self._corpus = data.load_corpus(self.preset.get("data"))
-    return self._corpus
-
-  def model_config(self, **overrides):
-    """A ``TransformerConfig`` with the preset's shared model fields and ``overrides``."""
-    from jaxnorm.models import TransformerConfig
-    fields = dict(self.preset.get("model", {}))
-    fields.update(overrides)
-    return TransformerConfig(**fields)
-
-  def train_config(self, model, **overrides):
-    """A ``TrainConfig`` for ``model`` with the preset's shared train fields and ``overrides``.
-
-    Checkpointing is off (the suite caches whole runs instead) unless overridden.
-    """
-    from experiments.train import TrainConfig
-    fields = dict(self.preset.get("train", {}))
-    fields.setdefault("checkpoint_every", 0)
-    if self.preset.get("data") is not None:
-      fields.setdefault("data", self.preset["data"])
-    fields.update(overrides)
-    return TrainConfig(model=model, **fields)
-
-  def train(self, config, label: str) -> RunResult:
-    """Runs ``train(config)`` once per distinct config and caches it under ``root/runs``.
-
-    Experiments that need the same run (the Pre-LN baseline of the warm-up, invariance,
-    speed and VJP experiments) share it. A run whose ``run.json`` exists is loaded, not
-    recomputed.
-    """
-    key_src = json.dumps({"v": _RUN_CACHE_VERSION, "config": to_jsonable(config)}, sort_keys=True)
-    key = hashlib.sha256(key_src.encode()).hexdigest()[:10]
-    run_dir = self.root / "runs" / f"{label}-{key}"
-    # The hash decides: a run cached under another label is the same run.
-    for other in sorted((self.root / "runs").glob(f"*-{key}")):
-      if (other / "run.json").exists():
-        run_dir = other
-        break
-    done = run_dir / "run.json"
-    if done.exists():
-      summary = read_json(done)["summary"]
-      return RunResult(label, run_dir, summary, _read_metrics(run_dir), cached=True)
-    from experiments import train as train_lib
-    if run_dir.exists():  # an interrupted run: start it again from scratch
-      shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
-    t0 = time.perf_counter()
-    self.log(f"train {label} ({config.steps} steps)")
-    summary = train_lib.train(config, run_dir, progress=self.progress, corpus=self.corpus())
-    wall = time.perf_counter() - t0
-    summary = dict(summary)
-    summary["wall_s"] = wall
-    write_json(done, {"label": label, "summary": summary, "config": config})
-    final = summary.get("final_val_loss")
-    self.log(f"  {label}: val_loss={_fmt(final)} diverged={summary.get('diverged')} "
-             f"({wall:.0f} s)")
-    return RunResult(label, run_dir, to_jsonable(summary), _read_metrics(run_dir), cached=False)
-
-  # ---------------------------------------------------------------- files
-  def save_json(self, name: str, obj: Any) -> pathlib.Path:
-    """Writes ``obj`` as JSON (:func:`write_json`) to ``exp_dir / name``; returns the path."""
-    path = self.exp_dir / name
-    write_json(path, obj)
-    return path
-
-  def save_csv(self, name: str, header: list[str], rows: Iterable[Iterable[Any]]) -> pathlib.Path:
-    """Writes a CSV file (floats with 6 significant digits)."""
-    path = self.exp_dir / name
-    lines = [",".join(header)]
-    for row in rows:
-      lines.append(",".join(_csv_cell(v) for v in row))
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-  def save_figure(self, fig, name: str) -> str:
-    """Saves a matplotlib figure as a PNG (modest dpi) and closes it; returns the file name."""
-    import matplotlib.pyplot as plt
-    path = self.exp_dir / name
-    fig.tight_layout()
-    fig.savefig(path, dpi=self.preset.get("dpi", 90), bbox_inches="tight")
-    plt.close(fig)
-    return name
-
-
-def _csv_cell(v: Any) -> str:
-  if isinstance(v, (float, np.floating)):
-    return f"{float(v):.6g}"
-  return str(v)
-
-
-def _fmt(x: Any) -> str:
-  try:
-    return f"{float(x):.4f}"
-  except (TypeError, ValueError):
-    return str(x)
-
-
-def _read_metrics(run_dir: pathlib.Path) -> list[dict]:
-  path = run_dir / "metrics.jsonl"
-  if not path.exists():
-    return []
-  rows = []
-  for line in path.read_text().splitlines():
-    line = line.strip()
-    if line:
-      rows.append(json.loads(line))
-  return rows
-
-
-# -------------------------------------------------------------------- provenance
-def _version(module: str) -> str | None:
-  try:
-    from importlib import metadata
-    return metadata.version(module)
-  except Exception:  # noqa: BLE001 - a missing package is reported as None
-    return None
-
-
-def _git_info() -> dict:
-  repo = pathlib.Path(__file__).resolve().parents[1]
-  try:
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
-                            text=True, timeout=10).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                           capture_output=True, text=True, timeout=10).stdout.strip()
-    return {"commit": commit or None, "dirty": bool(dirty)}
-  except Exception:  # noqa: BLE001 - not a git checkout
-    return {"commit": None, "dirty": None}
-
-
-def _cpu_model() -> str:
-  try:
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
-
-
-def device_info() -> dict:
-  """The JAX backend and devices, the CPU model and core count."""
-  import jax
-  devices = jax.devices()
-  return {
-      "backend": jax.default_backend(),
-      "device_kind": devices[0].device_kind,
-      "n_devices": len(devices),
-      "cpu": _cpu_model(),
-      "cpu_count": os.cpu_count(),
-      "platform": platform.platform(),
-      # Other processes compete for the CPU: timings of a loaded machine are slower and noisier.
-      "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-  }
-
-
-def provenance(preset: dict, corpus=None) -> dict:
-  """Everything a reader needs to know where the numbers come from."""
-  info = {
-      "preset": preset.get("name"),
-      "preset_config": preset,
-      "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      "command": "python -m experiments run " + " ".join(sys.argv[2:] if len(sys.argv) > 1 else []),
-      "device": device_info(),
-      "versions": {
-          "python": platform.python_version(),
-          **{name: _version(name) for name in (
-              "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "matplotlib", "jaxnorm")},
-      },
-      "git": _git_info(),
-  }
-  if corpus is not None:
-    info["corpus"] = {"name": getattr(corpus, "name", None), "sha256": getattr(corpus, "sha256", None),
-                      "n_bytes": getattr(corpus, "n_bytes", None),
-                      "n_files": len(getattr(corpus, "files", []) or [])}
-  return info
-
-
-# -------------------------------------------------------------------- the runner
 def _experiment_config(module, preset: dict, name: str):
   fields = preset.get(name, {})
   try:
@@ -486,7 +173,6 @@ def run_suite(preset_name: str, out_dir: str | pathlib.Path, *, only: list[str] 
   state["failed"] = failures
   write_json(suite_path, state)
   if render:
-    from experiments import report
     path = report.render(root)
     ctx.log(f"report written to {path}")
   return state
@@ -546,7 +232,6 @@ def main(argv: list[str] | None = None) -> int:
   out = pathlib.Path(args.out or os.path.join("results", args.preset))
   try:
     if args.report_only:
-      from experiments import report
       print(report.render(out))
       failed = []
     else:

@@ -14,7 +14,7 @@ closed over), so XLA cannot fold anything.
 
 Output: a table on stdout (best candidate per entry, next to the default) and ``tune.json``
 under ``--out``; the chosen rules are written by hand into
-:func:`jaxnorm._pallas.block_config` with the measurements that justify them.
+:func:`jaxnorm._pallas_config.block_config` with the measurements that justify them.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import os
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from experiments import bench

@@ -62,6 +62,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxnorm import _math
+from jaxnorm import _pallas_config
 from jaxnorm import _validation as v
 
 
@@ -80,6 +82,7 @@ class NormConfig:
   bias_shape: Any  # Shape of bias (for its cotangent), or None.
   bias_vma: frozenset  # Mesh axes bias varies over inside shard_map (empty outside).
   impl: str  # "xla" or "pallas" (resolved, never "auto").
+  interpret: bool = False  # impl="pallas": run the kernels in Pallas interpret mode.
 
 
 def compute_dtype(dtype) -> np.dtype:
@@ -136,25 +139,16 @@ def _count(cfg: NormConfig, mask, x_shape, dtype):
 
 
 def _normalizer(cfg: NormConfig, var):
-  """rstd = 1/sqrt(v + eps) ("inside") or 1/(sqrt(v) + eps) ("outside")."""
-  if cfg.epsilon_placement == "inside":
-    return lax.rsqrt(var + cfg.epsilon)
-  return 1.0 / (jnp.sqrt(var) + cfg.epsilon)
+  """rstd = 1/sqrt(v + eps) ("inside") or 1/(sqrt(v) + eps) ("outside"): :func:`_math.rstd`."""
+  return _math.rstd(var, cfg.epsilon, cfg.epsilon_placement == "outside")
 
 
 def variance_path_factor(cfg: NormConfig, rstd):
-  r"""c in the backward's variance-path term.
+  """c in the backward's variance-path term (None for "inside").
 
-  "inside": :math:`dr/dv = -r^3/2`, so c = 1. "outside": :math:`dr/dv = -r^2/(2\sqrt v)`, which
-  is c = :math:`1/(r\sqrt v) = 1/(1 - \epsilon r)` times the "inside" form. On a zero-variance
-  row (``1 - eps*r == 0``) the whole term is zero in the limit, so c is set to 0 there (with the
-  double-``where`` that keeps second derivatives finite).
+  See :func:`jaxnorm._math.variance_path_factor`.
   """
-  if cfg.epsilon_placement == "inside":
-    return None
-  denom = 1.0 - cfg.epsilon * rstd
-  ok = denom > 0
-  return jnp.where(ok, 1.0 / jnp.where(ok, denom, 1.0), 0.0)
+  return _math.variance_path_factor(rstd, cfg.epsilon, cfg.epsilon_placement == "outside")
 
 
 def statistics(cfg: NormConfig, x, mask):
@@ -266,6 +260,7 @@ def _xla_backward(cfg: NormConfig, x, scale, mask, stats, dy):
 
 
 def _pallas_interpret() -> bool:
+  """The default of ``interpret``: the environment variable ``JAXNORM_PALLAS_INTERPRET``."""
   return os.environ.get("JAXNORM_PALLAS_INTERPRET", "0") not in ("", "0", "false", "False")
 
 
@@ -275,7 +270,7 @@ def _pallas_forward(cfg: NormConfig, x, scale, bias, mask):
   x2 = x.reshape(-1, x.shape[-1])
   kw = dict(epsilon=cfg.epsilon, epsilon_placement=cfg.epsilon_placement,
             zero_centered_scale=cfg.zero_centered_scale, out_dtype=cfg.out_dtype,
-            interpret=_pallas_interpret())
+            interpret=cfg.interpret)
   s = None if scale is None else scale.reshape(-1)
   if cfg.center:
     b = None if bias is None else bias.reshape(-1)
@@ -296,7 +291,7 @@ def _pallas_backward(cfg: NormConfig, x, scale, mask, stats, dy):
   x2, dy2 = x.reshape(-1, d), dy.reshape(-1, d)
   s = None if scale is None else scale.reshape(-1)
   kw = dict(epsilon=cfg.epsilon, epsilon_placement=cfg.epsilon_placement,
-            zero_centered_scale=cfg.zero_centered_scale, interpret=_pallas_interpret())
+            zero_centered_scale=cfg.zero_centered_scale, interpret=cfg.interpret)
   if cfg.center:
     dx, dscale, dbias = _pallas.layer_norm_bwd(
         x2, s, shift.reshape(-1), delta.reshape(-1), rstd.reshape(-1), dy2,
@@ -342,8 +337,6 @@ def _norm_bwd(cfg: NormConfig, res, dy):
 _norm.defvjp(_norm_fwd, _norm_bwd)
 
 
-
-
 def _under_non_manual_mesh() -> bool:
   """Whether the current trace has an abstract mesh with an axis that is not Manual."""
   mesh = jax.sharding.get_abstract_mesh()
@@ -352,19 +345,19 @@ def _under_non_manual_mesh() -> bool:
   return any(t != jax.sharding.AxisType.Manual for t in mesh.axis_types)
 
 
-def _resolve_impl(impl: str, x2_shape, dtype, mask, axis_name) -> str:
+def _resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, interpret: bool) -> str:
   """Picks "xla" or "pallas" for ``impl`` in {"auto", "xla", "pallas"}.
 
   "auto" takes the Pallas kernels only on a GPU backend and only for calls they support (no
   mask, no axis_name, not traced under a mesh with non-manual axes, a supported shape and
-  dtype); it never fails where "xla" works (checked by the op and module tests on an H100). "pallas" raises a ``ValueError`` saying why when
-  the kernels cannot run the call.
+  dtype); it never fails where "xla" works (checked by the op and module tests on an H100).
+  "pallas" raises a ``ValueError`` saying why when the kernels cannot run the call.
   """
   v.check_choice("impl", impl, v.IMPLS)
   if impl == "xla":
     return "xla"
   backend = jax.default_backend()
-  on_gpu = backend in ("gpu", "cuda", "rocm")
+  on_gpu = _pallas_config.on_gpu(backend)
   if impl == "auto" and not on_gpu:
     return "xla"
   why_not = None
@@ -375,14 +368,12 @@ def _resolve_impl(impl: str, x2_shape, dtype, mask, axis_name) -> str:
   elif _under_non_manual_mesh():
     why_not = ("the call is traced under a mesh with non-manual axes (explicit or automatic "
                "sharding); a pallas_call runs per device, inside shard_map only")
-  elif not on_gpu and not _pallas_interpret():
+  elif not on_gpu and not interpret:
     why_not = (f"the Pallas kernels need a GPU and the default backend is {backend!r} (set the "
                f"environment variable JAXNORM_PALLAS_INTERPRET=1 to run them in interpret mode, "
                f"slowly, for testing)")
   else:
-    from jaxnorm import _pallas  # pylint: disable=g-import-not-at-top
-
-    ok, reason = _pallas.supported(x2_shape, dtype)
+    ok, reason = _pallas_config.supported(x2_shape, dtype)
     if not ok:
       why_not = reason
   if impl == "auto":
@@ -393,8 +384,11 @@ def _resolve_impl(impl: str, x2_shape, dtype, mask, axis_name) -> str:
 
 
 def prepare(x, scale, bias, *, center, epsilon, axis, mask, epsilon_placement,
-            zero_centered_scale, axis_name, axis_index_groups, dtype, impl):
+            zero_centered_scale, axis_name, axis_index_groups, dtype, impl, interpret=None):
   """Validates the public arguments and returns ``(cfg, x2, mask2, restore)``.
+
+  ``interpret`` (for ``impl="pallas"``): run the kernels in Pallas interpret mode; None reads
+  the environment variable ``JAXNORM_PALLAS_INTERPRET``.
 
   ``x2`` is ``x`` with its normalized trailing axes flattened into one, ``mask2`` the mask
   broadcast and flattened the same way, and ``restore`` maps a ``(..., d)`` result back to the
@@ -404,8 +398,7 @@ def prepare(x, scale, bias, *, center, epsilon, axis, mask, epsilon_placement,
   epsilon = v.check_epsilon(epsilon)
   axes = v.normalized_axes(x.ndim, axis)
   v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
-  if not isinstance(zero_centered_scale, bool):
-    raise TypeError(f"zero_centered_scale must be a bool, got {zero_centered_scale!r}.")
+  v.check_bool("zero_centered_scale", zero_centered_scale)
   norm_shape = tuple(x.shape[axes[0]:])
   v.check_param("scale", scale, norm_shape)
   v.check_param("bias", bias, norm_shape)
@@ -421,7 +414,8 @@ def prepare(x, scale, bias, *, center, epsilon, axis, mask, epsilon_placement,
   d = int(np.prod(norm_shape))
   lead = tuple(x.shape[:axes[0]])
   x2 = x.reshape(lead + (d,))
-  impl = _resolve_impl(impl, (int(np.prod(lead)), d), x.dtype, mask, axis_name)
+  interpret = _pallas_interpret() if interpret is None else bool(interpret)
+  impl = _resolve_impl(impl, (int(np.prod(lead)), d), x.dtype, mask, axis_name, interpret)
   mask2 = None
   if mask is not None:
     mask2 = jnp.broadcast_to(mask, x.shape).reshape(lead + (d,))
@@ -437,6 +431,7 @@ def prepare(x, scale, bias, *, center, epsilon, axis, mask, epsilon_placement,
       bias_shape=None if bias is None else tuple(bias.shape),
       bias_vma=frozenset() if bias is None else varying_axes(bias),
       impl=impl,
+      interpret=interpret and impl == "pallas",
   )
   shape = tuple(x.shape)
   return cfg, x2, mask2, lambda y: y.reshape(shape)

@@ -9,7 +9,8 @@ of masked-in elements (:math:`m \equiv 1, n = d` without a mask):
    J^{\mathrm{LN}}_{ij} = \frac{\partial y_i}{\partial x_j}
      = \gamma_i\, r \Big(\delta_{ij} - \frac{m_j}{n} - c\,\frac{m_j\, \hat x_i \hat x_j}{n}\Big),
    \qquad
-   J^{\mathrm{RMS}}_{ij} = \gamma_i\, r \Big(\delta_{ij} - c\,\frac{m_j\, \hat x_i \hat x_j}{n}\Big),
+   J^{\mathrm{RMS}}_{ij} = \gamma_i\, r \Big(\delta_{ij}
+      - c\,\frac{m_j\, \hat x_i \hat x_j}{n}\Big),
 
 the three terms being the direct path, the mean path and the variance (RMS) path, with
 :math:`c = 1` for epsilon inside the root and :math:`c = 1/(1 - \epsilon r)` outside. The VJP is

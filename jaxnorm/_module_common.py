@@ -82,15 +82,22 @@ def feature_shape(x_shape: tuple[int, ...], feature_axes: Any) -> tuple[int, ...
 
 
 def check_num_features(module: str, num_features: int, x_shape: tuple[int, ...],
-                       feature_axes: Any, sharded: bool = False) -> None:
+                       fshape: tuple[int, ...], feature_axes: Any, sharded: bool = False) -> None:
   """Raises ``ValueError`` unless ``num_features`` matches the input's feature size.
 
   Flax reports this mismatch as a reshape error deep inside the layer; this names both sizes.
   With ``sharded=True`` (the layer has an ``axis_name``: inside ``shard_map`` each device holds
   a slice of the features) the local feature size must divide ``num_features``; the parameter
   shards are then checked against the local size by :func:`normalize`.
+
+  Args:
+    module: the layer's class name, for the message.
+    num_features: the layer's ``num_features``.
+    x_shape: the input's shape.
+    fshape: the input's feature shape (``x_shape`` along the canonical ``feature_axes``).
+    feature_axes: the layer's ``feature_axes`` as given, for the message.
+    sharded: whether the feature axes are split over ``axis_name``.
   """
-  fshape = feature_shape(x_shape, feature_axes)
   size = math.prod(fshape)
   if size == num_features or (sharded and num_features % size == 0):
     return
@@ -114,10 +121,16 @@ def check_num_features_arg(module: str, num_features: Any) -> int:
   return int(num_features)
 
 
-def check_options(epsilon: Any, epsilon_placement: Any, impl: Any) -> float:
-  """Validates the scalar options of a layer when it is built; returns ``epsilon`` as a float."""
+def check_options(epsilon: Any, epsilon_placement: Any, zero_centered_scale: Any,
+                  impl: Any) -> float:
+  """Validates the static options of a layer once, when it is built.
+
+  Returns:
+    ``epsilon`` as a Python float (the NNX layers store it; the op then sees a clean value).
+  """
   epsilon = v.check_epsilon(epsilon)
   v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
+  v.check_bool("zero_centered_scale", zero_centered_scale)
   v.check_choice("impl", impl, v.IMPLS)
   return epsilon
 
@@ -166,6 +179,8 @@ def normalize(
     epsilon_placement: str = "inside",
     zero_centered_scale: bool = False,
     impl: str = "auto",
+    num_features: int | None = None,
+    module: str = "",
 ) -> Any:
   r"""Normalizes ``x`` over any ``reduction_axes`` with the custom-VJP op of ``kind``.
 
@@ -194,6 +209,13 @@ def normalize(
     epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
     zero_centered_scale: multiply by ``1 + scale`` instead of ``scale``.
     impl: ``"auto"``, ``"xla"`` or ``"pallas"``.
+    num_features: the layer's ``num_features`` (NNX), checked against the input's feature
+      size (:func:`check_num_features`); None (Linen) skips that check.
+    module: the layer's class name, for error messages.
+
+  The layer's static options were validated when it was built (:func:`check_options`); ``x``'s
+  dtype and the mask are checked once, by the op (the mask here only when it must be
+  transposed first).
 
   Returns:
     ``y`` with the shape of ``x`` and dtype ``dtype``.
@@ -206,12 +228,13 @@ def normalize(
     raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
   if kind == "rms_norm" and bias is not None:
     raise ValueError("rms_norm has no bias; got a bias array. Pass bias=None.")
-  v.check_floating("x", x)
-  v.check_mask(mask, x.shape)
   ndim = x.ndim
   red = canonicalize_axes("reduction_axes", ndim, reduction_axes)
   feat = canonicalize_axes("feature_axes", ndim, feature_axes)
   fshape = tuple(int(x.shape[a]) for a in feat)
+  if num_features is not None:
+    check_num_features(module, num_features, x.shape, fshape, feature_axes,
+                       sharded=axis_name is not None)
   for name, p in (("scale", scale), ("bias", bias)):
     if p is not None and int(np.prod(p.shape)) != math.prod(fshape):
       raise ValueError(
@@ -227,6 +250,7 @@ def normalize(
   xt = jnp.transpose(x, perm) if moved else x  # (..., *reduced)
   mt = mask
   if mask is not None and moved:
+    v.check_mask(mask, x.shape)  # before the transpose; the op checks an untransposed mask
     mt = jnp.transpose(_to_rank(mask, ndim), perm)
   axis = tuple(range(ndim - len(red), ndim))
 

@@ -12,10 +12,10 @@ Normalization is memory-bound on a GPU, so the kernels are written to move each 
 * **parameter reduction**: a second, small kernel sums those partial rows per column. There are
   no atomics, so ``dscale``/``dbias`` are deterministic, run to run.
 
-For feature sizes larger than one block (``d > MAX_BLOCK_D``) the kernels loop over column
-blocks (the forward then reads a row three times and the backward twice; the re-reads of one
-row tile usually hit L2). Blocks are powers of two, loads and stores are masked, so any ``d``
-works, including sizes that are not powers of two.
+For feature sizes larger than one block (``d > _pallas_config.MAX_BLOCK_D``) the kernels loop
+over column blocks (the forward then reads a row three times and the backward twice; the
+re-reads of one row tile usually hit L2). Blocks are powers of two, loads and stores are
+masked, so any ``d`` works, including sizes that are not powers of two.
 
 Math (the same derived formulas as the XLA path in :mod:`jaxnorm._core`), per row of ``d``
 features, with :math:`\gamma` = ``scale`` or ``1 + scale`` (``zero_centered_scale``) or 1:
@@ -40,7 +40,8 @@ where the bars are row means, :math:`\overline g` is absent for RMSNorm, and :ma
 registers (exact, not the shifted one-pass sums of the XLA path; the residuals ``shift``,
 ``delta``, ``rstd`` mean the same thing on both paths, so either backward can consume them).
 
-Block sizes and warps come from :func:`block_config`, the one place that decides them.
+Block sizes and warps come from :func:`jaxnorm._pallas_config.block_config`, the one place that
+decides them; the normalizer and the variance-path factor from :mod:`jaxnorm._math`.
 
 On a CPU the kernels run in Pallas interpret mode (``interpret=True``), which is how the test
 suite checks them; the core ops pass ``interpret=True`` when the environment variable
@@ -52,7 +53,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
 
 import jax
 from jax import lax
@@ -60,151 +60,16 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jaxnorm import _math
 from jaxnorm import _validation as v
+from jaxnorm._pallas_config import BlockConfig, config_for, supported
 
 __all__ = [
-    "BlockConfig",
-    "block_config",
     "layer_norm_bwd",
     "layer_norm_fwd",
     "rms_norm_bwd",
     "rms_norm_fwd",
-    "supported",
 ]
-
-SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-GPU_BACKENDS = ("gpu", "cuda", "rocm")
-
-# Columns one program holds at once: a row of 8192 float32 values is 32 KiB of registers across
-# the program's threads; wider rows loop over column blocks.
-MAX_BLOCK_D = 8192
-# Elements of one (block_rows, block_d) tile that the heuristic aims for with short rows, so a
-# program has enough independent loads in flight.
-TARGET_TILE = 4096
-MAX_BLOCK_ROWS = 64
-# Columns per program in the parameter-reduction kernel, and rows of partials per step.
-REDUCE_BLOCK_D = 256
-REDUCE_BLOCK_ROWS = 32
-
-
-@dataclasses.dataclass(frozen=True)
-class BlockConfig:
-  """Launch configuration of the kernels for one (rows, d, dtype, device).
-
-  Attributes:
-    block_d: columns of a tile (a power of two, ``>= d`` unless the kernels loop).
-    num_col_blocks: ``cdiv(d, block_d)``; more than one means the column loop.
-    block_rows: rows of a tile (a power of two).
-    num_warps: Triton warps per program (32 threads each).
-    num_stages: Triton software-pipelining depth of the loops over row tiles / column blocks.
-    bwd_block_rows, bwd_num_warps, bwd_num_stages: the same three settings for the backward dx
-      kernel (None: the forward's).
-    bwd_programs: programs of the backward dx kernel; each owns one row of the float32
-      ``(bwd_programs, d)`` partial sums of ``dscale``/``dbias``.
-    reduce_block_d: columns per program of the partial-sum reduction kernel.
-    reduce_block_rows: partial rows the reduction kernel adds per step.
-  """
-
-  block_d: int
-  num_col_blocks: int
-  block_rows: int
-  num_warps: int
-  bwd_programs: int
-  reduce_block_d: int
-  reduce_block_rows: int
-  num_stages: int = 1
-  bwd_block_rows: int | None = None
-  bwd_num_warps: int | None = None
-  bwd_num_stages: int | None = None
-
-
-@functools.lru_cache(maxsize=256)
-def block_config(rows: int, d: int, dtype: Any, device_kind: str = "",
-                 core_count: int | None = None) -> BlockConfig:
-  r"""The block-size heuristic of every kernel in this module (cached per key).
-
-  * ``block_d = min(next_pow2(d), MAX_BLOCK_D)``: the whole row in registers when it fits.
-  * ``block_rows = clamp(TARGET_TILE // block_d, 1, MAX_BLOCK_ROWS)``, at most
-    ``next_pow2(rows)``: short rows are batched so a tile has about 4096 elements.
-  * ``num_warps = clamp(block_rows * block_d // 1024, 1, 4)``: about 32 elements per thread,
-    at most 4 warps. Measured on an H100 (``python -m experiments tune``, 2026-11-23; see
-    ``experiments/results/gpu-h100/``): at d = 4096 and 8192, one row per program with 4 warps
-    beat 8 and 16 warps in every forward case (bfloat16 LayerNorm at 16384x4096: 1.89 TB/s
-    with 4 warps against 1.13 with 8), and more rows per program never helped.
-  * ``bwd_num_warps = 4`` up to 4096 elements per tile, 16 above: the backward keeps four
-    tile-sized float32 arrays live; at d = 8192 with 4 warps they spill (LayerNorm float32 at
-    32768x8192: 1.34 TB/s with 4 warps, 2.04-2.14 with 16, same sweep).
-  * ``bwd_programs = min(row_tiles, 2 * core_count)``: two programs per SM keep enough loads
-    in flight, and the float32 partial sums they write and the reduction reads back add
-    ``16 P / (3 rows itemsize)`` to the backward's traffic for LayerNorm (half for RMSNorm):
-    4% at 8192 float32 rows of an H100 (P = 264), 1% at 32768 rows; at most 8 programs where
-    the device does not report its core count (interpret mode on a CPU).
-
-  ``dtype`` and ``device_kind`` are part of the cache key so that a per-device or per-dtype
-  table (e.g. from autotuning on a GPU) can replace the rules above without changing callers.
-
-  Args:
-    rows: number of rows (tokens) of ``x: (rows, d)``.
-    d: feature size.
-    dtype: dtype of ``x``.
-    device_kind: ``jax.Device.device_kind`` of the device that runs the kernels.
-    core_count: number of SMs (``jax.Device.core_count`` on a GPU), or None.
-
-  Returns:
-    The :class:`BlockConfig`.
-  """
-  del dtype, device_kind  # Same rules for every dtype and device until a GPU tunes them.
-  block_d = min(pl.next_power_of_2(d), MAX_BLOCK_D)
-  block_rows = max(1, min(TARGET_TILE // block_d, MAX_BLOCK_ROWS, pl.next_power_of_2(rows)))
-  num_warps = max(1, min(block_rows * block_d // 1024, 4))
-  # The backward holds x, dy, x_hat and g of a tile: past 4096 elements, 4 warps spill.
-  bwd_num_warps = 4 if block_rows * block_d <= 4096 else 16
-  row_tiles = pl.cdiv(rows, block_rows)
-  max_programs = 2 * core_count if core_count else 8
-  return BlockConfig(
-      block_d=block_d,
-      num_col_blocks=pl.cdiv(d, block_d),
-      block_rows=block_rows,
-      num_warps=num_warps,
-      bwd_programs=max(1, min(row_tiles, max_programs)),
-      reduce_block_d=min(REDUCE_BLOCK_D, pl.next_power_of_2(d)),
-      reduce_block_rows=REDUCE_BLOCK_ROWS,
-      bwd_num_warps=bwd_num_warps,
-  )
-
-
-def _config_for(rows: int, d: int, dtype) -> BlockConfig:
-  device = jax.devices()[0]
-  core_count = getattr(device, "core_count", None) if device.platform in GPU_BACKENDS else None
-  return block_config(rows, d, jnp.dtype(dtype).name, str(getattr(device, "device_kind", "")),
-                      core_count)
-
-
-def supported(x_shape, dtype, *, backend: str | None = None) -> tuple[bool, str]:
-  """Whether the kernels can run ``x: (rows, d)`` of ``dtype``, and why not if they cannot.
-
-  Args:
-    x_shape: shape of the 2-D input ``(rows, d)``.
-    dtype: dtype of the input.
-    backend: if given (e.g. ``jax.default_backend()``), also check that it can compile the
-      kernels (a GPU); None skips that check (interpret mode runs anywhere).
-
-  Returns:
-    ``(True, "")`` or ``(False, reason)``.
-  """
-  shape = tuple(x_shape)
-  if len(shape) != 2:
-    return False, f"the kernels take a 2-D input (rows, d), got shape {shape}"
-  if shape[0] == 0 or shape[1] == 0:
-    return False, f"the input is empty (shape {shape})"
-  dt = jnp.dtype(dtype)
-  if dt not in SUPPORTED_DTYPES:
-    return False, (f"the kernels support float32, bfloat16 and float16 inputs, got {dt.name}")
-  if backend is not None and backend not in GPU_BACKENDS:
-    return False, (f"the Pallas kernels need a GPU (Triton backend), the backend is {backend!r}; "
-                   f"use interpret=True to run them (slowly) elsewhere")
-  return True, ""
-
 
 # ----------------------------------------------------------------------------- kernel helpers
 
@@ -249,18 +114,7 @@ def _gamma(spec: _Spec, scale_ref, cols, col_ok):
 
 
 def _rstd(spec: _Spec, var):
-  if spec.outside:
-    return 1.0 / (jnp.sqrt(var) + spec.epsilon)
-  return lax.rsqrt(var + spec.epsilon)
-
-
-def _variance_factor(spec: _Spec, rstd):
-  """c of the variance path: 1 ("inside") or 1/(1 - eps*rstd), 0 where that is not positive."""
-  if not spec.outside:
-    return None
-  denom = 1.0 - spec.epsilon * rstd
-  ok = denom > 0
-  return jnp.where(ok, 1.0 / jnp.where(ok, denom, 1.0), 0.0)
+  return _math.rstd(var, spec.epsilon, spec.outside)
 
 
 def _col_loop(spec: _Spec, body, init):
@@ -421,7 +275,7 @@ def _bwd_kernel(spec: _Spec, *refs):
       zero = jnp.zeros((br, bd), jnp.float32)
       gx, gs = _col_loop(spec, reduce_body, (zero, zero))
     mean_gx = jnp.sum(gx, axis=1) / d  # (br,)
-    c = _variance_factor(spec, rstd)
+    c = _math.variance_path_factor(rstd, spec.epsilon, spec.outside)
     coef = mean_gx if c is None else mean_gx * c  # (br,)
     mean_g = jnp.sum(gs, axis=1) / d if spec.center else None
 
@@ -573,11 +427,10 @@ def _spec(x, *, center, has_scale, has_bias, epsilon, epsilon_placement, zero_ce
   rows, d = x.shape
   epsilon = v.check_epsilon(epsilon)
   v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
-  if not isinstance(zero_centered_scale, bool):
-    raise TypeError(f"zero_centered_scale must be a bool, got {zero_centered_scale!r}.")
+  v.check_bool("zero_centered_scale", zero_centered_scale)
   return _Spec(rows=rows, d=d, center=center, has_scale=has_scale, has_bias=has_bias,
                epsilon=epsilon, outside=epsilon_placement == "outside",
-               zero_centered_scale=zero_centered_scale, cfg=_config_for(rows, d, x.dtype))
+               zero_centered_scale=zero_centered_scale, cfg=config_for(rows, d, x.dtype))
 
 
 def _out_dtype(out_dtype, x):

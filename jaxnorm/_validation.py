@@ -46,6 +46,13 @@ def check_epsilon(epsilon: Any) -> float:
   return epsilon
 
 
+def check_bool(name: str, value: Any) -> bool:
+  """Raises ``TypeError`` unless ``value`` is a Python bool (e.g. ``zero_centered_scale``)."""
+  if not isinstance(value, bool):
+    raise TypeError(f"{name} must be a bool, got {value!r}.")
+  return value
+
+
 def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
   """Checks that a string option is one of ``choices``."""
   if not isinstance(value, str) or value not in choices:

@@ -140,7 +140,8 @@ class LayerNorm(nn.Module):
   impl: str = "auto"
 
   def __post_init__(self):
-    common.check_options(self.epsilon, self.epsilon_placement, self.impl)
+    common.check_options(self.epsilon, self.epsilon_placement, self.zero_centered_scale,
+                         self.impl)
     super().__post_init__()
 
   @nn.compact
@@ -216,7 +217,8 @@ class RMSNorm(nn.Module):
   impl: str = "auto"
 
   def __post_init__(self):
-    common.check_options(self.epsilon, self.epsilon_placement, self.impl)
+    common.check_options(self.epsilon, self.epsilon_placement, self.zero_centered_scale,
+                         self.impl)
     super().__post_init__()
 
   @nn.compact

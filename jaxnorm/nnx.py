@@ -151,7 +151,7 @@ class LayerNorm(nnx.Module):
       impl: str = "auto",
   ):
     num_features = common.check_num_features_arg("LayerNorm", num_features)
-    common.check_options(epsilon, epsilon_placement, impl)
+    epsilon = common.check_options(epsilon, epsilon_placement, zero_centered_scale, impl)
     feature_shape = (num_features,)
 
     # Keys are drawn scale first, then bias, as in Flax, so that the same Rngs give the same
@@ -265,7 +265,7 @@ class RMSNorm(nnx.Module):
       impl: str = "auto",
   ):
     num_features = common.check_num_features_arg("RMSNorm", num_features)
-    common.check_options(epsilon, epsilon_placement, impl)
+    epsilon = common.check_options(epsilon, epsilon_placement, zero_centered_scale, impl)
     feature_shape = (num_features,)
 
     self.scale: nnx.Param[jax.Array] | None = _param(
@@ -303,12 +303,10 @@ class RMSNorm(nnx.Module):
 
 def _call(layer: tp.Any, kind: str, x: tp.Any, scale: tp.Any, bias: tp.Any,
           mask: tp.Any) -> jax.Array:
-  """The shared ``__call__``: Flax NNX's dtype promotion, the feature check, the op."""
+  """The shared ``__call__``: Flax NNX's dtype promotion, then the op (with the feature check)."""
   name = type(layer).__name__
   if not hasattr(x, "shape"):
     x = jnp.asarray(x)
-  common.check_num_features(name, layer.num_features, x.shape, layer.feature_axes,
-                            sharded=layer.axis_name is not None)
   # Flax NNX promotes the input and the parameters to one dtype (`dtype` when given) first.
   if kind == "layer_norm":
     x, scale, bias = layer.promote_dtype((x, scale, bias), dtype=layer.dtype)
@@ -316,4 +314,5 @@ def _call(layer: tp.Any, kind: str, x: tp.Any, scale: tp.Any, bias: tp.Any,
     x, scale = layer.promote_dtype((x, scale), dtype=layer.dtype)
   out_dtype = common.output_dtype(x, scale, bias, dtype=layer.dtype)
   return common.normalize(kind, x, scale, bias, dtype=out_dtype, mask=mask,
+                          num_features=layer.num_features, module=name,
                           **common.layer_options(layer))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from jaxnorm import _math
 from jaxnorm import _validation as v
 
 __all__ = ["layer_norm", "rms_norm"]
@@ -26,12 +27,6 @@ __all__ = ["layer_norm", "rms_norm"]
 
 def _stat_dtype(dtype):
   return jnp.promote_types(dtype, jnp.float32)
-
-
-def _normalizer(var, epsilon, epsilon_placement):
-  if epsilon_placement == "inside":
-    return 1.0 / jnp.sqrt(var + epsilon)
-  return 1.0 / (jnp.sqrt(var) + epsilon)
 
 
 def _affine(xhat, scale, bias, axes, zero_centered_scale):
@@ -60,7 +55,7 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
   epsilon, axes, xf = _check(x, epsilon, axis, epsilon_placement, mask)
   mean = jnp.mean(xf, axis=axes, keepdims=True, where=mask)
   var = jnp.mean(jnp.square(xf - mean), axis=axes, keepdims=True, where=mask)
-  xhat = (xf - mean) * _normalizer(var, epsilon, epsilon_placement)
+  xhat = (xf - mean) * _math.rstd(var, epsilon, epsilon_placement == "outside")
   y = _affine(xhat, scale, bias, axes, zero_centered_scale)
   return y.astype(dtype or x.dtype)
 
@@ -70,6 +65,6 @@ def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None,
   """Reference RMSNorm (autodiff). See the module docstring."""
   epsilon, axes, xf = _check(x, epsilon, axis, epsilon_placement, mask)
   ms = jnp.mean(jnp.square(xf), axis=axes, keepdims=True, where=mask)
-  xhat = xf * _normalizer(ms, epsilon, epsilon_placement)
+  xhat = xf * _math.rstd(ms, epsilon, epsilon_placement == "outside")
   y = _affine(xhat, scale, None, axes, zero_centered_scale)
   return y.astype(dtype or x.dtype)

@@ -1,7 +1,9 @@
-"""Shared test numerics: one tolerance table keyed by dtype and the comparison helpers.
+"""Shared test numerics: the one tolerance table keyed by dtype and the comparison helpers.
 
-Comparisons are norm-wise: ``max|actual - expected| <= tol * max(max|expected|, floor)``, which
-is the right measure for outputs and gradients whose entries pass through zero.
+:func:`assert_close` compares norm-wise: ``max|actual - expected| <= tol * max(max|expected|,
+floor)``, which is the right measure for outputs and gradients whose entries pass through zero.
+:func:`assert_allclose` compares element by element with ``rtol = atol = tol`` (the module and
+kernel tests, whose quantities are of order one). Both take ``tol`` from :data:`TOL`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,23 @@ TOL = {
 
 
 def tol_for(dtype) -> float:
+  """The tolerance of :data:`TOL` for ``dtype`` (a dtype, a name or a scalar type)."""
   return TOL[jnp.dtype(dtype).name]
+
+
+def loosest(*dtypes) -> np.dtype:
+  """The dtype with the loosest tolerance: a result is as precise as its least precise input."""
+  return max((jnp.dtype(d) for d in dtypes), key=tol_for)
+
+
+def assert_allclose(actual, expected, dtype=None, *, what=""):
+  """``np.testing.assert_allclose`` in float32 with ``rtol = atol = tol_for(dtype)``.
+
+  ``dtype`` defaults to the dtype of ``actual``.
+  """
+  tol = tol_for(dtype if dtype is not None else actual.dtype)
+  np.testing.assert_allclose(np.asarray(actual, np.float32), np.asarray(expected, np.float32),
+                             rtol=tol, atol=tol, err_msg=what)
 
 
 def rel_err(actual, expected) -> float:

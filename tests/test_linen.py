@@ -21,58 +21,10 @@ from jax.sharding import PartitionSpec as P
 import jaxnorm
 from jaxnorm import linen as jln
 
-TOL = {
-    jnp.dtype(jnp.float32): (2e-5, 2e-5),
-    jnp.dtype(jnp.float16): (4e-3, 4e-3),
-    jnp.dtype(jnp.bfloat16): (3e-2, 3e-2),
-}
+from _module_cases import GRID, SHAPE, assert_matches_flax, assert_same_params, grid_id, partial_mask, randomize
+from _numerics import assert_allclose
 
-SHAPE = (2, 3, 4)
-AXES = [(-1, -1), ((1, 2), (1, 2)), (1, 1), ((1, 2), -1), ((0, 2), 1)]
-AXES_IDS = ["last", "last2", "mid", "last2-feat-last", "outer-feat-mid"]
 PAIRS = {"LayerNorm": (jln.LayerNorm, nn.LayerNorm), "RMSNorm": (jln.RMSNorm, nn.RMSNorm)}
-
-DTYPES = ["float32", "float16", "bfloat16"]
-PARAM_DTYPES = ["float32", "float16"]
-FLAGS = {"LayerNorm": [(True, True), (True, False), (False, True), (False, False)],
-         "RMSNorm": [(True, False), (False, False)]}
-# Every (input dtype, param dtype, axes) triple per layer; mask and flags cycled so that every
-# axes configuration and dtype pair meets both masks and every flag combination.
-GRID = [
-    (name, dt, pdt, (i + j + k) % 2 == 1, axes, *FLAGS[name][(2 * i + j + k) % len(FLAGS[name])])
-    for name in ("LayerNorm", "RMSNorm")
-    for i, dt in enumerate(DTYPES)
-    for j, pdt in enumerate(PARAM_DTYPES)
-    for k, axes in enumerate(AXES)
-]
-
-
-def _grid_id(case):
-  name, dt, pdt, m, axes, us, ub = case
-  return "-".join([name, dt, "p" + pdt, "mask" if m else "nomask", AXES_IDS[AXES.index(axes)],
-                   "scale" if us else "noscale", "bias" if ub else "nobias"])
-
-
-def _loosest(*dtypes):
-  return max((jnp.dtype(d) for d in dtypes), key=lambda d: TOL[d][0])
-
-
-def _assert_close(a, b, dtype):
-  rtol, atol = TOL[jnp.dtype(dtype)]
-  np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=rtol,
-                             atol=atol)
-
-
-def _partial_mask(shape=SHAPE):
-  """Keeps 2 of every 3 elements; every reduced group of SHAPE keeps at least 2."""
-  return jnp.asarray(np.indices(shape).sum(0) % 3 != 0)
-
-
-def _randomize(params, seed=1):
-  leaves, treedef = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  new = [1.0 + 0.5 * jax.random.normal(k, l.shape, jnp.float32) for k, l in zip(keys, leaves)]
-  return jax.tree.unflatten(treedef, [n.astype(l.dtype) for n, l in zip(new, leaves)])
 
 
 def _out_and_grads(module, variables, x, mask, dy_seed=2):
@@ -87,29 +39,15 @@ def _compare_with_flax(name, x, mask, **kwargs):
   ours, theirs = ours_cls(**kwargs), flax_cls(**kwargs)
   v_ours = ours.init(jax.random.key(0), x, mask=mask)
   v_theirs = theirs.init(jax.random.key(0), x, mask=mask)
-  # The same params tree: structure, shapes, dtypes and initial values.
-  assert jax.tree.structure(v_ours) == jax.tree.structure(v_theirs)
-  assert jax.tree.map(lambda a: (a.shape, a.dtype), v_ours) == \
-      jax.tree.map(lambda a: (a.shape, a.dtype), v_theirs)
-  jax.tree.map(np.testing.assert_array_equal, v_ours, v_theirs)
-  variables = _randomize(v_ours)
+  assert_same_params(v_ours, v_theirs)
+  variables = randomize(v_ours)
   y1, dv1, dx1 = _out_and_grads(ours, variables, x, mask)
-  y2, dv2, dx2 = _out_and_grads(theirs, variables, x, mask)
-  assert y1.dtype == y2.dtype and y1.shape == y2.shape
-  assert dx1.dtype == dx2.dtype == x.dtype
-  tol = _loosest(x.dtype, y1.dtype)
-  _assert_close(y1, y2, tol)
-  _assert_close(dx1, dx2, tol)
-  assert jax.tree.structure(dv1) == jax.tree.structure(dv2)
-  for a, b in zip(jax.tree.leaves(dv1), jax.tree.leaves(dv2)):
-    assert a.dtype == b.dtype
-    scale = max(1.0, float(jnp.max(jnp.abs(b.astype(jnp.float32)))))
-    _assert_close(a / scale, b / scale, _loosest(tol, a.dtype))
+  assert_matches_flax(x, (y1, dv1, dx1), _out_and_grads(theirs, variables, x, mask))
   return y1
 
 
 @pytest.mark.parametrize("name,dtype,param_dtype,masked,axes,use_scale,use_bias", GRID,
-                         ids=[_grid_id(c) for c in GRID])
+                         ids=[grid_id(c) for c in GRID])
 def test_parity_with_flax(name, dtype, param_dtype, masked, axes, use_scale, use_bias):
   red, feat = axes
   x = (0.5 + 2.0 * jax.random.normal(jax.random.key(3), SHAPE)).astype(dtype)
@@ -117,7 +55,7 @@ def test_parity_with_flax(name, dtype, param_dtype, masked, axes, use_scale, use
                 feature_axes=feat)
   if name == "LayerNorm":
     kwargs["use_bias"] = use_bias
-  _compare_with_flax(name, x, _partial_mask() if masked else None, **kwargs)
+  _compare_with_flax(name, x, partial_mask() if masked else None, **kwargs)
 
 
 @pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])
@@ -176,7 +114,7 @@ def test_compatibility_fields_only_differ_where_flax_is_inaccurate():
     err_ours = float(jnp.max(jnp.abs(y_ours - y_ref)))
     err_flax = float(jnp.max(jnp.abs(y_flax - y_ref)))
     assert err_ours <= err_flax and err_ours < 1e-4, (name, err_ours, err_flax)
-    _assert_close(y_ours, y_flax, jnp.bfloat16)
+    assert_allclose(y_ours, y_flax, jnp.bfloat16)
 
 
 @pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])
@@ -253,7 +191,7 @@ def test_linen_transforms(name):
   dy = jax.random.normal(jax.random.key(6), (5, 4))
 
   def check(ours, theirs, x, dy):
-    v = _randomize(ours.init(jax.random.key(0), x))
+    v = randomize(ours.init(jax.random.key(0), x))
     assert jax.tree.structure(v) == jax.tree.structure(theirs.init(jax.random.key(0), x))
     y1, vjp1 = jax.vjp(jax.jit(ours.apply), v, x)
     y2, vjp2 = jax.vjp(theirs.apply, v, x)
@@ -283,7 +221,7 @@ def test_axis_name_under_shard_map_equals_unsharded(name):
   dy = jax.random.normal(jax.random.key(8), x.shape)
   full = cls(reduction_axes=1, feature_axes=1)
   sharded = cls(reduction_axes=1, feature_axes=1, axis_name="model")
-  v = _randomize(full.init(jax.random.key(0), x))
+  v = randomize(full.init(jax.random.key(0), x))
   x_spec = P(None, "model", None)
   v_spec = jax.tree.map(lambda _: P("model"), v)
   f = jax.shard_map(sharded.apply, mesh=mesh, in_specs=(v_spec, x_spec), out_specs=x_spec)
@@ -317,7 +255,7 @@ def test_extra_fields_match_reference(name, placement, zero_centered):
   x = jax.random.normal(jax.random.key(10), (4, 8))
   layer = PAIRS[name][0](epsilon=1e-2, epsilon_placement=placement,
                          zero_centered_scale=zero_centered)
-  v = _randomize(layer.init(jax.random.key(0), x))
+  v = randomize(layer.init(jax.random.key(0), x))
   p = v["params"]
   kw = dict(epsilon=1e-2, epsilon_placement=placement, zero_centered_scale=zero_centered)
   if name == "LayerNorm":

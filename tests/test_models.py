@@ -13,7 +13,7 @@ from jaxnorm.models import (NORM_POSITIONS, TransformerConfig, TransformerLM, bl
                             deepnorm_alpha_beta)
 
 TINY = dict(d_model=32, n_layers=2, n_heads=2, d_ff=64, max_len=16)
-NORM_TYPES = ("layernorm", "rmsnorm")
+NORM_TYPES = ("layer_norm", "rms_norm")
 
 
 def _config(**kw):
@@ -55,6 +55,10 @@ def test_config_rejects_bad_types():
     _config(d_model=32.0)
   with pytest.raises(TypeError, match="qk_zero_init must be a bool"):
     _config(qk_zero_init=1)
+  with pytest.raises(TypeError, match="norm_type must be a str"):
+    _config(norm_type=1)
+  with pytest.raises(TypeError, match="epsilon must be a Python float"):
+    _config(epsilon="1e-6")
   with pytest.raises(TypeError, match="config must be a TransformerConfig"):
     TransformerLM(dict(TINY), rngs=nnx.Rngs(0))
 
@@ -192,7 +196,7 @@ def test_block_weight_paths_index_the_params():
 
 
 def test_norm_impl_selects_the_modules():
-  model = _build(_config(norm_impl="jaxnorm", norm_type="rmsnorm"), 0)
+  model = _build(_config(norm_impl="jaxnorm", norm_type="rms_norm"), 0)
   assert isinstance(model.blocks[0].attn_norm, jaxnorm_nnx.RMSNorm)
   assert isinstance(model.final_norm, jaxnorm_nnx.RMSNorm)
   model = _build(_config(norm_impl="flax"), 0)

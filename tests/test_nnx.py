@@ -20,19 +20,8 @@ from jax.sharding import PartitionSpec as P
 import jaxnorm
 from jaxnorm import nnx as jnn
 
-# One tolerance table keyed by the dtype being compared: (rtol, atol).
-TOL = {
-    jnp.dtype(jnp.float32): (2e-5, 2e-5),
-    jnp.dtype(jnp.float16): (4e-3, 4e-3),
-    jnp.dtype(jnp.bfloat16): (3e-2, 3e-2),
-}
+from _module_cases import GRID, SHAPE, assert_matches_flax, assert_same_params, grid_id, partial_mask, randomize
 
-SHAPE = (2, 3, 4)
-# (reduction_axes, feature_axes): trailing, several trailing, a non-trailing axis (moved to
-# the end and back), features narrower than the reduction (affine map outside the op), and
-# both non-trailing and different.
-AXES = [(-1, -1), ((1, 2), (1, 2)), (1, 1), ((1, 2), -1), ((0, 2), 1)]
-AXES_IDS = ["last", "last2", "mid", "last2-feat-last", "outer-feat-mid"]
 PAIRS = {"LayerNorm": (jnn.LayerNorm, nnx.LayerNorm), "RMSNorm": (jnn.RMSNorm, nnx.RMSNorm)}
 
 
@@ -43,36 +32,6 @@ def _canon(axes, ndim):
 
 def _num_features(feature_axes, shape=SHAPE):
   return int(np.prod([shape[a] for a in _canon(feature_axes, len(shape))]))
-
-
-def _partial_mask(reduction_axes, shape=SHAPE):
-  """A partial mask that keeps 2 of every 3 elements, in a pattern that differs per group.
-
-  Every reduced group of 3 or more elements keeps at least 2 (a group with a single element
-  has zero variance and a gradient of order 1/sqrt(epsilon): a useless comparison).
-  """
-  del reduction_axes  # the pattern suits every grouping of SHAPE
-  return jnp.asarray(np.indices(shape).sum(0) % 3 != 0)
-
-
-def _randomize(state, seed=1):
-  """Replaces every parameter with random values (scale = 1 would hide a misplaced scale)."""
-  leaves, treedef = jax.tree.flatten(state)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  new = [1.0 + 0.5 * jax.random.normal(k, l.shape, jnp.float32) for k, l in zip(keys, leaves)]
-  return jax.tree.unflatten(treedef, [n.astype(l.dtype) for n, l in zip(new, leaves)])
-
-
-def _loosest(*dtypes):
-  """The dtype with the loosest tolerance: a result is as precise as its least precise input."""
-  return max((jnp.dtype(d) for d in dtypes), key=lambda d: TOL[d][0])
-
-
-def _assert_close(a, b, dtype=None):
-  dtype = jnp.dtype(dtype or a.dtype)
-  rtol, atol = TOL[dtype]
-  np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=rtol,
-                             atol=atol)
 
 
 def _out_and_grads(graphdef, state, x, mask, dy_seed=2):
@@ -92,58 +51,20 @@ def _compare_with_flax(name, x, mask, **kwargs):
   theirs = flax_cls(nf, rngs=nnx.Rngs(0), **kwargs)
   g_ours, s_ours = nnx.split(ours)
   g_theirs, s_theirs = nnx.split(theirs)
-  # Same state tree: structure, shapes, dtypes and initial values.
-  assert jax.tree.structure(s_ours) == jax.tree.structure(s_theirs)
-  jax.tree.map(np.testing.assert_array_equal, s_ours, s_theirs)
-  assert jax.tree.map(lambda a: (a.shape, a.dtype), s_ours) == \
-      jax.tree.map(lambda a: (a.shape, a.dtype), s_theirs)
-  state = _randomize(s_ours)
+  assert_same_params(s_ours, s_theirs)
+  state = randomize(s_ours)
   y1, ds1, dx1 = _out_and_grads(g_ours, state, x, mask)
-  y2, ds2, dx2 = _out_and_grads(g_theirs, state, x, mask)
-  assert y1.dtype == y2.dtype and y1.shape == y2.shape
-  assert dx1.dtype == dx2.dtype == x.dtype
-  tol = _loosest(x.dtype, y1.dtype)  # e.g. dtype=bfloat16 rounds a float32 x first
-  _assert_close(y1, y2, tol)
-  _assert_close(dx1, dx2, tol)
-  assert jax.tree.structure(ds1) == jax.tree.structure(ds2)
-  for a, b in zip(jax.tree.leaves(ds1), jax.tree.leaves(ds2)):
-    assert a.dtype == b.dtype
-    # Parameter cotangents are sums over rows: compare relative to their magnitude.
-    scale = max(1.0, float(jnp.max(jnp.abs(b.astype(jnp.float32)))))
-    _assert_close(a / scale, b / scale, _loosest(tol, a.dtype))
+  assert_matches_flax(x, (y1, ds1, dx1), _out_and_grads(g_theirs, state, x, mask))
   return y1
 
 
-# The grid: every (input dtype, param dtype, axes) triple for each layer, with the mask and the
-# use_scale/use_bias flags cycled so that every axes configuration and every dtype pair meets
-# both masks and every flag combination (a covering design; the full product costs ~4x the
-# compile time for no new code path).
-DTYPES = ["float32", "float16", "bfloat16"]
-PARAM_DTYPES = ["float32", "float16"]
-FLAGS = {"LayerNorm": [(True, True), (True, False), (False, True), (False, False)],
-         "RMSNorm": [(True, False), (False, False)]}
-GRID = [
-    (name, dt, pdt, (i + j + k) % 2 == 1, axes, *FLAGS[name][(2 * i + j + k) % len(FLAGS[name])])
-    for name in ("LayerNorm", "RMSNorm")
-    for i, dt in enumerate(DTYPES)
-    for j, pdt in enumerate(PARAM_DTYPES)
-    for k, axes in enumerate(AXES)
-]
-
-
-def _grid_id(case):
-  name, dt, pdt, m, axes, us, ub = case
-  return "-".join([name, dt, "p" + pdt, "mask" if m else "nomask", AXES_IDS[AXES.index(axes)],
-                   "scale" if us else "noscale", "bias" if ub else "nobias"])
-
-
 @pytest.mark.parametrize("name,dtype,param_dtype,masked,axes,use_scale,use_bias", GRID,
-                         ids=[_grid_id(c) for c in GRID])
+                         ids=[grid_id(c) for c in GRID])
 def test_parity_with_flax(name, dtype, param_dtype, masked, axes, use_scale, use_bias):
   red, feat = axes
   x = jax.random.normal(jax.random.key(3), SHAPE, jnp.float32)
   x = (0.5 + 2.0 * x).astype(dtype)
-  mask = _partial_mask(red) if masked else None
+  mask = partial_mask() if masked else None
   kwargs = dict(param_dtype=jnp.dtype(param_dtype), use_scale=use_scale,
                 reduction_axes=red, feature_axes=feat)
   if name == "LayerNorm":
@@ -271,7 +192,7 @@ def test_extra_options_match_reference(name, placement, zero_centered, axes):
               zero_centered_scale=zero_centered, reduction_axes=red, feature_axes=feat,
               rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(layer)
-  state = _randomize(state)
+  state = randomize(state)
   layer = nnx.merge(graphdef, state)
   # Reference: move the reduction axes to the end, normalize without parameters, then apply
   # the broadcast (1 + scale) and bias by hand.
@@ -349,7 +270,7 @@ def _stack_pair(name, n=3, d=4):
     return flax_cls(d, rngs=rngs)
 
   ours, theirs = create(nnx.Rngs(0)), create_flax(nnx.Rngs(0))
-  state = _randomize(nnx.state(ours))
+  state = randomize(nnx.state(ours))
   nnx.update(ours, state)
   nnx.update(theirs, state)
   return ours, theirs
@@ -372,7 +293,7 @@ def test_nnx_transforms(name):
     return jnp.sum(layer(x) * dy)  # a random cotangent, not a plain sum
 
   layer = ours_cls(4, rngs=nnx.Rngs(0))
-  nnx.update(layer, _randomize(nnx.state(layer)))
+  nnx.update(layer, randomize(nnx.state(layer)))
   flax_layer = flax_cls(4, rngs=nnx.Rngs(0))
   nnx.update(flax_layer, nnx.state(layer))
   # nnx.jit
@@ -424,7 +345,7 @@ def test_axis_name_under_shard_map_equals_unsharded(name, axis):
   cls = PAIRS[name][0]
   kw = dict(reduction_axes=axis, feature_axes=axis, rngs=nnx.Rngs(0))
   full = cls(2 * n_dev, **kw)
-  nnx.update(full, _randomize(nnx.state(full)))
+  nnx.update(full, randomize(nnx.state(full)))
   graphdef, _ = nnx.split(cls(2 * n_dev, axis_name="model", **kw))
   g_full, state = nnx.split(full)
   x_spec = P(None, None, "model") if axis == -1 else P(None, "model", None)

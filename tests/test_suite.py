@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import pathlib
 import re
 
 import numpy as np
@@ -19,7 +18,7 @@ import pytest
 
 from experiments import claims as claims_lib
 from experiments import exp_depth, exp_grad_init, exp_vjp, exp_warmup
-from experiments import presets, report, suite
+from experiments import context, presets, registry, report, suite
 
 
 def test_smoke_suite_end_to_end(tmp_path):
@@ -90,8 +89,8 @@ def check_post_ln_gradient_ratio_above_pre_ln(smoke):
   data = json.loads((root / "grad_init" / "data.json").read_text())
   ratios = data["analysis"]["ratios"]
   for L in presets.PRESETS["smoke"]["grad_init"]["depths"]:
-    post = ratios[f"xavier/post/layernorm/L{L}"]["mlp_out"]
-    pre = ratios[f"xavier/pre/layernorm/L{L}"]["mlp_out"]
+    post = ratios[f"xavier/post/layer_norm/L{L}"]["mlp_out"]
+    pre = ratios[f"xavier/pre/layer_norm/L{L}"]["mlp_out"]
     assert post > 1.2 * pre, (L, post, pre)
 
 
@@ -182,10 +181,10 @@ def test_preset_fields_match_the_experiment_configs():
 
 
 def test_to_jsonable_keeps_json_valid():
-  out = suite.to_jsonable({"a": np.float32(1.5), "b": float("nan"), "c": (np.int64(2), float("-inf")),
+  out = registry.to_jsonable({"a": np.float32(1.5), "b": float("nan"), "c": (np.int64(2), float("-inf")),
                            "d": np.arange(2)})
   assert json.loads(json.dumps(out)) == {"a": 1.5, "b": "nan", "c": [2, "-inf"], "d": [0, 1]}
-  assert math.isnan(suite.from_json_float("nan"))
+  assert math.isnan(registry.from_json_float("nan"))
 
 
 def _run(final, diverged_at=None, val=None):
@@ -194,17 +193,18 @@ def _run(final, diverged_at=None, val=None):
 
 
 def test_warmup_verdicts():
-  cfg = exp_warmup.Config(n_layers=2, lrs=(5e-4, 1e-3), warmup=10, norm_types=("layernorm",),
+  cfg = exp_warmup.Config(n_layers=2, lrs=(5e-4, 1e-3), warmup=10, norm_types=("layer_norm",),
                           small_init=False)
 
   def key(pos, lr, w):
-    return exp_warmup.label({"norm_position": pos, "norm_type": "layernorm", "init": "xavier",
+    return context.run_label({"norm_position": pos, "norm_type": "layer_norm", "init": "xavier",
                              "lr": lr, "warmup": w}, 2)
 
   runs = {}
   for lr in cfg.lrs:
     runs[key("post", lr, 0)] = _run(None, diverged_at=7)
-    runs[key("post", lr, 10)] = _run(2.0 if lr == 5e-4 else 2.5, val=[(0, 5.0), (50, 2.6), (100, 2.0 if lr == 5e-4 else 2.5)])
+    final = 2.0 if lr == 5e-4 else 2.5
+    runs[key("post", lr, 10)] = _run(final, val=[(0, 5.0), (50, 2.6), (100, final)])
     runs[key("pre", lr, 0)] = _run(1.9, val=[(0, 5.0), (50, 1.95), (100, 1.9)])
     runs[key("pre", lr, 10)] = _run(1.9)
   claims, extra = exp_warmup.verdicts(runs, cfg)
@@ -220,7 +220,7 @@ def test_warmup_verdicts():
 
 
 def test_grad_init_verdict_on_synthetic_norms():
-  cfg = exp_grad_init.Config(depths=(4, 16), seeds=(0,), norm_types=("layernorm",), small_init=False,
+  cfg = exp_grad_init.Config(depths=(4, 16), seeds=(0,), norm_types=("layer_norm",), small_init=False,
                              qk_zero=False)
   results = {}
   for L in cfg.depths:
@@ -229,15 +229,15 @@ def test_grad_init_verdict_on_synthetic_norms():
     pre = np.full(L, 2.0 / math.sqrt(L))         # flat, last layer ~ L^-1/2
     for pos, g in (("post", post), ("pre", pre)):
       e = (1 + np.arange(2 * L + 1) / 2 * 0.5 * 2) if pos == "pre" else np.full(2 * L, 1.5)
-      results[f"xavier/{pos}/layernorm/L{L}"] = {
-          "setting": "xavier", "norm_position": pos, "norm_type": "layernorm", "n_layers": L,
+      results[f"xavier/{pos}/layer_norm/L{L}"] = {
+          "setting": "xavier", "norm_position": pos, "norm_type": "layer_norm", "n_layers": L,
           **{k: g.tolist() for k in exp_grad_init.GROUPS}, "residual_sq_norm": e.tolist(),
           "grad_norm": 1.0, "ratio_per_seed": [float(g[-1] / g[0])]}
   an = exp_grad_init.analyse(results, cfg)
   v = {c["id"]: c["holds"] for c in exp_grad_init.verdicts(results, an, cfg)}
   assert v["xiong_grad_growth"] == "yes"
   assert v["xiong_grad_depth_scaling"] == "yes"
-  assert abs(an["slopes"]["xavier/pre/layernorm"]["slope"] + 0.5) < 1e-9
+  assert abs(an["slopes"]["xavier/pre/layer_norm"]["slope"] + 0.5) < 1e-9
   assert v["xiong_lemma2_preln"] == "yes" and v["xiong_lemma_postln"] == "yes"
   # Swap the roles: Pre-LN growing, Post-LN flat -> no.
   swapped = {k.replace("post", "tmp").replace("pre", "post").replace("tmp", "pre"):

@@ -14,9 +14,11 @@ import pytest
 
 from experiments import data as data_lib
 from experiments import distributed
+from experiments import probes, sharding, train_cli
 from experiments import train as train_lib
-from experiments.train import TrainConfig
-from jaxnorm.models import NORM_POSITIONS, TransformerConfig
+from experiments import train_config
+from experiments.train_config import TrainConfig
+from jaxnorm.models import TransformerConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_MODEL = TransformerConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, max_len=32)
@@ -110,6 +112,7 @@ def test_unigram_entropy():
     (dict(seq_len=64), ValueError, "exceeds the model's max_len=32"),
     (dict(clip_norm=-1.0), ValueError, "clip_norm"),
     (dict(batch_size=2.5), TypeError, "batch_size must be a Python int"),
+    (dict(lr="1e-3"), TypeError, "lr must be a Python number"),
     (dict(model={}), TypeError, "model must be a TransformerConfig"),
 ])
 def test_train_config_rejects(kw, err, match):
@@ -124,7 +127,7 @@ def test_train_config_roundtrip():
 
 def test_schedules():
   def lrs(**kw):
-    sched = train_lib.learning_rate_schedule(_config(lr=1.0, steps=20, **kw))
+    sched = train_config.learning_rate_schedule(_config(lr=1.0, steps=20, **kw))
     return np.array([float(sched(c)) for c in range(20)])
 
   warm = lrs(warmup=4, schedule="inverse_sqrt")
@@ -153,9 +156,9 @@ def _assert_learns(summary, steps=STEPS):
 
 
 # Every position trains; the two norm types alternate (each position x type pair is checked
-# against autodiff in test_models.py, and the reference run is pre + layernorm).
+# against autodiff in test_models.py, and the reference run is pre + layer_norm).
 @pytest.mark.parametrize("position, norm_type", [
-    ("pre", "rmsnorm"), ("post", "layernorm"), ("sandwich", "rmsnorm"), ("deepnorm", "layernorm")])
+    ("pre", "rms_norm"), ("post", "layer_norm"), ("sandwich", "rms_norm"), ("deepnorm", "layer_norm")])
 def test_each_layout_trains(position, norm_type, corpus, tmp_path):
   model = dataclasses.replace(TINY_MODEL, norm_position=position, norm_type=norm_type)
   summary = train_lib.train(_config(model=model, checkpoint_every=0), tmp_path, progress=False,
@@ -202,7 +205,7 @@ def test_kill_and_resume_reproduces_the_curve(reference_run, corpus, tmp_path):
 def test_sharded_matches_single_device(reference_run, corpus, tmp_path, fsdp):
   assert jax.device_count() == 8
   ref, _ = reference_run
-  mesh = train_lib.make_mesh()
+  mesh = sharding.make_mesh()
   sharded = train_lib.train(_config(fsdp=fsdp), tmp_path, progress=False, corpus=corpus,
                             mesh=mesh)
   np.testing.assert_allclose(_losses(sharded), _losses(ref), rtol=2e-5, atol=2e-5)
@@ -228,18 +231,18 @@ def test_divergence_is_recorded(corpus, tmp_path):
 
 
 def test_init_instrumentation(corpus):
-  stats = train_lib.grad_norms_at_init(TINY_MODEL, corpus, batch_size=4, seq_len=16, seed=0,
+  stats = probes.grad_norms_at_init(TINY_MODEL, corpus, batch_size=4, seq_len=16, seed=0,
                                        n_batches=2)
   for group in ("attn_qkv", "attn_out", "mlp_in", "mlp_out"):
     assert len(stats[group]) == 2 and all(g > 0 for g in stats[group])
   assert len(stats["residual_sq_norm"]) == 5 and stats["grad_norm"] > 0
-  sizes = train_lib.model_update_size(TINY_MODEL, _config(batch_size=8), corpus, steps=2)
+  sizes = probes.model_update_size(TINY_MODEL, _config(batch_size=8), corpus, steps=2)
   assert len(sizes) == 2 and all(0 < s < 100 for s in sizes)
 
 
 def test_throughput(reference_run, corpus):
   # The reference run's compiled step is reused (no compilation here).
-  res = train_lib.throughput(TINY_MODEL, batch_size=16, seq_len=32, steps=3, corpus=corpus)
+  res = probes.throughput(TINY_MODEL, batch_size=16, seq_len=32, steps=3, corpus=corpus)
   assert res["tokens_per_s"] > 0 and res["step_ms"] > 0 and res["norm_impl"] == "jaxnorm"
 
 
@@ -252,8 +255,8 @@ def test_compare_norm_impl_alternates_and_keeps_the_best(monkeypatch):
     return {"tokens_per_s": next(speeds[model_config.norm_impl]), "compile_s": len(calls),
             "norm_impl": model_config.norm_impl}
 
-  monkeypatch.setattr(train_lib, "throughput", fake)
-  res = train_lib.compare_norm_impl(TINY_MODEL, repeats=2)
+  monkeypatch.setattr(probes, "throughput", fake)
+  res = probes.compare_norm_impl(TINY_MODEL, repeats=2)
   assert calls == ["jaxnorm", "flax", "jaxnorm", "flax"]
   assert res["jaxnorm"]["tokens_per_s"] == 300.0 and res["flax"]["tokens_per_s"] == 200.0
   assert res["jaxnorm"]["compile_s"] == 1  # the compile time of the first (compiling) call
@@ -281,7 +284,7 @@ def test_learning_rate_sweeps_share_one_compilation():
 ])
 def test_cli_rejects_bad_values(argv, match, capsys):
   with pytest.raises(SystemExit) as exc:
-    train_lib.main(argv)
+    train_cli.main(argv)
   assert exc.value.code == 2
   assert match in capsys.readouterr().err
 
@@ -291,7 +294,7 @@ def test_cli_trains(reference_run, tmp_path, capsys):
   data = tmp_path / "tiny.txt"
   data.write_text(TEXT)
   out = tmp_path / "run"
-  code = train_lib.main([*REF_CLI, "--data", str(data), "--devices", "1", "--out", str(out),
+  code = train_cli.main([*REF_CLI, "--data", str(data), "--devices", "1", "--out", str(out),
                          "--no-progress", "--eval-every", "0"])
   assert code == 0
   assert "final val loss" in capsys.readouterr().out

@@ -5,7 +5,12 @@
 VJP or Flax's autodiff) and initialization are switches of :class:`TransformerConfig`.
 """
 
+from jaxnorm.models._transformer import DTYPES as DTYPES
+from jaxnorm.models._transformer import INITS as INITS
+from jaxnorm.models._transformer import NORM_IMPLS as NORM_IMPLS
 from jaxnorm.models._transformer import NORM_POSITIONS as NORM_POSITIONS
+from jaxnorm.models._transformer import NORM_TYPES as NORM_TYPES
+from jaxnorm.models._transformer import POSITIONS as POSITIONS
 from jaxnorm.models._transformer import TransformerConfig as TransformerConfig
 from jaxnorm.models._transformer import TransformerLM as TransformerLM
 from jaxnorm.models._transformer import WEIGHT_GROUPS as WEIGHT_GROUPS
@@ -13,7 +18,12 @@ from jaxnorm.models._transformer import block_weight_paths as block_weight_paths
 from jaxnorm.models._transformer import deepnorm_alpha_beta as deepnorm_alpha_beta
 
 __all__ = [
+    "DTYPES",
+    "INITS",
+    "NORM_IMPLS",
     "NORM_POSITIONS",
+    "NORM_TYPES",
+    "POSITIONS",
     "TransformerConfig",
     "TransformerLM",
     "WEIGHT_GROUPS",

@@ -40,16 +40,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-__all__ = [
-    "NORM_POSITIONS",
-    "TransformerConfig",
-    "TransformerLM",
-    "block_weight_paths",
-    "deepnorm_alpha_beta",
-]
+from jaxnorm import nnx as jaxnorm_nnx
+from jaxnorm._module_common import KINDS
 
 NORM_POSITIONS = ("pre", "post", "sandwich", "deepnorm")
-NORM_TYPES = ("layernorm", "rmsnorm")
+NORM_TYPES = KINDS  # ("layer_norm", "rms_norm"): the op names, as the modules spell them
 NORM_IMPLS = ("jaxnorm", "flax")
 INITS = ("xavier", "small")
 POSITIONS = ("learned", "rotary")
@@ -59,7 +54,10 @@ WEIGHT_GROUPS = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-  if not isinstance(value, str) or value not in choices:
+  if not isinstance(value, str):
+    raise TypeError(
+        f"{name} must be a str, one of {choices}; got {type(value).__name__} {value!r}.")
+  if value not in choices:
     raise ValueError(f"{name} must be one of {choices}, got {value!r}.")
 
 
@@ -82,7 +80,7 @@ class TransformerConfig:
     n_heads: attention heads; must divide ``d_model``.
     d_ff: hidden width of the MLP.
     norm_position: ``"pre"``, ``"post"``, ``"sandwich"`` or ``"deepnorm"`` (module docstring).
-    norm_type: ``"layernorm"`` or ``"rmsnorm"``.
+    norm_type: ``"layer_norm"`` or ``"rms_norm"``.
     norm_impl: ``"jaxnorm"`` (custom VJP, :mod:`jaxnorm.nnx`) or ``"flax"`` (Flax's modules).
     init: ``"xavier"`` (Xiong et al.) or ``"small"`` (GPT-2, N(0, 0.02)).
     qk_zero_init: start with :math:`W^Q = W^K = 0` (uniform attention at init).
@@ -98,7 +96,7 @@ class TransformerConfig:
   n_heads: int = 4               # attention heads (divides d_model)
   d_ff: int = 512                # MLP hidden width
   norm_position: str = "pre"     # "pre" | "post" | "sandwich" | "deepnorm"
-  norm_type: str = "layernorm"   # "layernorm" | "rmsnorm"
+  norm_type: str = "layer_norm"   # "layer_norm" | "rms_norm"
   norm_impl: str = "jaxnorm"     # "jaxnorm" | "flax"
   init: str = "xavier"           # "xavier" | "small"
   qk_zero_init: bool = False     # Xiong et al. theory setting W^Q = W^K = 0
@@ -127,8 +125,10 @@ class TransformerConfig:
           f"positions='rotary' needs an even head size, got d_model/n_heads = "
           f"{self.d_model}/{self.n_heads} = {self.d_model // self.n_heads}."
       )
-    if (isinstance(self.epsilon, bool) or not isinstance(self.epsilon, (int, float))
-        or not math.isfinite(self.epsilon) or self.epsilon < 0):
+    if isinstance(self.epsilon, bool) or not isinstance(self.epsilon, (int, float)):
+      raise TypeError(f"epsilon must be a Python float, got {type(self.epsilon).__name__} "
+                      f"{self.epsilon!r}.")
+    if not math.isfinite(self.epsilon) or self.epsilon < 0:
       raise ValueError(f"epsilon must be a finite float >= 0, got {self.epsilon!r}.")
 
   @property
@@ -208,15 +208,8 @@ def _make_norm(config: TransformerConfig, rngs: nnx.Rngs) -> nnx.Module:
   if config.norm_impl == "flax":
     layer_norm_cls, rms_norm_cls = nnx.LayerNorm, nnx.RMSNorm
   else:
-    try:
-      from jaxnorm import nnx as jaxnorm_nnx  # lazy: jaxnorm.nnx may not be importable
-    except ImportError as e:
-      raise ImportError(
-          "norm_impl='jaxnorm' needs the custom-VJP Flax modules jaxnorm.nnx.LayerNorm/RMSNorm, "
-          f"which could not be imported ({e}). Use norm_impl='flax' for Flax's own modules."
-      ) from e
     layer_norm_cls, rms_norm_cls = jaxnorm_nnx.LayerNorm, jaxnorm_nnx.RMSNorm
-  cls = layer_norm_cls if config.norm_type == "layernorm" else rms_norm_cls
+  cls = layer_norm_cls if config.norm_type == "layer_norm" else rms_norm_cls
   return cls(config.d_model, epsilon=config.epsilon, dtype=jnp.dtype(config.dtype), rngs=rngs)
 
 

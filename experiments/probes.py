@@ -1,0 +1,143 @@
+r"""Probes of a model without a full training run: gradient norms at initialization, the
+"model update" of the first steps, and training-step throughput (jaxnorm vs Flax norms).
+
+They reuse the training step of :mod:`experiments.train` (:func:`~experiments.train.compiled_steps`,
+shared compilation cache), so what they measure is what training runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from experiments import data as data_lib
+from experiments.train import EVAL_SEED, compiled_steps, init_params, layer_grad_norms, loss_and_stats, to_py
+from experiments.train_config import TrainConfig, check_int, make_optimizer
+from jaxnorm.models import TransformerConfig
+
+__all__ = ["compare_norm_impl", "grad_norms_at_init", "model_update_size", "throughput"]
+
+
+def grad_norms_at_init(model_config: TransformerConfig, corpus: data_lib.Corpus, *,
+                       batch_size: int, seq_len: int, seed: int, n_batches: int) -> dict:
+  """Per-layer gradient norms and residual norms at initialization, averaged over batches.
+
+  Returns:
+    ``{"attn_qkv": [...], "attn_out": [...], "mlp_in": [...], "mlp_out": [...]}`` (one value
+    per layer: the Frobenius norm of that layer's weight-matrix gradient), ``"grad_norm"`` (the
+    global norm) and ``"residual_sq_norm"`` (E||x||^2/d of every norm input, in order), each the
+    mean over ``n_batches`` training batches, for the model initialized with ``seed``.
+  """
+  check_int("n_batches", n_batches, 1)
+  graphdef, params, paths = init_params(model_config, seed)
+
+  @jax.jit
+  def one(params, inputs, targets):
+    (_, stats), grads = jax.value_and_grad(
+        functools.partial(loss_and_stats, graphdef, collect_stats=True), has_aux=True)(
+            params, inputs, targets)
+    out = layer_grad_norms(grads, paths)
+    out["grad_norm"] = optax.tree.norm(grads)
+    out["residual_sq_norm"] = stats["residual_sq_norm"]
+    return out
+
+  results = []
+  for i in range(n_batches):
+    x, y = data_lib.batch_at(corpus.train, i, batch_size=batch_size, seq_len=seq_len, seed=seed)
+    results.append(jax.device_get(one(params, jnp.asarray(x), jnp.asarray(y))))
+  mean = jax.tree.map(lambda *xs: np.mean(np.stack(xs), axis=0), *results)
+  return {k: to_py(v) for k, v in mean.items()}
+
+
+def model_update_size(model_config: TransformerConfig, train_config: TrainConfig,
+                      corpus: data_lib.Corpus, *, steps: int = 1) -> list[float]:
+  r"""The "model update" of DeepNet/Admin after each of the first ``steps`` updates.
+
+  .. math::
+
+     u_s = \Big(\frac{1}{BT}\sum_{b,t} \|f(x;\theta_s)_{bt} - f(x;\theta_0)_{bt}\|_2^2\Big)^{1/2}
+
+  on a fixed validation batch ``x`` (the first evaluation batch), training with
+  ``train_config`` (its ``model`` is replaced by ``model_config``).
+  """
+  check_int("steps", steps, 1)
+  config = dataclasses.replace(train_config, model=model_config, steps=max(steps, 1),
+                               log_update_size=True)
+  graphdef, params, _ = init_params(model_config, config.seed)
+  opt_state = make_optimizer(config).init(params)
+  train_step = compiled_steps(config)[0]
+  fixed = jnp.asarray(data_lib.batch_at(corpus.valid, 0, batch_size=config.batch_size,
+                                        seq_len=config.seq_len, seed=EVAL_SEED)[0])
+  ref = jax.jit(lambda p, x: nnx.merge(graphdef, p)(x))(params, fixed)
+  sizes = []
+  for step in range(steps):
+    x, y = data_lib.batch_at(corpus.train, step, batch_size=config.batch_size,
+                             seq_len=config.seq_len, seed=config.seed)
+    params, opt_state, metrics = train_step(params, opt_state, jnp.asarray(x), jnp.asarray(y),
+                                            fixed, ref)
+    sizes.append(float(metrics["update_size"]))
+  return sizes
+
+
+def throughput(model_config: TransformerConfig, *, batch_size: int = 16, seq_len: int = 128,
+               steps: int = 20, seed: int = 0, corpus: data_lib.Corpus | None = None,
+               **train_kwargs) -> dict:
+  """Training tokens/s of the jitted train step (compilation excluded) for one model config.
+
+  ``train_kwargs`` are further :class:`TrainConfig` fields (``lr``, ``warmup``, ...). The step
+  is the one :func:`train` uses (:func:`compiled_steps`, shared cache), so ``compile_s`` is
+  near zero when that config was compiled before in this process.
+
+  Returns:
+    ``{"tokens_per_s", "step_ms", "compile_s", "norm_impl", "norm_type"}``.
+  """
+  check_int("steps", steps, 1)
+  corpus = corpus if corpus is not None else data_lib.load_corpus()
+  config = TrainConfig(model=model_config, steps=steps, batch_size=batch_size, seq_len=seq_len,
+                       seed=seed, **train_kwargs)
+  _, params, _ = init_params(model_config, seed)
+  opt_state = make_optimizer(config).init(params)
+  train_step = compiled_steps(config)[0]
+  data = [tuple(map(jnp.asarray, data_lib.batch_at(corpus.train, i, batch_size=batch_size,
+                                                   seq_len=seq_len, seed=seed)))
+          for i in range(min(steps, 8))]
+  t0 = time.perf_counter()
+  params, opt_state, m = train_step(params, opt_state, *data[0])
+  jax.block_until_ready(m)
+  compile_s = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  for i in range(steps):
+    params, opt_state, m = train_step(params, opt_state, *data[i % len(data)])
+  jax.block_until_ready((params, m))
+  dt = time.perf_counter() - t0
+  return {"tokens_per_s": steps * batch_size * seq_len / dt, "step_ms": 1e3 * dt / steps,
+          "compile_s": compile_s, "norm_impl": model_config.norm_impl,
+          "norm_type": model_config.norm_type}
+
+
+def compare_norm_impl(model_config: TransformerConfig, *, repeats: int = 3, **kwargs) -> dict:
+  """Throughput of the same model with jaxnorm vs Flax norms, measured side by side.
+
+  The two are measured alternately ``repeats`` times and the best of each is kept (less
+  sensitive to background load). Keyword arguments go to :func:`throughput`.
+
+  Returns:
+    ``{"jaxnorm": {...}, "flax": {...}, "ratio": jaxnorm tokens/s / flax tokens/s}``.
+  """
+  check_int("repeats", repeats, 1)
+  best = {}
+  for _ in range(repeats):
+    for impl in ("jaxnorm", "flax"):
+      r = throughput(dataclasses.replace(model_config, norm_impl=impl), **kwargs)
+      if impl not in best or r["tokens_per_s"] > best[impl]["tokens_per_s"]:
+        r["compile_s"] = best.get(impl, r)["compile_s"]  # the first call compiled
+        best[impl] = r
+  best["ratio"] = best["jaxnorm"]["tokens_per_s"] / best["flax"]["tokens_per_s"]
+  return best

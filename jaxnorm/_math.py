@@ -1,0 +1,61 @@
+r"""The formulas every implementation shares: the normalizer ``rstd`` and the variance-path factor.
+
+One home for the two rules that the XLA path (:mod:`jaxnorm._core`), the Pallas kernels
+(:mod:`jaxnorm._pallas`) and the autodiff reference (:mod:`jaxnorm.reference`) must agree on.
+Plain ``jax.numpy``/``lax`` on arrays, so they trace inside a Pallas kernel as well as in XLA.
+
+.. math::
+
+   r = (v + \epsilon)^{-1/2} \ \text{("inside")}, \qquad
+   r = (\sqrt v + \epsilon)^{-1} \ \text{("outside")},
+
+   c = 1 \ \text{("inside")}, \qquad
+   c = \frac{1}{r \sqrt v} = \frac{1}{1 - \epsilon r} \ \text{("outside")}.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+__all__ = ["rstd", "variance_path_factor"]
+
+
+def rstd(var, epsilon: float, outside: bool):
+  r"""The reciprocal standard deviation of a row: ``rsqrt(var + eps)`` or ``1/(sqrt(var) + eps)``.
+
+  Args:
+    var: the row variance (LayerNorm) or mean square (RMSNorm), any shape.
+    epsilon: Python float >= 0.
+    outside: ``epsilon_placement == "outside"``: epsilon added to the standard deviation, not to
+      the variance.
+
+  Returns:
+    :math:`r`, the same shape and dtype as ``var``.
+  """
+  if outside:
+    return 1.0 / (jnp.sqrt(var) + epsilon)
+  return lax.rsqrt(var + epsilon)
+
+
+def variance_path_factor(rstd, epsilon: float, outside: bool):
+  r"""``c`` in the backward's variance-path term, or None for "inside" (where it is 1).
+
+  "inside": :math:`dr/dv = -r^3/2`, so c = 1. "outside": :math:`dr/dv = -r^2/(2\sqrt v)`, which
+  is c = :math:`1/(r\sqrt v) = 1/(1 - \epsilon r)` times the "inside" form. On a zero-variance
+  row (``1 - eps*r == 0``) the whole term is zero in the limit, so c is set to 0 there (with the
+  double-``where`` that keeps second derivatives finite).
+
+  Args:
+    rstd: :math:`r` from :func:`rstd`.
+    epsilon: the same epsilon.
+    outside: ``epsilon_placement == "outside"``.
+
+  Returns:
+    ``c`` with the shape of ``rstd``, or None when ``outside`` is False.
+  """
+  if not outside:
+    return None
+  denom = 1.0 - epsilon * rstd
+  ok = denom > 0
+  return jnp.where(ok, 1.0 / jnp.where(ok, denom, 1.0), 0.0)
