@@ -221,7 +221,8 @@ def test_core_op_pallas_matches_xla(op, param_shape, monkeypatch):
 def test_kernels_lower_to_triton_for_cuda(rows, d):
   # Cross-lowering for CUDA on this CPU-only machine: builds the Triton IR of every kernel
   # (power-of-two tensor shapes, supported primitives) and checks that pallas_call picked the
-  # Triton backend with the heuristic's warps and grid. Only ptxas compilation is left out.
+  # Triton backend with the heuristic's warps and grid. Only ptxas compilation is left out (the
+  # same file compiles and runs the kernels when JAX is on a GPU).
   x = jnp.ones((rows, d), jnp.bfloat16)
   p = jnp.ones((d,), jnp.float32)
   st = jnp.ones((rows,), jnp.float32)
