@@ -62,9 +62,13 @@ from jax.experimental.pallas import triton as plgpu
 
 from jaxnorm import _math
 from jaxnorm import _validation as v
-from jaxnorm._pallas_config import BlockConfig, config_for, supported
+from jaxnorm._pallas_config import SUPPORTED_DTYPES, BlockConfig, config_for, supported
 
 __all__ = [
+    "add_layer_norm_bwd",
+    "add_layer_norm_fwd",
+    "add_rms_norm_bwd",
+    "add_rms_norm_fwd",
     "layer_norm_bwd",
     "layer_norm_fwd",
     "rms_norm_bwd",
@@ -87,6 +91,11 @@ class _Spec:
   outside: bool  # epsilon_placement == "outside".
   zero_centered_scale: bool
   cfg: BlockConfig
+  # Fused residual add (:func:`add_layer_norm_fwd` and friends); the defaults are the plain op.
+  residual: bool = False  # forward: the row is h = x + residual_scale * residual; h is written.
+  residual_scale: float = 1.0
+  has_dh: bool = False  # backward: dh (the cotangent of h) is added to dx.
+  split_dx: bool = False  # backward: also write residual_scale * dx (in its own dtype).
 
 
 def _tile(spec: _Spec, row0, col0):
@@ -125,6 +134,16 @@ def _col_loop(spec: _Spec, body, init):
   return lax.fori_loop(0, spec.cfg.num_col_blocks, lambda j, c: body(j * bd, c), init)
 
 
+def _add_residual(spec: _Spec, x, residual, h_dtype):
+  """h = x + residual_scale * residual in float32, rounded once to the dtype h is stored in.
+
+  The statistics and y are computed from the *stored* (rounded) h, so that the backward,
+  which reads h back, differentiates exactly the function the forward computed.
+  """
+  r = residual if spec.residual_scale == 1.0 else spec.residual_scale * residual
+  return (x + r).astype(h_dtype).astype(jnp.float32)
+
+
 def _compiler_params(spec: _Spec):
   # Triton CompilerParams select the Triton lowering on GPUs (not Mosaic GPU).
   return plgpu.CompilerParams(num_warps=spec.cfg.num_warps, num_stages=spec.cfg.num_stages)
@@ -134,12 +153,18 @@ def _compiler_params(spec: _Spec):
 
 
 def _fwd_kernel(spec: _Spec, *refs):
-  """One tile of rows: statistics in float32, then y; see the module docstring."""
+  """One tile of rows: statistics in float32, then y; see the module docstring.
+
+  With ``spec.residual`` the row is ``h = x + residual_scale * residual`` (read from two
+  inputs, rounded to the dtype of ``h_ref``) and ``h`` is written next to ``y``.
+  """
   refs = list(refs)
   x_ref = refs.pop(0)
+  res_ref = refs.pop(0) if spec.residual else None
   scale_ref = refs.pop(0) if spec.has_scale else None
   bias_ref = refs.pop(0) if spec.has_bias else None
   y_ref = refs.pop(0)
+  h_ref = refs.pop(0) if spec.residual else None
   if spec.center:
     shift_ref, delta_ref, rstd_ref = refs
   else:
@@ -151,7 +176,10 @@ def _fwd_kernel(spec: _Spec, *refs):
 
   def load_x(col0):
     rds, cds, _, _, mask = _tile(spec, row0, col0)
-    return _load(x_ref, (rds, cds), mask), mask  # (br, bd)
+    x = _load(x_ref, (rds, cds), mask)  # (br, bd)
+    if spec.residual:
+      x = _add_residual(spec, x, _load(res_ref, (rds, cds), mask), h_ref.dtype)
+    return x, mask
 
   x0, mask0 = load_x(0)
   if spec.center:
@@ -192,6 +220,8 @@ def _fwd_kernel(spec: _Spec, *refs):
     if spec.has_bias:
       y = y + _load(bias_ref, (cds,), col_ok)[None, :]
     plgpu.store(y_ref.at[rds, cds], y.astype(y_ref.dtype), mask=mask)
+    if spec.residual:
+      plgpu.store(h_ref.at[rds, cds], x.astype(h_ref.dtype), mask=mask)
     return carry
 
   _col_loop(spec, out_body, 0)
@@ -222,14 +252,21 @@ def _fwd_call(x, scale, bias, *, spec: _Spec, out_dtype, interpret: bool):
 
 
 def _bwd_kernel(spec: _Spec, *refs):
-  """dx for the row tiles of this program, and its float32 partial sums of dscale/dbias."""
+  """dx for the row tiles of this program, and its float32 partial sums of dscale/dbias.
+
+  With ``spec.has_dh`` the cotangent ``dh`` is added to ``dx`` (the fused residual add: ``x_ref``
+  then holds ``h``); with ``spec.split_dx`` ``residual_scale * dx`` is written to a second
+  output in its own dtype.
+  """
   refs = list(refs)
   x_ref, dy_ref = refs.pop(0), refs.pop(0)
+  dh_ref = refs.pop(0) if spec.has_dh else None
   scale_ref = refs.pop(0) if spec.has_scale else None
   if spec.center:
     shift_ref, delta_ref = refs.pop(0), refs.pop(0)
   rstd_ref = refs.pop(0)
   dx_ref = refs.pop(0)
+  dres_ref = refs.pop(0) if spec.split_dx else None
   ds_ref = refs.pop(0) if spec.has_scale else None
   db_ref = refs.pop(0) if spec.has_bias else None
   cfg = spec.cfg
@@ -285,7 +322,12 @@ def _bwd_kernel(spec: _Spec, *refs):
       if spec.center:
         inner = inner + mean_g[:, None]
       dx = rstd[:, None] * (g - inner)
+      if spec.has_dh:
+        dx = dx + _load(dh_ref, (rds, cds), mask)
       plgpu.store(dx_ref.at[rds, cds], dx.astype(dx_ref.dtype), mask=mask)
+      if spec.split_dx:
+        dres = dx if spec.residual_scale == 1.0 else spec.residual_scale * dx
+        plgpu.store(dres_ref.at[rds, cds], dres.astype(dres_ref.dtype), mask=mask)
       ds_part = jnp.sum(dy * xh, axis=0)  # (bd,)
       db_part = jnp.sum(dy, axis=0)  # (bd,)
       if single:
@@ -383,7 +425,12 @@ def _bwd_call(x, dy, scale, shift, delta, rstd, *, spec: _Spec, interpret: bool)
       interpret=interpret,
       name="jaxnorm_layer_norm_bwd" if spec.center else "jaxnorm_rms_norm_bwd",
   )(*args)
-  dx, parts = outs[0], list(outs[1:])
+  dscale, dbias = _param_grads(list(outs[1:]), scale, spec, interpret)
+  return outs[0], dscale, dbias
+
+
+def _param_grads(parts, scale, spec: _Spec, interpret: bool):
+  """``(dscale, dbias)`` from the backward kernel's partial-sum outputs (None where absent)."""
   dscale = dbias = None
   if parts:
     dtypes = ([scale.dtype] if spec.has_scale else []) + ([jnp.float32] if spec.has_bias else [])
@@ -392,7 +439,7 @@ def _bwd_call(x, dy, scale, shift, delta, rstd, *, spec: _Spec, interpret: bool)
       dscale = sums.pop(0)
     if spec.has_bias:
       dbias = sums.pop(0)
-  return dx, dscale, dbias
+  return dscale, dbias
 
 
 # ----------------------------------------------------------------------------- public wrappers
@@ -575,3 +622,221 @@ def rms_norm_bwd(x, scale, rstd, dy, *, epsilon, epsilon_placement="inside",
   dx, dscale, _ = _bwd_call(x, dy, scale, None, None, rstd.astype(jnp.float32), spec=spec,
                             interpret=bool(interpret))
   return dx, dscale
+
+
+# ----------------------------------------------------------------------------- fused residual add
+#
+# The same two kernels with the residual add folded in (``_Spec.residual`` / ``has_dh`` /
+# ``split_dx``): the forward reads x and residual and writes h, y and the row statistics; the
+# backward reads h, dy and dh and writes dx once (twice only when the two input cotangents
+# differ: another dtype, or a residual_scale != 1).
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "out_dtype", "h_dtype", "interpret"))
+def _add_fwd_call(x, residual, scale, bias, *, spec: _Spec, out_dtype, h_dtype, interpret: bool):
+  rows, d = x.shape
+  stat = jax.ShapeDtypeStruct((rows,), jnp.float32)
+  out_shape = [jax.ShapeDtypeStruct((rows, d), out_dtype), jax.ShapeDtypeStruct((rows, d), h_dtype)]
+  out_shape += [stat, stat, stat] if spec.center else [stat]
+  args = [x, residual] + ([scale] if spec.has_scale else []) + ([bias] if spec.has_bias else [])
+  return pl.pallas_call(
+      functools.partial(_fwd_kernel, spec),
+      out_shape=out_shape,
+      grid=(pl.cdiv(rows, spec.cfg.block_rows),),
+      compiler_params=_compiler_params(spec),
+      interpret=interpret,
+      name="jaxnorm_add_layer_norm_fwd" if spec.center else "jaxnorm_add_rms_norm_fwd",
+  )(*args)
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "x_dtype", "residual_dtype", "interpret"))
+def _add_bwd_call(h, dy, dh, scale, shift, delta, rstd, *, spec: _Spec, x_dtype, residual_dtype,
+                  interpret: bool):
+  rows, d = h.shape
+  part = jax.ShapeDtypeStruct((spec.cfg.bwd_programs, d), jnp.float32)
+  out_shape = [jax.ShapeDtypeStruct((rows, d), x_dtype)]
+  out_shape += [jax.ShapeDtypeStruct((rows, d), residual_dtype)] if spec.split_dx else []
+  out_shape += [part] if spec.has_scale else []
+  out_shape += [part] if spec.has_bias else []
+  args = [h, dy] + ([dh] if spec.has_dh else []) + ([scale] if spec.has_scale else [])
+  args += [shift, delta, rstd] if spec.center else [rstd]
+  outs = pl.pallas_call(
+      functools.partial(_bwd_kernel, spec),
+      out_shape=out_shape,
+      grid=(spec.cfg.bwd_programs,),
+      compiler_params=_compiler_params(spec),
+      interpret=interpret,
+      name="jaxnorm_add_layer_norm_bwd" if spec.center else "jaxnorm_add_rms_norm_bwd",
+  )(*args)
+  outs = list(outs)
+  dx = outs.pop(0)
+  dres = outs.pop(0) if spec.split_dx else dx
+  dscale, dbias = _param_grads(outs, scale, spec, interpret)
+  return dx, dres, dscale, dbias
+
+
+def _check_dtype(name: str, dtype) -> jnp.dtype:
+  dt = jnp.dtype(dtype)
+  if dt not in SUPPORTED_DTYPES:
+    raise ValueError(f"{name} must be float32, bfloat16 or float16 for the Pallas kernels, got "
+                     f"{dt.name}.")
+  return dt
+
+
+def _check_residual_scale(residual_scale) -> float:
+  if isinstance(residual_scale, bool) or not isinstance(residual_scale, (int, float)):
+    raise TypeError(f"residual_scale must be a Python float, got "
+                    f"{type(residual_scale).__name__} {residual_scale!r}.")
+  return float(residual_scale)
+
+
+def _add_spec(x, residual, scale, bias, *, center, has_bias, residual_scale, epsilon,
+              epsilon_placement, zero_centered_scale):
+  rows, d = _check_x(x)
+  _check_like("residual", residual, x)
+  _check_dtype("residual", residual.dtype)
+  _check_vector("scale", scale, d, "the feature size of x")
+  _check_vector("bias", bias, d, "the feature size of x")
+  spec = _spec(x, center=center, has_scale=scale is not None, has_bias=has_bias, epsilon=epsilon,
+               epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale)
+  return dataclasses.replace(spec, residual=True,
+                             residual_scale=_check_residual_scale(residual_scale))
+
+
+def add_layer_norm_fwd(x, residual, scale, bias, *, epsilon, residual_scale=1.0, h_dtype=None,
+                       epsilon_placement="inside", zero_centered_scale=False, out_dtype=None,
+                       interpret=False):
+  r"""Fused residual add + LayerNorm forward: one read of ``x`` and ``residual``, one write of
+  ``h``, ``y`` and the row statistics.
+
+  .. math::
+
+     h = \mathrm{round}_{h}(x + \alpha\, r), \qquad y = \gamma \odot (h - K - \delta)\, r_h + \beta
+
+  with the statistics of :func:`layer_norm_fwd` taken of the rounded ``h`` (``alpha`` is
+  ``residual_scale``, the add runs in float32 and is rounded once to ``h_dtype``).
+
+  Args:
+    x: ``(rows, d)`` float32, bfloat16 or float16.
+    residual: ``(rows, d)``, the same shape, float32, bfloat16 or float16.
+    scale: ``(d,)`` or None.
+    bias: ``(d,)`` or None.
+    epsilon: non-negative Python float.
+    residual_scale: Python float :math:`\alpha` multiplying ``residual``.
+    h_dtype: dtype of ``h`` (default: the promoted dtype of ``x`` and ``residual``).
+    epsilon_placement: "inside" or "outside".
+    zero_centered_scale: multiply by ``1 + scale`` instead of ``scale``.
+    out_dtype: dtype of ``y`` (default: ``x.dtype``).
+    interpret: run the kernels in Pallas interpret mode.
+
+  Returns:
+    ``(y, h, shift, delta, rstd)``: ``y`` in ``out_dtype``, ``h`` in ``h_dtype``, and the float32
+    ``(rows,)`` statistics of ``h`` as in :func:`layer_norm_fwd`.
+  """
+  spec = _add_spec(x, residual, scale, bias, center=True, has_bias=bias is not None,
+                   residual_scale=residual_scale, epsilon=epsilon,
+                   epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale)
+  h_dtype = _check_dtype("h_dtype", h_dtype or jnp.promote_types(x.dtype, residual.dtype))
+  return tuple(_add_fwd_call(x, residual, scale, bias, spec=spec,
+                             out_dtype=_out_dtype(out_dtype, x), h_dtype=h_dtype,
+                             interpret=bool(interpret)))
+
+
+def add_rms_norm_fwd(x, residual, scale, *, epsilon, residual_scale=1.0, h_dtype=None,
+                     epsilon_placement="inside", zero_centered_scale=False, out_dtype=None,
+                     interpret=False):
+  r"""Fused residual add + RMSNorm forward (see :func:`add_layer_norm_fwd`).
+
+  .. math::
+
+     h = \mathrm{round}_{h}(x + \alpha\, r), \qquad y = \gamma \odot h\, r_h
+
+  Returns:
+    ``(y, h, rstd)``.
+  """
+  spec = _add_spec(x, residual, scale, None, center=False, has_bias=False,
+                   residual_scale=residual_scale, epsilon=epsilon,
+                   epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale)
+  h_dtype = _check_dtype("h_dtype", h_dtype or jnp.promote_types(x.dtype, residual.dtype))
+  return tuple(_add_fwd_call(x, residual, scale, None, spec=spec,
+                             out_dtype=_out_dtype(out_dtype, x), h_dtype=h_dtype,
+                             interpret=bool(interpret)))
+
+
+def _add_bwd(h, scale, stats, dy, dh, *, center, has_bias, residual_scale, x_dtype,
+             residual_dtype, epsilon, epsilon_placement, zero_centered_scale, interpret):
+  rows, d = _check_x(h)
+  _check_vector("scale", scale, d, "the feature size of h")
+  for name, stat in zip(("shift", "delta", "rstd") if center else ("rstd",), stats):
+    _check_vector(name, stat, rows, "one value per row of h")
+  _check_like("dy", dy, h)
+  if dh is not None:
+    _check_like("dh", dh, h)
+  x_dtype = _check_dtype("x_dtype", x_dtype or h.dtype)
+  residual_dtype = _check_dtype("residual_dtype", residual_dtype or h.dtype)
+  residual_scale = _check_residual_scale(residual_scale)
+  spec = _spec(h, center=center, has_scale=scale is not None, has_bias=bool(has_bias),
+               epsilon=epsilon, epsilon_placement=epsilon_placement,
+               zero_centered_scale=zero_centered_scale)
+  spec = dataclasses.replace(
+      spec, residual_scale=residual_scale, has_dh=dh is not None,
+      split_dx=residual_scale != 1.0 or x_dtype != residual_dtype)
+  f32 = [s.astype(jnp.float32) for s in stats]
+  shift, delta, rstd = f32 if center else (None, None, f32[0])
+  return _add_bwd_call(h, dy, dh, scale, shift, delta, rstd, spec=spec, x_dtype=x_dtype,
+                       residual_dtype=residual_dtype, interpret=bool(interpret))
+
+
+def add_layer_norm_bwd(h, scale, shift, delta, rstd, dy, dh, *, epsilon, residual_scale=1.0,
+                       x_dtype=None, residual_dtype=None, epsilon_placement="inside",
+                       zero_centered_scale=False, has_bias=True, interpret=False):
+  r"""Fused residual add + LayerNorm backward: reads ``h``, ``dy`` and ``dh``, writes ``dx`` once.
+
+  .. math::
+
+     dx = dh + r\big(g - \overline g - c\,\hat x\,\overline{g\hat x}\big), \qquad
+     d\text{residual} = \alpha\, dx
+
+  (the LayerNorm backward of :func:`layer_norm_bwd` at ``h``, plus the cotangent of ``h``).
+  When ``residual_scale == 1`` and both dtypes agree, ``dresidual`` *is* ``dx`` (one array);
+  otherwise the kernel writes both from the same registers.
+
+  Args:
+    h: ``(rows, d)`` the ``h`` of the forward.
+    scale: ``(d,)`` or None.
+    shift, delta, rstd: float32 ``(rows,)`` statistics of ``h``.
+    dy: ``(rows, d)`` cotangent of ``y``.
+    dh: ``(rows, d)`` cotangent of ``h``, or None for zero.
+    epsilon, epsilon_placement, zero_centered_scale: as in the forward.
+    residual_scale: the forward's :math:`\alpha`.
+    x_dtype, residual_dtype: dtypes of the two input cotangents (default ``h.dtype``).
+    has_bias: whether to compute ``dbias``.
+    interpret: run the kernels in Pallas interpret mode.
+
+  Returns:
+    ``(dx, dresidual, dscale, dbias)``; ``dbias`` in float32 (the caller casts it) or None.
+  """
+  return _add_bwd(h, scale, (shift, delta, rstd), dy, dh, center=True, has_bias=has_bias,
+                  residual_scale=residual_scale, x_dtype=x_dtype, residual_dtype=residual_dtype,
+                  epsilon=epsilon, epsilon_placement=epsilon_placement,
+                  zero_centered_scale=zero_centered_scale, interpret=interpret)
+
+
+def add_rms_norm_bwd(h, scale, rstd, dy, dh, *, epsilon, residual_scale=1.0, x_dtype=None,
+                     residual_dtype=None, epsilon_placement="inside", zero_centered_scale=False,
+                     interpret=False):
+  r"""Fused residual add + RMSNorm backward (see :func:`add_layer_norm_bwd`).
+
+  .. math::
+
+     dx = dh + r\big(g - c\,\hat x\,\overline{g\hat x}\big), \qquad d\text{residual} = \alpha\, dx
+
+  Returns:
+    ``(dx, dresidual, dscale)``.
+  """
+  dx, dres, dscale, _ = _add_bwd(
+      h, scale, (rstd,), dy, dh, center=False, has_bias=False, residual_scale=residual_scale,
+      x_dtype=x_dtype, residual_dtype=residual_dtype, epsilon=epsilon,
+      epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
+      interpret=interpret)
+  return dx, dres, dscale
