@@ -1,0 +1,423 @@
+"""The fused residual add + norm ops against ``jax.vjp`` of a float64 reference (add, then
+:mod:`jaxnorm.reference`), with random cotangents on *both* outputs ``y`` and ``h``.
+
+Covers hypothesis shapes, every variant (epsilon placement, zero-centred scale, mask, with and
+without scale/bias, a residual multiplier), every dtype (float32, bfloat16, float16, a float32
+stream under bfloat16 activations), the Pallas kernels in interpret mode, the transformations
+(jit, vmap, grad-of-grad, remat, scan, shard_map) and the argument errors.
+"""
+
+import contextlib
+
+import jax
+import jax.extend.core  # noqa: F401  (jaxprs_in_params)
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax import lax
+from jax.sharding import Mesh, PartitionSpec as P
+
+import jaxnorm
+from jaxnorm import _pallas
+from jaxnorm import reference
+from _numerics import assert_close, natural_scales, random, tol_for
+
+OPS = {
+    "layer_norm": (jaxnorm.add_layer_norm, reference.layer_norm, True),
+    "rms_norm": (jaxnorm.add_rms_norm, reference.rms_norm, False),
+}
+INTERPRET = jax.default_backend() not in ("gpu", "cuda", "rocm")
+D_LOOP = _pallas.MAX_BLOCK_D + 8  # two column blocks in the kernels
+
+
+def _coarse(*dtypes):
+  """The tolerance of the least precise dtype among ``dtypes``."""
+  return max(tol_for(d) for d in dtypes)
+
+
+def _reference(op_name, *, alpha, h_dtype, out_dtype, kw):
+  """``(x, r, scale, bias) -> (y, h)`` in float64: add, round h to ``h_dtype``, normalize.
+
+  The rounding of ``h`` is straight-through (its value is the stored one, its derivative the
+  identity), so the reference's gradient is the exact gradient of the function the op computes.
+  """
+  _, ref, has_bias = OPS[op_name]
+
+  def f(x, r, scale, bias):
+    h = x + alpha * r
+    h = h + lax.stop_gradient(h.astype(h_dtype).astype(h.dtype) - h)
+    args = (h, scale, bias) if has_bias else (h, scale)
+    return ref(*args, **kw), h
+
+  return f
+
+
+def _check(op_name, *, shape, axis=-1, x_dtype="float32", r_dtype=None, residual_dtype=None,
+           out_dtype=None, use_scale=True, use_bias=True, use_mask=False, alpha=1.0,
+           epsilon=1e-3, epsilon_placement="inside", zero_centered_scale=False, loc=1.0,
+           seed=0, use_dh=True, use_jit=True, impl="xla"):
+  op, _, has_bias = OPS[op_name]
+  x_dtype = jnp.dtype(x_dtype)
+  r_dtype = jnp.dtype(r_dtype or x_dtype)
+  h_dtype = jnp.dtype(residual_dtype or jnp.promote_types(x_dtype, r_dtype))
+  y_dtype = jnp.dtype(out_dtype or x_dtype)
+  n_norm = len(axis) if isinstance(axis, tuple) else 1
+  norm_shape = shape[len(shape) - n_norm:]
+  ks = jax.random.split(jax.random.key(seed), 7)
+  x = random(ks[0], shape, x_dtype, scale=1.5)
+  r = random(ks[1], shape, r_dtype, loc=loc, scale=1.5)
+  scale = random(ks[2], norm_shape, x_dtype, loc=1.0, scale=0.5) if use_scale else None
+  bias = random(ks[3], norm_shape, x_dtype) if use_bias and has_bias else None
+  dy = random(ks[4], shape, y_dtype)
+  dh = random(ks[5], shape, h_dtype) if use_dh else None
+  mask = jax.random.bernoulli(ks[6], 0.7, shape).at[..., 0].set(True) if use_mask else None
+  kw = dict(epsilon=epsilon, axis=axis, mask=mask, epsilon_placement=epsilon_placement,
+            zero_centered_scale=zero_centered_scale)
+  params = (scale, bias) if has_bias else (scale,)
+
+  def mine(x, r, *p):
+    return op(x, r, *p, residual_scale=alpha, residual_dtype=residual_dtype, dtype=out_dtype,
+              impl=impl, **kw)
+
+  def run(f, args, cts):
+    if use_dh:
+      out, pull = jax.vjp(f, *args)
+      return out, pull(cts)
+    y, pull = jax.vjp(lambda *a: f(*a)[0], *args)  # h unused: its cotangent is a symbolic zero
+    return (y, f(*args)[1]), pull(cts[0])
+
+  run_mine = jax.jit(run, static_argnums=0) if use_jit else run
+  (y, h), grads = run_mine(mine, (x, r, *params), (dy, dh))
+  with jax.enable_x64(True):
+    f64 = lambda a: None if a is None else jnp.asarray(a, jnp.float64)  # noqa: E731
+    ref = _reference(op_name, alpha=alpha, h_dtype=h_dtype, out_dtype=y_dtype, kw=kw)
+    ref_params = tuple(map(f64, params)) if has_bias else (f64(scale), None)
+    (y_ref, h_ref), grads_ref = run(
+        lambda x, r, *p: ref(x, r, *(p if has_bias else (p[0], None))),
+        (f64(x), f64(r), *ref_params[:len(params)]), (f64(dy), f64(dh)))
+    y_ref, h_ref = np.asarray(y_ref), np.asarray(h_ref)
+    grads_ref = [None if g is None else np.asarray(g) for g in grads_ref]
+
+  assert y.dtype == y_dtype and h.dtype == h_dtype and y.shape == h.shape == shape
+  gam = None if scale is None else (1.0 + scale.astype(jnp.float32) if zero_centered_scale
+                                    else scale)
+  fl = natural_scales(h, gam, dy, d=int(np.prod(norm_shape)), epsilon=epsilon,
+                      epsilon_placement=epsilon_placement, center=has_bias, mask=mask)
+  dh_mag = 0.0 if dh is None else float(jnp.max(jnp.abs(dh.astype(jnp.float32))))
+  assert_close(y, jnp.asarray(y_ref, jnp.float32), tol=_coarse(y_dtype, h_dtype), floor=fl["y"],
+               what="y")
+  assert_close(h, jnp.asarray(h_ref, jnp.float32), tol=tol_for(h_dtype), what="h")
+  names = ["dx", "dresidual", "dscale", "dbias"]
+  floors = [fl["dx"] + dh_mag, abs(alpha) * (fl["dx"] + dh_mag), fl["dscale"], fl["dbias"]]
+  primals = [x, r, *params]
+  for name, g, g_ref, a, floor in zip(names, grads, grads_ref, primals, floors):
+    if a is None:
+      assert g is None, name
+      continue
+    assert g.dtype == a.dtype and g.shape == a.shape, (name, g.dtype, a.dtype)
+    assert_close(g, jnp.asarray(g_ref, jnp.float32), tol=_coarse(a.dtype, h_dtype),
+                 floor=floor, what=name)
+
+
+# --------------------------------------------------------------------------- the XLA path
+
+
+@st.composite
+def cases(draw):
+  rank = draw(st.integers(1, 3))
+  n_norm = draw(st.integers(1, min(2, rank)))
+  if n_norm == 1:
+    norm_shape = [draw(st.sampled_from([1, 3, 16, 33, 100, 256]))]
+  else:
+    norm_shape = [draw(st.integers(1, 12)) for _ in range(2)]
+  lead = [draw(st.integers(1, 4)) for _ in range(rank - n_norm)]
+  x_dtype = draw(st.sampled_from(["float32", "bfloat16", "float16"]))
+  return dict(
+      shape=tuple(lead + norm_shape),
+      axis=tuple(range(-n_norm, 0)) if n_norm > 1 else -1,
+      x_dtype=x_dtype,
+      r_dtype=draw(st.sampled_from([x_dtype, "float32"])),
+      use_scale=draw(st.booleans()),
+      use_bias=draw(st.booleans()),
+      use_mask=draw(st.booleans()),
+      alpha=draw(st.sampled_from([1.0, 0.5, 2.4])),
+      epsilon=draw(st.sampled_from([1e-6, 1e-3, 0.1])),
+      epsilon_placement=draw(st.sampled_from(["inside", "outside"])),
+      zero_centered_scale=draw(st.booleans()),
+      use_dh=draw(st.booleans()),
+      loc=draw(st.sampled_from([0.0, 3.0])),
+      seed=draw(st.integers(0, 2**16)),
+  )
+
+
+@pytest.mark.parametrize("op_name", list(OPS))
+@settings(max_examples=12)
+@given(case=cases())
+def test_vjp_matches_float64_reference(op_name, case):
+  _check(op_name, **case)
+
+
+@pytest.mark.parametrize("op_name", list(OPS))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("placement", ["inside", "outside"])
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_every_variant_and_dtype(op_name, dtype, placement, zero_centered):
+  """A fixed grid so that no variant/dtype combination depends on hypothesis' draws."""
+  _check(op_name, shape=(3, 5, 48), x_dtype=dtype, epsilon_placement=placement,
+         zero_centered_scale=zero_centered, alpha=1.0 if zero_centered else 1.7)
+
+
+@pytest.mark.parametrize("op_name", list(OPS))
+def test_float32_stream_under_bfloat16_activations(op_name):
+  # x bf16 (a sub-layer output), residual f32 (the stream): h f32, y bf16, dx bf16, dres f32.
+  _check(op_name, shape=(4, 64), x_dtype="bfloat16", r_dtype="float32", loc=3.0)
+  # The same with a bf16 residual stored in float32 from now on, and y requested in float32.
+  _check(op_name, shape=(4, 64), x_dtype="bfloat16", residual_dtype="float32",
+         out_dtype="float32", alpha=0.5)
+
+
+@pytest.mark.parametrize("op_name", list(OPS))
+def test_masked_eager_and_unused_stream(op_name):
+  _check(op_name, shape=(2, 3, 40), use_mask=True, use_jit=False, epsilon_placement="outside")
+  _check(op_name, shape=(2, 4, 6), axis=(-2, -1), use_scale=False, use_bias=False,
+         use_dh=False, use_jit=False)
+
+
+@pytest.mark.parametrize("op_name", list(OPS))
+def test_equals_add_then_plain_op(op_name):
+  """Same values as ``h = x + alpha r`` followed by the plain op (the same code path)."""
+  op, _, has_bias = OPS[op_name]
+  plain = jaxnorm.layer_norm if has_bias else jaxnorm.rms_norm
+  ks = jax.random.split(jax.random.key(1), 3)
+  x, r = random(ks[0], (6, 32), jnp.float32), random(ks[1], (6, 32), jnp.float32, loc=2.0)
+  s = random(ks[2], (32,), jnp.float32, loc=1.0)
+  y, h = op(x, r, s, residual_scale=0.75)
+  np.testing.assert_array_equal(np.asarray(h), np.asarray(x + 0.75 * r))
+  np.testing.assert_allclose(np.asarray(y), np.asarray(plain(h, s)), rtol=0, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- the Pallas kernels
+
+
+# (op, shape, x dtype, residual dtype, variant): one row block, rows not a multiple of the row
+# block, the column loop, a float32 stream under bfloat16 x (two output cotangents), alpha != 1,
+# an unused stream (no dh read), every epsilon placement and zero-centred scale.
+PALLAS_CASES = [
+    ("layer_norm", (9, 96), "float32", None, dict()),
+    ("layer_norm", (5, 7), "bfloat16", "float32",
+     dict(alpha=1.5, epsilon_placement="outside", zero_centered_scale=True)),
+    ("layer_norm", (3, D_LOOP), "float32", None, dict(use_bias=False, alpha=0.7)),
+    ("rms_norm", (37, 300), "float16", None, dict(use_scale=False, use_dh=False)),
+    ("rms_norm", (12, D_LOOP), "bfloat16", None, dict(epsilon_placement="outside")),
+]
+
+
+@pytest.mark.parametrize("case", PALLAS_CASES,
+                         ids=lambda c: f"{c[0]}-{c[1][0]}x{c[1][1]}-{c[2]}-{c[3]}")
+def test_pallas_kernels_match_reference(case, monkeypatch):
+  monkeypatch.setenv("JAXNORM_PALLAS_INTERPRET", "1" if INTERPRET else "0")
+  op_name, shape, x_dtype, r_dtype, variant = case
+  _check(op_name, shape=shape, x_dtype=x_dtype, r_dtype=r_dtype, impl="pallas", **variant)
+
+
+def test_pallas_kernel_outputs_and_statistics():
+  x = random(jax.random.key(0), (11, 40), jnp.bfloat16)
+  r = random(jax.random.key(1), (11, 40), jnp.float32, loc=3.0)
+  y, h, shift, delta, rstd = _pallas.add_layer_norm_fwd(
+      x, r, None, None, epsilon=1e-5, residual_scale=2.0, interpret=INTERPRET)
+  assert y.dtype == jnp.bfloat16 and h.dtype == jnp.float32
+  h64 = np.asarray(x, np.float64) + 2.0 * np.asarray(r, np.float64)
+  np.testing.assert_allclose(np.asarray(h), h64, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(shift, np.float64) + np.asarray(delta), h64.mean(1),
+                             rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(rstd), 1 / np.sqrt(h64.var(1) + 1e-5), rtol=1e-5)
+  dy = random(jax.random.key(2), (11, 40), jnp.bfloat16)
+
+  def kernel_outputs(**kw):
+    """Shapes of the outputs of the backward pallas_call (the kernel writes exactly these)."""
+    jaxpr = jax.make_jaxpr(lambda h, dy: _pallas.add_rms_norm_bwd(
+        h, None, rstd, dy, None, epsilon=1e-5, interpret=INTERPRET, **kw))(h, dy)
+    found = []
+
+    def walk(jx):
+      for eqn in jx.eqns:
+        if eqn.primitive.name == "pallas_call":
+          found.append([(tuple(o.aval.shape), o.aval.dtype) for o in eqn.outvars])
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+          walk(sub)
+
+    walk(jaxpr.jaxpr)
+    (outs,) = found
+    return outs
+
+  # Same dtype, alpha = 1: the kernel writes dx once; it serves both input cotangents.
+  assert kernel_outputs() == [((11, 40), jnp.float32)]
+  dx, dres, _ = _pallas.add_rms_norm_bwd(h, None, rstd, dy, None, epsilon=1e-5,
+                                         interpret=INTERPRET)
+  np.testing.assert_array_equal(np.asarray(dx), np.asarray(dres))
+  # Another dtype for x, or alpha != 1: both, from the same registers.
+  assert kernel_outputs(x_dtype=jnp.bfloat16) == [((11, 40), jnp.bfloat16),
+                                                   ((11, 40), jnp.float32)]
+  assert kernel_outputs(residual_scale=2.0) == [((11, 40), jnp.float32)] * 2
+
+
+def test_pallas_fused_kernels_lower_to_triton_for_cuda():
+  rows, d = 37, 300
+  x = jnp.ones((rows, d), jnp.bfloat16)
+  r = jnp.ones((rows, d), jnp.float32)
+  p, st_ = jnp.ones((d,), jnp.float32), jnp.ones((rows,), jnp.float32)
+  kw = dict(epsilon=1e-5, residual_scale=1.5)
+  fns = {
+      "fwd": lambda x: _pallas.add_layer_norm_fwd(x, r, p, p, **kw),
+      "bwd": lambda x: _pallas.add_layer_norm_bwd(r, p, st_, st_, st_, x, r, x_dtype=x.dtype,
+                                                  **kw),
+  }
+  for name, fn in fns.items():
+    text = jax.jit(fn).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    calls = text.count("custom_call @__gpu$xla.gpu.triton")
+    assert calls == (1 if name == "fwd" else 2), (name, calls)
+
+
+# --------------------------------------------------------------------------- transformations
+
+
+def _data(d=12, lead=(3, 4), dtype=jnp.float32, seed=0):
+  ks = jax.random.split(jax.random.key(seed), 6)
+  return (random(ks[0], lead + (d,), dtype, loc=0.5), random(ks[1], lead + (d,), dtype, loc=1.0),
+          random(ks[2], (d,), dtype, loc=1.0, scale=0.3), random(ks[3], (d,), dtype),
+          random(ks[4], lead + (d,), dtype), random(ks[5], lead + (d,), dtype))
+
+
+def _ref_ln(x, r, s, b, alpha=1.0):
+  h = x + alpha * r
+  return reference.layer_norm(h, s, b), h
+
+
+def _fused_ln(x, r, s, b, alpha=1.0):
+  return jaxnorm.add_layer_norm(x, r, s, b, residual_scale=alpha)
+
+
+def _loss(f, w, w2):
+  return lambda x, r, s, b: (jnp.sum(jnp.sin(f(x, r, s, b)[0]) * w)
+                             + jnp.sum(jnp.cos(f(x, r, s, b)[1]) * w2))
+
+
+def test_vmap_matches_batched():
+  x, r, s, b, dy, dh = _data()
+  f = lambda x, r, s, b: jax.vjp(_fused_ln, x, r, s, b)[1]((dy[0], dh[0]))  # noqa: E731
+  per_example = jax.vmap(f, in_axes=(0, 0, None, None))(x, r, s, b)
+  for i in range(x.shape[0]):
+    want = jax.vjp(_ref_ln, x[i], r[i], s, b)[1]((dy[0], dh[0]))
+    for got, w in zip(per_example, want):
+      assert_close(got[i], w, jnp.float32)
+
+
+def test_grad_of_grad(x64):
+  x, r, s, b, w, w2 = _data(d=6, lead=(2,), dtype=jnp.float64)
+  for alpha in (1.0, 1.5):
+    mine = _loss(lambda *a: _fused_ln(*a, alpha=alpha), w, w2)
+    theirs = _loss(lambda *a: _ref_ln(*a, alpha=alpha), w, w2)
+    gg = lambda f: jax.grad(  # noqa: E731
+        lambda x, r: jnp.sum(jnp.concatenate(
+            [g.ravel() for g in jax.grad(f, argnums=(0, 1, 2))(x, r, s, b)]) ** 2),
+        argnums=(0, 1))(x, r)
+    for a, e in zip(gg(mine), gg(theirs)):
+      assert_close(a, e, jnp.float64, what=f"grad-of-grad alpha={alpha}")
+
+
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_checkpoint_and_scan(kind):
+  """A Pre-LN-like stack: the stream h and the pending sub-layer output are the scan carry."""
+  x, r, s, b, w, _ = _data(d=8, lead=(5,))
+  stack_s = jnp.stack([s, s * 0.5, s * 2.0])
+  if kind == "layer_norm":
+    fused, ref = _fused_ln, _ref_ln
+  else:
+    fused = lambda x, r, s, b: jaxnorm.add_rms_norm(x, r, s)  # noqa: E731
+    ref = lambda x, r, s, b: (reference.rms_norm(x + r, s), x + r)  # noqa: E731
+
+  def stack(f, remat):
+    def body(carry, si):
+      pending, h = carry
+      y, h = f(pending, h, si, b)
+      return (jnp.tanh(y), h), None
+    if remat:
+      body = jax.checkpoint(body)
+    return lambda x, r, ss: jnp.sum(sum(jax.lax.scan(body, (x, r), ss)[0]) * w)
+
+  for remat in (False, True):
+    g = jax.jit(jax.grad(stack(fused, remat), argnums=(0, 1, 2)))(x, r, stack_s)
+    g_ref = jax.grad(stack(ref, remat), argnums=(0, 1, 2))(x, r, stack_s)
+    for a, e in zip(g, g_ref):
+      assert_close(a, e, jnp.float32, what=f"scan remat={remat}")
+
+
+@pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (host) devices")
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_shard_map_data_and_model_mesh(kind):
+  """Batch split over "data", features over "model" (axis_name), params replicated on "data"."""
+  mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+  x, r, s, b, dy, dh = _data(d=32, lead=(4, 3))
+  if kind == "layer_norm":
+    op = lambda x, r, s, b, **k: jaxnorm.add_layer_norm(  # noqa: E731
+        x, r, s, b, residual_scale=1.3, epsilon_placement="outside", **k)
+  else:
+    op = lambda x, r, s, b, **k: jaxnorm.add_rms_norm(x, r, s, zero_centered_scale=True, **k)  # noqa: E731
+  row, par = P("data", None, "model"), P("model")
+
+  def sharded(x, r, s, b):
+    return jax.shard_map(lambda x, r, s, b: op(x, r, s, b, axis_name="model"), mesh=mesh,
+                         in_specs=(row, row, par, par), out_specs=(row, row))(x, r, s, b)
+
+  def vjp(f):
+    return jax.jit(lambda *a: (lambda out, pull: (out, pull((dy, dh))))(*jax.vjp(f, *a)))
+
+  (y, h), grads = vjp(sharded)(x, r, s, b)
+  (y_ref, h_ref), grads_ref = vjp(op)(x, r, s, b)
+  assert_close(y, y_ref, jnp.float32, what="y")
+  assert_close(h, h_ref, jnp.float32, what="h")
+  for name, g, g_ref in zip(["dx", "dresidual", "dscale", "dbias"], grads, grads_ref):
+    assert_close(g, g_ref, jnp.float32, what=name)
+
+
+def test_forward_mode_is_a_documented_limit():
+  x, r, s, b, _, _ = _data()
+  with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
+    jax.jvp(lambda x: _fused_ln(x, r, s, b), (x,), (x,))
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_bad_arguments_raise_clear_errors():
+  x = jnp.ones((4, 16), jnp.float32)
+  cases = [
+      (dict(residual=jnp.ones((4, 15))), ValueError,
+       r"residual must have the shape of x \(4, 16\).*\(4, 15\)"),
+      (dict(residual=jnp.ones((16,))), ValueError, r"residual must have the shape of x"),
+      (dict(residual=jnp.ones((4, 16), jnp.int32)), TypeError,
+       "residual must have a floating dtype.*int32"),
+      (dict(residual_dtype=jnp.int32), TypeError, "residual_dtype must be a floating dtype.*int32"),
+      (dict(residual_dtype="nonsense"), TypeError, "residual_dtype must be a floating dtype"),
+      (dict(residual_scale=jnp.ones(3)), ValueError, r"residual_scale must be a scalar.*\(3,\)"),
+      (dict(residual_scale="2"), TypeError, "residual_scale must be a Python float.*str"),
+      (dict(residual_scale=True), TypeError, "residual_scale must be a Python float"),
+      (dict(residual_scale=float("nan")), ValueError, "residual_scale must be finite"),
+  ]
+  for op in (jaxnorm.add_layer_norm, jaxnorm.add_rms_norm):
+    for kw, exc, match in cases:
+      kw = dict(kw)
+      r = kw.pop("residual", x)
+      with pytest.raises(exc, match=match):
+        op(x, r, **kw)
+  # A traced multiplier cannot be static configuration.
+  with pytest.raises(TypeError, match="static Python float"):
+    jax.jit(lambda a: jaxnorm.add_rms_norm(x, x, residual_scale=a))(jnp.float32(2.0))
+  # A concrete 0-d array is accepted (converted to a float).
+  y, _ = jaxnorm.add_rms_norm(x, x, residual_scale=np.float32(2.0))
+  assert y.shape == x.shape
+  # The plain ops' checks still apply (here: the scale's shape), naming the argument.
+  with pytest.raises(ValueError, match="scale must have the normalized shape"):
+    jaxnorm.add_layer_norm(x, x, jnp.ones(15))
