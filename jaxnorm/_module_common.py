@@ -30,6 +30,8 @@ import numpy as np
 from flax.nnx.nn import dtypes as _flax_dtypes
 
 from jaxnorm import _validation as v
+from jaxnorm._fused import add_layer_norm as _add_layer_norm_op
+from jaxnorm._fused import add_rms_norm as _add_rms_norm_op
 from jaxnorm._layer_norm import layer_norm as _layer_norm_op
 from jaxnorm._rms_norm import rms_norm as _rms_norm_op
 
@@ -181,6 +183,8 @@ def normalize(
     impl: str = "auto",
     num_features: int | None = None,
     module: str = "",
+    residual: Any = None,
+    residual_scale: float = 1.0,
 ) -> Any:
   r"""Normalizes ``x`` over any ``reduction_axes`` with the custom-VJP op of ``kind``.
 
@@ -209,6 +213,10 @@ def normalize(
     epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
     zero_centered_scale: multiply by ``1 + scale`` instead of ``scale``.
     impl: ``"auto"``, ``"xla"`` or ``"pallas"``.
+    residual: ``None``, or an array of the shape of ``x``: then the fused op normalizes
+      :math:`h = x + \alpha\,\text{residual}` (``jaxnorm.add_layer_norm``/``add_rms_norm``;
+      ``h`` in the promoted dtype of ``x`` and ``residual``).
+    residual_scale: :math:`\alpha`, a Python float (DeepNorm); only with ``residual``.
     num_features: the layer's ``num_features`` (NNX), checked against the input's feature
       size (:func:`check_num_features`); None (Linen) skips that check.
     module: the layer's class name, for error messages.
@@ -218,7 +226,7 @@ def normalize(
   transposed first).
 
   Returns:
-    ``y`` with the shape of ``x`` and dtype ``dtype``.
+    ``y`` with the shape of ``x`` and dtype ``dtype``; ``(y, h)`` when ``residual`` is given.
 
   Raises:
     ValueError: for axes out of range, or ``scale``/``bias`` whose size is not the feature size.
@@ -228,6 +236,14 @@ def normalize(
     raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
   if kind == "rms_norm" and bias is not None:
     raise ValueError("rms_norm has no bias; got a bias array. Pass bias=None.")
+  if residual is not None:
+    v.check_floating("residual", residual)
+    if tuple(residual.shape) != tuple(x.shape):
+      raise ValueError(f"residual must have the shape of x {tuple(x.shape)} (h = x + residual "
+                       f"is not broadcast), got shape {tuple(residual.shape)}.")
+  elif residual_scale != 1.0:
+    raise ValueError(f"residual_scale={residual_scale!r} multiplies the residual; pass "
+                     f"residual= as well (or leave residual_scale at 1.0).")
   ndim = x.ndim
   red = canonicalize_axes("reduction_axes", ndim, reduction_axes)
   feat = canonicalize_axes("feature_axes", ndim, feature_axes)
@@ -248,6 +264,8 @@ def normalize(
   perm = kept + list(red)
   moved = perm != list(range(ndim))
   xt = jnp.transpose(x, perm) if moved else x  # (..., *reduced)
+  rt = None if residual is None else (jnp.transpose(residual, perm) if moved else residual)
+  back = lambda a: jnp.transpose(a, np.argsort(perm)) if moved else a  # noqa: E731
   mt = mask
   if mask is not None and moved:
     v.check_mask(mask, x.shape)  # before the transpose; the op checks an untransposed mask
@@ -265,21 +283,30 @@ def normalize(
     d = math.prod(fshape)
     s = None if scale is None else scale.reshape(d)
     b = None if bias is None else bias.reshape(d)
+    if rt is not None:
+      yt, ht = _fused_op(kind, xt, rt, s, b, residual_scale, zero_centered_scale=zero_centered_scale,
+                         dtype=dtype, **op_kwargs)
+      return back(yt), back(ht)
     if kind == "layer_norm":
       yt = _layer_norm_op(xt, s, b, zero_centered_scale=zero_centered_scale, dtype=dtype,
                           **op_kwargs)
     else:
       yt = _rms_norm_op(xt, s, zero_centered_scale=zero_centered_scale, dtype=dtype, **op_kwargs)
-    return jnp.transpose(yt, np.argsort(perm)) if moved else yt
+    return back(yt)
 
   # Feature axes differ from the reduction axes: normalize in (at least) float32 with the op,
   # then apply the broadcast affine map with jnp, as Flax does, and cast once at the end.
   compute = jnp.promote_types(x.dtype, jnp.float32)
-  if kind == "layer_norm":
+  h = None
+  if rt is not None:
+    compute = jnp.promote_types(compute, residual.dtype)
+    yt, ht = _fused_op(kind, xt, rt, None, None, residual_scale, dtype=compute, **op_kwargs)
+    h = back(ht)
+  elif kind == "layer_norm":
     yt = _layer_norm_op(xt, None, None, dtype=compute, **op_kwargs)
   else:
     yt = _rms_norm_op(xt, None, dtype=compute, **op_kwargs)
-  y = jnp.transpose(yt, np.argsort(perm)) if moved else yt  # (x.shape), float32
+  y = back(yt)  # (x.shape), float32
   bshape = [1] * ndim
   for a in feat:
     bshape[a] = x.shape[a]
@@ -290,5 +317,23 @@ def normalize(
     y = y * ((1 + s) if zero_centered_scale else s)
   if bias is not None:
     y = y + bias.reshape(bshape).astype(jnp.promote_types(compute, bias.dtype))
-  return y.astype(dtype)
+  return y.astype(dtype) if h is None else (y.astype(dtype), h)
+
+
+def _fused_op(kind, x, residual, scale, bias, residual_scale, **kw):
+  """``(y, h)`` of the fused add + norm op of ``kind``."""
+  if kind == "layer_norm":
+    return _add_layer_norm_op(x, residual, scale, bias, residual_scale=residual_scale, **kw)
+  return _add_rms_norm_op(x, residual, scale, residual_scale=residual_scale, **kw)
+
+
+def residual_input(x: Any, residual: Any) -> Any:
+  """A scalar stand-in for ``h = x + residual`` for the layers' dtype rules (shape-free).
+
+  The layers apply Flax's dtype promotion to the normalized input; with ``residual`` that input
+  is ``h``, of dtype ``result_type(x, residual)``. Raises ``TypeError`` for a non-floating
+  ``residual``.
+  """
+  v.check_floating("residual", residual)
+  return jnp.zeros((), jnp.result_type(x, residual))
 

@@ -65,8 +65,13 @@ def _params(mdl: nn.Module, x: jax.Array, use_scale: bool, use_bias: bool):
   return scale, bias
 
 
-def _call(mdl: nn.Module, kind: str, x: Any, mask: Any, use_scale: bool, use_bias: bool):
-  """The shared ``__call__``: parameters, Flax Linen's dtype rules, the op."""
+def _call(mdl: nn.Module, kind: str, x: Any, mask: Any, use_scale: bool, use_bias: bool,
+          residual: Any = None, residual_scale: float = 1.0):
+  """The shared ``__call__``: parameters, Flax Linen's dtype rules, the op.
+
+  With ``residual`` the rules apply to ``h = x + residual_scale * residual`` (the output dtype
+  is ``dtype``, else ``result_type(h, scale, bias)``), and the fused op returns ``(y, h)``.
+  """
   if not hasattr(x, "dtype"):
     x = jnp.asarray(x)
   if jnp.issubdtype(x.dtype, jnp.integer) or jnp.issubdtype(x.dtype, jnp.bool_):
@@ -74,9 +79,10 @@ def _call(mdl: nn.Module, kind: str, x: Any, mask: Any, use_scale: bool, use_bia
     x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
   scale, bias = _params(mdl, x, use_scale, use_bias)
   # Linen does not promote x: the output dtype is `dtype`, else result_type(x, scale, bias).
-  out_dtype = common.output_dtype(x, scale, bias, dtype=mdl.dtype)
-  return common.normalize(kind, x, scale, bias, dtype=out_dtype, mask=mask,
-                          **common.layer_options(mdl))
+  h = x if residual is None else common.residual_input(x, residual)
+  out_dtype = common.output_dtype(h, scale, bias, dtype=mdl.dtype)
+  return common.normalize(kind, x, scale, bias, dtype=out_dtype, mask=mask, residual=residual,
+                          residual_scale=residual_scale, **common.layer_options(mdl))
 
 
 class LayerNorm(nn.Module):
@@ -145,19 +151,26 @@ class LayerNorm(nn.Module):
     super().__post_init__()
 
   @nn.compact
-  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
-    """Applies layer normalization to ``x``.
+  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None,
+               residual: jax.Array | None = None, residual_scale: float = 1.0):
+    r"""Applies layer normalization to ``x``, or to ``h = x + residual_scale * residual``.
 
     Args:
       x: the input.
       mask: optional boolean array broadcastable to ``x``; the statistics are computed over
         the elements where it is true, every element is normalized.
+      residual: optional array of the shape of ``x`` (the residual stream). When given, the
+        add is fused with the norm (:func:`jaxnorm.add_layer_norm`): the layer normalizes
+        :math:`h = x + lpha\,	ext{residual}` (in the promoted dtype of ``x`` and
+        ``residual``) and returns ``(y, h)``.
+      residual_scale: :math:`lpha`, a Python float (DeepNorm); only with ``residual``.
 
     Returns:
       The normalized input, the shape of ``x``, in ``dtype`` or else the promoted dtype of
-      ``x``, ``scale`` and ``bias``.
+      ``x``, ``scale`` and ``bias``; with ``residual``, ``(y, h)``.
     """
-    return _call(self, "layer_norm", x, mask, self.use_scale, self.use_bias)
+    return _call(self, "layer_norm", x, mask, self.use_scale, self.use_bias, residual,
+                 residual_scale)
 
 
 class RMSNorm(nn.Module):
@@ -222,16 +235,20 @@ class RMSNorm(nn.Module):
     super().__post_init__()
 
   @nn.compact
-  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
-    """Applies RMS normalization to ``x``.
+  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None,
+               residual: jax.Array | None = None, residual_scale: float = 1.0):
+    r"""Applies RMS normalization to ``x``, or to ``h = x + residual_scale * residual``.
 
     Args:
       x: the input.
       mask: optional boolean array broadcastable to ``x``; the mean square is computed over
         the elements where it is true, every element is normalized.
+      residual: optional array of the shape of ``x``; when given, the add is fused with the
+        norm (:func:`jaxnorm.add_rms_norm`) and the layer returns ``(y, h)``.
+      residual_scale: :math:`lpha`, a Python float; only with ``residual``.
 
     Returns:
       The normalized input, the shape of ``x``, in ``dtype`` or else the promoted dtype of
-      ``x`` and ``scale``.
+      ``x`` and ``scale``; with ``residual``, ``(y, h)``.
     """
-    return _call(self, "rms_norm", x, mask, self.use_scale, False)
+    return _call(self, "rms_norm", x, mask, self.use_scale, False, residual, residual_scale)

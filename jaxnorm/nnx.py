@@ -177,19 +177,28 @@ class LayerNorm(nnx.Module):
     self.zero_centered_scale = zero_centered_scale
     self.impl = impl
 
-  def __call__(self, x: jax.Array, *, mask: tp.Optional[jax.Array] = None) -> jax.Array:
-    """Applies layer normalization to ``x``.
+  def __call__(self, x: jax.Array, *, mask: tp.Optional[jax.Array] = None,
+               residual: tp.Optional[jax.Array] = None, residual_scale: float = 1.0):
+    r"""Applies layer normalization to ``x``, or to ``h = x + residual_scale * residual``.
 
     Args:
       x: the input, any shape with ``num_features`` features along ``feature_axes``.
       mask: optional boolean array broadcastable to ``x``; the statistics are computed over
         the elements where it is true, every element is normalized.
+      residual: optional array of the shape of ``x`` (the residual stream). When given, the
+        residual add is fused with the norm (:func:`jaxnorm.add_layer_norm`): the layer
+        normalizes :math:`h = x + lpha\,	ext{residual}` (``h`` in the promoted dtype of ``x``
+        and ``residual``) and returns ``(y, h)``.
+      residual_scale: :math:`lpha`, a Python float (DeepNorm's up-weighting); only with
+        ``residual``.
 
     Returns:
       The normalized input, the shape of ``x``, in the dtype Flax's rules give
-      (``dtype``, else the promoted dtype of ``x``, ``scale`` and ``bias``).
+      (``dtype``, else the promoted dtype of ``x``, ``scale`` and ``bias``); with ``residual``,
+      ``(y, h)`` (``y`` by the same rules applied to ``h``).
     """
-    return _call(self, "layer_norm", x, _value(self.scale), _value(self.bias), mask)
+    return _call(self, "layer_norm", x, _value(self.scale), _value(self.bias), mask, residual,
+                 residual_scale)
 
 
 class RMSNorm(nnx.Module):
@@ -286,33 +295,46 @@ class RMSNorm(nnx.Module):
     self.zero_centered_scale = zero_centered_scale
     self.impl = impl
 
-  def __call__(self, x: jax.Array, *, mask: tp.Optional[jax.Array] = None) -> jax.Array:
-    """Applies RMS normalization to ``x``.
+  def __call__(self, x: jax.Array, *, mask: tp.Optional[jax.Array] = None,
+               residual: tp.Optional[jax.Array] = None, residual_scale: float = 1.0):
+    r"""Applies RMS normalization to ``x``, or to ``h = x + residual_scale * residual``.
 
     Args:
       x: the input, any shape with ``num_features`` features along ``feature_axes``.
       mask: optional boolean array broadcastable to ``x``; the mean square is computed over
         the elements where it is true, every element is normalized.
+      residual: optional array of the shape of ``x``; when given, the add is fused with the
+        norm (:func:`jaxnorm.add_rms_norm`) and the layer returns ``(y, h)``, see
+        :meth:`LayerNorm.__call__`.
+      residual_scale: :math:`lpha`, a Python float; only with ``residual``.
 
     Returns:
       The normalized input, the shape of ``x``, in the dtype Flax's rules give
-      (``dtype``, else the promoted dtype of ``x`` and ``scale``).
+      (``dtype``, else the promoted dtype of ``x`` and ``scale``); with ``residual``, ``(y, h)``.
     """
-    return _call(self, "rms_norm", x, _value(self.scale), None, mask)
+    return _call(self, "rms_norm", x, _value(self.scale), None, mask, residual, residual_scale)
 
 
-def _call(layer: tp.Any, kind: str, x: tp.Any, scale: tp.Any, bias: tp.Any,
-          mask: tp.Any) -> jax.Array:
-  """The shared ``__call__``: Flax NNX's dtype promotion, then the op (with the feature check)."""
+def _call(layer: tp.Any, kind: str, x: tp.Any, scale: tp.Any, bias: tp.Any, mask: tp.Any,
+          residual: tp.Any = None, residual_scale: float = 1.0) -> tp.Any:
+  """The shared ``__call__``: Flax NNX's dtype promotion, then the op (with the feature check).
+
+  With ``residual`` the normalized input is ``h = x + residual_scale * residual``: Flax's
+  promotion is applied to the parameters and the output dtype as it would be to ``h``, while
+  ``x`` and ``residual`` go into the fused op as they are (``h`` keeps their promoted dtype).
+  """
   name = type(layer).__name__
   if not hasattr(x, "shape"):
     x = jnp.asarray(x)
   # Flax NNX promotes the input and the parameters to one dtype (`dtype` when given) first.
+  h = x if residual is None else common.residual_input(x, residual)
   if kind == "layer_norm":
-    x, scale, bias = layer.promote_dtype((x, scale, bias), dtype=layer.dtype)
+    h, scale, bias = layer.promote_dtype((h, scale, bias), dtype=layer.dtype)
   else:
-    x, scale = layer.promote_dtype((x, scale), dtype=layer.dtype)
-  out_dtype = common.output_dtype(x, scale, bias, dtype=layer.dtype)
-  return common.normalize(kind, x, scale, bias, dtype=out_dtype, mask=mask,
-                          num_features=layer.num_features, module=name,
-                          **common.layer_options(layer))
+    h, scale = layer.promote_dtype((h, scale), dtype=layer.dtype)
+  out_dtype = common.output_dtype(h, scale, bias, dtype=layer.dtype)
+  if residual is None:
+    x = h
+  return common.normalize(kind, x, scale, bias, dtype=out_dtype, mask=mask, residual=residual,
+                          residual_scale=residual_scale, num_features=layer.num_features,
+                          module=name, **common.layer_options(layer))

@@ -10,7 +10,11 @@ The model exists to study where the normalization goes. Writing :math:`F` for a 
    \text{sandwich:}\quad & x_{l+1} = x_l + N'(F(N(x_l)))  \quad\text{(final norm before the head)}\\
    \text{deepnorm:}\quad & x_{l+1} = N(\alpha\, x_l + F(x_l)),  \quad \alpha = (2L)^{1/4}
 
-where :math:`L` is the number of blocks. ``norm_type`` picks LayerNorm or RMSNorm and
+where :math:`L` is the number of blocks. Every add that is followed by a norm (the
+post/deepnorm block outputs, and in the pre/sandwich layouts the add before the next
+sub-layer's norm or the final norm) runs as one fused op, ``(N(h), h)`` with
+:math:`h = \alpha x + F` (:func:`jaxnorm.add_layer_norm`/``add_rms_norm`` through the
+modules' ``residual=`` keyword), unless ``fuse_residual_norm=False``. ``norm_type`` picks LayerNorm or RMSNorm and
 ``norm_impl`` picks the implementation: ``"jaxnorm"`` (the custom-VJP modules of
 :mod:`jaxnorm.nnx`) or ``"flax"`` (Flax's own modules, differentiated by autodiff), so every
 result can be A/B-checked against autodiff.
@@ -87,6 +91,10 @@ class TransformerConfig:
     positions: ``"learned"`` absolute position embeddings or ``"rotary"`` (RoPE on q and k).
     epsilon: the normalization epsilon.
     dtype: compute dtype name (parameters are always float32).
+    fuse_residual_norm: run every residual add that is followed by a norm as one fused
+      add+norm op (same values; one pass over memory instead of two). Applies to the jaxnorm
+      modules; Flax's modules (``norm_impl="flax"``) have no fused op, so there the add and
+      the norm always run separately.
   """
 
   vocab_size: int = 256          # byte-level
@@ -103,6 +111,7 @@ class TransformerConfig:
   positions: str = "learned"     # "learned" | "rotary"
   epsilon: float = 1e-6          # normalization epsilon
   dtype: str = "float32"         # compute dtype name
+  fuse_residual_norm: bool = True  # fused add+norm where an add feeds a norm (jaxnorm modules)
 
   def __post_init__(self):
     for name in ("vocab_size", "max_len", "d_model", "n_layers", "n_heads", "d_ff"):
@@ -115,6 +124,9 @@ class TransformerConfig:
     _check_choice("dtype", self.dtype, DTYPES)
     if not isinstance(self.qk_zero_init, bool):
       raise TypeError(f"qk_zero_init must be a bool, got {type(self.qk_zero_init).__name__}.")
+    if not isinstance(self.fuse_residual_norm, bool):
+      raise TypeError(f"fuse_residual_norm must be a bool, got "
+                      f"{type(self.fuse_residual_norm).__name__}.")
     if self.d_model % self.n_heads:
       raise ValueError(
           f"n_heads={self.n_heads} must divide d_model={self.d_model}; pick e.g. "
@@ -135,6 +147,11 @@ class TransformerConfig:
   def head_dim(self) -> int:
     """Size of one attention head, ``d_model // n_heads``."""
     return self.d_model // self.n_heads
+
+  @property
+  def fused(self) -> bool:
+    """Whether the residual adds run fused with the norms (``fuse_residual_norm`` and jaxnorm)."""
+    return self.fuse_residual_norm and self.norm_impl == "jaxnorm"
 
 
 def deepnorm_alpha_beta(n_layers: int) -> tuple[float, float]:
@@ -296,11 +313,32 @@ def _normed(norm: nnx.Module, x: jax.Array, stats: list | None) -> jax.Array:
   return norm(x)
 
 
+def _add_normed(norm: nnx.Module, delta: jax.Array | None, x: jax.Array, stats: list | None,
+                fused: bool, alpha: float = 1.0) -> tuple[jax.Array, jax.Array]:
+  r"""``(N(h), h)`` with :math:`h = \alpha x + \delta` (``h = x`` when ``delta`` is None).
+
+  With ``fused`` the add and the norm are one op (the module's ``residual=`` keyword);
+  otherwise the add runs first and the norm on its result. Records E||h||^2 / d like
+  :func:`_normed`.
+  """
+  if delta is None:
+    return _normed(norm, x, stats), x
+  if fused:
+    y, h = norm(delta, residual=x, residual_scale=alpha)
+  else:
+    h = (x if alpha == 1.0 else alpha * x) + delta
+    y = norm(h)
+  if stats is not None:
+    stats.append(jnp.mean(jnp.square(h.astype(jnp.float32))))
+  return y, h
+
+
 class Block(nnx.Module):
   """One Transformer block (attention then MLP) in the layout of ``config.norm_position``."""
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     self.norm_position = config.norm_position
+    self.fused = config.fused
     gain = 1.0
     self.alpha = 1.0
     if config.norm_position == "deepnorm":
@@ -316,6 +354,13 @@ class Block(nnx.Module):
   def __call__(self, x: jax.Array, stats: list | None = None) -> jax.Array:
     """Maps the residual stream ``x: (B, T, d)`` to the next one."""
     pos = self.norm_position
+    if self.fused:
+      if pos in ("pre", "sandwich"):
+        x, pending = self.step(x, None, stats)
+        return x + pending
+      y, _ = _add_normed(self.attn_norm, self.attn(x), x, stats, True, self.alpha)
+      y, _ = _add_normed(self.mlp_norm, self.mlp(y), y, stats, True, self.alpha)
+      return y
     if pos == "pre":
       x = x + self.attn(_normed(self.attn_norm, x, stats))
       x = x + self.mlp(_normed(self.mlp_norm, x, stats))
@@ -329,6 +374,26 @@ class Block(nnx.Module):
       x = _normed(self.attn_norm, self.alpha * x + self.attn(x), stats)
       x = _normed(self.mlp_norm, self.alpha * x + self.mlp(x), stats)
     return x
+
+  def step(self, x: jax.Array, pending: jax.Array | None,
+           stats: list | None = None) -> tuple[jax.Array, jax.Array]:
+    r"""Pre-LN/Sandwich block on a stream with one add still pending: ``(x', pending')``.
+
+    The stream is :math:`x + \text{pending}` (``pending`` is the previous sub-layer's
+    output, None for none); each add is fused with the norm that follows it:
+    ``y, x = N(pending, residual=x)``, then ``pending = F(y)`` (Sandwich: ``N'(F(y))``). The
+    caller adds the last ``pending`` with the next block's first norm or the final norm.
+    """
+    sandwich = self.norm_position == "sandwich"
+    y, x = _add_normed(self.attn_norm, pending, x, stats, self.fused)
+    a = self.attn(y)
+    if sandwich:
+      a = _normed(self.attn_out_norm, a, stats)
+    y, x = _add_normed(self.mlp_norm, a, x, stats, self.fused)
+    m = self.mlp(y)
+    if sandwich:
+      m = _normed(self.mlp_out_norm, m, stats)
+    return x, m
 
 
 class TransformerLM(nnx.Module):
@@ -402,10 +467,17 @@ class TransformerLM(nnx.Module):
     x = self.embed(tokens)                                            # (B, T, d)
     if cfg.positions == "learned":
       x = x + self.pos_embed[...][None, :t].astype(x.dtype)
-    for block in self.blocks:
-      x = block(x, stats)
-    if cfg.norm_position in ("pre", "sandwich"):
-      x = _normed(self.final_norm, x, stats)
+    if cfg.fused and cfg.norm_position in ("pre", "sandwich"):
+      # Each block's last add is fused with the next block's first norm (the final norm last).
+      pending = None
+      for block in self.blocks:
+        x, pending = block.step(x, pending, stats)
+      x, _ = _add_normed(self.final_norm, pending, x, stats, True)
+    else:
+      for block in self.blocks:
+        x = block(x, stats)
+      if cfg.norm_position in ("pre", "sandwich"):
+        x = _normed(self.final_norm, x, stats)
     logits = self.head(x).astype(jnp.float32)                         # (B, T, V)
     if collect_stats:
       return logits, {"residual_sq_norm": jnp.stack(stats)}
