@@ -24,6 +24,23 @@ Bytes that must move (``N = tokens * d`` elements, ``s_x`` the size of an elemen
 ``dy``, write ``dx``, read ``scale`` and write ``dscale``/``dbias``). The copy baseline is
 ``x * 2`` (read ``N``, write ``N``); its bandwidth is the practical ceiling.
 
+Fused residual add + norm (ops ``add_layer_norm``, ``add_rms_norm``: ``h = x + residual``,
+``(y, h)`` out, cotangents ``dy`` and ``dh`` in) is timed for the fused op against the add
+followed by the plain op (``unfused-xla``, ``unfused-pallas``) and against the add followed
+by Flax's norm (``flax-linen``), in the same three modes. Every row of one (op, shape, dtype)
+is measured against the bytes the *fused* op must move:
+
+.. math::
+
+   B_\mathrm{fwd} = 4 N s_x + n_p d s_p, \qquad
+   B_\mathrm{bwd} = 4 N s_x + 2 n_p d s_p
+
+(forward: read ``x`` and ``residual``, write ``h`` and ``y``; backward: read ``h``, ``dy`` and
+``dh``, write ``dx``, which is also ``dresidual``). An unfused add + norm must move
+``5N`` elements forward (the norm re-reads ``h``) and ``6N`` backward (the add of ``dh`` re-reads
+the norm's ``dx``) unless the compiler fuses the two, which XLA can do on its own path but not
+across a ``pallas_call``.
+
 Implementations form a registry (:data:`IMPLEMENTATIONS`): a name and a builder returning the
 function ``f(x, scale, bias) -> y``, or raising :class:`NotApplicable` with the reason (Pallas
 entries on a CPU, a package that is not installed); such entries are listed as ``n/a``.
@@ -58,6 +75,8 @@ import numpy as np
 from jaxnorm._pallas_config import on_gpu
 
 OPS = ("layer_norm", "rms_norm")
+FUSED_OPS = ("add_layer_norm", "add_rms_norm")  # residual add + norm: (y, h) = op(x, residual)
+ALL_OPS = OPS + FUSED_OPS
 MODES = ("fwd", "bwd", "fwd+bwd")
 GPU_SHAPES = ((8192, 1024), (4096, 4096), (16384, 4096), (32768, 8192))
 CPU_SHAPES = ((8192, 1024), (4096, 4096))
@@ -182,6 +201,56 @@ def registry(interpret: bool = False) -> dict[str, Callable[[str], Callable]]:
 IMPLEMENTATIONS = tuple(registry())
 
 
+def _plain(op: str) -> str:
+  return op[len("add_"):]
+
+
+def _fused_jaxnorm(impl: str, interpret: bool):
+  def build(op: str):
+    jaxnorm = _import("jaxnorm")
+    if impl == "pallas" and not interpret:
+      _require_gpu("jaxnorm pallas")
+    fn = getattr(jaxnorm, op)
+    if op == "add_layer_norm":
+      return lambda x, r, scale, bias: fn(x, r, scale, bias, epsilon=EPSILON, impl=impl)
+    return lambda x, r, scale, bias: fn(x, r, scale, epsilon=EPSILON, impl=impl)
+  return build
+
+
+def _unfused_jaxnorm(impl: str, interpret: bool):
+  def build(op: str):
+    plain = _jaxnorm(impl, interpret)(_plain(op))
+
+    def f(x, r, scale, bias):
+      h = x + r
+      return plain(h, scale, bias), h
+    return f
+  return build
+
+
+def _unfused_flax(op: str):
+  plain = _flax_linen(_plain(op))
+
+  def f(x, r, scale, bias):
+    h = x + r
+    return plain(h, scale, bias), h
+  return f
+
+
+def fused_registry(interpret: bool = False) -> dict[str, Callable[[str], Callable]]:
+  """Name -> builder ``(op) -> f(x, residual, scale, bias) -> (y, h)`` for the fused ops."""
+  return {
+      "jaxnorm-xla": _fused_jaxnorm("xla", interpret),
+      "unfused-xla": _unfused_jaxnorm("xla", interpret),
+      "jaxnorm-pallas": _fused_jaxnorm("pallas", interpret),
+      "unfused-pallas": _unfused_jaxnorm("pallas", interpret),
+      "flax-linen": _unfused_flax,
+  }
+
+
+FUSED_IMPLEMENTATIONS = tuple(fused_registry())
+
+
 # ----------------------------------------------------------------------------- measuring
 
 
@@ -232,8 +301,12 @@ def _memory(compiled) -> dict[str, int] | None:
 def must_move_bytes(op: str, mode: str, rows: int, d: int, x_itemsize: int,
                     p_itemsize: int) -> int:
   """Bytes an implementation cannot avoid moving (see the module docstring)."""
-  n_params = 2 if op == "layer_norm" else 1
+  n_params = 2 if op in ("layer_norm", "add_layer_norm") else 1
   n = rows * d
+  if op in FUSED_OPS:  # read x, residual, write h, y; read h, dy, dh, write dx (= dresidual)
+    fwd = 4 * n * x_itemsize + n_params * d * p_itemsize
+    bwd = 4 * n * x_itemsize + 2 * n_params * d * p_itemsize
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
   fwd = 2 * n * x_itemsize + n_params * d * p_itemsize
   bwd = 3 * n * x_itemsize + 2 * n_params * d * p_itemsize
   return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
@@ -259,19 +332,42 @@ def _functions(f: Callable) -> dict[str, Callable]:
   return {"fwd": fwd, "make_vjp": make_vjp, "bwd": bwd, "fwd+bwd": fwd_bwd}
 
 
+def _fused_functions(f: Callable) -> dict[str, Callable]:
+  """The three jitted functions of one fused-op implementation ``f(x, r, s, b) -> (y, h)``."""
+  fwd = jax.jit(f)
+
+  @jax.jit
+  def make_vjp(x, r, scale, bias):
+    return jax.vjp(f, x, r, scale, bias)
+
+  @jax.jit
+  def bwd(vjp_fn, dy, dh):
+    return vjp_fn((dy, dh))
+
+  @jax.jit
+  def fwd_bwd(x, r, scale, bias, dy, dh):
+    out, vjp_fn = jax.vjp(f, x, r, scale, bias)
+    return out, vjp_fn((dy, dh))
+
+  return {"fwd": fwd, "make_vjp": make_vjp, "bwd": bwd, "fwd+bwd": fwd_bwd}
+
+
 @dataclasses.dataclass
 class Inputs:
   x: jax.Array
   scale: jax.Array
   bias: jax.Array
   dy: jax.Array
+  residual: jax.Array  # the residual stream of the fused ops, (rows, d) in dtype
+  dh: jax.Array  # the cotangent of h, (rows, d) in dtype
 
 
 def make_inputs(rows: int, d: int, dtype: str, seed: int = 0) -> Inputs:
   """Random inputs of one benchmark entry, computed and blocked on before any timing.
 
   ``x = 2 N(0, 1) + 0.5`` and the cotangent ``dy = N(0, 1)``, both ``(rows, d)`` in ``dtype``;
-  ``scale = 1 + 0.1 N(0, 1)`` and ``bias = 0.1 N(0, 1)``, both ``(d,)`` in float32.
+  ``scale = 1 + 0.1 N(0, 1)`` and ``bias = 0.1 N(0, 1)``, both ``(d,)`` in float32; for the
+  fused ops a residual ``N(0, 1)`` and a cotangent ``dh = N(0, 1)``, ``(rows, d)`` in ``dtype``.
 
   Args:
     rows: number of rows (tokens).
@@ -282,30 +378,38 @@ def make_inputs(rows: int, d: int, dtype: str, seed: int = 0) -> Inputs:
   Returns:
     The :class:`Inputs`.
   """
-  kx, ks, kb, kd = jax.random.split(jax.random.key(seed), 4)
+  kx, ks, kb, kd, kr, kh = jax.random.split(jax.random.key(seed), 6)
   dt = jnp.dtype(dtype)
   x = (2.0 * jax.random.normal(kx, (rows, d), jnp.float32) + 0.5).astype(dt)
   scale = 1.0 + 0.1 * jax.random.normal(ks, (d,), jnp.float32)
   bias = 0.1 * jax.random.normal(kb, (d,), jnp.float32)
   dy = jax.random.normal(kd, (rows, d), jnp.float32).astype(dt)
-  return Inputs(*_block((x, scale, bias, dy)))
+  residual = jax.random.normal(kr, (rows, d), jnp.float32).astype(dt)
+  dh = jax.random.normal(kh, (rows, d), jnp.float32).astype(dt)
+  return Inputs(*_block((x, scale, bias, dy, residual, dh)))
 
 
 def bench_entry(f: Callable, inp: Inputs, *, repeats: int, sample_ms: float,
-                modes: tuple[str, ...]) -> dict[str, Any]:
-  """Times one implementation at one (op, shape, dtype); returns per-mode timings and memory."""
-  fns = _functions(f)
+                modes: tuple[str, ...], fused: bool = False) -> dict[str, Any]:
+  """Times one implementation at one (op, shape, dtype); returns per-mode timings and memory.
+
+  ``fused``: ``f`` is a fused-op implementation ``f(x, residual, scale, bias) -> (y, h)``,
+  differentiated with the cotangents ``(dy, dh)``.
+  """
+  fns = _fused_functions(f) if fused else _functions(f)
   out: dict[str, Any] = {}
+  lead = (inp.x, inp.residual) if fused else (inp.x,)
+  cts = (inp.dy, inp.dh) if fused else (inp.dy,)
   args = {
-      "fwd": (inp.x, inp.scale, inp.bias),
-      "fwd+bwd": (inp.x, inp.scale, inp.bias, inp.dy),
+      "fwd": (*lead, inp.scale, inp.bias),
+      "fwd+bwd": (*lead, inp.scale, inp.bias, *cts),
   }
   compiled_fb = fns["fwd+bwd"].lower(*args["fwd+bwd"]).compile()
   out["memory_fwd_bwd"] = _memory(compiled_fb)
   for mode in modes:
     if mode == "bwd":
       _, vjp_fn = _block(fns["make_vjp"](*args["fwd"]))
-      call, call_args = fns["bwd"], (vjp_fn, inp.dy)
+      call, call_args = fns["bwd"], (vjp_fn, *cts)
     else:
       call, call_args = fns[mode], args[mode]
     _block(call(*call_args))  # compile + warm-up
@@ -389,9 +493,14 @@ def build_parser() -> argparse.ArgumentParser:
                      ",".join(f"{r}x{d}" for r, d in CPU_SHAPES)))
   p.add_argument("--dtypes", type=_parse_dtypes, default=DTYPES,
                  help="comma-separated dtypes (default: float32,bfloat16)")
-  p.add_argument("--ops", type=_parse_list(OPS, "--ops"), default=OPS)
+  p.add_argument("--ops", type=_parse_list(ALL_OPS, "--ops"), default=ALL_OPS,
+                 help="subset of " + ",".join(ALL_OPS) + " (the add_* ops: fused residual add)")
   p.add_argument("--impls", type=_parse_list(IMPLEMENTATIONS, "--impls"),
                  default=IMPLEMENTATIONS, help="subset of " + ",".join(IMPLEMENTATIONS))
+  p.add_argument("--fused-impls", type=_parse_list(FUSED_IMPLEMENTATIONS, "--fused-impls"),
+                 default=FUSED_IMPLEMENTATIONS,
+                 help="implementations of the add_* ops: subset of " +
+                      ",".join(FUSED_IMPLEMENTATIONS))
   p.add_argument("--modes", type=_parse_list(MODES, "--modes"), default=MODES)
   p.add_argument("--repeats", type=int, default=None,
                  help="timed samples per entry (default: 50 on GPU, 10 on CPU)")
@@ -400,7 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--out", default=os.path.join("results", "bench"),
                  help="output directory for bench.json and bench.md")
   p.add_argument("--interpret", action="store_true",
-                 help="run the Pallas entries (jaxnorm-pallas, jax-pallas-ops) in interpret "
+                 help="run the Pallas entries (jaxnorm-pallas, unfused-pallas, jax-pallas-ops) in interpret "
                       "mode: a smoke test on a CPU; their timings are meaningless")
   return p
 
@@ -415,6 +524,8 @@ def _ratio_tables(results: list[dict]) -> tuple[list[dict], list[dict]]:
        for r in results if r["status"] == "ok"}
   rms_ln, vs_flax = [], []
   for (op, impl, shape, dtype, mode), sec in t.items():
+    if op in FUSED_OPS:
+      continue  # see _fused_table
     if op == "layer_norm" and ("rms_norm", impl, shape, dtype, mode) in t:
       rms = t[("rms_norm", impl, shape, dtype, mode)]
       rms_ln.append({"impl": impl, "shape": shape, "dtype": dtype, "mode": mode,
@@ -423,6 +534,23 @@ def _ratio_tables(results: list[dict]) -> tuple[list[dict], list[dict]]:
       vs_flax.append({"op": op, "impl": impl, "shape": shape, "dtype": dtype, "mode": mode,
                       "time_over_flax": sec / t[(op, "flax-linen", shape, dtype, mode)]})
   return rms_ln, vs_flax
+
+
+def _fused_table(results: list[dict]) -> list[dict]:
+  """Fused op vs add + plain op (same impl) and vs add + Flax, per (op, shape, dtype, mode)."""
+  t = {(r["op"], r["impl"], r["shape"], r["dtype"], r["mode"]): r["median_s"]
+       for r in results if r["status"] == "ok" and r["op"] in FUSED_OPS}
+  rows = []
+  for (op, impl, shape, dtype, mode), sec in t.items():
+    if impl not in ("jaxnorm-xla", "jaxnorm-pallas"):
+      continue
+    unfused = t.get((op, "unfused-" + impl[len("jaxnorm-"):], shape, dtype, mode))
+    flax = t.get((op, "flax-linen", shape, dtype, mode))
+    rows.append({"op": op, "impl": impl, "shape": shape, "dtype": dtype, "mode": mode,
+                 "fused_s": sec,
+                 "fused_over_unfused": None if unfused is None else sec / unfused,
+                 "fused_over_flax": None if flax is None else sec / flax})
+  return rows
 
 
 def _markdown(report: dict) -> str:
@@ -451,6 +579,15 @@ def _markdown(report: dict) -> str:
   for r in report["vs_flax"]:
     lines.append(f"| {r['op']} | {r['impl']} | {r['shape']} | {r['dtype']} | {r['mode']} | "
                  f"{r['time_over_flax']:.2f} |")
+  lines += ["", "## Fused residual add + norm: time relative to add + plain op (< 1: fusion "
+            "is faster)", "",
+            "| op | impl | shape | dtype | mode | fused (us) | fused / unfused | fused / flax |",
+            "|---|---|---|---|---|---|---|---|"]
+  f2 = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
+  for r in report.get("fused", []):
+    lines.append(f"| {r['op']} | {r['impl']} | {r['shape']} | {r['dtype']} | {r['mode']} | "
+                 f"{r['fused_s'] * 1e6:.1f} | {f2(r['fused_over_unfused'])} | "
+                 f"{f2(r['fused_over_flax'])} |")
   lines += ["", "## Memory of the jitted fwd+bwd (memory_analysis)", "",
             "| op | impl | shape | dtype | temp (MiB) | peak (MiB) |", "|---|---|---|---|---|---|"]
   for m in report["memory"]:
@@ -480,6 +617,7 @@ def _run(args, shapes, repeats, sample_ms, argv) -> int:
   backend = jax.default_backend()
   device = jax.devices()[0]
   reg = registry(args.interpret)
+  fused_reg = fused_registry(args.interpret)
 
   results, copies, memory = [], [], []
   widths = (10, 14, 10, 8, 7, 11, 8, 7)
@@ -492,12 +630,13 @@ def _run(args, shapes, repeats, sample_ms, argv) -> int:
       copies.append({"shape": shape, "dtype": dtype, **copy})
       print(f"# copy {shape} {dtype}: {copy['gbps']:.1f} GB/s")
       for op in args.ops:
-        for impl in args.impls:
+        fused = op in FUSED_OPS
+        for impl in (args.fused_impls if fused else args.impls):
           base = {"op": op, "impl": impl, "shape": shape, "dtype": dtype}
           try:
-            f = reg[impl](op)
+            f = (fused_reg if fused else reg)[impl](op)
             entry = bench_entry(f, inp, repeats=repeats, sample_ms=sample_ms,
-                                modes=args.modes)
+                                modes=args.modes, fused=fused)
           except NotApplicable as e:
             for mode in args.modes:
               results.append({**base, "mode": mode, "status": "n/a", "reason": str(e)})
@@ -517,13 +656,14 @@ def _run(args, shapes, repeats, sample_ms, argv) -> int:
             gbps = nbytes / t["median_s"] / 1e9
             row = {**base, "mode": mode, "status": "ok", **t, "bytes": nbytes,
                    "gbps": gbps, "pct_copy": 100.0 * gbps / copy["gbps"]}
-            if impl in ("jaxnorm-pallas", "jax-pallas-ops") and args.interpret:
+            if impl in ("jaxnorm-pallas", "unfused-pallas", "jax-pallas-ops") and args.interpret:
               row["note"] = "interpret mode: timing not meaningful"
             results.append(row)
             print(_fmt_row((op, impl, shape, dtype, mode, f"{t['median_s'] * 1e6:.1f}",
                             f"{gbps:.1f}", f"{row['pct_copy']:.0f}"), widths))
 
   rms_ln, vs_flax = _ratio_tables(results)
+  fused_rows = _fused_table(results)
   report = {
       "device": getattr(device, "device_kind", str(device)),
       "backend": backend,
@@ -537,6 +677,7 @@ def _run(args, shapes, repeats, sample_ms, argv) -> int:
       "results": results,
       "ln_over_rms": rms_ln,
       "vs_flax": vs_flax,
+      "fused": fused_rows,
       "memory": memory,
   }
   print("\n# LayerNorm / RMSNorm time ratio (> 1: RMSNorm is faster)")
@@ -547,6 +688,12 @@ def _run(args, shapes, repeats, sample_ms, argv) -> int:
   for r in vs_flax:
     print(f"  {r['op']:10s} {r['impl']:14s} {r['shape']:11s} {r['dtype']:9s} {r['mode']:8s} "
           f"{r['time_over_flax']:.2f}")
+  if fused_rows:
+    print("\n# fused add+norm: time / (add + plain op), time / (add + Flax) (< 1: fused is faster)")
+    f2 = lambda v: "  n/a" if v is None else f"{v:5.2f}"  # noqa: E731
+    for r in fused_rows:
+      print(f"  {r['op']:14s} {r['impl']:14s} {r['shape']:11s} {r['dtype']:9s} {r['mode']:8s} "
+            f"{f2(r['fused_over_unfused'])} {f2(r['fused_over_flax'])}")
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "bench.json"), "w") as fh:
     json.dump(report, fh, indent=1)

@@ -7,7 +7,7 @@ stream under bfloat16 activations), the Pallas kernels in interpret mode, the tr
 (jit, vmap, grad-of-grad, remat, scan, shard_map) and the argument errors.
 """
 
-import contextlib
+import json
 
 import jax
 import jax.extend.core  # noqa: F401  (jaxprs_in_params)
@@ -421,3 +421,36 @@ def test_bad_arguments_raise_clear_errors():
   # The plain ops' checks still apply (here: the scale's shape), naming the argument.
   with pytest.raises(ValueError, match="scale must have the normalized shape"):
     jaxnorm.add_layer_norm(x, x, jnp.ones(15))
+
+
+# --------------------------------------------------------------------------- benchmark rows
+
+
+def test_bench_fused_rows_on_cpu(tmp_path, monkeypatch):
+  from experiments import bench
+
+  monkeypatch.setenv("JAXNORM_PALLAS_INTERPRET", "0")
+  rc = bench.main(["--shapes", "16x32", "--dtypes", "bfloat16", "--repeats", "2",
+                   "--sample-ms", "0.1", "--ops", "add_layer_norm,add_rms_norm",
+                   "--out", str(tmp_path)])
+  assert rc == 0
+
+  report = json.loads((tmp_path / "bench.json").read_text())
+  by = {(r["op"], r["impl"], r["mode"]): r for r in report["results"]}
+  assert {impl for _, impl, _ in by} == set(bench.FUSED_IMPLEMENTATIONS)
+  for op in bench.FUSED_OPS:
+    for mode in bench.MODES:
+      for impl in ("jaxnorm-xla", "unfused-xla", "flax-linen"):
+        assert by[(op, impl, mode)]["status"] == "ok", (op, impl, mode)
+      # Every row of the group is measured against the fused op's must-move bytes.
+      want = {"fwd": 4 * 16 * 32 * 2, "bwd": 4 * 16 * 32 * 2}
+      want["fwd+bwd"] = want["fwd"] + want["bwd"]
+      n_p = 2 if op == "add_layer_norm" else 1
+      want = want[mode] + {"fwd": 1, "bwd": 2, "fwd+bwd": 3}[mode] * n_p * 32 * 4
+      assert by[(op, "unfused-xla", mode)]["bytes"] == want
+      if jax.default_backend() == "cpu":
+        assert by[(op, "jaxnorm-pallas", mode)]["status"] == "n/a"
+  rows = {(r["op"], r["impl"], r["mode"]): r for r in report["fused"]}
+  assert set(rows) == {(op, "jaxnorm-xla", m) for op in bench.FUSED_OPS for m in bench.MODES}
+  assert all(r["fused_over_unfused"] > 0 and r["fused_over_flax"] > 0 for r in rows.values())
+  assert "fused / unfused" in (tmp_path / "bench.md").read_text()
