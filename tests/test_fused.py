@@ -94,7 +94,7 @@ def _check(op_name, *, shape, axis=-1, x_dtype="float32", r_dtype=None, residual
     f64 = lambda a: None if a is None else jnp.asarray(a, jnp.float64)  # noqa: E731
     ref = _reference(op_name, alpha=alpha, h_dtype=h_dtype, out_dtype=y_dtype, kw=kw)
     ref_params = tuple(map(f64, params)) if has_bias else (f64(scale), None)
-    (y_ref, h_ref), grads_ref = run(
+    (y_ref, h_ref), grads_ref = jax.jit(run, static_argnums=0)(
         lambda x, r, *p: ref(x, r, *(p if has_bias else (p[0], None))),
         (f64(x), f64(r), *ref_params[:len(params)]), (f64(dy), f64(dh)))
     y_ref, h_ref = np.asarray(y_ref), np.asarray(h_ref)
