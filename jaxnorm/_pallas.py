@@ -653,6 +653,7 @@ def _add_fwd_call(x, residual, scale, bias, *, spec: _Spec, out_dtype, h_dtype, 
 def _add_bwd_call(h, dy, dh, scale, shift, delta, rstd, *, spec: _Spec, x_dtype, residual_dtype,
                   interpret: bool):
   rows, d = h.shape
+  spec = dataclasses.replace(spec, cfg=_backward_config(spec.cfg))
   part = jax.ShapeDtypeStruct((spec.cfg.bwd_programs, d), jnp.float32)
   out_shape = [jax.ShapeDtypeStruct((rows, d), x_dtype)]
   out_shape += [jax.ShapeDtypeStruct((rows, d), residual_dtype)] if spec.split_dx else []
