@@ -1,7 +1,8 @@
 """jaxnorm: LayerNorm and RMSNorm with hand-derived custom VJPs for JAX and Flax.
 
-Functional ops live here (the fused residual add + norm ops among them) (``import jaxnorm`` needs only JAX); the Flax modules are in
-:mod:`jaxnorm.nnx` and :mod:`jaxnorm.linen`, the autodiff oracle in :mod:`jaxnorm.reference`.
+Functional ops live here, the fused residual add + norm ops among them (``import jaxnorm``
+needs only JAX); the Flax modules are in :mod:`jaxnorm.nnx` and :mod:`jaxnorm.linen`, the
+autodiff oracle in :mod:`jaxnorm.reference`.
 """
 
 from jaxnorm import reference as reference

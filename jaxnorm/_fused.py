@@ -1,11 +1,12 @@
-r"""Fused residual add + normalization: :func:`jaxnorm.add_layer_norm`, :func:`jaxnorm.add_rms_norm`.
+r"""Fused residual add + normalization: :func:`jaxnorm.add_layer_norm`, ``add_rms_norm``.
 
 In a Transformer block every residual add is followed by a normalization (Pre-LN: the next
 sub-layer's input; Post-LN and DeepNorm: the block output). This module does both in one op,
 
 .. math::
 
-   h = x + \alpha\, r \quad(\text{stored in } \texttt{residual\_dtype}), \qquad y = \mathrm{Norm}(h),
+   h = x + \alpha\, r \quad(\text{stored in } \texttt{residual\_dtype}), \qquad
+   y = \mathrm{Norm}(h),
 
 and returns ``(y, h)``. Both outputs can be used downstream (``h`` is the residual stream), so
 the backward rule receives two cotangents, ``dy`` and ``dh``. With :math:`J` the Jacobian of
@@ -64,7 +65,8 @@ class FusedConfig:
 def _check_residual_scale(value: Any) -> float:
   """``residual_scale`` as a Python float: a real number or a concrete scalar array."""
   if isinstance(value, bool):
-    raise TypeError(f"residual_scale must be a Python float (e.g. DeepNorm's alpha), got {value!r}.")
+    raise TypeError(f"residual_scale must be a Python float (e.g. DeepNorm's alpha), got "
+                    f"{value!r}.")
   if not isinstance(value, numbers.Real):
     shape = getattr(value, "shape", None)
     dtype = getattr(value, "dtype", None)
@@ -315,7 +317,8 @@ def add_layer_norm(x, residual, scale=None, bias=None, *, residual_scale=1.0, re
     >>> import jax, jax.numpy as jnp, jaxnorm
     >>> x, r = jax.random.normal(jax.random.key(0), (2, 4, 8))
     >>> y, h = jaxnorm.add_layer_norm(x, r, jnp.ones(8), jnp.zeros(8))
-    >>> bool(jnp.allclose(h, x + r)), bool(jnp.allclose(y, jaxnorm.layer_norm(h, jnp.ones(8), jnp.zeros(8))))
+    >>> y_plain = jaxnorm.layer_norm(h, jnp.ones(8), jnp.zeros(8))
+    >>> bool(jnp.allclose(h, x + r)), bool(jnp.allclose(y, y_plain))
     (True, True)
   """
   cfg, x2, r2, mask2, restore = _prepare(

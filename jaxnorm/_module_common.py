@@ -284,8 +284,8 @@ def normalize(
     s = None if scale is None else scale.reshape(d)
     b = None if bias is None else bias.reshape(d)
     if rt is not None:
-      yt, ht = _fused_op(kind, xt, rt, s, b, residual_scale, zero_centered_scale=zero_centered_scale,
-                         dtype=dtype, **op_kwargs)
+      yt, ht = _fused_op(kind, xt, rt, s, b, residual_scale,
+                         zero_centered_scale=zero_centered_scale, dtype=dtype, **op_kwargs)
       return back(yt), back(ht)
     if kind == "layer_norm":
       yt = _layer_norm_op(xt, s, b, zero_centered_scale=zero_centered_scale, dtype=dtype,

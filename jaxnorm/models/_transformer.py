@@ -14,7 +14,9 @@ where :math:`L` is the number of blocks. Every add that is followed by a norm (t
 post/deepnorm block outputs, and in the pre/sandwich layouts the add before the next
 sub-layer's norm or the final norm) runs as one fused op, ``(N(h), h)`` with
 :math:`h = \alpha x + F` (:func:`jaxnorm.add_layer_norm`/``add_rms_norm`` through the
-modules' ``residual=`` keyword), unless ``fuse_residual_norm=False``. ``norm_type`` picks LayerNorm or RMSNorm and
+modules' ``residual=`` keyword), unless ``fuse_residual_norm=False``.
+
+``norm_type`` picks LayerNorm or RMSNorm and
 ``norm_impl`` picks the implementation: ``"jaxnorm"`` (the custom-VJP modules of
 :mod:`jaxnorm.nnx`) or ``"flax"`` (Flax's own modules, differentiated by autodiff), so every
 result can be A/B-checked against autodiff.
