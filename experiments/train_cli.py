@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
   m.add_argument("--d-ff", type=_positive_int, default=None, help="MLP width (default 4*d-model)")
   m.add_argument("--init", choices=INITS, default="xavier")
   m.add_argument("--qk-zero-init", action="store_true", help="start with W^Q = W^K = 0")
+  m.add_argument("--no-fuse-residual-norm", dest="fuse_residual_norm", action="store_false",
+                 help="set fuse_residual_norm off: each residual add and the norm after it "
+                      "run as two ops, not one fused add+norm op (jaxnorm modules)")
   m.add_argument("--positions", choices=POSITIONS, default="learned")
   m.add_argument("--epsilon", type=_nonneg_float, default=1e-6)
   m.add_argument("--dtype", choices=DTYPES, default="float32", help="compute dtype")
@@ -134,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         d_ff=args.d_ff or 4 * args.d_model, norm_position=args.norm_position,
         norm_type=args.norm_type, norm_impl=args.norm_impl, init=args.init,
         qk_zero_init=args.qk_zero_init, positions=args.positions, epsilon=args.epsilon,
-        dtype=args.dtype)
+        dtype=args.dtype, fuse_residual_norm=args.fuse_residual_norm)
     config = TrainConfig(
         model=model, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
         lr=args.lr, warmup=args.warmup, schedule=args.schedule, b1=args.b1, b2=args.b2,
