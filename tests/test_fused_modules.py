@@ -14,7 +14,7 @@ from flax import nnx
 
 from jaxnorm import linen as jln
 from jaxnorm import nnx as jnn
-from jaxnorm.models import NORM_POSITIONS, TransformerConfig, TransformerLM
+from jaxnorm.models import NORM_POSITIONS, NORM_TYPES, TransformerConfig, TransformerLM
 from _numerics import assert_close, random
 
 
@@ -133,7 +133,7 @@ def _train_losses(cfg, steps=4):
   return np.array(losses)
 
 
-@pytest.mark.parametrize("norm_type", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("norm_type", NORM_TYPES)
 @pytest.mark.parametrize("position", NORM_POSITIONS)
 def test_fused_and_unfused_models_train_alike(position, norm_type):
   """Loss curves with and without the fused add+norm agree to float32 rounding."""
