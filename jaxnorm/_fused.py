@@ -60,6 +60,18 @@ class FusedConfig:
   residual_dtype: Any  # dtype of the residual input (its cotangent's dtype).
   x_vma: frozenset  # mesh axes x varies over inside shard_map.
   residual_vma: frozenset  # mesh axes residual varies over inside shard_map.
+  # With norm.impl == "pallas": True runs the fused add+norm kernels; False the add in XLA and
+  # the plain op's kernels (what impl="auto" picks on a GPU until the fused kernels have run
+  # on one, see AUTO_FUSED_KERNELS_ON_GPU).
+  fused_kernels: bool = True
+
+
+# Whether impl="auto" may pick the *fused* add+norm kernels on a GPU. Off until they have been
+# compiled and run on a real GPU (so far: interpret mode and Triton IR only); "auto" must never
+# fail where "xla" works. Meanwhile "auto" on a GPU runs the add in XLA and the norm with the
+# plain op's kernels (verified on an H100): the data movement of add + norm, no new risk.
+# impl="pallas" always takes the fused kernels. Flip after the GPU test run of tests/test_fused.py.
+AUTO_FUSED_KERNELS_ON_GPU = False
 
 
 def _check_residual_scale(value: Any) -> float:
@@ -132,7 +144,8 @@ def _prepare(x, residual, scale, bias, *, center, residual_scale, residual_dtype
   norm = _pallas_ok(norm, (("residual", jnp.dtype(residual.dtype)), ("residual_dtype", hd)), impl)
   cfg = FusedConfig(norm=norm, residual_scale=alpha, h_dtype=hd, x_dtype=jnp.dtype(x.dtype),
                     residual_dtype=jnp.dtype(residual.dtype), x_vma=_core.varying_axes(x),
-                    residual_vma=_core.varying_axes(residual))
+                    residual_vma=_core.varying_axes(residual),
+                    fused_kernels=impl == "pallas" or AUTO_FUSED_KERNELS_ON_GPU)
   return cfg, x2, residual.reshape(x2.shape), mask2, restore
 
 
@@ -192,13 +205,18 @@ def _pallas_backward(cfg: FusedConfig, h, scale, stats, dy, dh):
   return dx.reshape(h.shape), dres.reshape(h.shape), dscale, dbias
 
 
-def _xla_backward(cfg: FusedConfig, h, scale, mask, stats, dy, dh):
-  """The plain op's XLA backward at ``h`` (in the compute dtype, not rounded), plus ``dh``."""
+def _unfused_backward(cfg: FusedConfig, h, scale, mask, stats, dy, dh):
+  """The plain op's backward at ``h`` (XLA, or the plain kernels), plus ``dh`` in XLA."""
   ct = _core.compute_dtype(h.dtype)
-  # Passing h in the compute dtype keeps J^T dy unrounded until dh is added (one rounding per
-  # cotangent); XLA fuses the convert into the backward's reductions and final map.
-  dn, dscale, dbias = _core._xla_backward(  # pylint: disable=protected-access
-      cfg.norm, h.astype(ct), scale, mask, stats, dy)
+  if cfg.norm.impl == "pallas":
+    dn, dscale, dbias = _core._pallas_backward(  # pylint: disable=protected-access
+        cfg.norm, h, scale, mask, stats, dy)
+  else:
+    # Passing h in the compute dtype keeps J^T dy unrounded until dh is added (one rounding
+    # per cotangent); XLA fuses the convert into the backward's reductions and final map.
+    dn, dscale, dbias = _core._xla_backward(  # pylint: disable=protected-access
+        cfg.norm, h.astype(ct), scale, mask, stats, dy)
+  dn = dn.astype(ct)
   total = dn if dh is None else dn + dh.astype(ct)  # (..., d)
   dx = total.astype(cfg.x_dtype)
   if cfg.residual_scale == 1.0 and cfg.residual_dtype == cfg.x_dtype:
@@ -220,11 +238,12 @@ def _add_norm(cfg: FusedConfig, x, residual, scale, bias, mask):
 
 def _add_norm_fwd(cfg: FusedConfig, x, residual, scale, bias, mask):
   x, residual, scale, bias, mask = map(_unwrap, (x, residual, scale, bias, mask))
-  if cfg.norm.impl == "pallas":
+  if cfg.norm.impl == "pallas" and cfg.fused_kernels:
     y, h, stats = _pallas_forward(cfg, x, residual, scale, bias)
   else:
     h = _xla_add(cfg, x, residual)
-    y, stats = _core._xla_forward(cfg.norm, h, scale, bias, mask)  # pylint: disable=protected-access
+    norm_fwd = _core._pallas_forward if cfg.norm.impl == "pallas" else _core._xla_forward  # pylint: disable=protected-access
+    y, stats = norm_fwd(cfg.norm, h, scale, bias, mask)
   return (y, h), (h, scale, mask, stats)
 
 
@@ -241,10 +260,10 @@ def _add_norm_bwd(cfg: FusedConfig, res, cts):
     dh = None  # h unused downstream: nothing to add (and nothing to read).
   if isinstance(dy, SymbolicZero):
     dy = jnp.zeros(h.shape, cfg.norm.out_dtype)  # y unused: the norm contributes nothing.
-  if cfg.norm.impl == "pallas":
+  if cfg.norm.impl == "pallas" and cfg.fused_kernels:
     dx, dres, dscale, dbias = _pallas_backward(cfg, h, scale, stats, dy, dh)
   else:
-    dx, dres, dscale, dbias = _xla_backward(cfg, h, scale, mask, stats, dy, dh)
+    dx, dres, dscale, dbias = _unfused_backward(cfg, h, scale, mask, stats, dy, dh)
   if dscale is not None:
     dscale = _core._match_vma(dscale, _core.varying_axes(scale))  # pylint: disable=protected-access
   if dbias is not None:
@@ -299,9 +318,13 @@ def add_layer_norm(x, residual, scale=None, bias=None, *, residual_scale=1.0, re
     residual_dtype: dtype ``h`` is stored in (and the statistics are taken of); default the
       promoted dtype of ``x`` and ``residual``. A float32 stream under bfloat16 activations is
       the common use. The add runs in at least float32 and is rounded once.
-    epsilon, axis, mask, epsilon_placement, zero_centered_scale, axis_name, axis_index_groups,
-      impl: as :func:`jaxnorm.layer_norm`.
+    epsilon, axis, mask, epsilon_placement, zero_centered_scale, axis_name, axis_index_groups:
+      as :func:`jaxnorm.layer_norm`.
     dtype: dtype of ``y``; default ``x.dtype`` (the activations' dtype, not the stream's).
+    impl: "xla", "pallas" (the fused kernels: one read of ``x`` and ``residual``, one write of
+      ``h`` and ``y``) or "auto". "auto" is "xla" off a GPU; on a GPU it runs the add in XLA
+      and the norm with the plain op's kernels until the fused kernels have run on a GPU
+      (``jaxnorm._fused.AUTO_FUSED_KERNELS_ON_GPU``).
 
   Returns:
     ``(y, h)``: ``y`` in ``dtype``, ``h`` in ``residual_dtype``, both the shape of ``x``.

@@ -223,6 +223,40 @@ def test_pallas_kernels_match_reference(case, monkeypatch):
   _check(op_name, shape=shape, x_dtype=x_dtype, r_dtype=r_dtype, impl="pallas", **variant)
 
 
+def test_auto_on_gpu_runs_add_then_plain_kernels(monkeypatch):
+  """impl="auto" on a GPU, until the fused kernels have run on one: the add in XLA, the norm
+  with the plain op's (GPU-verified) kernels. Same values and cotangents as the fused kernels."""
+  import dataclasses
+
+  from jaxnorm import _fused
+
+  monkeypatch.setenv("JAXNORM_PALLAS_INTERPRET", "1" if INTERPRET else "0")
+  ks = jax.random.split(jax.random.key(3), 6)
+  x = random(ks[0], (9, 96), jnp.bfloat16)
+  r = random(ks[1], (9, 96), jnp.float32, loc=2.0)
+  s, b = random(ks[2], (96,), jnp.float32, loc=1.0), random(ks[3], (96,), jnp.float32)
+  dy, dh = random(ks[4], (9, 96), jnp.bfloat16), random(ks[5], (9, 96), jnp.float32)
+  for center in (True, False):
+    cfg, x2, r2, _, _ = _fused._prepare(
+        x, r, s, b if center else None, center=center, residual_scale=1.5, residual_dtype=None,
+        epsilon=1e-5, axis=-1, mask=None, epsilon_placement="outside", zero_centered_scale=True,
+        axis_name=None, axis_index_groups=None, dtype=None, impl="pallas")
+    assert cfg.fused_kernels and not _fused.AUTO_FUSED_KERNELS_ON_GPU
+    outs = []
+    for c in (cfg, dataclasses.replace(cfg, fused_kernels=False)):
+      f = lambda x, r, s, b, c=c: _fused._add_norm(c, x, r, s, b, None)  # noqa: E731
+      names = str(jax.make_jaxpr(f)(x2, r2, s, b if center else None))
+      op = "layer_norm" if center else "rms_norm"
+      assert (f"jaxnorm_add_{op}_fwd" in names) == c.fused_kernels
+      assert (f"jaxnorm_{op}_fwd" in names) != c.fused_kernels
+      out, pull = jax.vjp(f, x2, r2, s, b if center else None)
+      outs.append((out, pull((dy, dh))))
+    (out_f, g_f), (out_u, g_u) = outs
+    for a, e in zip(jax.tree.leaves((out_f, g_f)), jax.tree.leaves((out_u, g_u))):
+      assert a.dtype == e.dtype
+      assert_close(a, e, tol=_coarse(a.dtype), floor=1.0)
+
+
 def test_pallas_kernel_outputs_and_statistics():
   x = random(jax.random.key(0), (11, 40), jnp.bfloat16)
   r = random(jax.random.key(1), (11, 40), jnp.float32, loc=3.0)
