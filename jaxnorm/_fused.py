@@ -60,18 +60,9 @@ class FusedConfig:
   residual_dtype: Any  # dtype of the residual input (its cotangent's dtype).
   x_vma: frozenset  # mesh axes x varies over inside shard_map.
   residual_vma: frozenset  # mesh axes residual varies over inside shard_map.
-  # With norm.impl == "pallas": True runs the fused add+norm kernels; False the add in XLA and
-  # the plain op's kernels (what impl="auto" picks on a GPU until the fused kernels have run
-  # on one, see AUTO_FUSED_KERNELS_ON_GPU).
+  # With norm.impl == "pallas": True (what the ops use) runs the fused add+norm kernels; False
+  # the add in XLA and the plain op's kernels, the decomposition the tests compare them with.
   fused_kernels: bool = True
-
-
-# Whether impl="auto" may pick the *fused* add+norm kernels on a GPU. Off until they have been
-# compiled and run on a real GPU (so far: interpret mode and Triton IR only); "auto" must never
-# fail where "xla" works. Meanwhile "auto" on a GPU runs the add in XLA and the norm with the
-# plain op's kernels (verified on an H100): the data movement of add + norm, no new risk.
-# impl="pallas" always takes the fused kernels. Flip after the GPU test run of tests/test_fused.py.
-AUTO_FUSED_KERNELS_ON_GPU = False
 
 
 def _check_residual_scale(value: Any) -> float:
@@ -144,8 +135,7 @@ def _prepare(x, residual, scale, bias, *, center, residual_scale, residual_dtype
   norm = _pallas_ok(norm, (("residual", jnp.dtype(residual.dtype)), ("residual_dtype", hd)), impl)
   cfg = FusedConfig(norm=norm, residual_scale=alpha, h_dtype=hd, x_dtype=jnp.dtype(x.dtype),
                     residual_dtype=jnp.dtype(residual.dtype), x_vma=_core.varying_axes(x),
-                    residual_vma=_core.varying_axes(residual),
-                    fused_kernels=impl == "pallas" or AUTO_FUSED_KERNELS_ON_GPU)
+                    residual_vma=_core.varying_axes(residual))
   return cfg, x2, residual.reshape(x2.shape), mask2, restore
 
 
@@ -322,9 +312,8 @@ def add_layer_norm(x, residual, scale=None, bias=None, *, residual_scale=1.0, re
       as :func:`jaxnorm.layer_norm`.
     dtype: dtype of ``y``; default ``x.dtype`` (the activations' dtype, not the stream's).
     impl: "xla", "pallas" (the fused kernels: one read of ``x`` and ``residual``, one write of
-      ``h`` and ``y``) or "auto". "auto" is "xla" off a GPU; on a GPU it runs the add in XLA
-      and the norm with the plain op's kernels until the fused kernels have run on a GPU
-      (``jaxnorm._fused.AUTO_FUSED_KERNELS_ON_GPU``).
+      ``h`` and ``y``) or "auto": the fused kernels on a GPU where the plain op's kernels apply
+      (compiled and tested on an H100), "xla" otherwise.
 
   Returns:
     ``(y, h)``: ``y`` in ``dtype``, ``h`` in ``residual_dtype``, both the shape of ``x``.
