@@ -211,16 +211,46 @@ def _xla_forward(cfg: NormConfig, x, scale, bias, mask):
   return y.astype(cfg.out_dtype), (shift, delta, rstd)
 
 
+def _fresh(*arrays):
+  """The arrays behind an ``optimization_barrier``: same values, but opaque to XLA's CSE.
+
+  XLA:CPU keeps a full-size ``(..., d)`` intermediate (``x - mean``, the broadcast ``rstd``, the
+  float32 copy of a bfloat16 ``dy``) in memory when two fusions share it, instead of recomputing
+  it inside each. Giving each consumer its own barrier-wrapped copy of the inputs stops the
+  common-subexpression pass from merging their computations, so every reduction and the final
+  map fuse with their own recomputation (see ``docs/perf-notes.md``). Two barriers over the
+  same operands would themselves be merged, so every call site passes a different tuple.
+  """
+  return lax.optimization_barrier(arrays)
+
+
 def _xla_backward(cfg: NormConfig, x, scale, mask, stats, dy):
   """The closed-form backward in XLA ops.
 
   Written as ``dx = rstd * (g - m * mean(g)) + A * m * x_c`` with the per-row coefficient
   ``A = -c * rstd**3 * sum(g * x_c) / n`` (``x_c = x - mean``, so ``rstd * x_c = x_hat``): the
   same formula as the module docstring, arranged so that the only ``(..., d)`` quantities are
-  the inputs, ``x_c`` and ``g`` (XLA fuses them into the reductions and the final map).
+  the inputs, ``x_c`` and ``g``. Three independent computations, each one XLA fusion and one
+  pass over its inputs: ``dscale = sum_rows(dy * x_c * rstd)``, ``dbias = sum_rows(dy)``, and
+  ``dx`` (its two row sums and the final map share the fusion). They see the inputs through
+  separate :func:`_fresh` barriers so that XLA recomputes ``x_c`` and ``g`` in each instead of
+  materializing them; that also keeps them apart from the forward's fusion when both are in
+  one jitted function.
   """
+  ct = compute_dtype(x.dtype)
+  lead = tuple(range(x.ndim - 1))
+  dscale = dbias = None
+  if scale is not None:
+    xs, dys, (shift, delta, rstd) = _fresh(x, dy, stats)
+    xc = ((xs.astype(ct) - shift) - delta) if cfg.center else xs.astype(ct)  # (..., d)
+    dscale = jnp.sum(dys.astype(ct) * (xc * rstd), axis=lead)
+    dscale = dscale.reshape(scale.shape).astype(scale.dtype)
+  if cfg.bias_dtype is not None:
+    (dyb,) = _fresh(dy)
+    dbias = jnp.sum(dyb.astype(ct), axis=lead).reshape(cfg.bias_shape).astype(cfg.bias_dtype)
+
+  x, dy, stats, scale, mask = _fresh(x, dy, stats, scale, mask)
   shift, delta, rstd = stats
-  ct = rstd.dtype
   xf = x.astype(ct)  # (..., d)
   dyf = dy.astype(ct)  # (..., d)
   xc = ((xf - shift) - delta) if cfg.center else xf  # (..., d): x - mean (x for RMSNorm)
@@ -249,14 +279,7 @@ def _xla_backward(cfg: NormConfig, x, scale, mask, stats, dy):
   dx = rstd * g + var_term
   if mean_term is not None:
     dx = dx - mean_term
-  dx = dx.astype(x.dtype)
-  lead = tuple(range(x.ndim - 1))
-  dscale = dbias = None
-  if scale is not None:
-    dscale = jnp.sum(dyf * (xc * rstd), axis=lead).reshape(scale.shape).astype(scale.dtype)
-  if cfg.bias_dtype is not None:
-    dbias = jnp.sum(dyf, axis=lead).reshape(cfg.bias_shape).astype(cfg.bias_dtype)
-  return dx, dscale, dbias
+  return dx.astype(x.dtype), dscale, dbias
 
 
 def _pallas_interpret() -> bool:
