@@ -151,6 +151,25 @@ def variance_path_factor(cfg: NormConfig, rstd):
   return _math.variance_path_factor(rstd, cfg.epsilon, cfg.epsilon_placement == "outside")
 
 
+def _fresh(*arrays):
+  """The arrays behind an ``optimization_barrier``: same values, opaque to XLA's CSE.
+
+  XLA:CPU keeps a full-size ``(..., d)`` intermediate (``x - shift``, a broadcast ``rstd``, the
+  float32 copy of a bfloat16 input) in memory when two of its fusions share it, instead of
+  recomputing it inside each: one more write and read of ``x``'s size, and on a large array a
+  freshly mapped buffer. Giving each consumer (a row sum, a column sum, the final map) its own
+  barrier-wrapped view of the inputs stops common-subexpression elimination from merging their
+  elementwise prologues, so each fuses with its own recomputation; without any residual outputs
+  (the forward alone) XLA still fuses everything into one loop. The barriers are removed before
+  code generation and cost nothing at run time.
+
+  Two barriers over the same operands in the same order are themselves merged (and constant
+  operands do not tell them apart), so every call site passes a different tuple; where two sites
+  need the same arrays, they pass them in a different order. See ``docs/perf-notes.md``.
+  """
+  return lax.optimization_barrier(arrays)
+
+
 def statistics(cfg: NormConfig, x, mask):
   """Row statistics of ``x: (..., d)`` in the compute dtype.
 
@@ -170,8 +189,14 @@ def statistics(cfg: NormConfig, x, mask):
   # breaks the fusion and forces a float32 copy of x.)
   (s0,) = _row_sums(xf, mask=mask)
   shift = _psum(cfg, s0) / n
-  xs = xf - shift
-  s1, s2 = _row_sums(xs, xs * xs, mask=mask)
+  # The two shifted sums each see their own view of x (see _fresh): when the statistics are
+  # residuals, XLA:CPU computes each in its own fusion, and would otherwise write x - shift (in
+  # float32) to memory once for both to read.
+  x1, shift1, mask1 = _fresh(x, shift, mask)
+  (s1,) = _row_sums(x1.astype(ct) - shift1, mask=mask1)
+  shift2, x2, mask2 = _fresh(shift, x, mask)
+  xs2 = x2.astype(ct) - shift2
+  (s2,) = _row_sums(xs2 * xs2, mask=mask2)
   if cfg.axis_name is not None:
     s1, s2 = _psum(cfg, jnp.stack([s1, s2]))
   delta = s1 / n
@@ -200,7 +225,11 @@ def gamma(cfg: NormConfig, scale, ndim, dtype):
 
 
 def _xla_forward(cfg: NormConfig, x, scale, bias, mask):
-  shift, delta, rstd = statistics(cfg, x, mask)
+  stats = statistics(cfg, x, mask)
+  # y's map sees its own view of x and of the statistics (see _fresh), so that XLA does not
+  # share x's float32 copy or x - shift between the statistics' fusions and this one.
+  x, stats, scale, bias = _fresh(x, stats, scale, bias)
+  shift, delta, rstd = stats
   ct = rstd.dtype
   y = x_hat(cfg, x.astype(ct), shift, delta, rstd)
   gam = gamma(cfg, scale, x.ndim, ct)
@@ -208,20 +237,7 @@ def _xla_forward(cfg: NormConfig, x, scale, bias, mask):
     y = y * gam
   if bias is not None:
     y = y + _as_row(bias, x.ndim, ct)
-  return y.astype(cfg.out_dtype), (shift, delta, rstd)
-
-
-def _fresh(*arrays):
-  """The arrays behind an ``optimization_barrier``: same values, but opaque to XLA's CSE.
-
-  XLA:CPU keeps a full-size ``(..., d)`` intermediate (``x - mean``, the broadcast ``rstd``, the
-  float32 copy of a bfloat16 ``dy``) in memory when two fusions share it, instead of recomputing
-  it inside each. Giving each consumer its own barrier-wrapped copy of the inputs stops the
-  common-subexpression pass from merging their computations, so every reduction and the final
-  map fuse with their own recomputation (see ``docs/perf-notes.md``). Two barriers over the
-  same operands would themselves be merged, so every call site passes a different tuple.
-  """
-  return lax.optimization_barrier(arrays)
+  return y.astype(cfg.out_dtype), stats
 
 
 def _xla_backward(cfg: NormConfig, x, scale, mask, stats, dy):
