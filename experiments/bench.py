@@ -47,7 +47,10 @@ entries on a CPU, a package that is not installed); such entries are listed as `
 
 Timing: a sample enqueues ``k`` calls and blocks on the last one (``k`` is chosen so a sample
 lasts about ``--sample-ms``; this hides the dispatch latency of microsecond GPU kernels); the
-reported time is the median over ``--repeats`` samples divided by ``k``.
+reported time is the median over ``--repeats`` samples divided by ``k``. The implementations of
+one (op, shape, dtype, mode) are sampled *interleaved* (one sample of each in turn, ``--repeats``
+rounds; :func:`time_interleaved`), so that load from other processes on a shared machine falls
+on all of them alike and their ratios stay meaningful.
 
 Outputs: a table on stdout, ``bench.json`` (device, versions, date, every entry) and
 ``bench.md`` (markdown tables) under ``--out`` (default ``results/bench``, ignored by git).
@@ -281,6 +284,36 @@ def time_fn(fn: Callable, args: tuple, *, repeats: int, sample_ms: float) -> dic
   }
 
 
+def time_interleaved(calls: dict[str, tuple[Callable, tuple]], *, repeats: int,
+                     sample_ms: float) -> dict[str, dict[str, float]]:
+  """:func:`time_fn` for several functions at once, their samples interleaved.
+
+  ``calls`` maps a name to ``(fn, args)`` (already compiled and warmed up). Each function gets
+  its own ``k`` calls per sample (chosen as in :func:`time_fn`); round ``r`` takes sample ``r`` of
+  every function in turn, so slow phases of a shared machine hit all of them. Returns, per name,
+  the same statistics as :func:`time_fn`.
+  """
+  ks = {}
+  for name, (fn, args) in calls.items():
+    t0 = time.perf_counter()
+    _block(fn(*args))
+    single = max(time.perf_counter() - t0, 1e-7)
+    ks[name] = max(1, min(1000, int(math.ceil(sample_ms * 1e-3 / single))))
+  samples: dict[str, list[float]] = {name: [] for name in calls}
+  for _ in range(repeats):
+    for name, (fn, args) in calls.items():
+      k = ks[name]
+      t0 = time.perf_counter()
+      out = None
+      for _ in range(k):
+        out = fn(*args)
+      _block(out)
+      samples[name].append((time.perf_counter() - t0) / k)
+  return {name: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v),
+                 "calls_per_sample": ks[name], "samples": len(v)}
+          for name, v in samples.items()}
+
+
 def _memory(compiled) -> dict[str, int] | None:
   try:
     ma = compiled.memory_analysis()
@@ -389,15 +422,15 @@ def make_inputs(rows: int, d: int, dtype: str, seed: int = 0) -> Inputs:
   return Inputs(*_block((x, scale, bias, dy, residual, dh)))
 
 
-def bench_entry(f: Callable, inp: Inputs, *, repeats: int, sample_ms: float,
-                modes: tuple[str, ...], fused: bool = False) -> dict[str, Any]:
-  """Times one implementation at one (op, shape, dtype); returns per-mode timings and memory.
+def prepare_entry(f: Callable, inp: Inputs, *, modes: tuple[str, ...],
+                  fused: bool = False) -> tuple[dict[str, tuple[Callable, tuple]], Any]:
+  """Compiles and warms up one implementation at one (op, shape, dtype).
 
   ``fused``: ``f`` is a fused-op implementation ``f(x, residual, scale, bias) -> (y, h)``,
-  differentiated with the cotangents ``(dy, dh)``.
+  differentiated with the cotangents ``(dy, dh)``. Returns ``({mode: (fn, args)}, memory)``: the
+  calls to time and the ``memory_analysis`` of the jitted fwd+bwd.
   """
   fns = _fused_functions(f) if fused else _functions(f)
-  out: dict[str, Any] = {}
   lead = (inp.x, inp.residual) if fused else (inp.x,)
   cts = (inp.dy, inp.dh) if fused else (inp.dy,)
   args = {
@@ -405,7 +438,8 @@ def bench_entry(f: Callable, inp: Inputs, *, repeats: int, sample_ms: float,
       "fwd+bwd": (*lead, inp.scale, inp.bias, *cts),
   }
   compiled_fb = fns["fwd+bwd"].lower(*args["fwd+bwd"]).compile()
-  out["memory_fwd_bwd"] = _memory(compiled_fb)
+  memory = _memory(compiled_fb)
+  calls = {}
   for mode in modes:
     if mode == "bwd":
       _, vjp_fn = _block(fns["make_vjp"](*args["fwd"]))
@@ -414,6 +448,19 @@ def bench_entry(f: Callable, inp: Inputs, *, repeats: int, sample_ms: float,
       call, call_args = fns[mode], args[mode]
     _block(call(*call_args))  # compile + warm-up
     _block(call(*call_args))
+    calls[mode] = (call, call_args)
+  return calls, memory
+
+
+def bench_entry(f: Callable, inp: Inputs, *, repeats: int, sample_ms: float,
+                modes: tuple[str, ...], fused: bool = False) -> dict[str, Any]:
+  """Times one implementation at one (op, shape, dtype) alone; per-mode timings and memory.
+
+  ``fused`` as in :func:`prepare_entry`.
+  """
+  calls, memory = prepare_entry(f, inp, modes=modes, fused=fused)
+  out: dict[str, Any] = {"memory_fwd_bwd": memory}
+  for mode, (call, call_args) in calls.items():
     out[mode] = time_fn(call, call_args, repeats=repeats, sample_ms=sample_ms)
   return out
 
@@ -631,12 +678,12 @@ def _run(args, shapes, repeats, sample_ms, argv) -> int:
       print(f"# copy {shape} {dtype}: {copy['gbps']:.1f} GB/s")
       for op in args.ops:
         fused = op in FUSED_OPS
+        prepared = {}
         for impl in (args.fused_impls if fused else args.impls):
           base = {"op": op, "impl": impl, "shape": shape, "dtype": dtype}
           try:
             f = (fused_reg if fused else reg)[impl](op)
-            entry = bench_entry(f, inp, repeats=repeats, sample_ms=sample_ms,
-                                modes=args.modes, fused=fused)
+            prepared[impl] = prepare_entry(f, inp, modes=args.modes, fused=fused)
           except NotApplicable as e:
             for mode in args.modes:
               results.append({**base, "mode": mode, "status": "n/a", "reason": str(e)})
@@ -648,9 +695,12 @@ def _run(args, shapes, repeats, sample_ms, argv) -> int:
               results.append({**base, "mode": mode, "status": "error", "reason": msg})
             print(f"{op:10s}  {impl:14s}  error: {msg}")
             continue
-          memory.append({**base, "memory": entry["memory_fwd_bwd"]})
-          for mode in args.modes:
-            t = entry[mode]
+          memory.append({**base, "memory": prepared[impl][1]})
+        for mode in args.modes:
+          timed = time_interleaved({impl: calls[mode] for impl, (calls, _) in prepared.items()},
+                                   repeats=repeats, sample_ms=sample_ms)
+          for impl, t in timed.items():
+            base = {"op": op, "impl": impl, "shape": shape, "dtype": dtype}
             nbytes = must_move_bytes(op, mode, rows, d, inp.x.dtype.itemsize,
                                      inp.scale.dtype.itemsize)
             gbps = nbytes / t["median_s"] / 1e9
@@ -661,6 +711,7 @@ def _run(args, shapes, repeats, sample_ms, argv) -> int:
             results.append(row)
             print(_fmt_row((op, impl, shape, dtype, mode, f"{t['median_s'] * 1e6:.1f}",
                             f"{gbps:.1f}", f"{row['pct_copy']:.0f}"), widths))
+        del prepared
 
   rms_ln, vs_flax = _ratio_tables(results)
   fused_rows = _fused_table(results)

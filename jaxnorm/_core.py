@@ -285,6 +285,15 @@ def _xla_backward(cfg: NormConfig, x, scale, mask, stats, dy):
   if c is not None:
     coef = coef * c
   mean_g = rstd * (sum_g / n) if cfg.center else None  # mean path, per row
+  # The final map sees its own view of the inputs too: where XLA:CPU does not put the row sums
+  # and the map into one fusion (small d), it would otherwise keep g and x in float32 for both.
+  dy, x, stats, scale, mask = _fresh(dy, x, stats, scale, mask)
+  shift, delta, rstd = stats
+  xf = x.astype(ct)
+  dyf = dy.astype(ct)
+  xc = ((xf - shift) - delta) if cfg.center else xf
+  gam = gamma(cfg, scale, x.ndim, ct)
+  g = dyf if gam is None else dyf * gam
   if mask is not None:
     m = mask.astype(ct)
     var_term = (coef * m) * xc
