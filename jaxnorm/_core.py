@@ -246,62 +246,65 @@ def _xla_backward(cfg: NormConfig, x, scale, mask, stats, dy):
   Written as ``dx = rstd * (g - m * mean(g)) + A * m * x_c`` with the per-row coefficient
   ``A = -c * rstd**3 * sum(g * x_c) / n`` (``x_c = x - mean``, so ``rstd * x_c = x_hat``): the
   same formula as the module docstring, arranged so that the only ``(..., d)`` quantities are
-  the inputs, ``x_c`` and ``g``. Three independent computations, each one XLA fusion and one
-  pass over its inputs: ``dscale = sum_rows(dy * x_c * rstd)``, ``dbias = sum_rows(dy)``, and
-  ``dx`` (its two row sums and the final map share the fusion). They see the inputs through
-  separate :func:`_fresh` barriers so that XLA recomputes ``x_c`` and ``g`` in each instead of
-  materializing them; that also keeps them apart from the forward's fusion when both are in
-  one jitted function.
+  the inputs, ``x_c`` and ``g``, and none is stored. Independent computations, each one pass
+  over its inputs: ``dscale = sum_rows(dy * x_c * rstd)``, ``dbias = sum_rows(dy)``, the row sums
+  ``sum(g * x_c)`` and ``sum(g)``, and the final map to ``dx`` (XLA puts the last three into one
+  fusion when ``d`` is large). Each sees the inputs through its own :func:`_fresh` barrier, so
+  that XLA recomputes ``x_c`` and ``g`` inside every fusion instead of materializing them; that
+  also keeps them apart from the forward's fusions when both are in one jitted function.
   """
   ct = compute_dtype(x.dtype)
   lead = tuple(range(x.ndim - 1))
+
+  def centered(xv, statsv):  # (..., d): x - mean (x for RMSNorm), in the compute dtype
+    shift, delta, _ = statsv
+    xf = xv.astype(ct)
+    return ((xf - shift) - delta) if cfg.center else xf
+
+  def g_of(dyv, scalev):  # (..., d): gamma * dy, in the compute dtype
+    gam = gamma(cfg, scalev, x.ndim, ct)
+    dyf = dyv.astype(ct)
+    return dyf if gam is None else dyf * gam
+
   dscale = dbias = None
   if scale is not None:
-    xs, dys, (shift, delta, rstd) = _fresh(x, dy, stats)
-    xc = ((xs.astype(ct) - shift) - delta) if cfg.center else xs.astype(ct)  # (..., d)
-    dscale = jnp.sum(dys.astype(ct) * (xc * rstd), axis=lead)
+    xv, dyv, statsv = _fresh(x, dy, stats)
+    dscale = jnp.sum(dyv.astype(ct) * (centered(xv, statsv) * statsv[2]), axis=lead)
     dscale = dscale.reshape(scale.shape).astype(scale.dtype)
   if cfg.bias_dtype is not None:
-    (dyb,) = _fresh(dy)
-    dbias = jnp.sum(dyb.astype(ct), axis=lead).reshape(cfg.bias_shape).astype(cfg.bias_dtype)
+    (dyv,) = _fresh(dy)
+    dbias = jnp.sum(dyv.astype(ct), axis=lead).reshape(cfg.bias_shape).astype(cfg.bias_dtype)
 
-  x, dy, stats, scale, mask = _fresh(x, dy, stats, scale, mask)
-  shift, delta, rstd = stats
-  xf = x.astype(ct)  # (..., d)
-  dyf = dy.astype(ct)  # (..., d)
-  xc = ((xf - shift) - delta) if cfg.center else xf  # (..., d): x - mean (x for RMSNorm)
-  gam = gamma(cfg, scale, x.ndim, ct)
-  g = dyf if gam is None else dyf * gam  # (..., d)
   n = _count(cfg, mask, x.shape, ct)  # (..., 1)
+  xv, dyv, statsv, scalev = _fresh(x, dy, stats, scale)
+  rstd = statsv[2]  # (..., 1)
   c = variance_path_factor(cfg, rstd)  # (..., 1) or None
+  (sum_gxc,) = _row_sums(g_of(dyv, scalev) * centered(xv, statsv))  # (..., 1)
   if cfg.center:
-    sum_g, sum_gxc = _row_sums(g, g * xc)  # (..., 1) each
+    dyv, _, scalev = _fresh(dy, rstd, scale)
+    (sum_g,) = _row_sums(g_of(dyv, scalev))  # (..., 1)
     if cfg.axis_name is not None:
       sum_g, sum_gxc = _psum(cfg, jnp.stack([sum_g, sum_gxc]))
   else:
-    (sum_gxc,) = _row_sums(g * xc)
     sum_gxc = _psum(cfg, sum_gxc)
   coef = -(rstd * rstd * rstd) * (sum_gxc / n)  # variance (RMS) path, per row
   if c is not None:
     coef = coef * c
   mean_g = rstd * (sum_g / n) if cfg.center else None  # mean path, per row
-  # The final map sees its own view of the inputs too: where XLA:CPU does not put the row sums
-  # and the map into one fusion (small d), it would otherwise keep g and x in float32 for both.
-  dy, x, stats, scale, mask = _fresh(dy, x, stats, scale, mask)
-  shift, delta, rstd = stats
-  xf = x.astype(ct)
-  dyf = dy.astype(ct)
-  xc = ((xf - shift) - delta) if cfg.center else xf
-  gam = gamma(cfg, scale, x.ndim, ct)
-  g = dyf if gam is None else dyf * gam
-  if mask is not None:
-    m = mask.astype(ct)
+
+  dyv, xv, statsv, scalev, maskv = _fresh(dy, x, stats, scale, mask)
+  xc = centered(xv, statsv)  # (..., d)
+  g = g_of(dyv, scalev)  # (..., d)
+  if maskv is not None:
+    m = maskv.astype(ct)
     var_term = (coef * m) * xc
     mean_term = None if mean_g is None else mean_g * m
   else:
     var_term = coef * xc
     mean_term = mean_g
-  dx = rstd * g + var_term
+  # (statsv's rstd, not the one above: XLA:CPU materializes a broadcast of a per-row value that
+  # comes from outside the barrier.)
+  dx = statsv[2] * g + var_term
   if mean_term is not None:
     dx = dx - mean_term
   return dx.astype(x.dtype), dscale, dbias
