@@ -170,8 +170,12 @@ def _fresh(*arrays):
   return lax.optimization_barrier(arrays)
 
 
-def statistics(cfg: NormConfig, x, mask):
+def statistics(cfg: NormConfig, x, mask, *, decouple: bool = True):
   """Row statistics of ``x: (..., d)`` in the compute dtype.
+
+  ``decouple``: the two shifted sums read ``x`` through separate :func:`_fresh` views (for when
+  the statistics are outputs of the jitted program, e.g. residuals); False lets them share
+  ``x - shift`` (for when everything fuses into one loop anyway: the forward alone).
 
   Returns ``(shift, delta, rstd)`` (each ``(..., 1)``) for LayerNorm, where the row mean is
   ``shift + delta``, or ``(None, None, rstd)`` for RMSNorm.
@@ -192,9 +196,9 @@ def statistics(cfg: NormConfig, x, mask):
   # The two shifted sums each see their own view of x (see _fresh): when the statistics are
   # residuals, XLA:CPU computes each in its own fusion, and would otherwise write x - shift (in
   # float32) to memory once for both to read.
-  x1, shift1, mask1 = _fresh(x, shift, mask)
+  x1, shift1, mask1 = _fresh(x, shift, mask) if decouple else (x, shift, mask)
   (s1,) = _row_sums(x1.astype(ct) - shift1, mask=mask1)
-  shift2, x2, mask2 = _fresh(shift, x, mask)
+  shift2, x2, mask2 = _fresh(shift, x, mask) if decouple else (shift, x, mask)
   xs2 = x2.astype(ct) - shift2
   (s2,) = _row_sums(xs2 * xs2, mask=mask2)
   if cfg.axis_name is not None:
@@ -224,11 +228,13 @@ def gamma(cfg: NormConfig, scale, ndim, dtype):
   return 1.0 + s if cfg.zero_centered_scale else s
 
 
-def _xla_forward(cfg: NormConfig, x, scale, bias, mask):
-  stats = statistics(cfg, x, mask)
-  # y's map sees its own view of x and of the statistics (see _fresh), so that XLA does not
-  # share x's float32 copy or x - shift between the statistics' fusions and this one.
-  x, stats, scale, bias = _fresh(x, stats, scale, bias)
+def _xla_forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True):
+  """``(y, (shift, delta, rstd))``; ``decouple=False`` when only ``y`` is used (see _fresh)."""
+  stats = statistics(cfg, x, mask, decouple=decouple)
+  if decouple:
+    # y's map sees its own view of x and of the statistics (see _fresh), so that XLA does not
+    # share x's float32 copy or x - shift between the statistics' fusions and this one.
+    x, stats, scale, bias = _fresh(x, stats, scale, bias)
   shift, delta, rstd = stats
   ct = rstd.dtype
   y = x_hat(cfg, x.astype(ct), shift, delta, rstd)
@@ -359,7 +365,12 @@ def _pallas_backward(cfg: NormConfig, x, scale, mask, stats, dy):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _norm(cfg: NormConfig, x, scale, bias, mask):
-  y, _ = _norm_fwd(cfg, x, scale, bias, mask)
+  if cfg.impl == "pallas":
+    y, _ = _norm_fwd(cfg, x, scale, bias, mask)
+  else:
+    # Not differentiated: no residuals, so the forward compiles to one fusion that may share
+    # x - shift between its sums (decoupling them would only recompute it).
+    y, _ = _xla_forward(cfg, x, scale, bias, mask, decouple=False)
   return y
 
 
