@@ -100,8 +100,8 @@ class TransformerConfig:
       the norm always run separately.
     activation: the MLP non-linearity, ``"gelu"`` or ``"relu"`` (Xiong et al.'s theory
       setting uses ReLU).
-    embed_scale: multiplies the model input :math:`h_0 = s\,(E[\text{tokens}] + P)`. With
-      ``init="xavier"`` and learned positions, :math:`E\|h_0\|^2/d = 2 s^2` at
+    embed_scale: multiplies the model input :math:`h_0 = s\\,(E[\text{tokens}] + P)`. With
+      ``init="xavier"`` and learned positions, :math:`E\\|h_0\\|^2/d = 2 s^2` at
       initialization, so ``embed_scale = 2 ** -0.5`` gives the unit-variance input of the
       theory setting.
   """
