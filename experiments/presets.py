@@ -56,7 +56,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                   "decay_timescale": 40},
         "grad_init": {"depths": (6, 12, 24), "seeds": (0, 1), "n_batches": 2,
                       "norm_types": ("layer_norm", "rms_norm"), "small_init": True, "theory": True,
-                      "variant_depths": (12,)},
+                      "variant_depths": (6, 24)},
         "warmup": {"n_layers": 6, "steps": 120, "lr_times_d": (0.0632, 0.2, 0.632, 2.0),
                    "warmups": (0, 10, 40), "decay_timescale": 40, "seeds": (0, 1),
                    "rms_norm": True, "small_init": True},
