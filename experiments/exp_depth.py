@@ -66,6 +66,12 @@ class Config:
   update_depths: tuple | None = None
   update_steps: int = 4
 
+  def __post_init__(self):
+    if not self.seeds:
+      raise ValueError("seeds must name at least one seed.")
+    if isinstance(self.update_steps, bool) or not isinstance(self.update_steps, int) or self.update_steps < 1:
+      raise ValueError(f"update_steps must be an int >= 1, got {self.update_steps!r}.")
+
 
 def telling_lr(ctx, cfg: Config) -> tuple[float, str]:
   """The warm-up grid's telling rate from ``<root>/warmup/done.json`` (else ``cfg.lr``) and

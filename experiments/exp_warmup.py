@@ -294,7 +294,6 @@ def plot(ctx, runs: dict, grid: dict, lrs: list[float], cfg: Config, unigram: fl
     ax.set_xlabel("peak lr" + ("  (* = telling rate)" if pos == "post" and norm == "layer_norm" else ""), fontsize=8)
     ax.set_ylabel("warm-up steps", fontsize=8)
     ax.set_title(title, fontsize=9)
-    ax.axvline(lrs.index(telling), color="red", lw=0.6, alpha=0.0)
     ax.get_xticklabels()[lrs.index(telling)].set_color("red")
   fig.suptitle(f"Final val loss, mean of {len(cfg.seeds)} seeds (unigram {unigram:.2f}; "
                f"div = diverged, stall = within {STALL_NATS} of unigram; red tick = telling rate)", fontsize=8)

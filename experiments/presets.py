@@ -12,8 +12,8 @@ change with the preset. Three presets:
   corpus. Small models (width 64), 6/12/24 layers at init and in training, a 4 x 3 lr x
   warm-up grid with 2 seeds. (Run sharing: the VJP experiment's jaxnorm runs are grid points,
   lr 0.2 / d without warm-up, so their sizes and the decay timescale are kept equal.)
-* ``gpu``: the larger version for one H100 (width 256, 6/12/24 layers in training, 48 in the
-  model-update probe, 3 seeds); sized by scaling the cpu measurements with the H100 speed
+* ``gpu``: the larger version for one H100 (width 256, 6/12/24 layers in training, 500-step
+  runs, 3 seeds); sized by scaling the cpu measurements with the H100 speed
   experiment's 4.8 ms per 6-layer step (not measured end to end; ``docs/experiments.md``),
   to about 25 minutes, run as ``--only`` chunks of at most 9 minutes (runs are cached, so an
   interrupted chunk resumes).
@@ -74,20 +74,20 @@ PRESETS: dict[str, dict[str, Any]] = {
         "description": "full-size version for one accelerator (width 256, up to 48 layers, several seeds)",
         "model": {"d_model": 256, "n_heads": 4, "d_ff": 1024, "max_len": 256},
         "train": {"batch_size": 32, "seq_len": 256, "eval_every": 50, "eval_batches": 8,
-                  "decay_timescale": 200},
+                  "decay_timescale": 160},
         "grad_init": {"depths": (6, 12, 24, 48), "seeds": (0, 1, 2, 3), "n_batches": 4,
                       "norm_types": ("layer_norm", "rms_norm"), "small_init": True, "theory": True},
-        "warmup": {"n_layers": 6, "steps": 600, "lr_times_d": (0.0632, 0.2, 0.632, 2.0),
-                   "warmups": (0, 50, 200), "decay_timescale": 200, "seeds": (0, 1, 2),
+        "warmup": {"n_layers": 6, "steps": 500, "lr_times_d": (0.0632, 0.2, 0.632, 2.0),
+                   "warmups": (0, 40, 160), "decay_timescale": 160, "seeds": (0, 1, 2),
                    "rms_norm": True, "small_init": True},
         "depth": {"depths": (6, 12, 24), "positions": ("post", "pre", "sandwich", "deepnorm"),
-                  "steps": 500, "seeds": (0, 1, 2), "lr": 7.813e-4, "warmup": 200,
-                  "decay_timescale": 200, "update_depths": (6, 12, 24, 48), "update_steps": 5},
+                  "steps": 500, "seeds": (0, 1, 2), "lr": 7.813e-4, "warmup": 160,
+                  "decay_timescale": 160, "update_steps": 5},
         "invariance": {"n_rows": 256, "d": 1024, "n_points": 49, "seeds": (0, 1, 2, 3),
-                       "train_steps": 600, "n_layers": 6},
+                       "train_steps": 500, "n_layers": 6},
         "speed": {"n_layers": 6, "steps": 100, "repeats": 3,
                   "op_shapes": ((8192, 1024), (16384, 4096), (32768, 8192)), "op_repeats": 100},
-        "vjp": {"n_layers": 6, "steps": 600, "positions": ("pre", "post"),
+        "vjp": {"n_layers": 6, "steps": 500, "positions": ("pre", "post"),
                 "norm_types": ("layer_norm", "rms_norm"), "lr": 7.813e-4},
     },
 }

@@ -252,6 +252,10 @@ def test_warmup_grid_verdicts():
   assert exp_warmup.grid_lrs(cfg, 64) == [0.001563, 0.01562]
   with pytest.raises(ValueError, match="warmups must be"):
     exp_warmup.Config(warmups=(5, 10, 20))
+  with pytest.raises(ValueError, match="seeds must name"):
+    exp_warmup.Config(seeds=())
+  with pytest.raises(ValueError, match="update_steps must be an int >= 1"):
+    exp_depth.Config(update_steps=0)
 
 
 def test_depth_verdicts():
