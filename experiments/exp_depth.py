@@ -27,7 +27,7 @@ import dataclasses
 import numpy as np
 
 from experiments import claims as claims_lib
-from experiments.exp_warmup import STALL_NATS, failed, point
+from experiments.exp_warmup import STALL_NATS, _finals, failed, point
 from experiments.registry import read_json
 
 TITLE = "Depth: Post-LN, Pre-LN, Sandwich, DeepNorm (Liu et al. 2020; Wang et al. 2022)"
@@ -198,7 +198,11 @@ def verdicts(points: dict, update: dict, consts: dict, cfg: Config, unigram: flo
     ours = "; ".join(f"step {s + 1}: Post-LN x{pg[s]:.2f} (seeds {', '.join(f'{v:.2f}' for v in pper[:, s])}), "
                      f"DeepNorm x{dg[s]:.2f} (seeds {', '.join(f'{v:.2f}' for v in dper[:, s])})"
                      for s in range(len(pg)))
-    claims.append({"id": "deepnet_update_constant", "criterion": crit,
+    last = len(pg) - 1
+    short = (f"growth from L={lo} to L={hi}: step 1 Post-LN x{pg[0]:.2f}, DeepNorm x{dg[0]:.2f}; step {last + 1} "
+             f"Post-LN x{pg[last]:.2f}, DeepNorm x{dg[last]:.2f}; DeepNorm's update at L={hi}, step 1: "
+             f"{update[f'deepnorm/L{hi}']['mean'][0]:.3g} vs Post-LN's {update[f'post/L{hi}']['mean'][0]:.3g}")
+    claims.append({"id": "deepnet_update_constant", "criterion": crit, "short": short,
                    "ours": f"growth of the update from L={lo} to L={hi}: " + ours,
                    "holds": claims_lib.verdict(oks)})
   else:
@@ -240,6 +244,7 @@ def plot(ctx, runs: dict, points: dict, update: dict, cfg: Config, unigram: floa
   ax.axhline(unigram - PAST_PLATEAU, color="grey", ls="--", lw=0.8, label=f"unigram - {PAST_PLATEAU}")
   ax.set_xscale("log")
   ax.set_xticks(list(cfg.depths), [str(L) for L in cfg.depths])
+  ax.minorticks_off()
   ax.set_xlabel("number of layers")
   ax.set_ylabel("final validation loss")
   ax.set_title(f"Depth: final val loss (lr {lr:g}, warm-up {cfg.warmup}, {cfg.steps} steps, "
@@ -267,6 +272,7 @@ def plot(ctx, runs: dict, points: dict, update: dict, cfg: Config, unigram: floa
   ax.legend(fontsize=6, ncol=2)
   files.append(ctx.save_figure(fig, "depth_curves.png"))
 
+  import matplotlib.ticker
   udepths = sorted(cfg.update_depths or cfg.depths)
   fig, axes = ctx.subplots(1, cfg.update_steps, figsize=(3.2 * cfg.update_steps, 3.2), squeeze=False, sharey=True)
   for s in range(cfg.update_steps):
@@ -277,6 +283,7 @@ def plot(ctx, runs: dict, points: dict, update: dict, cfg: Config, unigram: floa
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xticks(udepths, [str(L) for L in udepths])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_title(f"after step {s + 1}", fontsize=9)
     ax.set_xlabel("number of layers N")
     ax.grid(alpha=0.3, which="both")
@@ -303,11 +310,12 @@ def report_section(summary: dict, rel: str) -> str:
       f"![final loss vs depth]({rel}/depth_final.png)", "",
       f"![curves]({rel}/depth_curves.png)", "",
       f"![update vs depth]({rel}/update_vs_depth.png)", "",
+      "Mean ± half-range over seeds, a failed run counted at the unigram baseline; per seed: each run's own "
+      "final val loss.", "",
       "| layout / depth | final val loss (mean ± half-range) | per seed | failures |", "|---|---|---|---|"]
   for k, p in summary["points"].items():
     fails = ", ".join(f for f in p["failures"] if f) or "-"
-    lines.append(f"| {k} | {p['mean']:.3f} ± {p['spread'] / 2:.3f} | {', '.join(f'{v:.3f}' for v in p['values'])} "
-                 f"| {fails} |")
+    lines.append(f"| {k} | {p['mean']:.3f} ± {p['spread'] / 2:.3f} | {_finals(p)} | {fails} |")
   lines += ["", f"Model update of the final hidden state (relative, seed mean) after steps 1..{cfg['update_steps']}:",
             "", "| layout / depth | " + " | ".join(f"step {s + 1}" for s in range(cfg["update_steps"])) + " |",
             "|---|" + "---|" * cfg["update_steps"]]

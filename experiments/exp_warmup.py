@@ -98,11 +98,17 @@ def failed(run: dict, unigram: float) -> str | None:
 def point(runs_by_seed: list[dict], unigram: float) -> dict:
   """Seed statistics of one grid point: mean and spread (max - min) of the final val loss
   (a failed run counts at the unigram baseline), the failures, ``trains`` (no seed failed) and
-  ``fails`` (every seed failed)."""
+  ``fails`` (every seed failed); ``finals`` keeps each seed's own final val loss (``None`` if
+  it diverged) for display."""
   fails = [failed(r, unigram) for r in runs_by_seed]
   vals = np.array([unigram if f else float(r["final_val_loss"]) for r, f in zip(runs_by_seed, fails)])
+  finals = [None if r["final_val_loss"] is None else float(r["final_val_loss"]) for r in runs_by_seed]
   return {"mean": float(vals.mean()), "spread": float(vals.max() - vals.min()), "values": vals.tolist(),
-          "failures": fails, "trains": not any(fails), "fails": all(fails)}
+          "finals": finals, "failures": fails, "trains": not any(fails), "fails": all(fails)}
+
+
+def _finals(p: dict) -> str:
+  return ", ".join("diverged" if v is None else f"{v:.3f}" for v in p.get("finals", p["values"]))
 
 
 def telling_rate(grid: dict, lrs: list[float], long_w: int) -> float:
@@ -157,7 +163,7 @@ def verdicts(grid: dict, lrs: list[float], cfg: Config, unigram: float) -> tuple
 
   claims = []
   # Post-LN needs warm-up.
-  strict, soft, parts = [], [], []
+  strict, soft, parts, shorts = [], [], [], []
   for lr in lrs:
     p0, pre0 = grid[("post", lr, 0)], grid[("pre", lr, 0)]
     warm = [grid[("post", lr, w)] for w in (short, long_)]
@@ -165,12 +171,15 @@ def verdicts(grid: dict, lrs: list[float], cfg: Config, unigram: float) -> tuple
     soft.append(pre0["trains"] and (any(p0["failures"]) or holds_worse(p0, grid[("post", lr, long_)])))
     parts.append(f"lr {lr:g}: Post-LN {_desc(p0)} without, {_desc(grid[('post', lr, long_)])} with "
                  f"warm-up {long_}; Pre-LN without {_desc(pre0)}")
+    if strict[-1] or soft[-1]:
+      shorts.append(parts[-1])
   claims.append({
       "id": "xiong_postln_needs_warmup",
       "criterion": "yes if at some rate Post-LN without warm-up fails (diverges or ends within "
                    f"{STALL_NATS} nats of unigram) in every seed while Post-LN with warm-up and Pre-LN "
                    "without train; partly if it only fails in some seeds or is worse beyond the seed spread",
       "ours": "; ".join(parts),
+      "short": "; ".join(shorts) or "at no rate",
       "holds": "yes" if any(strict) else ("partly" if any(soft) else "no")})
   # Sensitivity to the peak rate: the largest surviving rate.
   surv = {pos: {w: max([lr for lr in lrs if grid[(pos, lr, w)]["trains"]], default=None)
@@ -291,7 +300,7 @@ def plot(ctx, runs: dict, grid: dict, lrs: list[float], cfg: Config, unigram: fl
     ax.imshow(mat, cmap="viridis_r", vmin=vmin, vmax=vmax, aspect="auto")
     ax.set_xticks(range(len(lrs)), [f"{lr:.2g}" for lr in lrs], fontsize=7)
     ax.set_yticks(range(len(cfg.warmups)), [str(w) for w in cfg.warmups], fontsize=7)
-    ax.set_xlabel("peak lr" + ("  (* = telling rate)" if pos == "post" and norm == "layer_norm" else ""), fontsize=8)
+    ax.set_xlabel("peak lr (red: telling rate)", fontsize=8)
     ax.set_ylabel("warm-up steps", fontsize=8)
     ax.set_title(title, fontsize=9)
     ax.get_xticklabels()[lrs.index(telling)].set_color("red")
@@ -432,6 +441,8 @@ def report_section(summary: dict, rel: str) -> str:
       f"({rc['pre_ln_top']:.3f} vs its best {rc['pre_ln_best']:.3f}).", "",
       f"![heat maps]({rel}/heatmap.png)", "",
       f"![curves at the telling rate]({rel}/curves_telling_rate.png)", "",
+      "Mean ± half-range over seeds, a failed run counted at the unigram baseline; per seed: each run's own "
+      "final val loss.", "",
       "| layout | peak lr | warm-up | final val loss (mean ± half-range) | per seed | failures |",
       "|---|---|---|---|---|---|"]
   for src in ("grid", "extra_points"):
@@ -440,6 +451,6 @@ def report_section(summary: dict, rel: str) -> str:
       layout = f"{parts[0]}" + (f" {parts[3]}" if len(parts) > 3 else " layer_norm")
       fails = ", ".join(f for f in p["failures"] if f) or "-"
       lines.append(f"| {layout} | {float(parts[1]):g} | {parts[2]} | {p['mean']:.3f} ± {p['spread'] / 2:.3f} | "
-                   f"{', '.join(f'{v:.3f}' for v in p['values'])} | {fails} |")
+                   f"{_finals(p)} | {fails} |")
   lines.append("")
   return "\n".join(lines)

@@ -30,6 +30,7 @@ from experiments.registry import EXPERIMENTS, read_json
 __all__ = ["claims_rows", "render", "render_text"]
 
 _NOT_RECHECKED = " [published number as quoted in the issue; not re-checked against the paper]"
+_FIRST_SCREEN_CHARS = 240  # longer "ours" texts are cut in the first screen's verdict table
 _VERDICT_TEXT = {"yes": "yes", "no": "**no**", "partly": "partly", "n/a": "n/a", "obs": "(observation)"}
 
 
@@ -102,7 +103,8 @@ def _provenance_lines(state: dict) -> list[str]:
 def _first_screen(summaries: dict, rows: list[dict], counts: dict) -> list[str]:
   """The report's first screen: a grid of the headline figures (each experiment module's
   ``HEADLINE`` files, two per row) and the verdict table, each verdict's criterion before its
-  numbers."""
+  numbers (a claim's ``short`` text if it has one, else its ``ours`` cut at
+  ``_FIRST_SCREEN_CHARS`` characters)."""
   figs = []
   for name, summary in summaries.items():
     module = importlib.import_module(EXPERIMENTS[name])
@@ -122,7 +124,10 @@ def _first_screen(summaries: dict, rows: list[dict], counts: dict) -> list[str]:
       continue
     c, seeds = measured[r["id"]]
     crit = c.get("criterion") or c.get("note") or "-"
-    out.append(f"| {_escape(r['statement'])} | {_escape(crit)} | {_escape(r['ours'])} | {_escape(seeds)} | "
+    ours = c.get("short") or r["ours"]
+    if len(ours) > _FIRST_SCREEN_CHARS:
+      ours = ours[:_FIRST_SCREEN_CHARS].rsplit(" ", 1)[0] + " ... (full numbers in the section)"
+    out.append(f"| {_escape(r['statement'])} | {_escape(crit)} | {_escape(ours)} | {_escape(seeds)} | "
                f"{_VERDICT_TEXT.get(r['holds'], r['holds'])} |")
   out.append("")
   return out
