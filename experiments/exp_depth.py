@@ -1,15 +1,23 @@
 r"""Experiment 3: depth (Liu et al. 2020 "Admin"; Wang et al. 2022 "DeepNet").
 
 Post-LN, Pre-LN, Sandwich and DeepNorm LayerNorm models at increasing depth, trained with the
-same AdamW settings (peak lr and a short linear warm-up, as Admin's failing runs had). Each run
-logs, at every step,
+same AdamW settings for several seeds, at the warm-up grid's *telling rate* (read from the
+``warmup`` experiment's results in the same folder; ``lr`` of the preset if that experiment has
+not run) with the grid's long warm-up (Admin's failing runs had a long warm-up too) and its decay
+timescale. Reported per layout and depth: the final validation loss (seed mean and spread) or
+the divergence step, and, from a separate short probe,
 
-* the model update :math:`u_s = \mathrm{RMS}_{b,t}\,\|f(x;\theta_s)_{bt} - f(x;\theta_0)_{bt}\|_2`
-  on a fixed batch (DeepNet Fig. 3/5, Admin's output change);
-* the mean squared entry :math:`E\|x\|^2/d` of every norm input (its growth over the first steps);
+* DeepNet's model update :math:`\|F(x;\theta_t) - F(x;\theta_0)\| / \|F(x;\theta_0)\|` of the
+  final hidden state (the head's input) on a fixed batch after each of the first
+  ``update_steps`` steps (:func:`experiments.probes.model_update_size`).
 
-and the final validation loss or the divergence step. DeepNorm's constants come from
-``jaxnorm.models.deepnorm_alpha_beta`` and are checked against the paper's formula.
+**Training length (rule).** ``steps`` must take Pre-LN at least :data:`PAST_PLATEAU` (0.5
+nats) below the unigram baseline at every depth; the experiment checks it and a depth where
+Pre-LN did not get there gets no verdict (``n/a``). The ``cpu`` length came from one probe run
+(Pre-LN, 24 layers, the cpu grid's third rate, 40 warm-up steps; ``docs/experiments.md``).
+
+**Fails** means only: diverged, or stalled within ``STALL_NATS`` of the unigram baseline while
+Pre-LN at that depth trained past the plateau.
 """
 
 from __future__ import annotations
@@ -19,13 +27,17 @@ import dataclasses
 import numpy as np
 
 from experiments import claims as claims_lib
+from experiments.exp_warmup import STALL_NATS, _finals, failed, point
+from experiments.registry import read_json
 
 TITLE = "Depth: Post-LN, Pre-LN, Sandwich, DeepNorm (Liu et al. 2020; Wang et al. 2022)"
-RAW_DATA = ('runs.json', 'final.csv')  # files the report links under the claims
+RAW_DATA = ('runs.json', 'final.csv', 'update.json')  # files the report links under the claims
+HEADLINE = ("depth_final.png", "update_vs_depth.png")
 
-WORSE_MARGIN = 0.1       # nats: Post-LN counts as failing if worse than Pre-LN by more than this
 DEEP = 12                # Admin's failing depth
-CONSTANT_RANGE = 2.0     # DeepNorm's early update "roughly constant": max/min over depths <= this
+PAST_PLATEAU = 0.5       # nats below unigram Pre-LN must reach for a depth to be judged
+GROWS = 2.0              # Post-LN's update "grows with depth": deepest/shallowest > this
+CONSTANT_RANGE = 2.0     # DeepNorm's update "roughly constant": deepest/shallowest <= this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,233 +45,281 @@ class Config:
   """Sizes of the depth experiment.
 
   Attributes:
-    depths: numbers of layers.
+    depths: numbers of layers of the training runs.
     positions: norm layouts to compare.
     steps: optimizer updates per run.
-    update_steps: the "early" window in which the model update and norm-input growth are read.
-    lr: peak learning rate.
-    warmup: linear warm-up steps (default: steps // 10).
-    seed: the training seed.
+    seeds: training seeds.
+    lr: peak learning rate if the warm-up grid's telling rate is not available.
+    warmup: linear warm-up steps (the grid's long warm-up).
+    decay_timescale: ``tau`` of the inverse-sqrt decay (the grid's).
+    update_depths: depths of the model-update probe (default: ``depths``).
+    update_steps: the model update is read after each of the first this many steps.
   """
 
-  depths: tuple = (6, 12, 18)
+  depths: tuple = (6, 12, 24)
   positions: tuple = ("post", "pre", "sandwich", "deepnorm")
   steps: int = 150
-  update_steps: int = 8
+  seeds: tuple = (0, 1)
   lr: float = 1e-3
-  warmup: int | None = None
-  seed: int = 0
+  warmup: int = 40
+  decay_timescale: int = 40
+  update_depths: tuple | None = None
+  update_steps: int = 4
+
+  def __post_init__(self):
+    if not self.seeds:
+      raise ValueError("seeds must name at least one seed.")
+    if isinstance(self.update_steps, bool) or not isinstance(self.update_steps, int) or self.update_steps < 1:
+      raise ValueError(f"update_steps must be an int >= 1, got {self.update_steps!r}.")
 
 
-def _warmup(cfg):
-  return cfg.steps // 10 if cfg.warmup is None else cfg.warmup
+def telling_lr(ctx, cfg: Config) -> tuple[float, str]:
+  """The warm-up grid's telling rate from ``<root>/warmup/done.json`` (else ``cfg.lr``) and
+  where it came from."""
+  done = ctx.root / "warmup" / "done.json"
+  if done.exists():
+    return float(read_json(done)["telling_lr"]), "the warm-up grid's telling rate"
+  return float(cfg.lr), "the preset's fallback (the warm-up grid has not run in this folder)"
 
 
 def run(ctx, cfg: Config) -> dict:
   """Runs the depth experiment; returns its summary.
 
-  Trains (or loads from the cache) one LayerNorm model per (layout, depth) with the model update
-  and the norm-input norms logged at every step, checks DeepNorm's constants, and writes
-  ``runs.json``, ``final.csv`` and the plots.
-
-  Args:
-    ctx: the suite's :class:`~experiments.suite.Context`.
-    cfg: the experiment's :class:`Config`.
+  Trains (or loads from the cache) one LayerNorm model per (layout, depth, seed), probes the
+  model update of the first ``update_steps`` steps per (layout, update depth, seed), checks
+  DeepNorm's constants, and writes ``runs.json``, ``final.csv``, ``update.json`` and the plots.
 
   Returns:
-    ``claims`` (:func:`verdicts`), ``files`` (the PNGs), ``seeds``, ``table`` (per run: final val
-    loss, divergence step, the model update after 1 and after ``update_steps`` steps, and the
-    norm-input growth: mean ``E||x||^2/d`` at step ``update_steps`` over step 1),
-    ``deepnorm_constants``, ``model`` and ``warmup_steps``.
+    ``claims`` (:func:`verdicts`), ``files``, ``seeds``, ``lr`` and ``lr_source``, ``schedule``,
+    ``points`` (per ``"<position>/L<depth>"``: seed mean, spread, values, failures),
+    ``update`` (per ``"<position>/L<depth>"``: the per-step update, seed mean and per seed),
+    ``deepnorm_constants``, ``unigram_nats`` and ``model``.
   """
-  runs = {}
-  specs = [(pos, L) for L in cfg.depths for pos in cfg.positions]
-  for pos, L in ctx.iterate(specs, desc="runs"):
+  from experiments import data as data_lib
+  from experiments import probes
+  from experiments.train_config import describe_schedule
+  unigram = data_lib.unigram_entropy_nats(ctx.corpus())
+  lr, lr_source = telling_lr(ctx, cfg)
+  runs, points = {}, {}
+  specs = [(pos, L, seed) for L in cfg.depths for pos in cfg.positions for seed in cfg.seeds]
+  tc = None
+  for pos, L, seed in ctx.iterate(specs, desc="runs"):
     mc = ctx.model_config(n_layers=L, norm_position=pos, norm_type="layer_norm")
-    tc = ctx.train_config(mc, steps=cfg.steps, lr=cfg.lr, warmup=_warmup(cfg), seed=cfg.seed,
-                          log_update_size=True, log_residual_norms=True)
-    r = ctx.train(tc, f"depth-{pos}-L{L}-lr{cfg.lr:g}-w{_warmup(cfg)}")
-    rows = [m for m in r.metrics if "update_size" in m and "event" not in m]
-    upd = [float(m["update_size"]) for m in rows]
-    res = [np.asarray(m["residual_sq_norm"], np.float64) for m in rows if "residual_sq_norm" in m]
-    growth = [float(np.mean(x)) for x in res]
-    runs[f"{pos}/L{L}"] = {
-        "position": pos, "n_layers": L, "run": r.path.name,
-        "final_val_loss": r.summary.get("final_val_loss"), "diverged": r.summary.get("diverged"),
-        "diverged_at": r.summary.get("diverged_at"), "val_curve": r.summary.get("val_curve"),
-        "update_size": upd, "residual_mean": growth,
-        "residual_max": [float(np.max(x)) for x in res],
-        "update_early": upd[min(cfg.update_steps, len(upd)) - 1] if upd else float("nan"),
-    }
+    tc = ctx.train_config(mc, steps=cfg.steps, lr=lr, warmup=cfg.warmup, seed=seed,
+                          decay_timescale=cfg.decay_timescale)
+    r = ctx.train(tc, f"depth-{pos}-L{L}-lr{lr:g}-w{cfg.warmup}-s{seed}")
+    runs.setdefault(f"{pos}/L{L}", []).append({
+        "position": pos, "n_layers": L, "seed": seed, "run": r.path.name,
+        **{k: r.summary.get(k) for k in ("final_val_loss", "diverged", "diverged_at", "val_curve")}})
+  for k, v in runs.items():
+    points[k] = point(v, unigram)
+  update = {}
+  udepths = cfg.update_depths or cfg.depths
+  uspecs = [(pos, L, seed) for L in udepths for pos in cfg.positions for seed in cfg.seeds]
+  for pos, L, seed in ctx.iterate(uspecs, desc="model update"):
+    mc = ctx.model_config(n_layers=L, norm_position=pos, norm_type="layer_norm")
+    utc = ctx.train_config(mc, steps=cfg.steps, lr=lr, warmup=cfg.warmup, seed=seed,
+                           decay_timescale=cfg.decay_timescale)
+    sizes = probes.model_update_size(mc, utc, ctx.corpus(), steps=cfg.update_steps)
+    update.setdefault(f"{pos}/L{L}", {"per_seed": []})["per_seed"].append(sizes)
+  for u in update.values():
+    u["mean"] = np.mean(u["per_seed"], axis=0).tolist()
   from jaxnorm.models import deepnorm_alpha_beta
-  consts = {str(L): deepnorm_alpha_beta(L) for L in cfg.depths}
-  claims = verdicts(runs, consts, cfg)
-  ctx.save_json("runs.json", {"runs": runs, "deepnorm_constants": consts})
-  ctx.save_csv("final.csv", ["position", "L", "final_val_loss", "diverged_at", "update_early"],
-               ([r["position"], r["n_layers"], r["final_val_loss"], r["diverged_at"], r["update_early"]]
-                for r in runs.values()))
-  files = plot(ctx, runs, cfg)
-  table = [{"key": k, "final": r["final_val_loss"], "diverged_at": r["diverged_at"],
-            "update_1": r["update_size"][0] if r["update_size"] else None, "update_early": r["update_early"],
-            "growth": (r["residual_mean"][min(cfg.update_steps, len(r["residual_mean"])) - 1] / r["residual_mean"][0]
-                       if r["residual_mean"] else None)}
-           for k, r in runs.items()]
-  return {"claims": claims, "files": files, "seeds": [cfg.seed], "table": table,
-          "deepnorm_constants": consts, "model": dict(ctx.preset["model"]), "warmup_steps": _warmup(cfg)}
+  consts = {str(L): deepnorm_alpha_beta(L) for L in sorted(set(cfg.depths) | set(udepths))}
+  claims = verdicts(points, update, consts, cfg, unigram)
+  ctx.save_json("runs.json", {"runs": runs, "points": points})
+  ctx.save_json("update.json", update)
+  ctx.save_csv("final.csv", ["position", "L", "seed", "final_val_loss", "diverged_at", "failure"],
+               ([r["position"], r["n_layers"], r["seed"], r["final_val_loss"], r["diverged_at"],
+                 failed(r, unigram) or ""] for v in runs.values() for r in v))
+  files = plot(ctx, runs, points, update, cfg, unigram, lr)
+  return {"claims": claims, "files": files, "seeds": list(cfg.seeds), "lr": lr, "lr_source": lr_source,
+          "schedule": describe_schedule(tc) if tc is not None else "", "points": points, "update": update,
+          "deepnorm_constants": consts, "unigram_nats": unigram, "model": dict(ctx.preset["model"])}
 
 
-def verdicts(runs: dict, consts: dict, cfg: Config) -> list[dict]:
+def verdicts(points: dict, update: dict, consts: dict, cfg: Config, unigram: float) -> list[dict]:
   """The claims of the depth experiment.
 
-  * ``admin_deep_postln_fails``: at a depth ``>= DEEP`` (12), Post-LN fails if it diverges while
-    Pre-LN does not, or if its final val loss exceeds Pre-LN's by more than ``WORSE_MARGIN``
-    (0.1 nats). yes if it fails at every such depth, partly at some, no at none; n/a without such
-    a depth or without both ``"post"`` and ``"pre"``.
-  * ``deepnet_update_constant``: with spread = max/min over depths of the model update after
-    ``update_steps`` steps, yes if DeepNorm's spread is ``<= CONSTANT_RANGE`` (2) and Post-LN's is
-    larger, partly if one of the two, no otherwise; n/a with fewer than 2 depths or without
-    ``"post"`` and ``"deepnorm"``.
+  * ``admin_deep_postln_fails``: judged at each depth ``>= DEEP`` (12) at which Pre-LN ended at
+    least :data:`PAST_PLATEAU` below unigram in every seed; Post-LN *fails* there if it diverged
+    or stalled (within ``STALL_NATS`` of unigram) in every seed. yes at every judged depth,
+    partly at some (or in only some seeds), no at none; n/a if no depth could be judged.
+  * ``deepnet_update_constant``: growth = model update at the deepest over the shallowest
+    update depth (seed means), at each of the first ``update_steps`` steps; yes if at every step
+    Post-LN's growth exceeds :data:`GROWS` (2), DeepNorm's is at most :data:`CONSTANT_RANGE` (2),
+    and Post-LN's smallest per-seed growth exceeds DeepNorm's largest; partly if at some steps;
+    no otherwise; n/a with fewer than 2 depths.
   * ``deepnet_constants``: yes if every ``(alpha, beta)`` is ``((2N)^(1/4), (8N)^(-1/4))`` to 1e-12.
 
-  Args:
-    runs: per-run results of :func:`run`, keyed ``"<position>/L<depth>"``.
-    consts: depth (a string) -> DeepNorm's ``(alpha, beta)``.
-    cfg: the experiment's config.
-
   Returns:
-    Claim dicts with ``id``, ``ours``, ``holds`` and, for most, ``note``.
+    Claim dicts with ``id``, ``criterion``, ``ours`` and ``holds``.
   """
   claims = []
   deep = [L for L in cfg.depths if L >= DEEP]
+  crit = (f"judged at depths >= {DEEP} where Pre-LN ends >= {PAST_PLATEAU} nats below unigram in every seed; "
+          f"Post-LN fails = diverged or within {STALL_NATS} nats of unigram in every seed")
   if "post" in cfg.positions and "pre" in cfg.positions and deep:
-    parts, oks = [], []
+    parts, oks, some = [], [], []
     for L in deep:
-      post, pre = runs[f"post/L{L}"], runs[f"pre/L{L}"]
-      if post["diverged"]:
-        parts.append(f"L={L}: Post-LN diverged at {post['diverged_at']}")
-        oks.append(not pre["diverged"])
+      post, pre = points[f"post/L{L}"], points[f"pre/L{L}"]
+      past = pre["trains"] and max(pre["values"]) <= unigram - PAST_PLATEAU
+      desc = (f"L={L}: Post-LN {post['mean']:.3f} ± {post['spread'] / 2:.3f}"
+              + (f" ({sum(1 for f in post['failures'] if f)} seeds failed)" if any(post["failures"]) else "")
+              + f" vs Pre-LN {pre['mean']:.3f} ± {pre['spread'] / 2:.3f}")
+      if not past:
+        parts.append(desc + " (Pre-LN not past the plateau: not judged)")
         continue
-      pv, qv = float(post["final_val_loss"]), pre["final_val_loss"]
-      qtxt = "diverged" if qv is None else f"{float(qv):.3f}"
-      parts.append(f"L={L}: Post-LN {pv:.3f} vs Pre-LN {qtxt}")
-      oks.append(qv is not None and pv > float(qv) + WORSE_MARGIN)
-    claims.append({"id": "admin_deep_postln_fails", "ours": "final val loss; " + "; ".join(parts),
-                   "holds": claims_lib.verdict(oks),
-                   "note": f"fails = diverges or is worse than Pre-LN by > {WORSE_MARGIN} nats"})
+      parts.append(desc)
+      oks.append(post["fails"])
+      some.append(any(post["failures"]))
+    holds = "n/a" if not oks else ("yes" if all(oks) else ("partly" if any(oks) or any(some) else "no"))
+    claims.append({"id": "admin_deep_postln_fails", "criterion": crit, "ours": "final val loss; " + "; ".join(parts),
+                   "holds": holds})
   else:
-    claims.append({"id": "admin_deep_postln_fails", "ours": f"no depth >= {DEEP} in this preset",
-                   "holds": "n/a"})
-  if len(cfg.depths) >= 2 and "post" in cfg.positions and "deepnorm" in cfg.positions:
-    def spread(pos):
-      v = [runs[f"{pos}/L{L}"]["update_early"] for L in cfg.depths]
-      return v, max(v) / max(min(v), 1e-30)
-    pv, ps = spread("post")
-    dv, ds = spread("deepnorm")
-    ok_deep, ok_rel = ds <= CONSTANT_RANGE, ps > ds
-    claims.append({
-        "id": "deepnet_update_constant",
-        "ours": (f"model update after {cfg.update_steps} steps at L={list(cfg.depths)}: Post-LN "
-                 f"{', '.join(f'{v:.3g}' for v in pv)} (max/min {ps:.2f}); DeepNorm "
-                 f"{', '.join(f'{v:.3g}' for v in dv)} (max/min {ds:.2f})"),
-        "holds": "yes" if ok_deep and ok_rel else ("partly" if ok_deep or ok_rel else "no"),
-        "note": f"yes = DeepNorm max/min <= {CONSTANT_RANGE} and Post-LN's spread larger",
-    })
+    claims.append({"id": "admin_deep_postln_fails", "criterion": crit,
+                   "ours": f"no depth >= {DEEP} with Post-LN and Pre-LN in this preset", "holds": "n/a"})
+  udepths = sorted(cfg.update_depths or cfg.depths)
+  crit = (f"update of the final hidden state at the deepest / shallowest depth ({udepths[0]} -> {udepths[-1]}), "
+          f"per early step: yes if Post-LN's > {GROWS}, DeepNorm's <= {CONSTANT_RANGE} and Post-LN's smallest "
+          "per-seed growth > DeepNorm's largest, at every step")
+  if len(udepths) >= 2 and "post" in cfg.positions and "deepnorm" in cfg.positions:
+    lo, hi = udepths[0], udepths[-1]
+
+    def growth(pos):
+      a, b = update[f"{pos}/L{hi}"], update[f"{pos}/L{lo}"]
+      mean = np.asarray(a["mean"]) / np.asarray(b["mean"])
+      per = np.asarray(a["per_seed"]) / np.asarray(b["per_seed"])
+      return mean, per
+    pg, pper = growth("post")
+    dg, dper = growth("deepnorm")
+    oks = [(pg[s] > GROWS) and (dg[s] <= CONSTANT_RANGE) and (pper[:, s].min() > dper[:, s].max())
+           for s in range(len(pg))]
+    ours = "; ".join(f"step {s + 1}: Post-LN x{pg[s]:.2f} (seeds {', '.join(f'{v:.2f}' for v in pper[:, s])}), "
+                     f"DeepNorm x{dg[s]:.2f} (seeds {', '.join(f'{v:.2f}' for v in dper[:, s])})"
+                     for s in range(len(pg)))
+    last = len(pg) - 1
+    short = (f"growth from L={lo} to L={hi}: step 1 Post-LN x{pg[0]:.2f}, DeepNorm x{dg[0]:.2f}; step {last + 1} "
+             f"Post-LN x{pg[last]:.2f}, DeepNorm x{dg[last]:.2f}; DeepNorm's update at L={hi}, step 1: "
+             f"{update[f'deepnorm/L{hi}']['mean'][0]:.3g} vs Post-LN's {update[f'post/L{hi}']['mean'][0]:.3g}")
+    claims.append({"id": "deepnet_update_constant", "criterion": crit, "short": short,
+                   "ours": f"growth of the update from L={lo} to L={hi}: " + ours,
+                   "holds": claims_lib.verdict(oks)})
   else:
-    claims.append({"id": "deepnet_update_constant", "ours": "needs >= 2 depths with post and deepnorm",
-                   "holds": "n/a"})
+    claims.append({"id": "deepnet_update_constant", "criterion": crit,
+                   "ours": "needs >= 2 depths with post and deepnorm", "holds": "n/a"})
   errs = [abs(a - (2 * int(L)) ** 0.25) + abs(b - (8 * int(L)) ** -0.25) for L, (a, b) in consts.items()]
-  claims.append({"id": "deepnet_constants",
+  claims.append({"id": "deepnet_constants", "criterion": "the constants jaxnorm.models uses equal the formula to 1e-12",
                  "ours": "; ".join(f"N={L}: alpha {a:.4f}, beta {b:.4f}" for L, (a, b) in consts.items()),
-                 "holds": "yes" if max(errs) < 1e-12 else "no",
-                 "note": "constants used by jaxnorm.models (checked against the formula)"})
+                 "holds": "yes" if max(errs) < 1e-12 else "no"})
   return claims
 
 
-def plot(ctx, runs: dict, cfg: Config) -> list[str]:
+def plot(ctx, runs: dict, points: dict, update: dict, cfg: Config, unigram: float, lr: float) -> list[str]:
   """Draws the figures of the depth experiment into its folder.
 
-  ``depth_runs.png``: per run, the model update per step, the mean norm-input ``E||x||^2/d``
-  relative to step 1 (first ``5 * update_steps`` steps) and the validation loss with divergence
-  steps marked; ``update_vs_depth.png``: the update after ``update_steps`` steps against depth.
-
-  Args:
-    ctx: the suite context (saves the figures).
-    runs: per-run results of :func:`run`.
-    cfg: the experiment's config.
+  ``depth_final.png``: final validation loss (seed mean, min-max bars; failures marked) against
+  depth per layout, with the unigram baseline and the "past the plateau" line;
+  ``depth_curves.png``: the validation curves (seed 0 of each run); ``update_vs_depth.png``:
+  the model update of the final hidden state after each of the first steps against depth.
 
   Returns:
     The PNG file names.
   """
   colors = {"post": "C3", "pre": "C0", "sandwich": "C2", "deepnorm": "C4"}
+  files = []
+  fig, ax = ctx.subplots(figsize=(6, 4))
+  for i, pos in enumerate(cfg.positions):
+    x = np.asarray(cfg.depths, np.float64) * (1 + 0.03 * (i - 1.5))
+    m = [points[f"{pos}/L{L}"]["mean"] for L in cfg.depths]
+    lo = [m[j] - min(points[f"{pos}/L{L}"]["values"]) for j, L in enumerate(cfg.depths)]
+    hi = [max(points[f"{pos}/L{L}"]["values"]) - m[j] for j, L in enumerate(cfg.depths)]
+    ax.errorbar(x, m, yerr=[lo, hi], fmt="o-", color=colors[pos], capsize=3, label=pos)
+    for j, L in enumerate(cfg.depths):
+      n = sum(1 for f in points[f"{pos}/L{L}"]["failures"] if f)
+      if n:
+        ax.annotate(f"fail {n}/{len(cfg.seeds)}", (x[j], m[j]), fontsize=7, color=colors[pos],
+                    xytext=(3, 5), textcoords="offset points")
+  ax.axhline(unigram, color="k", ls=":", lw=1, label="unigram")
+  ax.axhline(unigram - PAST_PLATEAU, color="grey", ls="--", lw=0.8, label=f"unigram - {PAST_PLATEAU}")
+  ax.set_xscale("log")
+  ax.set_xticks(list(cfg.depths), [str(L) for L in cfg.depths])
+  ax.minorticks_off()
+  ax.set_xlabel("number of layers")
+  ax.set_ylabel("final validation loss")
+  ax.set_title(f"Depth: final val loss (lr {lr:g}, warm-up {cfg.warmup}, {cfg.steps} steps, "
+               f"{len(cfg.seeds)} seeds)", fontsize=9)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  files.append(ctx.save_figure(fig, "depth_final.png"))
+
   styles = ["-", "--", ":", "-."]
-  fig, axes = ctx.subplots(1, 3, figsize=(16, 4))
+  fig, ax = ctx.subplots(figsize=(6.5, 4))
   for pos in cfg.positions:
     for di, L in enumerate(cfg.depths):
-      r = runs[f"{pos}/L{L}"]
-      ls = styles[di % len(styles)]
-      if r["update_size"]:
-        axes[0].plot(np.arange(1, len(r["update_size"]) + 1), r["update_size"], ls, color=colors[pos], lw=1,
-                     label=f"{pos} L={L}")
-      if r["residual_mean"]:
-        g = np.asarray(r["residual_mean"]) / r["residual_mean"][0]
-        n = min(len(g), 5 * cfg.update_steps)
-        axes[1].plot(np.arange(1, n + 1), g[:n], ls, color=colors[pos], lw=1, label=f"{pos} L={L}")
+      r = runs[f"{pos}/L{L}"][0]
       if r["val_curve"]:
         s, v = zip(*r["val_curve"])
-        axes[2].plot(s, [float(x) for x in v], ls, color=colors[pos], marker="o", ms=2, lw=1, label=f"{pos} L={L}")
+        ax.plot(s, [float(x) for x in v], styles[di % 4], color=colors[pos], marker="o", ms=2, lw=1,
+                label=f"{pos} L={L}")
       if r["diverged"]:
-        axes[2].axvline(r["diverged_at"], color=colors[pos], ls=ls, lw=0.8)
-  axes[0].set_yscale("log")
-  axes[0].set_xscale("log")
-  axes[0].axvline(cfg.update_steps, color="grey", ls=":", lw=1)
-  axes[0].set_title("model update ||f(x; theta_t) - f(x; theta_0)||", fontsize=10)
-  axes[0].set_xlabel("step")
-  axes[1].set_title("mean E||x||^2/d of the norm inputs, relative to step 1", fontsize=10)
-  axes[1].set_xlabel("step")
-  axes[1].set_yscale("log")
-  axes[2].set_title("validation loss (vertical lines: divergence)", fontsize=10)
-  axes[2].set_xlabel("step")
-  for ax in axes:
-    ax.grid(alpha=0.3, which="both")
-  axes[2].legend(fontsize=6, ncol=2)
-  fig.suptitle(f"Depth (LayerNorm, lr {cfg.lr:g}, warm-up {_warmup(cfg)}; line style = depth)", fontsize=10,
-               y=1.03)
-  files = [ctx.save_figure(fig, "depth_runs.png")]
+        ax.axvline(r["diverged_at"], color=colors[pos], ls=styles[di % 4], lw=0.8)
+  ax.axhline(unigram, color="k", ls=":", lw=1)
+  ax.set_ylim(unigram - 1.2, unigram + 1.0)
+  ax.set_title("Validation loss (seed 0; line style = depth)", fontsize=9)
+  ax.set_xlabel("step")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=6, ncol=2)
+  files.append(ctx.save_figure(fig, "depth_curves.png"))
 
-  fig, ax = ctx.subplots(figsize=(6, 4))
-  for pos in cfg.positions:
-    v = [runs[f"{pos}/L{L}"]["update_early"] for L in cfg.depths]
-    ax.plot(cfg.depths, v, "o-", color=colors[pos], label=pos)
-  ax.set_yscale("log")
-  ax.set_xlabel("number of layers N")
-  ax.set_ylabel(f"model update after {cfg.update_steps} steps")
-  ax.set_title("Early model update vs depth (DeepNet: DeepNorm about constant)", fontsize=10)
-  ax.grid(alpha=0.3, which="both")
-  ax.legend(fontsize=8)
+  import matplotlib.ticker
+  udepths = sorted(cfg.update_depths or cfg.depths)
+  fig, axes = ctx.subplots(1, cfg.update_steps, figsize=(3.2 * cfg.update_steps, 3.2), squeeze=False, sharey=True)
+  for s in range(cfg.update_steps):
+    ax = axes[0, s]
+    for pos in cfg.positions:
+      v = [update[f"{pos}/L{L}"]["mean"][s] for L in udepths]
+      ax.plot(udepths, v, "o-", color=colors[pos], label=pos)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(udepths, [str(L) for L in udepths])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_title(f"after step {s + 1}", fontsize=9)
+    ax.set_xlabel("number of layers N")
+    ax.grid(alpha=0.3, which="both")
+  axes[0, 0].set_ylabel("||F(x;θ_t) - F(x;θ_0)|| / ||F(x;θ_0)||")
+  axes[0, 0].legend(fontsize=7)
+  fig.suptitle("DeepNet's model update of the final hidden state over the first steps (seed mean)", fontsize=9)
   files.append(ctx.save_figure(fig, "update_vs_depth.png"))
   return files
 
 
 def report_section(summary: dict, rel: str) -> str:
-  """Markdown section of the depth experiment: the setup, the two plots, the per-run table.
+  """Markdown section of the depth experiment: setup (rate and its source, schedule, length
+  rule), the plots and the per-point table.
 
   The protocol (``summary``, ``rel``, what the report adds) is in :mod:`experiments.report`.
   """
   cfg = summary["config"]
   lines = [
-      f"Setup: LayerNorm byte-level LMs of width {summary['model']['d_model']}, depths {cfg['depths']}, "
-      f"{cfg['steps']} steps of AdamW at peak lr {cfg['lr']:g} with {summary['warmup_steps']} warm-up steps, "
-      f"seed {cfg['seed']}. Admin's failures are 12-18-layer encoder-decoders on WMT14 trained for "
-      "hundreds of thousands of steps; this measures the early phase at a small scale.", "",
-      f"![depth runs]({rel}/depth_runs.png)", "",
+      f"Setup: LayerNorm byte-level LMs of width {summary['model']['d_model']}, depths {cfg['depths']}, seeds "
+      f"{cfg['seeds']}. Peak lr {summary['lr']:g} ({summary['lr_source']}). Schedule of every run: "
+      f"{summary['schedule']}. A depth is judged only where Pre-LN ends >= {PAST_PLATEAU} nats below the unigram "
+      f"baseline ({summary['unigram_nats']:.3f}) in every seed. Admin's failures are 12-18-layer encoder-decoders "
+      "on WMT14 (RAdam, 8000 warm-up steps, lr 1e-3, fp16); this is a small decoder-only model.", "",
+      f"![final loss vs depth]({rel}/depth_final.png)", "",
+      f"![curves]({rel}/depth_curves.png)", "",
       f"![update vs depth]({rel}/update_vs_depth.png)", "",
-      "| layout / depth | final val loss | diverged at | update after 1 step | "
-      f"update after {cfg['update_steps']} steps | norm-input growth (step {cfg['update_steps']} / step 1) |",
-      "|---|---|---|---|---|---|"]
-  for r in summary["table"]:
-    f = "-" if r["final"] is None else f"{float(r['final']):.4f}"
-    u1 = "-" if r["update_1"] is None else f"{float(r['update_1']):.3g}"
-    g = "-" if r["growth"] is None else f"{float(r['growth']):.3g}"
-    lines.append(f"| {r['key']} | {f} | {r['diverged_at'] or '-'} | {u1} | {float(r['update_early']):.3g} | {g} |")
+      "Mean ± half-range over seeds, a failed run counted at the unigram baseline; per seed: each run's own "
+      "final val loss.", "",
+      "| layout / depth | final val loss (mean ± half-range) | per seed | failures |", "|---|---|---|---|"]
+  for k, p in summary["points"].items():
+    fails = ", ".join(f for f in p["failures"] if f) or "-"
+    lines.append(f"| {k} | {p['mean']:.3f} ± {p['spread'] / 2:.3f} | {_finals(p)} | {fails} |")
+  lines += ["", f"Model update of the final hidden state (relative, seed mean) after steps 1..{cfg['update_steps']}:",
+            "", "| layout / depth | " + " | ".join(f"step {s + 1}" for s in range(cfg["update_steps"])) + " |",
+            "|---|" + "---|" * cfg["update_steps"]]
+  for k, u in summary["update"].items():
+    lines.append(f"| {k} | " + " | ".join(f"{v:.3g}" for v in u["mean"]) + " |")
   lines.append("")
   return "\n".join(lines)

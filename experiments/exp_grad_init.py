@@ -9,12 +9,21 @@ Frobenius norm of every layer's weight-matrix gradient (``attn_qkv``, ``attn_out
   it grows with depth for Post-LN and is about 1 for Pre-LN;
 * the slope of :math:`\log \|\partial \mathcal L / \partial W^{2,L}\|` against :math:`\log L`:
   0 for Post-LN, :math:`-1/2` for Pre-LN (:math:`O(d\sqrt{\ln d})` vs :math:`O(d\sqrt{\ln d / L})`);
-* the mean squared entry :math:`E\|x_l\|^2/d` of every norm input (their Lemma 2: for Pre-LN
-  each layer adds between 1/2 and 3/2; Post-LN's norm inputs stay near 3/2).
+* the mean squared entry :math:`E\|x_l\|^2/d` of every norm input, attention and FFN
+  sub-layers reported separately (their Lemma 2: for Pre-LN each FFN sub-layer adds between
+  1/2 and 3/2; Post-LN's FFN norm inputs are near 3/2, its attention norm inputs only bounded
+  in [1, 2]).
 
-The paper's setting is Xavier initialization, and its theory assumes :math:`W^Q = W^K = 0`;
-both are run, and the GPT-2 "small" initialization beside them, because at small scale the
-initialization decides how different Post-LN and Pre-LN look.
+Gradient norms are those of the *expected* gradient, :math:`\|E_\text{batch}\, g\|` (the
+norm of the batch-mean gradient, as in Theorem 1), per seed, then averaged over seeds.
+
+The paper's setting is Xavier initialization; its theory (Lemmas 1-2, Theorem 1) further
+assumes ReLU, :math:`d_\text{ff} = d`, :math:`W^Q = W^K = 0` and a unit-variance input. That
+*theory-faithful variant* (``theory``: ``activation="relu"``, ``d_ff = d_model``,
+``qk_zero_init=True``, ``embed_scale = 2 ** -0.5`` so that token plus position embedding has
+unit variance) is where the lemma checks are read; the GPT-2 "small" initialization is shown
+beside them, because at small scale the initialization decides how different Post-LN and
+Pre-LN look.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from experiments import claims as claims_lib
 
 TITLE = "Gradient norms at initialization (Xiong et al. 2020, Fig. 3 / Theorem 1)"
 RAW_DATA = ('data.json', 'grad_norms.csv')  # files the report links under the claims
+HEADLINE = ("depth_scaling_and_residuals.png",)  # figures of the report's first screen
 
 GROUPS = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")
 # Verdict criteria (the same for every preset).
@@ -35,7 +45,8 @@ FLAT_RANGE = (0.5, 2.0)      # Pre-LN's last/first ratio counts as flat inside t
 SLOPE_PRE = (-0.75, -0.25)   # accepted log-log slope of Pre-LN's last-layer gradient vs L
 SLOPE_POST_ABS = 0.25        # |slope| of Post-LN's counts as "independent of L"
 LEMMA2_INCREMENT = (0.5, 1.5)
-POST_LEVEL = (1.25, 1.75)    # "about 3/2"
+POST_LEVEL = (1.25, 1.75)    # "about 3/2" (Post-LN FFN norm inputs)
+ATTN_LEVEL = (1.0, 2.0)      # Post-LN attention norm inputs with W^Q = W^K = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +59,8 @@ class Config:
     n_batches: batches per seed.
     norm_types: ``"layer_norm"`` and/or ``"rms_norm"`` for the main grid.
     small_init: also run GPT-2's small init (LayerNorm) at ``variant_depths``.
-    qk_zero: also run the theory setting W^Q = W^K = 0 (Xavier, LayerNorm) at ``variant_depths``.
+    theory: also run the theory-faithful variant (ReLU, d_ff = d, W^Q = W^K = 0, unit-variance
+      input; Xavier, LayerNorm) at ``variant_depths``; the lemma checks are read there.
     variant_depths: depths of the small-init and W^Q = W^K = 0 runs (default: ``depths``).
   """
 
@@ -57,7 +69,7 @@ class Config:
   n_batches: int = 2
   norm_types: tuple = ("layer_norm", "rms_norm")
   small_init: bool = True
-  qk_zero: bool = True
+  theory: bool = True
   variant_depths: tuple | None = None
 
 
@@ -70,7 +82,7 @@ def settings(cfg: Config) -> list[dict]:
         out.append({"setting": "xavier", "norm_position": pos, "norm_type": norm, "n_layers": L,
                     "init": "xavier", "qk_zero_init": False})
   vdepths = cfg.variant_depths or cfg.depths
-  for name, flag, init, qk in (("qk_zero", cfg.qk_zero, "xavier", True),
+  for name, flag, init, qk in (("theory", cfg.theory, "xavier", True),
                                ("small", cfg.small_init, "small", False)):
     if not flag:
       continue
@@ -78,6 +90,15 @@ def settings(cfg: Config) -> list[dict]:
       for pos in ("post", "pre"):
         out.append({"setting": name, "norm_position": pos, "norm_type": "layer_norm", "n_layers": L,
                     "init": init, "qk_zero_init": qk})
+  return out
+
+
+def model_fields(s: dict, d_model: int) -> dict:
+  """The :class:`~jaxnorm.models.TransformerConfig` fields of a :func:`settings` entry."""
+  out = {"norm_position": s["norm_position"], "norm_type": s["norm_type"], "n_layers": s["n_layers"],
+         "init": s["init"], "qk_zero_init": s["qk_zero_init"]}
+  if s["setting"] == "theory":
+    out.update(activation="relu", d_ff=d_model, embed_scale=2 ** -0.5)
   return out
 
 
@@ -93,8 +114,7 @@ def measure(ctx, cfg: Config) -> dict:
   tcfg = ctx.preset["train"]
   results = {}
   for s in ctx.iterate(settings(cfg), desc="settings"):
-    mc = ctx.model_config(norm_position=s["norm_position"], norm_type=s["norm_type"],
-                          n_layers=s["n_layers"], init=s["init"], qk_zero_init=s["qk_zero_init"])
+    mc = ctx.model_config(**model_fields(s, ctx.preset["model"]["d_model"]))
     per_seed = [probes.grad_norms_at_init(mc, corpus, batch_size=tcfg["batch_size"],
                                              seq_len=tcfg["seq_len"], seed=seed,
                                              n_batches=cfg.n_batches)
@@ -140,14 +160,22 @@ def analyse(results: dict, cfg: Config) -> dict:
       # entry 2l, the output of the last layer the final norm's input (entry 2L).
       layer_inputs = np.concatenate([e[0:2 * L:2], e[2 * L:2 * L + 1]])
       inc = np.diff(layer_inputs)
+      attn_inc = e[1:2 * L:2] - e[0:2 * L:2]        # added by each attention sub-layer
+      n = min(L, (len(e) - 1) // 2)                 # FFN sub-layers followed by a norm input
+      ffn_inc = e[2:2 * n + 1:2] - e[1:2 * n:2]     # added by each FFN sub-layer
       out["residual"][k] = {"layer_inputs": layer_inputs.tolist(), "increments": inc.tolist(),
                             "mean_increment": float(inc.mean()),
-                            "frac_in_bounds": float(np.mean((inc >= LEMMA2_INCREMENT[0]) &
-                                                            (inc <= LEMMA2_INCREMENT[1])))}
+                            "attn_increments": attn_inc.tolist(), "ffn_increments": ffn_inc.tolist(),
+                            "mean_attn_increment": float(attn_inc.mean()),
+                            "mean_ffn_increment": float(ffn_inc.mean()),
+                            "frac_in_bounds": float(np.mean((ffn_inc >= LEMMA2_INCREMENT[0]) &
+                                                            (ffn_inc <= LEMMA2_INCREMENT[1])))}
     elif r["norm_position"] == "post":
-      rest = e[1:]  # the first norm input is embedding + sub-layer, not a normalized stream
-      out["residual"][k] = {"mean": float(rest.mean()), "min": float(rest.min()),
-                            "max": float(rest.max())}
+      attn, ffn = e[0::2], e[1::2]  # inputs of the attention and of the FFN norms
+      out["residual"][k] = {"mean": float(e.mean()), "min": float(e.min()), "max": float(e.max()),
+                            "attn_inputs": attn.tolist(), "ffn_inputs": ffn.tolist(),
+                            "attn_mean": float(attn.mean()), "attn_min": float(attn.min()),
+                            "attn_max": float(attn.max()), "ffn_mean": float(ffn.mean())}
   return out
 
 
@@ -168,10 +196,12 @@ def verdicts(results: dict, an: dict, cfg: Config) -> list[dict]:
     norm against L, checked per norm type: Pre-LN's in ``SLOPE_PRE`` [-0.75, -0.25], Post-LN's
     of absolute value ``<= SLOPE_POST_ABS`` (0.25); yes if all checks pass, partly if some, no if
     none; n/a with one depth.
-  * ``xiong_lemma2_preln``: Pre-LN's (LayerNorm; W^Q = W^K = 0 if run, else Xavier) mean
-    per-layer increase of ``E||x_l||^2/d`` in ``LEMMA2_INCREMENT`` [0.5, 1.5].
-  * ``xiong_lemma_postln``: the mean ``E||x||^2/d`` of Post-LN's norm inputs (same setting) in
-    ``POST_LEVEL`` [1.25, 1.75].
+  * ``xiong_lemma2_preln``: Pre-LN's (LayerNorm; the theory variant if run, else Xavier) mean
+    increase of ``E||x||^2/d`` across an FFN sub-layer in ``LEMMA2_INCREMENT`` [0.5, 1.5] at
+    every variant depth (the attention sub-layers' increase is reported beside it).
+  * ``xiong_lemma_postln``: the mean ``E||x||^2/d`` of Post-LN's FFN norm inputs (same setting)
+    in ``POST_LEVEL`` [1.25, 1.75] and every attention norm input in ``ATTN_LEVEL`` [1, 2]
+    (± 0.05): yes if both at every depth, partly if either somewhere, no otherwise.
   * ``init_changes_picture`` (with ``small_init``): the ratios under Xavier and small init, an
     observation (``"obs"``) without verdict.
 
@@ -218,27 +248,32 @@ def verdicts(results: dict, an: dict, cfg: Config) -> list[dict]:
     })
   else:
     claims.append({"id": "xiong_grad_depth_scaling", "ours": "one depth only", "holds": "n/a"})
-  # Lemma 2 (Pre-LN residual growth); prefer the theory setting.
-  setting = "qk_zero" if cfg.qk_zero else "xavier"
-  vdepths = (cfg.variant_depths or cfg.depths) if setting == "qk_zero" else cfg.depths
-  incs = {L: an["residual"][f"{setting}/pre/layer_norm/L{L}"]["mean_increment"] for L in vdepths}
-  fr = {L: an["residual"][f"{setting}/pre/layer_norm/L{L}"]["frac_in_bounds"] for L in vdepths}
-  inside = [LEMMA2_INCREMENT[0] <= v <= LEMMA2_INCREMENT[1] for v in incs.values()]
+  # Lemma 2 (Pre-LN residual growth) and the Post-LN levels, in the theory-faithful variant.
+  setting = "theory" if cfg.theory else "xavier"
+  vdepths = (cfg.variant_depths or cfg.depths) if setting == "theory" else cfg.depths
+  res = {L: an["residual"][f"{setting}/pre/layer_norm/L{L}"] for L in vdepths}
+  inside = [LEMMA2_INCREMENT[0] <= r["mean_ffn_increment"] <= LEMMA2_INCREMENT[1] for r in res.values()]
   claims.append({
       "id": "xiong_lemma2_preln",
-      "ours": f"mean increase of E||x_l||^2/d per layer ({setting.replace('_', ' ')}, LN): "
-              + ", ".join(f"L={L}: {v:.2f} ({100 * fr[L]:.0f}% of layers in bounds)" for L, v in incs.items()),
+      "criterion": f"{setting} variant, LayerNorm: the mean increase of E||x||^2/d across an FFN sub-layer is in "
+                   f"{list(LEMMA2_INCREMENT)} at every depth (attention sub-layers reported beside it)",
+      "ours": "per FFN sub-layer: " + ", ".join(
+          f"L={L}: {r['mean_ffn_increment']:.2f} ({100 * r['frac_in_bounds']:.0f}% of layers in bounds)"
+          for L, r in res.items())
+      + "; per attention sub-layer: " + ", ".join(f"L={L}: {r['mean_attn_increment']:.2f}" for L, r in res.items()),
       "holds": claims_lib.verdict(inside),
   })
-  # Post-LN level.
-  means = {L: an["residual"][f"{setting}/post/layer_norm/L{L}"]["mean"] for L in vdepths}
-  inside = [POST_LEVEL[0] <= v <= POST_LEVEL[1] for v in means.values()]
+  post = {L: an["residual"][f"{setting}/post/layer_norm/L{L}"] for L in vdepths}
+  ffn_ok = [POST_LEVEL[0] <= r["ffn_mean"] <= POST_LEVEL[1] for r in post.values()]
+  attn_ok = [ATTN_LEVEL[0] - 0.05 <= r["attn_min"] and r["attn_max"] <= ATTN_LEVEL[1] + 0.05 for r in post.values()]
   claims.append({
       "id": "xiong_lemma_postln",
-      "ours": f"mean E||x||^2/d of Post-LN norm inputs ({setting.replace('_', ' ')}, LN): "
-              + ", ".join(f"L={L}: {v:.2f}" for L, v in means.items()),
-      "holds": claims_lib.verdict(inside),
-      "note": f"'about 3/2' = within {list(POST_LEVEL)}",
+      "criterion": f"{setting} variant, LayerNorm: the mean E||x||^2/d of Post-LN's FFN norm inputs is in "
+                   f"{list(POST_LEVEL)} and every attention norm input in {list(ATTN_LEVEL)} (± 0.05) at every depth",
+      "ours": "FFN norm inputs: " + ", ".join(f"L={L}: {r['ffn_mean']:.2f}" for L, r in post.items())
+      + "; attention norm inputs: " + ", ".join(f"L={L}: {r['attn_min']:.2f}-{r['attn_max']:.2f}"
+                                                 for L, r in post.items()),
+      "holds": "yes" if all(ffn_ok) and all(attn_ok) else ("partly" if any(ffn_ok) or any(attn_ok) else "no"),
   })
   # Init comparison.
   if cfg.small_init:
@@ -298,7 +333,7 @@ def plot(ctx, results: dict, an: dict, cfg: Config) -> list[str]:
 
   # Init comparison at the variant depths.
   vdepths = cfg.variant_depths or cfg.depths
-  variants = [("xavier", "Xavier"), *((("qk_zero", "Xavier, W^Q=W^K=0"),) if cfg.qk_zero else ()),
+  variants = [("xavier", "Xavier"), *((("theory", "theory variant"),) if cfg.theory else ()),
               *((("small", "GPT-2 small init"),) if cfg.small_init else ())]
   if len(variants) > 1:
     fig, axes = ctx.subplots(1, len(vdepths), figsize=(4.5 * len(vdepths), 3.4), squeeze=False)
@@ -341,8 +376,8 @@ def plot(ctx, results: dict, an: dict, cfg: Config) -> list[str]:
   ax.set_title("Depth scaling of the last layer's gradient (Theorem 1)", fontsize=10)
   ax.grid(alpha=0.3, which="both")
   ax = axes[1]
-  setting = "qk_zero" if cfg.qk_zero else "xavier"
-  Lmax = max(vdepths if setting == "qk_zero" else cfg.depths)
+  setting = "theory" if cfg.theory else "xavier"
+  Lmax = max(vdepths if setting == "theory" else cfg.depths)
   pre = an["residual"].get(f"{setting}/pre/layer_norm/L{Lmax}")
   if pre:
     li = np.asarray(pre["layer_inputs"])
@@ -353,7 +388,8 @@ def plot(ctx, results: dict, an: dict, cfg: Config) -> list[str]:
   post = results.get(f"{setting}/post/layer_norm/L{Lmax}")
   if post:
     e = np.asarray(post["residual_sq_norm"])
-    ax.plot(np.arange(len(e)) / 2, e, "s-", color="C3", ms=3, label="Post-LN: every norm input")
+    ax.plot(np.arange(0, len(e), 2) / 2, e[0::2], "s-", color="C1", ms=3, label="Post-LN: attention norm inputs")
+    ax.plot(np.arange(1, len(e), 2) / 2, e[1::2], "s-", color="C3", ms=3, label="Post-LN: FFN norm inputs")
     ax.axhline(1.5, color="C3", ls=":", lw=1, label="3/2")
   ax.set_xlabel("layer l (Post-LN: two norm inputs per layer)")
   ax.set_ylabel("E||x||^2 / d")

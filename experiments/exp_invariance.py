@@ -53,7 +53,8 @@ class Config:
     n_points: points of the ``a`` (and ``c``) grid, log-spaced over 1e-3..1e3.
     seeds: random inputs; errors are maxima over seeds.
     train_steps: steps of the Pre-LN LayerNorm/RMSNorm training runs whose gradient norms are
-      compared (the same runs as the warm-up experiment's lr 1e-3, no warm-up baseline).
+      compared (lr 1e-3, no warm-up, the preset's decay timescale; not a point of the
+      warm-up grid, whose rates are multiples of 1 / d_model).
     n_layers: depth of those models.
   """
 

@@ -1,10 +1,30 @@
-r"""Experiment 2: warm-up and learning-rate sensitivity (Xiong et al. 2020, Sec. 3-4).
+r"""Experiment 2: a learning-rate x warm-up grid (Xiong et al. 2020, Sec. 3.2 and Fig. 2).
 
-Post-LN and Pre-LN models trained with Adam(0.9, 0.98) and the inverse-square-root schedule at
-the peak learning rates of the preset, each without and with a linear warm-up; RMSNorm variants
-and GPT-2's small initialization at the largest learning rate without warm-up (the case the
-paper says fails). Reported: validation-loss curves, the final validation loss or the step of
-divergence, and the step at which Pre-LN reaches Post-LN's final validation loss.
+Post-LN and Pre-LN LayerNorm models trained with AdamW(0.9, 0.98) and the inverse-square-root
+schedule, at every peak learning rate of the grid and every warm-up length in {none, short,
+long}, for several seeds; RMSNorm at the grid's telling rate, and GPT-2's small init at that
+rate without warm-up. Every run of the grid decays on the same timescale ``tau``
+(``decay_timescale``), so with/without warm-up runs differ only in the warm-up.
+
+**The learning-rate range (fixed before any verdict is read).** With Adam every step moves each
+weight by about the learning rate, so a :math:`d \times d` matrix's output moves by about
+:math:`\eta\, d` relative to its size. The grid is therefore set in units of :math:`1/d`:
+``lr = c / d_model`` for ``c`` in ``lr_times_d``, geometric, spanning 1.5 decades
+(:data:`LR_TIMES_D`: 0.0632, 0.2, 0.632, 2). The top, ``c = 2``, comes from a probe (6 layers,
+width 64, 150 steps, no warm-up, seed 0, recorded in ``docs/experiments.md``): Pre-LN reached
+validation loss 2.316 at ``c = 1`` and 2.545 at ``c = 2``, i.e. ``c = 2`` is the smallest power
+of two at which Pre-LN itself degrades; the bottom ``c = 2 / 10^1.5`` is the low-rate regime in
+which Xiong et al. (Sec. 3.4) say Post-LN trains without warm-up. The report checks both ends
+(every layout trains at the bottom; Pre-LN is worse at the top than at its best rate).
+
+**Failure.** A run *fails* if it diverges (NaN/Inf or a loss above ``divergence_loss``) or ends
+*stalled*: final validation loss within :data:`STALL_NATS` (0.1 nats) of the unigram baseline.
+
+**The telling rate (rule fixed before any verdict is read).** Among the grid rates at which
+Pre-LN without warm-up trains in every seed, the one with the largest seed-mean gap "Post-LN
+without warm-up minus Post-LN with the long warm-up" in final validation loss (a failed run
+counts at the unigram baseline); ties go to the smaller rate. RMSNorm, the small init and the
+depth experiment run at it.
 """
 
 from __future__ import annotations
@@ -14,62 +34,184 @@ import dataclasses
 import numpy as np
 
 from experiments import claims as claims_lib
-from experiments.context import run_label, train_run
+from experiments.context import train_run
 
-TITLE = "Warm-up and learning-rate sensitivity (Xiong et al. 2020, Sec. 3-4)"
+TITLE = "Warm-up x learning-rate grid (Xiong et al. 2020, Sec. 3.2 / Fig. 2)"
 RAW_DATA = ('runs.json', 'final.csv')  # files the report links under the claims
+HEADLINE = ("heatmap.png",)             # figures of the report's first screen
 
-MARGIN = 0.05      # nats: a smaller difference of final validation losses counts as "the same"
+LR_TIMES_D = (0.0632, 0.2, 0.632, 2.0)  # peak lr x d_model: 1.5 decades (see the module docstring)
+STALL_NATS = 0.1   # a final val loss within this of the unigram baseline counts as stalled
+MARGIN = 0.05      # nats: a smaller difference of seed means counts as "the same"
 FASTER = 0.9       # Pre-LN is "faster" if it needs <= this fraction of Post-LN's steps
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """Sizes of the warm-up experiment.
+  """Sizes of the warm-up grid.
 
   Attributes:
     n_layers: depth of every model.
     steps: optimizer updates per run.
-    lrs: peak learning rates.
-    warmup: linear warm-up steps of the "with warm-up" runs.
-    norm_types: ``"layer_norm"`` gets the full grid; ``"rms_norm"`` runs Post/Pre at the largest
-      learning rate without warm-up.
-    small_init: also run GPT-2's small init (LayerNorm, largest lr, no warm-up).
-    seed: the training seed.
+    lr_times_d: peak learning rates in units of ``1 / d_model`` (see the module docstring).
+    warmups: warm-up lengths ``(none, short, long)``; the first must be 0.
+    decay_timescale: ``tau`` of the inverse-sqrt decay, the same for every run of the grid.
+    seeds: training seeds (every grid point runs each).
+    rms_norm: also run RMSNorm (Post/Pre, no and long warm-up) at the telling rate.
+    small_init: also run GPT-2's small init (Post/Pre, no warm-up) at the telling rate.
   """
 
   n_layers: int = 6
-  steps: int = 300
-  lrs: tuple = (5e-4, 1e-3)
-  warmup: int = 60
-  norm_types: tuple = ("layer_norm", "rms_norm")
+  steps: int = 120
+  lr_times_d: tuple = LR_TIMES_D
+  warmups: tuple = (0, 10, 40)
+  decay_timescale: int = 40
+  seeds: tuple = (0, 1)
+  rms_norm: bool = True
   small_init: bool = True
-  seed: int = 0
+
+  def __post_init__(self):
+    if len(self.warmups) != 3 or self.warmups[0] != 0 or not self.warmups[1] < self.warmups[2]:
+      raise ValueError(f"warmups must be (0, short, long) with short < long, got {self.warmups!r}.")
+    if not self.seeds:
+      raise ValueError("seeds must name at least one seed.")
 
 
-def run_specs(cfg: Config) -> list[dict]:
-  """The runs of the warm-up experiment, as specs for :func:`~experiments.context.train_run`.
+def grid_lrs(cfg: Config, d_model: int) -> list[float]:
+  r"""The peak learning rates of the grid: :math:`\eta_k = c_k / d` (rounded to 4 digits)."""
+  return [float(f"{c / d_model:.4g}") for c in cfg.lr_times_d]
 
-  LayerNorm with Xavier init: Post-LN and Pre-LN at every learning rate, each with warm-up 0 and
-  ``cfg.warmup``; at the largest learning rate without warm-up, Post-LN and Pre-LN also with
-  RMSNorm (if ``"rms_norm"`` is in ``cfg.norm_types``) and with small init (if ``cfg.small_init``).
+
+def _spec(pos, lr, w, norm="layer_norm", init="xavier"):
+  return {"norm_position": pos, "norm_type": norm, "init": init, "lr": lr, "warmup": w}
+
+
+def failed(run: dict, unigram: float) -> str | None:
+  """``"diverged"``, ``"stalled"`` (final val loss > unigram - :data:`STALL_NATS`) or ``None``."""
+  if run["diverged"] or run["final_val_loss"] is None:
+    return "diverged"
+  if float(run["final_val_loss"]) > unigram - STALL_NATS:
+    return "stalled"
+  return None
+
+
+def point(runs_by_seed: list[dict], unigram: float) -> dict:
+  """Seed statistics of one grid point: mean and spread (max - min) of the final val loss
+  (a failed run counts at the unigram baseline), the failures, ``trains`` (no seed failed) and
+  ``fails`` (every seed failed); ``finals`` keeps each seed's own final val loss (``None`` if
+  it diverged) for display."""
+  fails = [failed(r, unigram) for r in runs_by_seed]
+  vals = np.array([unigram if f else float(r["final_val_loss"]) for r, f in zip(runs_by_seed, fails)])
+  finals = [None if r["final_val_loss"] is None else float(r["final_val_loss"]) for r in runs_by_seed]
+  return {"mean": float(vals.mean()), "spread": float(vals.max() - vals.min()), "values": vals.tolist(),
+          "finals": finals, "failures": fails, "trains": not any(fails), "fails": all(fails)}
+
+
+def _finals(p: dict) -> str:
+  return ", ".join("diverged" if v is None else f"{v:.3f}" for v in p.get("finals", p["values"]))
+
+
+def telling_rate(grid: dict, lrs: list[float], long_w: int) -> float:
+  """The telling rate of the module docstring's rule, from the LayerNorm grid points."""
+  best, best_gap = None, -np.inf
+  for lr in lrs:
+    if not grid[("pre", lr, 0)]["trains"]:
+      continue
+    gap = grid[("post", lr, 0)]["mean"] - grid[("post", lr, long_w)]["mean"]
+    if gap > best_gap + 1e-12:
+      best, best_gap = lr, gap
+  return best if best is not None else lrs[0]
+
+
+def _desc(p: dict) -> str:
+  fails = [f for f in p["failures"] if f]
+  tail = f"; {len(fails)}/{len(p['failures'])} seeds {'/'.join(sorted(set(fails)))}" if fails else ""
+  return f"{p['mean']:.3f} ± {p['spread'] / 2:.3f}{tail}"
+
+
+def verdicts(grid: dict, lrs: list[float], cfg: Config, unigram: float) -> tuple[list[dict], dict]:
+  """The claims of the grid (LayerNorm, Xavier). ``grid[(pos, lr, warmup)]`` is a :func:`point`.
+
+  A difference of two seed means *holds* only where it exceeds both :data:`MARGIN` and the sum
+  of their half-spreads (max - min over seeds, halved). ``short``/``long`` are ``cfg.warmups[1:]``.
+
+  * ``xiong_postln_needs_warmup``: yes if at some rate Post-LN without warm-up fails in every
+    seed while Post-LN with a warm-up and Pre-LN without one train in every seed; partly if
+    instead at some rate Post-LN without warm-up fails in some seed, or is worse than with the
+    long warm-up by a holding difference, while Pre-LN without warm-up trains; no otherwise.
+  * ``xiong_postln_lr_sensitive``: the largest rate each layout survives (trains in every
+    seed), per warm-up length; yes if with the short warm-up Post-LN survives a smaller largest
+    rate than Pre-LN, no otherwise.
+  * ``xiong_preln_no_warmup``: at each rate where Post-LN with the long warm-up trains, Pre-LN
+    without warm-up is not worse than it by a holding difference; yes at every such rate,
+    partly at some, no at none.
+  * ``xiong_preln_faster``: Pre-LN without warm-up at its best rate against Post-LN with the
+    long warm-up at its best rate (lowest seed mean): the first evaluation at which Pre-LN's
+    seed-mean curve reaches Post-LN's final seed-mean loss, over the first at which Post-LN's
+    does; yes if that fraction is ``<= FASTER`` (0.9), no otherwise.
 
   Returns:
-    Dicts with ``norm_position``, ``norm_type``, ``init``, ``lr`` and ``warmup``.
+    ``(claims, extra)``: claim dicts (``id``, ``criterion``, ``ours``, ``holds``) and
+    ``extra`` with ``max_surviving`` ``{pos: {warmup: lr or None}}``.
+
+  (``xiong_postln_lr_sensitive`` is "no", not "yes", when Post-LN survives no rate at all.)
   """
-  specs = []
-  for lr in cfg.lrs:
-    for pos in ("post", "pre"):
-      for w in (0, cfg.warmup):
-        specs.append({"norm_position": pos, "norm_type": "layer_norm", "init": "xavier", "lr": lr, "warmup": w})
-  top = max(cfg.lrs)
-  if "rms_norm" in cfg.norm_types:
-    for pos in ("post", "pre"):
-      specs.append({"norm_position": pos, "norm_type": "rms_norm", "init": "xavier", "lr": top, "warmup": 0})
-  if cfg.small_init:
-    for pos in ("post", "pre"):
-      specs.append({"norm_position": pos, "norm_type": "layer_norm", "init": "small", "lr": top, "warmup": 0})
-  return specs
+  short, long_ = cfg.warmups[1], cfg.warmups[2]
+
+  def holds_worse(a, b):  # point a worse than point b, beyond margin and seed spread
+    return a["mean"] - b["mean"] > max(MARGIN, (a["spread"] + b["spread"]) / 2)
+
+  claims = []
+  # Post-LN needs warm-up.
+  strict, soft, parts, shorts = [], [], [], []
+  for lr in lrs:
+    p0, pre0 = grid[("post", lr, 0)], grid[("pre", lr, 0)]
+    warm = [grid[("post", lr, w)] for w in (short, long_)]
+    strict.append(p0["fails"] and pre0["trains"] and any(w["trains"] for w in warm))
+    soft.append(pre0["trains"] and (any(p0["failures"]) or holds_worse(p0, grid[("post", lr, long_)])))
+    parts.append(f"lr {lr:g}: Post-LN {_desc(p0)} without, {_desc(grid[('post', lr, long_)])} with "
+                 f"warm-up {long_}; Pre-LN without {_desc(pre0)}")
+    if strict[-1] or soft[-1]:
+      shorts.append(parts[-1])
+  claims.append({
+      "id": "xiong_postln_needs_warmup",
+      "criterion": "yes if at some rate Post-LN without warm-up fails (diverges or ends within "
+                   f"{STALL_NATS} nats of unigram) in every seed while Post-LN with warm-up and Pre-LN "
+                   "without train; partly if it only fails in some seeds or is worse beyond the seed spread",
+      "ours": "; ".join(parts),
+      "short": "; ".join(shorts) or "at no rate",
+      "holds": "yes" if any(strict) else ("partly" if any(soft) else "no")})
+  # Sensitivity to the peak rate: the largest surviving rate.
+  surv = {pos: {w: max([lr for lr in lrs if grid[(pos, lr, w)]["trains"]], default=None)
+                for w in cfg.warmups} for pos in ("post", "pre")}
+
+  def fmt(x):
+    return "none" if x is None else f"{x:g}"
+  sp, sr = surv["post"][short], surv["pre"][short]
+  ok = sr is not None and sp is not None and sp < sr  # a Post-LN that never trains is not "sensitive"
+  claims.append({
+      "id": "xiong_postln_lr_sensitive",
+      "criterion": "the largest grid rate each layout survives in every seed, per warm-up; yes if with "
+                   f"the short warm-up ({short} steps) Post-LN's is smaller than Pre-LN's",
+      "ours": "largest surviving rate, Post-LN vs Pre-LN: " + "; ".join(
+          f"warm-up {w}: {fmt(surv['post'][w])} vs {fmt(surv['pre'][w])}" for w in cfg.warmups),
+      "holds": "yes" if ok else "no"})
+  # Pre-LN without warm-up vs Post-LN with warm-up.
+  parts, oks = [], []
+  for lr in lrs:
+    post_w = grid[("post", lr, long_)]
+    if not post_w["trains"]:
+      continue
+    pre0 = grid[("pre", lr, 0)]
+    oks.append(not holds_worse(pre0, post_w))
+    parts.append(f"lr {lr:g}: {_desc(pre0)} vs {_desc(post_w)}")
+  claims.append({
+      "id": "xiong_preln_no_warmup",
+      "criterion": f"at each rate where Post-LN with warm-up {long_} trains, Pre-LN without warm-up is not "
+                   f"worse by more than max({MARGIN} nats, the seed spread); yes/partly/no = all/some/none",
+      "ours": "Pre-LN without vs Post-LN with warm-up: " + ("; ".join(parts) or "Post-LN never trained"),
+      "holds": claims_lib.verdict(oks) if oks else "no"})
+  return claims, {"max_surviving": {p: {str(w): v for w, v in d.items()} for p, d in surv.items()}}
 
 
 def steps_to_reach(val_steps, val, target):
@@ -80,233 +222,235 @@ def steps_to_reach(val_steps, val, target):
   return None
 
 
-def _final(r):
-  v = r["final_val_loss"]
-  return float("nan") if v is None else float(v)
+def _mean_curve(runs_by_seed):
+  curves = [r["val_curve"] for r in runs_by_seed if r["val_curve"] and not r["diverged"]]
+  if not curves or len(curves) < len(runs_by_seed):
+    return None
+  n = min(len(c) for c in curves)
+  steps = [s for s, _ in curves[0][:n]]
+  vals = np.mean([[float(v) for _, v in c[:n]] for c in curves], axis=0)
+  return steps, vals
 
 
-def verdicts(runs: dict, cfg: Config) -> tuple[list[dict], dict]:
-  """The claims of the warm-up experiment (LayerNorm, Xavier runs).
-
-  Run a is *worse* than run b if a diverges and b does not, or neither diverges and a's final val
-  loss exceeds b's by more than ``MARGIN`` (0.05 nats). W is ``cfg.warmup``.
-
-  * ``xiong_postln_needs_warmup``: Post-LN without warm-up is worse than with W steps: yes at
-    every learning rate, partly at some, no at none.
-  * ``xiong_postln_lr_sensitive``: with warm-up, Post-LN at the largest learning rate is worse
-    than at the smallest: yes or no; n/a with one learning rate.
-  * ``xiong_preln_no_warmup``: Pre-LN without warm-up is not worse than with: yes / partly / no
-    as above.
-  * ``xiong_preln_faster``: per learning rate at which Post-LN with warm-up did not diverge, the
-    first eval step at which Pre-LN without warm-up reaches Post-LN's final val loss, over the
-    step at which Post-LN first reaches it; passes if ``<= FASTER`` (0.9), fails if Pre-LN never
-    reaches it. yes if some learning rate was judged and all passed, partly if some passed, no
-    otherwise. Its note keeps an ``{eval_every}`` placeholder that :func:`run` fills in.
-
-  Args:
-    runs: per-run results keyed by :func:`~experiments.context.run_label` (``final_val_loss``, ``diverged``,
-      ``diverged_at``, ``val_curve``).
-    cfg: the experiment's config.
-
-  Returns:
-    ``(claims, extra)``: claim dicts with ``id``, ``ours``, ``holds`` and, for most, ``note``;
-    ``extra["preln_speed"]`` maps ``str(lr)`` to ``target``, ``pre_steps``, ``post_steps`` and
-    ``fraction``.
-  """
-  def get(pos, lr, w, norm="layer_norm", init="xavier"):
-    return runs[run_label({"norm_position": pos, "norm_type": norm, "init": init, "lr": lr, "warmup": w}, cfg.n_layers)]
-
-  def worse(a, b):  # run a is worse than run b
-    if a["diverged"] and not b["diverged"]:
-      return True
-    return (not a["diverged"]) and (not b["diverged"]) and _final(a) > _final(b) + MARGIN
-
-  def desc(r):
-    return f"diverged at {r['diverged_at']}" if r["diverged"] else f"{_final(r):.3f}"
-
-  claims, extra = [], {}
-  W = cfg.warmup
-  # Post-LN needs warm-up.
-  parts, oks = [], []
-  for lr in cfg.lrs:
-    a, b = get("post", lr, 0), get("post", lr, W)
-    parts.append(f"lr {lr:g}: {desc(a)} without vs {desc(b)} with warm-up")
-    oks.append(worse(a, b))
-  claims.append({"id": "xiong_postln_needs_warmup", "ours": "Post-LN final val loss, " + "; ".join(parts),
-                 "holds": claims_lib.verdict(oks),
-                 "note": f"holds where no-warm-up is worse by > {MARGIN} nats or diverges"})
-  # LR sensitivity with warm-up.
-  if len(cfg.lrs) >= 2:
-    lo, hi = min(cfg.lrs), max(cfg.lrs)
-    a, b = get("post", hi, W), get("post", lo, W)
-    pa, pb = get("pre", hi, W), get("pre", lo, W)
-    claims.append({"id": "xiong_postln_lr_sensitive",
-                   "ours": f"with {W}-step warm-up, Post-LN: {desc(b)} at lr {lo:g} vs {desc(a)} at lr {hi:g} "
-                           f"(Pre-LN: {desc(pb)} vs {desc(pa)})",
-                   "holds": "yes" if worse(a, b) else "no",
-                   "note": f"holds if the larger lr is worse by > {MARGIN} nats or diverges"})
-  else:
-    claims.append({"id": "xiong_postln_lr_sensitive", "ours": "one learning rate only", "holds": "n/a"})
-  # Pre-LN without warm-up.
-  parts, oks = [], []
-  for lr in cfg.lrs:
-    a, b = get("pre", lr, 0), get("pre", lr, W)
-    parts.append(f"lr {lr:g}: {desc(a)} without vs {desc(b)} with")
-    oks.append(not worse(a, b))
-  claims.append({"id": "xiong_preln_no_warmup", "ours": "Pre-LN final val loss, " + "; ".join(parts),
-                 "holds": claims_lib.verdict(oks),
-                 "note": f"holds where no-warm-up is not worse by > {MARGIN} nats"})
-  # Pre-LN faster: steps of Pre-LN (no warm-up) to reach Post-LN's (with warm-up) final val loss.
-  parts, oks, speed = [], [], {}
-  for lr in cfg.lrs:
-    post, pre = get("post", lr, W), get("pre", lr, 0)
-    if post["diverged"]:
-      parts.append(f"lr {lr:g}: Post-LN diverged")
-      continue
-    target = _final(post)
-    ps, pv = zip(*post["val_curve"])
-    s_post = steps_to_reach(ps, [float(v) for v in pv], target + 1e-9)
-    qs, qv = zip(*pre["val_curve"]) if pre["val_curve"] else ((), ())
-    s_pre = steps_to_reach(qs, [float(v) for v in qv], target)
-    if s_pre is None:
-      parts.append(f"lr {lr:g}: Pre-LN never reaches {target:.3f}")
-      oks.append(False)
-      continue
-    frac = s_pre / s_post
-    speed[str(lr)] = {"target": target, "pre_steps": s_pre, "post_steps": s_post, "fraction": frac}
-    parts.append(f"lr {lr:g}: {s_pre} vs {s_post} steps ({100 * (1 - frac):.0f}% sooner)")
-    oks.append(frac <= FASTER)
-  extra["preln_speed"] = speed
-  claims.append({"id": "xiong_preln_faster",
-                 "ours": "Pre-LN (no warm-up) reaches Post-LN's (warm-up) final val loss: " + "; ".join(parts),
-                 "holds": (claims_lib.verdict(oks) if oks else "no"),
-                 "note": f"eval every {{eval_every}} steps; 'sooner' = <= {FASTER:.0%} of the steps"})
-  return claims, extra
+def faster_claim(runs: dict, grid: dict, lrs: list[float], cfg: Config, eval_every: int) -> dict:
+  """``xiong_preln_faster`` (see :func:`verdicts`)."""
+  long_ = cfg.warmups[2]
+  post_lr = min(lrs, key=lambda lr: grid[("post", lr, long_)]["mean"])
+  pre_lr = min(lrs, key=lambda lr: grid[("pre", lr, 0)]["mean"])
+  post = _mean_curve(runs[("post", post_lr, long_)])
+  pre = _mean_curve(runs[("pre", pre_lr, 0)])
+  crit = (f"Pre-LN without warm-up at its best rate vs Post-LN with warm-up {long_} at its best rate: "
+          f"evaluations (every {eval_every} steps) to reach Post-LN's final seed-mean val loss; yes if "
+          f"<= {FASTER:.0%} of Post-LN's")
+  if post is None or pre is None or not grid[("post", post_lr, long_)]["trains"]:
+    return {"id": "xiong_preln_faster", "criterion": crit,
+            "ours": "a best-rate run failed (diverged or stalled)", "holds": "no"}
+  target = float(post[1][-1])
+  s_post = steps_to_reach(post[0], post[1], target + 1e-9)
+  s_pre = steps_to_reach(pre[0], pre[1], target)
+  if s_pre is None:
+    return {"id": "xiong_preln_faster", "criterion": crit,
+            "ours": f"Pre-LN (lr {pre_lr:g}) never reaches {target:.3f} (Post-LN, lr {post_lr:g})", "holds": "no"}
+  frac = s_pre / s_post
+  return {"id": "xiong_preln_faster", "criterion": crit,
+          "ours": f"Pre-LN (lr {pre_lr:g}) reaches {target:.3f} at step {s_pre}, Post-LN (lr {post_lr:g}) at "
+                  f"{s_post} ({100 * (1 - frac):.0f}% fewer steps; seed-mean curves)",
+          "holds": "yes" if frac <= FASTER else "no"}
 
 
 def _smooth(y, k=10):
   y = np.asarray(y, np.float64)
   if len(y) < k:
     return y
-  kernel = np.ones(k) / k
-  return np.convolve(np.pad(y, (k - 1, 0), mode="edge"), kernel, mode="valid")
+  return np.convolve(np.pad(y, (k - 1, 0), mode="edge"), np.ones(k) / k, mode="valid")
 
 
-def plot(ctx, runs: dict, cfg: Config) -> list[str]:
-  """Draws the figures of the warm-up experiment into its folder.
+def plot(ctx, runs: dict, grid: dict, lrs: list[float], cfg: Config, unigram: float,
+         telling: float, extra_points: dict) -> list[str]:
+  """Draws the heat maps (one per layout) and the loss curves at the telling rate.
 
-  ``warmup_lr_curves.png``: per learning rate, Post-LN and Pre-LN (LayerNorm, Xavier) with and
-  without warm-up: validation loss, training loss (10-step moving average) and divergence steps;
-  ``no_warmup_variants.png`` (if RMSNorm or small-init runs exist): validation loss without
-  warm-up at the largest learning rate, LayerNorm beside those variants.
-
-  Args:
-    ctx: the suite context (saves the figures).
-    runs: per-run results of :func:`run`, keyed by :func:`~experiments.context.run_label`.
-    cfg: the experiment's config.
+  ``heatmap.png``: rows = warm-up, columns = peak lr, colour and number = seed-mean final
+  validation loss, "div"/"stall" (with the number of seeds) where runs failed; one panel per
+  layout (Post-LN, Pre-LN with LayerNorm; RMSNorm at the telling rate where run).
+  ``curves_telling_rate.png``: validation loss (seed mean, min-max band) at the telling rate.
 
   Returns:
     The PNG file names.
   """
   files = []
-  fig, axes = ctx.subplots(1, len(cfg.lrs), figsize=(5.5 * len(cfg.lrs), 3.8), squeeze=False)
-  for i, lr in enumerate(cfg.lrs):
-    ax = axes[0, i]
-    for pos, color in (("post", "C3"), ("pre", "C0")):
-      for w, ls in ((0, "-"), (cfg.warmup, "--")):
-        r = runs[run_label({"norm_position": pos, "norm_type": "layer_norm", "init": "xavier", "lr": lr, "warmup": w},
-                       cfg.n_layers)]
-        name = f"{'Post' if pos == 'post' else 'Pre'}-LN, {'no warm-up' if w == 0 else f'warm-up {w}'}"
-        ts, tl = zip(*r["train_curve"]) if r["train_curve"] else ((), ())
-        ax.plot(ts, _smooth([float(v) for v in tl]), ls, color=color, lw=0.8, alpha=0.5)
-        if r["val_curve"]:
-          vs, vl = zip(*r["val_curve"])
-          ax.plot(vs, [float(v) for v in vl], ls, color=color, marker="o", ms=3, label=name)
-        if r["diverged"]:
-          ax.axvline(r["diverged_at"], color=color, ls=":", lw=1)
-    ax.set_title(f"peak lr {lr:g} (LayerNorm, Xavier, L={cfg.n_layers})", fontsize=10)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats/byte): val = markers, train = thin")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-  fig.suptitle("Warm-up and learning rate: validation loss", fontsize=10)
-  files.append(ctx.save_figure(fig, "warmup_lr_curves.png"))
+  layouts = [("post", "layer_norm", "Post-LN (LayerNorm)"), ("pre", "layer_norm", "Pre-LN (LayerNorm)")]
+  if any(k[3] == "rms_norm" for k in extra_points):
+    layouts += [("post", "rms_norm", "Post-LN (RMSNorm)"), ("pre", "rms_norm", "Pre-LN (RMSNorm)")]
+  fig, axes = ctx.subplots(1, len(layouts), figsize=(3.6 * len(layouts), 2.9), squeeze=False)
+  all_means = [p["mean"] for p in grid.values()]
+  vmin, vmax = min(all_means), unigram
+  for ax, (pos, norm, title) in zip(axes[0], layouts):
+    mat = np.full((len(cfg.warmups), len(lrs)), np.nan)
+    for i, w in enumerate(cfg.warmups):
+      for j, lr in enumerate(lrs):
+        p = grid.get((pos, lr, w)) if norm == "layer_norm" else extra_points.get((pos, lr, w, norm))
+        if p is None:
+          continue
+        mat[i, j] = p["mean"]
+        fails = [f for f in p["failures"] if f]
+        tag = f"\n{sorted(set(fails))[0][:5]} {len(fails)}/{len(p['failures'])}" if fails else ""
+        text = f"{p['mean']:.2f}{tag}"
+        ax.text(j, i, text, ha="center", va="center", fontsize=7,
+                color="white" if fails else "black", fontweight="bold" if fails else "normal")
+    ax.imshow(mat, cmap="viridis_r", vmin=vmin, vmax=vmax, aspect="auto")
+    ax.set_xticks(range(len(lrs)), [f"{lr:.2g}" for lr in lrs], fontsize=7)
+    ax.set_yticks(range(len(cfg.warmups)), [str(w) for w in cfg.warmups], fontsize=7)
+    ax.set_xlabel("peak lr (red: telling rate)", fontsize=8)
+    ax.set_ylabel("warm-up steps", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.get_xticklabels()[lrs.index(telling)].set_color("red")
+  fig.suptitle(f"Final val loss, mean of {len(cfg.seeds)} seeds (unigram {unigram:.2f}; "
+               f"div = diverged, stall = within {STALL_NATS} of unigram; red tick = telling rate)", fontsize=8)
+  files.append(ctx.save_figure(fig, "heatmap.png"))
 
-  others = [k for k, r in runs.items() if r["spec"]["norm_type"] == "rms_norm" or r["spec"]["init"] == "small"]
-  if others:
-    top = max(cfg.lrs)
-    fig, ax = ctx.subplots(figsize=(6.5, 4))
-    base = [run_label({"norm_position": p, "norm_type": "layer_norm", "init": "xavier", "lr": top, "warmup": 0},
-                  cfg.n_layers) for p in ("post", "pre")]
-    for i, k in enumerate(base + others):
-      r = runs[k]
-      if r["val_curve"]:
-        vs, vl = zip(*r["val_curve"])
-        ax.plot(vs, [float(v) for v in vl], "-" if r["spec"]["norm_position"] == "post" else "--",
-                color=f"C{i}", marker="o", ms=3, label=k)
-    ax.set_title(f"No warm-up at lr {top:g}: LayerNorm vs RMSNorm vs small init", fontsize=10)
-    ax.set_xlabel("step")
-    ax.set_ylabel("validation loss")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    files.append(ctx.save_figure(fig, "no_warmup_variants.png"))
+  fig, ax = ctx.subplots(figsize=(6.5, 3.8))
+  for pos, color in (("post", "C3"), ("pre", "C0")):
+    for w, ls in zip(cfg.warmups, ("-", "--", ":")):
+      rs = runs[(pos, telling, w)]
+      curves = [[(s, float(v)) for s, v in r["val_curve"]] for r in rs if r["val_curve"]]
+      if not curves:
+        continue
+      n = min(len(c) for c in curves)
+      steps = [s for s, _ in curves[0][:n]]
+      vals = np.array([[v for _, v in c[:n]] for c in curves])
+      name = f"{'Post' if pos == 'post' else 'Pre'}-LN, warm-up {w}"
+      ax.plot(steps, np.nanmean(vals, axis=0), ls, color=color, marker="o", ms=2.5, label=name)
+      ax.fill_between(steps, np.nanmin(vals, axis=0), np.nanmax(vals, axis=0), color=color, alpha=0.12)
+      for r in rs:
+        if r["diverged"]:
+          ax.axvline(r["diverged_at"], color=color, ls=ls, lw=0.8)
+  ax.axhline(unigram, color="k", lw=0.8, ls=":", label="unigram baseline")
+  ax.set_ylim(min(all_means) - 0.2, unigram + 0.6)
+  ax.set_title(f"Validation loss at the telling rate lr {telling:g} (seed mean, min-max band)", fontsize=9)
+  ax.set_xlabel("step")
+  ax.set_ylabel("validation loss (nats/byte)")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  files.append(ctx.save_figure(fig, "curves_telling_rate.png"))
   return files
 
 
 def run(ctx, cfg: Config) -> dict:
-  """Runs the warm-up experiment; returns its summary.
+  """Runs the grid; returns its summary.
 
-  Trains (or loads from the cache) every spec of :func:`run_specs` with seed ``cfg.seed``,
-  judges the claims (:func:`verdicts`), and writes ``runs.json``, ``final.csv`` and the plots.
-
-  Args:
-    ctx: the suite's :class:`~experiments.suite.Context`.
-    cfg: the experiment's :class:`Config`.
+  Trains (or loads from the cache) every LayerNorm grid point for every seed, picks the telling
+  rate, then the RMSNorm and small-init runs there; judges the claims and writes ``runs.json``,
+  ``final.csv`` and the plots.
 
   Returns:
-    ``claims``, ``files``, ``seeds``, ``table`` (final val loss and divergence step per run),
-    ``preln_speed`` (from :func:`verdicts`), ``unigram_nats`` (the corpus's unigram entropy, a
-    baseline) and ``model``.
+    ``claims``, ``files``, ``seeds``, ``lrs``, ``telling_lr``, ``grid`` (per point: mean,
+    spread, values, failures), ``extra_points`` (RMSNorm, small init), ``max_surviving``,
+    ``range_check``, ``schedule``, ``unigram_nats`` and ``model``.
   """
-  runs = {}
-  for spec in ctx.iterate(run_specs(cfg), desc="runs"):
-    r = train_run(ctx, spec, cfg.n_layers, cfg.steps, seed=cfg.seed)
-    runs[run_label(spec, cfg.n_layers)] = {"spec": spec, **{k: r.summary.get(k) for k in (
-        "final_val_loss", "diverged", "diverged_at", "tokens_per_s", "steps_done", "val_curve")},
-        "train_curve": r.summary.get("train_curve"), "run": r.path.name}
-  claims, extra = verdicts(runs, cfg)
-  for c in claims:
-    c["note"] = c.get("note", "").replace("{eval_every}", str(ctx.preset["train"]["eval_every"]))
-  ctx.save_json("runs.json", runs)
-  ctx.save_csv("final.csv", ["run", "final_val_loss", "diverged_at", "tokens_per_s"],
-               ([k, r["final_val_loss"], r["diverged_at"], r["tokens_per_s"]] for k, r in runs.items()))
-  files = plot(ctx, runs, cfg)
-  table = [{"run": k, "final": r["final_val_loss"], "diverged_at": r["diverged_at"]} for k, r in runs.items()]
   from experiments import data as data_lib
-  return {"claims": claims, "files": files, "seeds": [cfg.seed], "table": table, **extra,
-          "unigram_nats": data_lib.unigram_entropy_nats(ctx.corpus()), "model": dict(ctx.preset["model"])}
+  from experiments.train_config import describe_schedule
+  unigram = data_lib.unigram_entropy_nats(ctx.corpus())
+  d = ctx.preset["model"]["d_model"]
+  lrs = grid_lrs(cfg, d)
+  extra_kw = {"decay_timescale": cfg.decay_timescale}
+
+  def train_points(specs):
+    out = {}
+    for spec, seed in ctx.iterate([(s, seed) for s in specs for seed in cfg.seeds], desc="runs"):
+      r = train_run(ctx, spec, cfg.n_layers, cfg.steps, seed=seed, **extra_kw)
+      key = (spec["norm_position"], spec["lr"], spec["warmup"], spec["norm_type"], spec["init"])
+      out.setdefault(key, []).append({
+          "spec": spec, "seed": seed, "run": r.path.name,
+          **{k: r.summary.get(k) for k in ("final_val_loss", "diverged", "diverged_at", "val_curve")}})
+    return out
+
+  specs = [_spec(pos, lr, w) for lr in lrs for w in cfg.warmups for pos in ("post", "pre")]
+  all_runs = train_points(specs)
+  runs = {(k[0], k[1], k[2]): v for k, v in all_runs.items()}
+  grid = {k: point(v, unigram) for k, v in runs.items()}
+  telling = telling_rate(grid, lrs, cfg.warmups[2])
+  ctx.log(f"telling rate: {telling:g}")
+  extra_specs = []
+  if cfg.rms_norm:
+    extra_specs += [_spec(pos, telling, w, norm="rms_norm") for w in (0, cfg.warmups[2]) for pos in ("post", "pre")]
+  if cfg.small_init:
+    extra_specs += [_spec(pos, telling, 0, init="small") for pos in ("post", "pre")]
+  extra_runs = train_points(extra_specs)
+  all_runs.update(extra_runs)
+  extra_points = {(k[0], k[1], k[2], k[3] if k[4] == "xavier" else "small_init"): point(v, unigram)
+                  for k, v in extra_runs.items()}
+
+  claims, extra = verdicts(grid, lrs, cfg, unigram)
+  claims.append(faster_claim(runs, grid, lrs, cfg, ctx.preset["train"]["eval_every"]))
+  lo, hi = lrs[0], lrs[-1]
+  bottom_ok = all(grid[(p, lo, w)]["trains"] for p in ("post", "pre") for w in cfg.warmups)
+  best_pre = min(grid[("pre", lr, 0)]["mean"] for lr in lrs)
+  top_ok = (not grid[("pre", hi, 0)]["trains"]) or grid[("pre", hi, 0)]["mean"] > best_pre + MARGIN
+  range_check = {"bottom_every_layout_trains": bottom_ok, "top_pre_ln_degrades": top_ok,
+                 "pre_ln_top": grid[("pre", hi, 0)]["mean"], "pre_ln_best": best_pre}
+  obs = []
+  for (pos, lr, w, var), p in extra_points.items():
+    base = grid[(pos, lr, w)]
+    obs.append(f"{'Post' if pos == 'post' else 'Pre'}-LN w{w} {var.replace('_', ' ')}: {_desc(p)} "
+               f"(LayerNorm Xavier {_desc(base)})")
+  if obs:
+    claims.append({"id": "warmup_variants", "criterion": f"observation at the telling rate lr {telling:g}",
+                   "ours": "; ".join(obs), "holds": "obs"})
+
+  tc = ctx.train_config(ctx.model_config(n_layers=cfg.n_layers), steps=cfg.steps, lr=telling,
+                        warmup=cfg.warmups[2], **extra_kw)
+  schedule = describe_schedule(tc).replace(f"peak {telling:g}", "peak lr").replace(
+      f"warm-up {cfg.warmups[2]}", f"warm-up {'/'.join(map(str, cfg.warmups))}")
+  ser = {"|".join(map(str, k)): v for k, v in all_runs.items()}
+  ctx.save_json("runs.json", ser)
+  rows = []
+  for k, v in all_runs.items():
+    for r in v:
+      rows.append(["|".join(map(str, k)), r["seed"], r["final_val_loss"], r["diverged_at"],
+                   failed(r, unigram) or ""])
+  ctx.save_csv("final.csv", ["point", "seed", "final_val_loss", "diverged_at", "failure"], rows)
+  files = plot(ctx, runs, grid, lrs, cfg, unigram, telling, extra_points)
+  return {"claims": claims, "files": files, "seeds": list(cfg.seeds), "lrs": lrs, "telling_lr": telling,
+          "grid": {"|".join(map(str, k)): v for k, v in grid.items()},
+          "extra_points": {"|".join(map(str, k)): v for k, v in extra_points.items()},
+          **extra, "range_check": range_check, "schedule": schedule, "unigram_nats": unigram,
+          "model": dict(ctx.preset["model"])}
 
 
 def report_section(summary: dict, rel: str) -> str:
-  """Markdown section of the warm-up experiment: the setup (with the unigram baseline), the plots,
-  the per-run table.
+  """Markdown section of the grid: setup (range rule, schedule, failure definition, telling
+  rate), the heat maps and curves, the range check and the per-point table.
 
   The protocol (``summary``, ``rel``, what the report adds) is in :mod:`experiments.report`.
   """
   cfg = summary["config"]
+  rc = summary["range_check"]
+  d = summary["model"]["d_model"]
   lines = [
-      f"Setup: {cfg['n_layers']}-layer byte-level LMs (width {summary['model']['d_model']}), AdamW(0.9, 0.98), "
-      f"inverse-sqrt schedule, {cfg['steps']} steps, peak lr {cfg['lrs']}, warm-up 0 or {cfg['warmup']} steps, "
-      f"seed {cfg['seed']}. The unigram baseline is {summary['unigram_nats']:.3f} nats/byte. "
-      "The paper trains for tens of thousands of steps with 4000 warm-up steps; this is the early "
-      "phase of training at a much smaller scale.", "",
-      f"![warm-up curves]({rel}/warmup_lr_curves.png)", "",
-  ]
-  if "no_warmup_variants.png" in summary["files"]:
-    lines += [f"![variants]({rel}/no_warmup_variants.png)", ""]
-  lines += ["| run | final val loss | diverged at |", "|---|---|---|"]
-  for r in summary["table"]:
-    f = "-" if r["final"] is None else f"{float(r['final']):.4f}"
-    lines.append(f"| {r['run']} | {f} | {r['diverged_at'] or '-'} |")
+      f"Setup: {cfg['n_layers']}-layer byte-level LMs (width {d}), AdamW(0.9, 0.98), {cfg['steps']} steps, "
+      f"seeds {cfg['seeds']} at every point. Schedule of every run: {summary['schedule']} (the same decay "
+      f"timescale for every warm-up). Peak lr = c / d for c in {list(cfg['lr_times_d'])} "
+      f"(lr {', '.join(f'{x:g}' for x in summary['lrs'])}): 1.5 decades, fixed by the rule in "
+      "`experiments/exp_warmup.py` before any verdict was read (Adam moves a d x d matrix's output by "
+      "about lr x d; top = the smallest power of two of c at which a probe Pre-LN run degraded). "
+      f"A run fails if it diverges or ends within {STALL_NATS} nats of the unigram baseline "
+      f"({summary['unigram_nats']:.3f} nats/byte). Telling rate (rule: largest seed-mean gap between "
+      f"Post-LN without and with the long warm-up where Pre-LN trains): **{summary['telling_lr']:g}**.", "",
+      f"Range check: every layout trains at the bottom rate: {'yes' if rc['bottom_every_layout_trains'] else 'no'}; "
+      f"Pre-LN (no warm-up) degrades at the top rate: {'yes' if rc['top_pre_ln_degrades'] else 'no'} "
+      f"({rc['pre_ln_top']:.3f} vs its best {rc['pre_ln_best']:.3f}).", "",
+      f"![heat maps]({rel}/heatmap.png)", "",
+      f"![curves at the telling rate]({rel}/curves_telling_rate.png)", "",
+      "Mean ± half-range over seeds, a failed run counted at the unigram baseline; per seed: each run's own "
+      "final val loss.", "",
+      "| layout | peak lr | warm-up | final val loss (mean ± half-range) | per seed | failures |",
+      "|---|---|---|---|---|---|"]
+  for src in ("grid", "extra_points"):
+    for k, p in summary[src].items():
+      parts = k.split("|")
+      layout = f"{parts[0]}" + (f" {parts[3]}" if len(parts) > 3 else " layer_norm")
+      fails = ", ".join(f for f in p["failures"] if f) or "-"
+      lines.append(f"| {layout} | {float(parts[1]):g} | {parts[2]} | {p['mean']:.3f} ± {p['spread'] / 2:.3f} | "
+                   f"{_finals(p)} | {fails} |")
   lines.append("")
   return "\n".join(lines)

@@ -8,12 +8,15 @@ change with the preset. Three presets:
   steps: it checks that every experiment produces its files and the report renders, and the
   structural facts that hold at any scale (the Post-LN/Pre-LN gradient ratio at init, the
   invariance errors, jaxnorm-vs-Flax agreement).
-* ``cpu``: the README's main job; about 20 minutes on a 2-core laptop CPU with the default
-  corpus. Small models (width 64), 6/12/24 layers at init, 6/12/18 layers in training.
-  (Run sharing: the warm-up grid's lr-1e-3 no-warm-up runs are also the baselines of the
-  invariance and VJP experiments, so their sizes are kept equal.)
-* ``gpu``: the full-size version for an accelerator (width 256, up to 48 layers, thousands of
-  steps, several seeds).
+* ``cpu``: the README's main job; at most 20 minutes on a 2-core laptop CPU with the default
+  corpus. Small models (width 64), 6/12/24 layers at init and in training, a 4 x 3 lr x
+  warm-up grid with 2 seeds. (Run sharing: the VJP experiment's jaxnorm runs are grid points,
+  lr 0.2 / d without warm-up, so their sizes and the decay timescale are kept equal.)
+* ``gpu``: the larger version for one H100 (width 256, 6/12/24 layers in training, 500-step
+  runs, 3 seeds); sized by scaling the cpu measurements with the H100 speed
+  experiment's 4.8 ms per 6-layer step (not measured end to end; ``docs/experiments.md``),
+  to about 25 minutes, run as ``--only`` chunks of at most 9 minutes (runs are cached, so an
+  interrupted chunk resumes).
 
 Each preset is a plain dict (so it is written verbatim into the results' provenance): ``model``
 holds :class:`jaxnorm.models.TransformerConfig` fields shared by every experiment, ``train``
@@ -32,52 +35,60 @@ PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {
         "description": "structural checks for CI: tiny models, a few steps (about a minute on 2 cores)",
         "model": {"d_model": 32, "n_heads": 2, "d_ff": 64, "max_len": 32},
-        "train": {"batch_size": 4, "seq_len": 32, "eval_every": 10, "eval_batches": 1},
+        "train": {"batch_size": 4, "seq_len": 32, "eval_every": 4, "eval_batches": 1,
+                  "decay_timescale": 4},
         "grad_init": {"depths": (6,), "seeds": (0,), "n_batches": 1, "norm_types": ("layer_norm",),
-                      "small_init": False, "qk_zero": False},
-        "warmup": {"n_layers": 1, "steps": 20, "lrs": (1e-3,), "warmup": 5,
-                   "norm_types": ("layer_norm",), "small_init": False},
-        "depth": {"depths": (1,), "positions": ("post", "deepnorm"), "steps": 4,
-                  "update_steps": 2, "lr": 1e-3},
+                      "small_init": False, "theory": True, "variant_depths": (2,)},
+        "warmup": {"n_layers": 1, "steps": 12, "lr_times_d": (0.0632, 2.0), "warmups": (0, 2, 4),
+                   "decay_timescale": 4, "seeds": (0,), "rms_norm": True, "small_init": False},
+        "depth": {"depths": (1, 2), "positions": ("post", "pre", "deepnorm"), "steps": 4,
+                  "seeds": (0,), "warmup": 2, "decay_timescale": 4, "update_steps": 2},
         "invariance": {"n_rows": 8, "d": 64, "n_points": 13, "seeds": (0,), "train_steps": 20,
                        "n_layers": 1},
         "speed": {"n_layers": 1, "steps": 3, "repeats": 1, "op_shapes": ((256, 64),), "op_repeats": 3},
-        "vjp": {"n_layers": 1, "steps": 20, "positions": ("post",), "norm_types": ("layer_norm",)},
+        "vjp": {"n_layers": 1, "steps": 12, "positions": ("post",), "norm_types": ("layer_norm",),
+                "lr": 0.003125},
     },
     "cpu": {
         "description": "the README's main job: small models on a laptop CPU (about 20 minutes on 2 cores)",
         "model": {"d_model": 64, "n_heads": 4, "d_ff": 256, "max_len": 64},
-        "train": {"batch_size": 16, "seq_len": 64, "eval_every": 20, "eval_batches": 4},
+        "train": {"batch_size": 16, "seq_len": 64, "eval_every": 20, "eval_batches": 4,
+                  "decay_timescale": 40},
         "grad_init": {"depths": (6, 12, 24), "seeds": (0, 1), "n_batches": 2,
-                      "norm_types": ("layer_norm", "rms_norm"), "small_init": True, "qk_zero": True,
-                      "variant_depths": (12,)},
-        "warmup": {"n_layers": 6, "steps": 200, "lrs": (5e-4, 1e-3), "warmup": 40,
-                   "norm_types": ("layer_norm", "rms_norm"), "small_init": True},
-        "depth": {"depths": (6, 12, 18), "positions": ("post", "pre", "sandwich", "deepnorm"),
-                  "steps": 60, "update_steps": 8, "lr": 1e-3},
+                      "norm_types": ("layer_norm", "rms_norm"), "small_init": True, "theory": True,
+                      "variant_depths": (6, 24)},
+        "warmup": {"n_layers": 6, "steps": 120, "lr_times_d": (0.0632, 0.2, 0.632, 2.0),
+                   "warmups": (0, 10, 40), "decay_timescale": 40, "seeds": (0, 1),
+                   "rms_norm": True, "small_init": True},
+        "depth": {"depths": (6, 12, 24), "positions": ("post", "pre", "sandwich", "deepnorm"),
+                  "steps": 100, "seeds": (0, 1), "lr": 0.003125, "warmup": 40,
+                  "decay_timescale": 40, "update_steps": 4},
         "invariance": {"n_rows": 64, "d": 256, "n_points": 25, "seeds": (0, 1, 2),
-                       "train_steps": 200, "n_layers": 6},
+                       "train_steps": 120, "n_layers": 6},
         "speed": {"n_layers": 6, "steps": 30, "repeats": 2,
                   "op_shapes": ((1024, 64), (4096, 256), (8192, 1024)), "op_repeats": 20},
-        "vjp": {"n_layers": 6, "steps": 200, "positions": ("pre", "post"),
-                "norm_types": ("layer_norm", "rms_norm")},
+        "vjp": {"n_layers": 6, "steps": 120, "positions": ("pre", "post"),
+                "norm_types": ("layer_norm", "rms_norm"), "lr": 0.003125},
     },
     "gpu": {
         "description": "full-size version for one accelerator (width 256, up to 48 layers, several seeds)",
         "model": {"d_model": 256, "n_heads": 4, "d_ff": 1024, "max_len": 256},
-        "train": {"batch_size": 32, "seq_len": 256, "eval_every": 100, "eval_batches": 8},
+        "train": {"batch_size": 32, "seq_len": 256, "eval_every": 50, "eval_batches": 8,
+                  "decay_timescale": 160},
         "grad_init": {"depths": (6, 12, 24, 48), "seeds": (0, 1, 2, 3), "n_batches": 4,
-                      "norm_types": ("layer_norm", "rms_norm"), "small_init": True, "qk_zero": True},
-        "warmup": {"n_layers": 6, "steps": 4000, "lrs": (5e-4, 1e-3, 2e-3), "warmup": 500,
-                   "norm_types": ("layer_norm", "rms_norm"), "small_init": True},
-        "depth": {"depths": (6, 12, 24, 48), "positions": ("post", "pre", "sandwich", "deepnorm"),
-                  "steps": 2000, "update_steps": 20, "lr": 1e-3},
+                      "norm_types": ("layer_norm", "rms_norm"), "small_init": True, "theory": True},
+        "warmup": {"n_layers": 6, "steps": 500, "lr_times_d": (0.0632, 0.2, 0.632, 2.0),
+                   "warmups": (0, 40, 160), "decay_timescale": 160, "seeds": (0, 1, 2),
+                   "rms_norm": True, "small_init": True},
+        "depth": {"depths": (6, 12, 24), "positions": ("post", "pre", "sandwich", "deepnorm"),
+                  "steps": 500, "seeds": (0, 1, 2), "lr": 7.813e-4, "warmup": 160,
+                  "decay_timescale": 160, "update_steps": 5},
         "invariance": {"n_rows": 256, "d": 1024, "n_points": 49, "seeds": (0, 1, 2, 3),
-                       "train_steps": 4000, "n_layers": 6},
+                       "train_steps": 500, "n_layers": 6},
         "speed": {"n_layers": 6, "steps": 100, "repeats": 3,
                   "op_shapes": ((8192, 1024), (16384, 4096), (32768, 8192)), "op_repeats": 100},
-        "vjp": {"n_layers": 6, "steps": 4000, "positions": ("pre", "post"),
-                "norm_types": ("layer_norm", "rms_norm")},
+        "vjp": {"n_layers": 6, "steps": 500, "positions": ("pre", "post"),
+                "norm_types": ("layer_norm", "rms_norm"), "lr": 7.813e-4},
     },
 }
 

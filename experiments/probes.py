@@ -22,18 +22,29 @@ from experiments.train import EVAL_SEED, compiled_steps, init_params, layer_grad
 from experiments.train_config import TrainConfig, check_int, make_optimizer
 from jaxnorm.models import TransformerConfig
 
-__all__ = ["compare_norm_impl", "grad_norms_at_init", "model_update_size", "throughput"]
+__all__ = ["UPDATE_OUTPUTS", "compare_norm_impl", "grad_norms_at_init", "model_update_size",
+           "throughput"]
 
 
 def grad_norms_at_init(model_config: TransformerConfig, corpus: data_lib.Corpus, *,
                        batch_size: int, seq_len: int, seed: int, n_batches: int) -> dict:
-  """Per-layer gradient norms and residual norms at initialization, averaged over batches.
+  r"""Per-layer norms of the expected gradient and residual norms at initialization.
+
+  The "expected gradient" of Xiong et al. (Theorem 1) is the norm of the batch-mean gradient,
+
+  .. math::
+
+     \Big\| \mathbb E_\text{batch}\, \frac{\partial \mathcal L}{\partial W} \Big\|_F
+     \approx \Big\| \frac1n \sum_{i=1}^{n} g_i \Big\|_F ,
+
+  not the mean of per-batch norms :math:`\frac1n\sum_i \|g_i\|_F` (which is never smaller).
 
   Returns:
     ``{"attn_qkv": [...], "attn_out": [...], "mlp_in": [...], "mlp_out": [...]}`` (one value
-    per layer: the Frobenius norm of that layer's weight-matrix gradient), ``"grad_norm"`` (the
-    global norm) and ``"residual_sq_norm"`` (E||x||^2/d of every norm input, in order), each the
-    mean over ``n_batches`` training batches, for the model initialized with ``seed``.
+    per layer: the Frobenius norm of the batch-mean gradient of that layer's weight matrix),
+    ``"grad_norm"`` (the global norm of the batch-mean gradient) and ``"residual_sq_norm"``
+    (E||x||^2/d of every norm input, in forward order, averaged over the batches), over
+    ``n_batches`` training batches, for the model initialized with ``seed``.
   """
   check_int("n_batches", n_batches, 1)
   graphdef, params, paths = init_params(model_config, seed)
@@ -43,46 +54,73 @@ def grad_norms_at_init(model_config: TransformerConfig, corpus: data_lib.Corpus,
     (_, stats), grads = jax.value_and_grad(
         functools.partial(loss_and_stats, graphdef, collect_stats=True), has_aux=True)(
             params, inputs, targets)
+    return grads, stats["residual_sq_norm"]
+
+  @jax.jit
+  def norms(grads):
     out = layer_grad_norms(grads, paths)
     out["grad_norm"] = optax.tree.norm(grads)
-    out["residual_sq_norm"] = stats["residual_sq_norm"]
     return out
 
-  results = []
+  total, residual = None, []
   for i in range(n_batches):
     x, y = data_lib.batch_at(corpus.train, i, batch_size=batch_size, seq_len=seq_len, seed=seed)
-    results.append(jax.device_get(one(params, jnp.asarray(x), jnp.asarray(y))))
-  mean = jax.tree.map(lambda *xs: np.mean(np.stack(xs), axis=0), *results)
-  return {k: to_py(v) for k, v in mean.items()}
+    grads, res = one(params, jnp.asarray(x), jnp.asarray(y))
+    total = grads if total is None else jax.tree.map(jnp.add, total, grads)
+    residual.append(np.asarray(res))
+  out = jax.device_get(norms(jax.tree.map(lambda g: g / n_batches, total)))
+  out["residual_sq_norm"] = np.mean(np.stack(residual), axis=0)
+  return {k: to_py(v) for k, v in out.items()}
+
+
+UPDATE_OUTPUTS = ("hidden", "logits")
 
 
 def model_update_size(model_config: TransformerConfig, train_config: TrainConfig,
-                      corpus: data_lib.Corpus, *, steps: int = 1) -> list[float]:
-  r"""The "model update" of DeepNet/Admin after each of the first ``steps`` updates.
+                      corpus: data_lib.Corpus, *, steps: int = 1, on: str = "hidden",
+                      relative: bool = True) -> list[float]:
+  r"""DeepNet's "model update" :math:`\|F(x;\theta_s) - F(x;\theta_0)\|` after each of the first
+  ``steps`` updates.
 
   .. math::
 
-     u_s = \Big(\frac{1}{BT}\sum_{b,t} \|f(x;\theta_s)_{bt} - f(x;\theta_0)_{bt}\|_2^2\Big)^{1/2}
+     u_s = \frac{\big(\frac{1}{BT}\sum_{b,t} \|F(x;\theta_s)_{bt} - F(x;\theta_0)_{bt}\|_2^2\big)^{1/2}}
+                {\big(\frac{1}{BT}\sum_{b,t} \|F(x;\theta_0)_{bt}\|_2^2\big)^{1/2}}
 
-  on a fixed validation batch ``x`` (the first evaluation batch), training with
-  ``train_config`` (its ``model`` is replaced by ``model_config``).
+  (the denominator only with ``relative``) on a fixed validation batch ``x`` (the first
+  evaluation batch), training with ``train_config`` (its ``model`` is replaced by
+  ``model_config``) from the initialization of its seed. ``on="hidden"`` takes :math:`F` as
+  the final hidden state, the head's input (after the final norm for Pre-LN and Sandwich), as
+  DeepNet does; ``on="logits"`` the logits.
+
+  Raises:
+    ValueError: ``on`` is not one of :data:`UPDATE_OUTPUTS`, or ``steps < 1``.
   """
   check_int("steps", steps, 1)
+  if on not in UPDATE_OUTPUTS:
+    raise ValueError(f"on must be one of {UPDATE_OUTPUTS}, got {on!r}.")
   config = dataclasses.replace(train_config, model=model_config, steps=max(steps, 1),
-                               log_update_size=True)
+                               log_update_size=False)
   graphdef, params, _ = init_params(model_config, config.seed)
   opt_state = make_optimizer(config).init(params)
   train_step = compiled_steps(config)[0]
   fixed = jnp.asarray(data_lib.batch_at(corpus.valid, 0, batch_size=config.batch_size,
                                         seq_len=config.seq_len, seed=EVAL_SEED)[0])
-  ref = jax.jit(lambda p, x: nnx.merge(graphdef, p)(x))(params, fixed)
+  forward = jax.jit(lambda p, x: nnx.merge(graphdef, p)(x, return_hidden=(on == "hidden")))
+
+  @jax.jit
+  def change(p, ref):
+    delta = forward(p, fixed) - ref
+    size = jnp.sqrt(jnp.mean(jnp.sum(jnp.square(delta), axis=-1)))
+    return size / jnp.sqrt(jnp.mean(jnp.sum(jnp.square(ref), axis=-1))) if relative else size
+
+  ref = forward(params, fixed)
   sizes = []
   for step in range(steps):
     x, y = data_lib.batch_at(corpus.train, step, batch_size=config.batch_size,
                              seq_len=config.seq_len, seed=config.seed)
-    params, opt_state, metrics = train_step(params, opt_state, jnp.asarray(x), jnp.asarray(y),
-                                            fixed, ref)
-    sizes.append(float(metrics["update_size"]))
+    params, opt_state, _ = train_step(params, opt_state, jnp.asarray(x), jnp.asarray(y))
+    sizes.append(float(change(params, ref)))
   return sizes
 
 

@@ -1,14 +1,16 @@
 """Renders ``report.md`` from a results folder written by :mod:`experiments.suite`.
 
-The report starts with the provenance (preset, command, device, versions, corpus hash, git
-commit), then a summary of the verdicts, then one section per experiment (written by the
+The report opens with one screen (a grid of each experiment's ``HEADLINE`` figures and the
+verdict table: claim, criterion, our numbers, seeds, verdict), then the provenance (preset,
+command, device, versions, corpus hash, git commit), then one section per experiment (written by the
 experiment module's ``report_section``, embedding its PNGs by relative path, followed by its
 claims and the links to its ``RAW_DATA`` files), and ends with
 the table "claim - source - published number - our number - holds?" built from
 :data:`experiments.claims.CLAIMS` and the ``claims`` of each experiment's ``done.json``.
 
 Each experiment module provides ``TITLE``, ``RAW_DATA`` (its data files, linked after its
-claims) and ``report_section(summary, rel) -> str``: ``summary`` is the experiment's
+claims), optionally ``HEADLINE`` (figures for the first screen) and
+``report_section(summary, rel) -> str``: ``summary`` is the experiment's
 ``done.json`` (what its ``run`` returned plus its ``config`` as a dict) and ``rel`` its folder
 relative to the report, for image and data links. The section returns the setup, plots and
 tables; this module adds the claims list and the raw-data line after it.
@@ -28,6 +30,7 @@ from experiments.registry import EXPERIMENTS, read_json
 __all__ = ["claims_rows", "render", "render_text"]
 
 _NOT_RECHECKED = " [published number as quoted in the issue; not re-checked against the paper]"
+_FIRST_SCREEN_CHARS = 240  # longer "ours" texts are cut in the first screen's verdict table
 _VERDICT_TEXT = {"yes": "yes", "no": "**no**", "partly": "partly", "n/a": "n/a", "obs": "(observation)"}
 
 
@@ -65,7 +68,8 @@ def claims_rows(summaries: dict[str, dict]) -> list[dict]:
 
 def _claims_and_raw_data(summary: dict, rel: str, raw_data: tuple[str, ...]) -> list[str]:
   """The end of every experiment's section: its claims, one line each, and its raw-data files."""
-  lines = [f"- {c['id']}: {c['ours']} -> **{c['holds']}**" for c in summary["claims"]]
+  lines = [f"- {c['id']}: " + (f"*criterion:* {c['criterion']}. *Ours:* " if c.get("criterion") else "")
+           + f"{c['ours']} -> **{c['holds']}**" for c in summary["claims"]]
   return lines + ["", "Raw data: " + ", ".join(f"`{rel}/{f}`" for f in raw_data) + "."]
 
 
@@ -96,6 +100,39 @@ def _provenance_lines(state: dict) -> list[str]:
   return lines
 
 
+def _first_screen(summaries: dict, rows: list[dict], counts: dict) -> list[str]:
+  """The report's first screen: a grid of the headline figures (each experiment module's
+  ``HEADLINE`` files, two per row) and the verdict table, each verdict's criterion before its
+  numbers (a claim's ``short`` text if it has one, else its ``ours`` cut at
+  ``_FIRST_SCREEN_CHARS`` characters)."""
+  figs = []
+  for name, summary in summaries.items():
+    module = importlib.import_module(EXPERIMENTS[name])
+    figs += [f"{name}/{f}" for f in getattr(module, "HEADLINE", ()) if f in summary.get("files", [])]
+  out = ["## At a glance", ""]
+  if figs:
+    out += ["| | |", "|---|---|"]
+    for i in range(0, len(figs), 2):
+      cells = [f"![{f}]({f})" for f in figs[i:i + 2]] + [""] * (2 - len(figs[i:i + 2]))
+      out.append(f"| {cells[0]} | {cells[1]} |")
+    out.append("")
+  out += [", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) + " (full claims table at the end).", "",
+          "| claim | criterion | ours | seeds | verdict |", "|---|---|---|---|---|"]
+  measured = {c["id"]: (c, summaries[n].get("seeds", "")) for n in summaries for c in summaries[n].get("claims", [])}
+  for r in rows:
+    if r["holds"] not in ("yes", "no", "partly", "obs", "n/a"):
+      continue
+    c, seeds = measured[r["id"]]
+    crit = c.get("criterion") or c.get("note") or "-"
+    ours = c.get("short") or r["ours"]
+    if len(ours) > _FIRST_SCREEN_CHARS:
+      ours = ours[:_FIRST_SCREEN_CHARS].rsplit(" ", 1)[0] + " ... (full numbers in the section)"
+    out.append(f"| {_escape(r['statement'])} | {_escape(crit)} | {_escape(ours)} | {_escape(seeds)} | "
+               f"{_VERDICT_TEXT.get(r['holds'], r['holds'])} |")
+  out.append("")
+  return out
+
+
 def render_text(root: str | pathlib.Path) -> str:
   """The markdown text of the report of the results folder ``root``."""
   root = pathlib.Path(root)
@@ -119,6 +156,7 @@ def render_text(root: str | pathlib.Path) -> str:
     counts[r["holds"]] = counts.get(r["holds"], 0) + 1
 
   out = [f"# jaxnorm experiment report (preset `{state.get('preset')}`)", ""]
+  out += _first_screen(summaries, rows, counts)
   out += [
       "Every number below was measured by `python -m experiments run` on the machine described "
       "here; the published numbers beside them come from the papers cited in the claims table. "
@@ -134,15 +172,6 @@ def render_text(root: str | pathlib.Path) -> str:
     wall = summaries.get(name, {}).get("wall_s", info.get("wall_s"))
     seeds = summaries.get(name, {}).get("seeds", "")
     out.append(f"| {name} | {status} | {'' if wall is None else f'{float(wall):.0f}'} | {seeds} |")
-  out.append("")
-
-  out += ["## Summary of verdicts", ""]
-  out.append(", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) + " (claims in the table at the end).")
-  out.append("")
-  for r in rows:
-    if r["holds"] in ("yes", "no", "partly", "obs"):
-      verdict = "observation" if r["holds"] == "obs" else r["holds"]
-      out.append(f"- **{verdict}** — {r['statement']} Ours: {r['ours']}.")
   out.append("")
 
   for i, name in enumerate(EXPERIMENTS, 1):

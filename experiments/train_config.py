@@ -8,8 +8,13 @@ The optimizer is AdamW (optax) with linear warm-up over ``W`` steps followed by
    \eta_s = \eta\Big(0.1 + 0.9 \cdot \tfrac12\big(1 + \cos\tfrac{\pi (s - W - 1)}{S - W}\big)\Big)
    \;\text{(cosine)}
 
-for update ``s = W+1..S`` (``tau = W``, or ``max(1, S // 10)`` when ``W = 0``; ``constant``
-keeps :math:`\eta`), optional global-norm clipping, and weight decay on matrices only.
+for update ``s = W+1..S`` (``constant`` keeps :math:`\eta`), optional global-norm clipping,
+and weight decay on matrices only.
+
+The decay timescale :math:`\tau` is the explicit setting ``decay_timescale``; by default it is
+``max(1, S // 10)`` whatever the warm-up, so runs that differ only in the warm-up decay on the
+same timescale. (Until issue 10, ``tau`` was ``W`` with warm-up and ``S // 10`` without, which
+gave paired with/without warm-up runs different learning-rate areas.)
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ __all__ = [
     "TrainConfig",
     "check_int",
     "current_lr",
+    "describe_schedule",
     "learning_rate_schedule",
     "make_optimizer",
 ]
@@ -84,7 +90,8 @@ class TrainConfig:
     log_residual_norms: log E||x||^2/d of every norm input (``residual_sq_norm``) each step.
     log_every: write a metrics line every this many steps (the divergence check runs every
       step regardless).
-    decay_timescale: ``tau`` of the inverse-sqrt decay (``None``: ``warmup`` or ``steps // 10``).
+    decay_timescale: ``tau`` of the inverse-sqrt decay (``None``: ``max(1, steps // 10)``,
+      independent of the warm-up; set it explicitly, and equal, in runs a comparison pairs).
     fsdp: with a mesh, shard parameters and optimizer state over the devices (FSDP-style)
       instead of replicating them.
   """
@@ -157,7 +164,7 @@ class TrainConfig:
 def _schedule_hyperparams(config: TrainConfig) -> dict[str, float]:
   """The numbers that shape the schedule, as floats (they live in the optimizer state)."""
   w, total = config.warmup, config.steps
-  tau = config.decay_timescale or (w if w > 0 else max(1, total // 10))
+  tau = config.decay_timescale or max(1, total // 10)
   return {"peak_lr": float(config.lr), "warmup": float(w), "total": float(total),
           "tau": float(tau)}
 
@@ -175,6 +182,19 @@ def _lr_at(kind: str, count, peak_lr, warmup, total, tau):
   else:
     decay = peak_lr * jnp.ones_like(s)
   return jnp.where(s <= warmup, warm, decay)
+
+
+def describe_schedule(config: TrainConfig) -> str:
+  """One line saying what schedule a run had, for reports.
+
+  Example: ``"inverse_sqrt, peak 0.001, warm-up 40, tau 50, 200 steps"``.
+  """
+  if not isinstance(config, TrainConfig):
+    raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}.")
+  h = _schedule_hyperparams(config)
+  tau = f", tau {int(h['tau'])}" if config.schedule == "inverse_sqrt" else ""
+  return (f"{config.schedule}, peak {config.lr:g}, warm-up {config.warmup}{tau}, "
+          f"{config.steps} steps")
 
 
 def learning_rate_schedule(config: TrainConfig) -> optax.Schedule:

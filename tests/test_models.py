@@ -44,6 +44,8 @@ def _n_norm_inputs(position, n_layers):
     (dict(d_model=12, n_heads=4, positions="rotary"), "even head size"),
     (dict(n_layers=0), "n_layers must be >= 1"),
     (dict(epsilon=-1.0), "epsilon"),
+    (dict(activation="tanh"), "activation"),
+    (dict(embed_scale=0.0), "embed_scale must be a finite float > 0"),
 ])
 def test_config_rejects_bad_values(kw, match):
   with pytest.raises(ValueError, match=match):
@@ -61,6 +63,33 @@ def test_config_rejects_bad_types():
     _config(epsilon="1e-6")
   with pytest.raises(TypeError, match="config must be a TransformerConfig"):
     TransformerLM(dict(TINY), rngs=nnx.Rngs(0))
+  with pytest.raises(TypeError, match="embed_scale must be a Python float"):
+    _config(embed_scale="1")
+
+
+def test_theory_variant_options():
+  """ReLU MLP, a scaled (unit-variance) input and the hidden state before the head."""
+  tokens = _tokens(4, 16)
+  base = _config(d_ff=32, qk_zero_init=True)
+  relu = _config(d_ff=32, qk_zero_init=True, activation="relu")
+  m_gelu, m_relu = _build(base), _build(relu)
+  h = jnp.linspace(-2.0, 2.0, 32)[None, None, :]
+  np.testing.assert_allclose(m_relu.blocks[0].mlp(h),
+                             m_relu.blocks[0].mlp.fc_out(jax.nn.relu(m_relu.blocks[0].mlp.fc_in(h))),
+                             rtol=1e-6)
+  assert not np.allclose(m_gelu.blocks[0].mlp(h), m_relu.blocks[0].mlp(h))
+  # Unit-variance input: E||h_0||^2/d = 2 s^2 at init; the first norm input of Pre-LN is h_0.
+  big = TransformerConfig(d_model=256, n_layers=1, n_heads=4, d_ff=256, max_len=64,
+                          norm_impl="flax", embed_scale=2 ** -0.5)
+  _, stats = _build(big)(_tokens(8, 64), collect_stats=True)
+  assert abs(float(stats["residual_sq_norm"][0]) - 1.0) < 0.15
+  # The hidden state is the head's input.
+  model = _build(_config(norm_position="pre"))
+  hidden = model(tokens, return_hidden=True)
+  assert hidden.shape == (4, 16, 32)
+  np.testing.assert_allclose(model.head(hidden), model(tokens), rtol=1e-5, atol=1e-5)
+  hidden2, stats = model(tokens, return_hidden=True, collect_stats=True)
+  np.testing.assert_allclose(hidden2, hidden)
 
 
 @pytest.mark.parametrize("norm_type", NORM_TYPES)

@@ -18,7 +18,7 @@ import pytest
 
 from experiments import claims as claims_lib
 from experiments import exp_depth, exp_grad_init, exp_vjp, exp_warmup
-from experiments import context, presets, registry, report, suite
+from experiments import presets, registry, report, suite
 
 
 def test_smoke_suite_end_to_end(tmp_path):
@@ -32,6 +32,7 @@ def test_smoke_suite_end_to_end(tmp_path):
   check_post_ln_gradient_ratio_above_pre_ln(smoke)
   check_rms_invariance_errors_are_tiny(smoke)
   check_jaxnorm_and_flax_curves_agree(smoke)
+  check_grid_depth_and_first_screen(smoke)
   check_export_and_report_only(smoke, tmp_path)
   check_rerun_resumes_finished_experiments(smoke)
 
@@ -126,6 +127,24 @@ def check_jaxnorm_and_flax_curves_agree(smoke):
     assert p["jaxnorm"]["run"] != p["flax"]["run"]
 
 
+def check_grid_depth_and_first_screen(smoke):
+  root, _, _ = smoke
+  warm = _done(root, "warmup")
+  cfg = presets.PRESETS["smoke"]["warmup"]
+  assert len(warm["grid"]) == 2 * len(cfg["lr_times_d"]) * len(cfg["warmups"])
+  assert warm["telling_lr"] in warm["lrs"] and "tau 4" in warm["schedule"]
+  assert all(len(p["values"]) == len(cfg["seeds"]) for p in warm["grid"].values())
+  depth = _done(root, "depth")
+  assert depth["lr"] == warm["telling_lr"] and depth["lr_source"].startswith("the warm-up grid")
+  dcfg = presets.PRESETS["smoke"]["depth"]
+  for u in depth["update"].values():
+    assert len(u["mean"]) == dcfg["update_steps"] and all(v > 0 for v in u["mean"])
+  text = (root / "report.md").read_text()
+  assert text.index("## At a glance") < text.index("## Provenance")
+  assert "| claim | criterion | ours | seeds | verdict |" in text
+  assert "![warmup/heatmap.png](warmup/heatmap.png)" in text
+
+
 def check_rerun_resumes_finished_experiments(smoke):
   root, _, _ = smoke
   stamps = {n: (root / n / "done.json").stat().st_mtime_ns for n in suite.EXPERIMENTS}
@@ -192,36 +211,82 @@ def _run(final, diverged_at=None, val=None):
           "diverged_at": diverged_at, "val_curve": val or [(0, 5.0), (100, final or 5.0)]}
 
 
-def test_warmup_verdicts():
-  cfg = exp_warmup.Config(n_layers=2, lrs=(5e-4, 1e-3), warmup=10, norm_types=("layer_norm",),
-                          small_init=False)
+UNIGRAM = 3.0
 
-  def key(pos, lr, w):
-    return context.run_label({"norm_position": pos, "norm_type": "layer_norm", "init": "xavier",
-                             "lr": lr, "warmup": w}, 2)
 
-  runs = {}
-  for lr in cfg.lrs:
-    runs[key("post", lr, 0)] = _run(None, diverged_at=7)
-    final = 2.0 if lr == 5e-4 else 2.5
-    runs[key("post", lr, 10)] = _run(final, val=[(0, 5.0), (50, 2.6), (100, final)])
-    runs[key("pre", lr, 0)] = _run(1.9, val=[(0, 5.0), (50, 1.95), (100, 1.9)])
-    runs[key("pre", lr, 10)] = _run(1.9)
-  claims, extra = exp_warmup.verdicts(runs, cfg)
+def _grid(post0, post_warm, pre0, lrs=(1e-3, 1e-2)):
+  """A synthetic grid: ``post0[lr]`` etc. are per-seed final losses (None = diverged)."""
+  cfg = exp_warmup.Config(n_layers=2, lr_times_d=(0.1, 1.0), warmups=(0, 2, 4), seeds=(0, 1))
+  grid = {}
+  for lr in lrs:
+    for pos, w, vals in (("post", 0, post0[lr]), ("post", 2, post_warm[lr]), ("post", 4, post_warm[lr]),
+                         ("pre", 0, pre0[lr]), ("pre", 2, pre0[lr]), ("pre", 4, pre0[lr])):
+      grid[(pos, lr, w)] = exp_warmup.point([_run(v, diverged_at=None if v else 3) for v in vals], UNIGRAM)
+  return grid, list(lrs), cfg
+
+
+def test_warmup_grid_verdicts():
+  lo, hi = 1e-3, 1e-2
+  # Post-LN fails without warm-up at the high rate (diverged, stalled), trains with it; Pre-LN trains.
+  grid, lrs, cfg = _grid(post0={lo: [2.0, 2.02], hi: [None, 2.95]}, post_warm={lo: [2.0, 2.01], hi: [1.9, 1.92]},
+                         pre0={lo: [2.0, 2.0], hi: [1.85, 1.86]})
+  assert grid[("post", hi, 0)]["failures"] == ["diverged", "stalled"] and grid[("post", hi, 0)]["fails"]
+  claims, extra = exp_warmup.verdicts(grid, lrs, cfg, UNIGRAM)
   v = {c["id"]: c["holds"] for c in claims}
-  assert v == {"xiong_postln_needs_warmup": "yes", "xiong_postln_lr_sensitive": "yes",
-               "xiong_preln_no_warmup": "yes", "xiong_preln_faster": "yes"}
-  assert extra["preln_speed"]["0.0005"]["pre_steps"] == 50
-  # Post-LN without warm-up no worse -> the claim fails.
-  for lr in cfg.lrs:
-    runs[key("post", lr, 0)] = _run(1.8)
-  v = {c["id"]: c["holds"] for c in exp_warmup.verdicts(runs, cfg)[0]}
+  assert v == {"xiong_postln_needs_warmup": "yes", "xiong_postln_lr_sensitive": "no",
+               "xiong_preln_no_warmup": "yes"}
+  assert all(c["criterion"] for c in claims)
+  assert extra["max_surviving"]["post"]["0"] == lo and extra["max_surviving"]["post"]["2"] == hi
+  assert exp_warmup.telling_rate(grid, lrs, 4) == hi
+  # A difference inside the seed spread does not hold: Post-LN without warm-up a bit worse.
+  grid, lrs, cfg = _grid(post0={lo: [2.0, 2.3], hi: [1.95, 2.25]}, post_warm={lo: [2.0, 2.1], hi: [1.9, 2.0]},
+                         pre0={lo: [2.0, 2.0], hi: [1.85, 1.86]})
+  v = {c["id"]: c["holds"] for c in exp_warmup.verdicts(grid, lrs, cfg, UNIGRAM)[0]}
   assert v["xiong_postln_needs_warmup"] == "no"
+  # Post-LN with the short warm-up survives only the low rate, Pre-LN both: sensitive.
+  grid, lrs, cfg = _grid(post0={lo: [2.0, 2.0], hi: [None, None]}, post_warm={lo: [2.0, 2.0], hi: [None, None]},
+                         pre0={lo: [2.0, 2.0], hi: [1.9, 1.9]})
+  claims, _ = exp_warmup.verdicts(grid, lrs, cfg, UNIGRAM)
+  v = {c["id"]: c["holds"] for c in claims}
+  assert v["xiong_postln_lr_sensitive"] == "yes" and v["xiong_postln_needs_warmup"] == "partly"
+  assert exp_warmup.grid_lrs(cfg, 64) == [0.001563, 0.01562]
+  with pytest.raises(ValueError, match="warmups must be"):
+    exp_warmup.Config(warmups=(5, 10, 20))
+  with pytest.raises(ValueError, match="seeds must name"):
+    exp_warmup.Config(seeds=())
+  with pytest.raises(ValueError, match="update_steps must be an int >= 1"):
+    exp_depth.Config(update_steps=0)
+
+
+def test_depth_verdicts():
+  cfg = exp_depth.Config(depths=(6, 12), positions=("post", "pre", "deepnorm"), seeds=(0, 1), update_steps=2)
+
+  def pt(vals):
+    return exp_warmup.point([_run(v, diverged_at=None if v else 3) for v in vals], UNIGRAM)
+  points = {"post/L6": pt([2.0, 2.0]), "pre/L6": pt([2.0, 2.0]), "post/L12": pt([None, 2.95]),
+            "pre/L12": pt([2.3, 2.4]), "deepnorm/L6": pt([2.0, 2.0]), "deepnorm/L12": pt([2.0, 2.0])}
+  update = {"post/L6": {"per_seed": [[1.0, 2.0], [1.0, 2.0]]}, "post/L12": {"per_seed": [[4.0, 6.0], [3.0, 7.0]]},
+            "deepnorm/L6": {"per_seed": [[0.1, 0.2], [0.1, 0.2]]},
+            "deepnorm/L12": {"per_seed": [[0.12, 0.2], [0.1, 0.3]]},
+            "pre/L6": {"per_seed": [[1, 1], [1, 1]]}, "pre/L12": {"per_seed": [[1, 1], [1, 1]]}}
+  for u in update.values():
+    u["mean"] = np.mean(u["per_seed"], axis=0).tolist()
+  consts = {"6": ((12.0) ** 0.25, (48.0) ** -0.25), "12": ((24.0) ** 0.25, (96.0) ** -0.25)}
+  v = {c["id"]: c["holds"] for c in exp_depth.verdicts(points, update, consts, cfg, UNIGRAM)}
+  assert v == {"admin_deep_postln_fails": "yes", "deepnet_update_constant": "yes", "deepnet_constants": "yes"}
+  # Pre-LN not past the plateau: no verdict.
+  points["pre/L12"] = pt([2.7, 2.6])
+  v = {c["id"]: c["holds"] for c in exp_depth.verdicts(points, update, {"6": (1.0, 1.0)}, cfg, UNIGRAM)}
+  assert v["admin_deep_postln_fails"] == "n/a" and v["deepnet_constants"] == "no"
+  # Post-LN only worse, not failed: no.
+  points["pre/L12"], points["post/L12"] = pt([2.3, 2.3]), pt([2.6, 2.6])
+  v = {c["id"]: c["holds"] for c in exp_depth.verdicts(points, update, consts, cfg, UNIGRAM)}
+  assert v["admin_deep_postln_fails"] == "no"
 
 
 def test_grad_init_verdict_on_synthetic_norms():
   cfg = exp_grad_init.Config(depths=(4, 16), seeds=(0,), norm_types=("layer_norm",), small_init=False,
-                             qk_zero=False)
+                             theory=False)
   results = {}
   for L in cfg.depths:
     layers = np.arange(1, L + 1)
@@ -254,8 +319,4 @@ def test_vjp_compare_and_depth_constants():
   d = exp_vjp.compare(a, b)
   assert d["step1"] == 0.0 and abs(d["max"] - 0.01) < 1e-9 and d["argmax"] == 2
   assert abs(d["final_val"] - 0.1) < 1e-9
-  cfg = exp_depth.Config(depths=(4,), positions=("post", "deepnorm"))
-  claims = exp_depth.verdicts({}, {"4": ((8.0) ** 0.25, (32.0) ** -0.25)}, cfg)
-  assert {c["id"]: c["holds"] for c in claims}["deepnet_constants"] == "yes"
-  claims = exp_depth.verdicts({}, {"4": (1.0, 1.0)}, cfg)
-  assert {c["id"]: c["holds"] for c in claims}["deepnet_constants"] == "no"
+

@@ -114,6 +114,7 @@ def test_unigram_entropy():
     (dict(batch_size=2.5), TypeError, "batch_size must be a Python int"),
     (dict(lr="1e-3"), TypeError, "lr must be a Python number"),
     (dict(model={}), TypeError, "model must be a TransformerConfig"),
+    (dict(decay_timescale=0), ValueError, "decay_timescale must be >= 1"),
 ])
 def test_train_config_rejects(kw, err, match):
   with pytest.raises(err, match=match):
@@ -133,7 +134,14 @@ def test_schedules():
   warm = lrs(warmup=4, schedule="inverse_sqrt")
   np.testing.assert_allclose(warm[:4], [0.25, 0.5, 0.75, 1.0])
   np.testing.assert_allclose(warm[4], 1.0)  # the first update after warm-up is at the peak
-  np.testing.assert_allclose(warm[4 + 12], math.sqrt(4 / 16), rtol=1e-6)  # tau = warmup
+  np.testing.assert_allclose(warm[4 + 12], math.sqrt(2 / 14), rtol=1e-6)  # tau = steps // 10
+  # The timescale does not depend on the warm-up: an explicit tau is kept as given.
+  explicit = lrs(warmup=4, schedule="inverse_sqrt", decay_timescale=4)
+  np.testing.assert_allclose(explicit[4 + 12], math.sqrt(4 / 16), rtol=1e-6)
+  assert train_config.describe_schedule(_config(lr=1.0, steps=20, warmup=4)) == (
+      "inverse_sqrt, peak 1, warm-up 4, tau 2, 20 steps")
+  with pytest.raises(TypeError, match="config must be a TrainConfig"):
+    train_config.describe_schedule({})
   none = lrs(warmup=0, schedule="inverse_sqrt")
   assert none[0] == 1.0 and np.all(np.diff(none) < 0)
   np.testing.assert_allclose(none[8], math.sqrt(2 / 10), rtol=1e-6)  # tau = steps // 10
@@ -236,8 +244,31 @@ def test_init_instrumentation(corpus):
   for group in ("attn_qkv", "attn_out", "mlp_in", "mlp_out"):
     assert len(stats[group]) == 2 and all(g > 0 for g in stats[group])
   assert len(stats["residual_sq_norm"]) == 5 and stats["grad_norm"] > 0
+  # The expected gradient is the norm of the batch mean: never above the mean of the norms.
+  one = [probes.grad_norms_at_init(TINY_MODEL, corpus, batch_size=4, seq_len=16, seed=0,
+                                   n_batches=n) for n in (1, 2)]
+  assert stats == one[1]
+  import jax
+  from experiments import data as data_lib
+  from experiments.train import init_params, layer_grad_norms, loss_and_stats
+  graphdef, params, paths = init_params(TINY_MODEL, 0)
+  per_batch = []
+  for i in range(2):
+    x, y = data_lib.batch_at(corpus.train, i, batch_size=4, seq_len=16, seed=0)
+    g = jax.grad(lambda p: loss_and_stats(graphdef, p, x, y)[0])(params)
+    per_batch.append(g)
+  mean = jax.tree.map(lambda a, b: (a + b) / 2, *per_batch)
+  np.testing.assert_allclose(stats["mlp_out"], layer_grad_norms(mean, paths)["mlp_out"], rtol=1e-4)
+  mean_of_norms = np.mean([layer_grad_norms(g, paths)["mlp_out"] for g in per_batch], axis=0)
+  assert np.all(np.asarray(stats["mlp_out"]) <= mean_of_norms + 1e-6)
+  # DeepNet's model update, on the hidden state (relative) and on the logits.
   sizes = probes.model_update_size(TINY_MODEL, _config(batch_size=8), corpus, steps=2)
-  assert len(sizes) == 2 and all(0 < s < 100 for s in sizes)
+  assert len(sizes) == 2 and all(0 < s < 2.5 for s in sizes)
+  logit_sizes = probes.model_update_size(TINY_MODEL, _config(batch_size=8), corpus, steps=1,
+                                         on="logits", relative=False)
+  assert len(logit_sizes) == 1 and logit_sizes[0] > 0
+  with pytest.raises(ValueError, match="on must be one of"):
+    probes.model_update_size(TINY_MODEL, _config(), corpus, on="output")
 
 
 def test_throughput(reference_run, corpus):

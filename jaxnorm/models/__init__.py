@@ -5,6 +5,7 @@
 VJP or Flax's autodiff) and initialization are switches of :class:`TransformerConfig`.
 """
 
+from jaxnorm.models._transformer import ACTIVATIONS as ACTIVATIONS
 from jaxnorm.models._transformer import DTYPES as DTYPES
 from jaxnorm.models._transformer import INITS as INITS
 from jaxnorm.models._transformer import NORM_IMPLS as NORM_IMPLS
@@ -18,6 +19,7 @@ from jaxnorm.models._transformer import block_weight_paths as block_weight_paths
 from jaxnorm.models._transformer import deepnorm_alpha_beta as deepnorm_alpha_beta
 
 __all__ = [
+    "ACTIVATIONS",
     "DTYPES",
     "INITS",
     "NORM_IMPLS",

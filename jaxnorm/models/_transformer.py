@@ -55,6 +55,7 @@ NORM_IMPLS = ("jaxnorm", "flax")
 INITS = ("xavier", "small")
 POSITIONS = ("learned", "rotary")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
+ACTIVATIONS = ("gelu", "relu")
 # Keys of :func:`block_weight_paths`, in the order of a block's forward pass.
 WEIGHT_GROUPS = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")
 
@@ -97,6 +98,12 @@ class TransformerConfig:
       add+norm op (same values; one pass over memory instead of two). Applies to the jaxnorm
       modules; Flax's modules (``norm_impl="flax"``) have no fused op, so there the add and
       the norm always run separately.
+    activation: the MLP non-linearity, ``"gelu"`` or ``"relu"`` (Xiong et al.'s theory
+      setting uses ReLU).
+    embed_scale: multiplies the model input :math:`h_0 = s\\,(E[\text{tokens}] + P)`. With
+      ``init="xavier"`` and learned positions, :math:`E\\|h_0\\|^2/d = 2 s^2` at
+      initialization, so ``embed_scale = 2 ** -0.5`` gives the unit-variance input of the
+      theory setting.
   """
 
   vocab_size: int = 256          # byte-level
@@ -114,6 +121,8 @@ class TransformerConfig:
   epsilon: float = 1e-6          # normalization epsilon
   dtype: str = "float32"         # compute dtype name
   fuse_residual_norm: bool = True  # fused add+norm where an add feeds a norm (jaxnorm modules)
+  activation: str = "gelu"       # "gelu" | "relu" (MLP non-linearity)
+  embed_scale: float = 1.0       # h_0 = embed_scale * (token + position embedding)
 
   def __post_init__(self):
     for name in ("vocab_size", "max_len", "d_model", "n_layers", "n_heads", "d_ff"):
@@ -124,6 +133,12 @@ class TransformerConfig:
     _check_choice("init", self.init, INITS)
     _check_choice("positions", self.positions, POSITIONS)
     _check_choice("dtype", self.dtype, DTYPES)
+    _check_choice("activation", self.activation, ACTIVATIONS)
+    if isinstance(self.embed_scale, bool) or not isinstance(self.embed_scale, (int, float)):
+      raise TypeError(f"embed_scale must be a Python float, got {type(self.embed_scale).__name__} "
+                      f"{self.embed_scale!r}.")
+    if not math.isfinite(self.embed_scale) or self.embed_scale <= 0:
+      raise ValueError(f"embed_scale must be a finite float > 0, got {self.embed_scale!r}.")
     if not isinstance(self.qk_zero_init, bool):
       raise TypeError(f"qk_zero_init must be a bool, got {type(self.qk_zero_init).__name__}.")
     if not isinstance(self.fuse_residual_norm, bool):
@@ -292,11 +307,13 @@ class MLP(nnx.Module):
 
   .. math::
 
-     \mathrm{MLP}(x) = \mathrm{GELU}(x W_1 + b_1) W_2 + b_2
+     \mathrm{MLP}(x) = \phi(x W_1 + b_1) W_2 + b_2, \qquad \phi = \mathrm{GELU}
+     \text{ or } \mathrm{ReLU} \text{ (``config.activation``)}
   """
 
   def __init__(self, config: TransformerConfig, *, gain: float, rngs: nnx.Rngs):
     dtype = jnp.dtype(config.dtype)
+    self.act = jax.nn.relu if config.activation == "relu" else jax.nn.gelu
     self.fc_in = nnx.Linear(config.d_model, config.d_ff,
                             kernel_init=_weight_init(config, gain=gain), dtype=dtype, rngs=rngs)
     self.fc_out = nnx.Linear(config.d_ff, config.d_model,
@@ -305,7 +322,7 @@ class MLP(nnx.Module):
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """Applies the MLP to ``x: (B, T, d)``."""
-    return self.fc_out(jax.nn.gelu(self.fc_in(x)))
+    return self.fc_out(self.act(self.fc_in(x)))
 
 
 def _normed(norm: nnx.Module, x: jax.Array, stats: list | None) -> jax.Array:
@@ -442,16 +459,20 @@ class TransformerLM(nnx.Module):
     self.head = nnx.Linear(config.d_model, config.vocab_size, kernel_init=head_init,
                            dtype=dtype, rngs=rngs)
 
-  def __call__(self, tokens: jax.Array, *, collect_stats: bool = False):
-    """Computes next-token logits.
+  def __call__(self, tokens: jax.Array, *, collect_stats: bool = False,
+               return_hidden: bool = False):
+    """Computes next-token logits (or the final hidden state).
 
     Args:
       tokens: ``(B, T)`` integer token ids in ``[0, vocab_size)``, ``T <= max_len``.
       collect_stats: also return ``{"residual_sq_norm": (n_norm_inputs,)}``, the mean squared
         entry E||x||^2 / d of every normalization input, in forward order.
+      return_hidden: return the final hidden state ``(B, T, d)``, the input of the head
+        (after the final norm for ``"pre"``/``"sandwich"``), instead of the logits.
 
     Returns:
-      float32 logits ``(B, T, vocab_size)``, or ``(logits, stats)`` when ``collect_stats``.
+      float32 logits ``(B, T, vocab_size)`` (or the hidden state with ``return_hidden``), or
+      ``(logits, stats)`` when ``collect_stats``.
     """
     cfg = self.config
     if not hasattr(tokens, "dtype") or not jnp.issubdtype(tokens.dtype, jnp.integer):
@@ -469,6 +490,8 @@ class TransformerLM(nnx.Module):
     x = self.embed(tokens)                                            # (B, T, d)
     if cfg.positions == "learned":
       x = x + self.pos_embed[...][None, :t].astype(x.dtype)
+    if cfg.embed_scale != 1.0:
+      x = x * jnp.asarray(cfg.embed_scale, x.dtype)
     if cfg.fused and cfg.norm_position in ("pre", "sandwich"):
       # Each block's last add is fused with the next block's first norm (the final norm last).
       pending = None
@@ -480,6 +503,9 @@ class TransformerLM(nnx.Module):
         x = block(x, stats)
       if cfg.norm_position in ("pre", "sandwich"):
         x = _normed(self.final_norm, x, stats)
+    if return_hidden:
+      out = x.astype(jnp.float32)
+      return (out, {"residual_sq_norm": jnp.stack(stats)}) if collect_stats else out
     logits = self.head(x).astype(jnp.float32)                         # (B, T, V)
     if collect_stats:
       return logits, {"residual_sq_norm": jnp.stack(stats)}
