@@ -246,8 +246,8 @@ def _xla_forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True
   return y.astype(cfg.out_dtype), stats
 
 
-def _xla_backward(cfg: NormConfig, x, scale, mask, stats, dy):
-  """The closed-form backward in XLA ops.
+def _xla_backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None):
+  """The closed-form backward in XLA ops; ``dx`` in ``dx_dtype`` (default ``x.dtype``).
 
   Written as ``dx = rstd * (g - m * mean(g)) + A * m * x_c`` with the per-row coefficient
   ``A = -c * rstd**3 * sum(g * x_c) / n`` (``x_c = x - mean``, so ``rstd * x_c = x_hat``): the
@@ -313,7 +313,7 @@ def _xla_backward(cfg: NormConfig, x, scale, mask, stats, dy):
   dx = statsv[2] * g + var_term
   if mean_term is not None:
     dx = dx - mean_term
-  return dx.astype(x.dtype), dscale, dbias
+  return dx.astype(x.dtype if dx_dtype is None else dx_dtype), dscale, dbias
 
 
 def _pallas_interpret() -> bool:

@@ -202,10 +202,11 @@ def _unfused_backward(cfg: FusedConfig, h, scale, mask, stats, dy, dh):
     dn, dscale, dbias = _core._pallas_backward(  # pylint: disable=protected-access
         cfg.norm, h, scale, mask, stats, dy)
   else:
-    # Passing h in the compute dtype keeps J^T dy unrounded until dh is added (one rounding
-    # per cotangent); XLA fuses the convert into the backward's reductions and final map.
+    # J^T dy in the compute dtype, unrounded until dh is added (one rounding per cotangent);
+    # h itself goes in as stored, so the backward's barriers see it and no float32 copy of a
+    # narrow h is materialized.
     dn, dscale, dbias = _core._xla_backward(  # pylint: disable=protected-access
-        cfg.norm, h.astype(ct), scale, mask, stats, dy)
+        cfg.norm, h, scale, mask, stats, dy, dx_dtype=ct)
   dn = dn.astype(ct)
   total = dn if dh is None else dn + dh.astype(ct)  # (..., d)
   dx = total.astype(cfg.x_dtype)
