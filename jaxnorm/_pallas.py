@@ -231,20 +231,25 @@ def _fwd_kernel(spec: _Spec, *refs):
     plgpu.store(delta_ref.at[rows_ds], delta, mask=row_ok)
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "out_dtype", "interpret"))
-def _fwd_call(x, scale, bias, *, spec: _Spec, out_dtype, interpret: bool):
+@functools.partial(jax.jit, static_argnames=("spec", "out_dtype", "h_dtype", "interpret"))
+def _fwd_call(x, scale, bias, *, spec: _Spec, out_dtype, interpret: bool, residual=None,
+              h_dtype=None):
+  """The forward kernel's launch: outputs ``y`` (then ``h`` with a residual) and the stats."""
   rows, d = x.shape
   stat = jax.ShapeDtypeStruct((rows,), jnp.float32)
   out_shape = [jax.ShapeDtypeStruct((rows, d), out_dtype)]
+  out_shape += [] if residual is None else [jax.ShapeDtypeStruct((rows, d), h_dtype)]
   out_shape += [stat, stat, stat] if spec.center else [stat]
-  args = [x] + ([scale] if spec.has_scale else []) + ([bias] if spec.has_bias else [])
+  args = [x] + ([] if residual is None else [residual])
+  args += ([scale] if spec.has_scale else []) + ([bias] if spec.has_bias else [])
+  op = "layer_norm" if spec.center else "rms_norm"
   return pl.pallas_call(
       functools.partial(_fwd_kernel, spec),
       out_shape=out_shape,
       grid=(pl.cdiv(rows, spec.cfg.block_rows),),
       compiler_params=_compiler_params(spec),
       interpret=interpret,
-      name="jaxnorm_layer_norm_fwd" if spec.center else "jaxnorm_rms_norm_fwd",
+      name=f"jaxnorm_{op}_fwd" if residual is None else f"jaxnorm_add_{op}_fwd",
   )(*args)
 
 
@@ -632,23 +637,6 @@ def rms_norm_bwd(x, scale, rstd, dy, *, epsilon, epsilon_placement="inside",
 # differ: another dtype, or a residual_scale != 1).
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "out_dtype", "h_dtype", "interpret"))
-def _add_fwd_call(x, residual, scale, bias, *, spec: _Spec, out_dtype, h_dtype, interpret: bool):
-  rows, d = x.shape
-  stat = jax.ShapeDtypeStruct((rows,), jnp.float32)
-  out_shape = [jax.ShapeDtypeStruct((rows, d), out_dtype), jax.ShapeDtypeStruct((rows, d), h_dtype)]
-  out_shape += [stat, stat, stat] if spec.center else [stat]
-  args = [x, residual] + ([scale] if spec.has_scale else []) + ([bias] if spec.has_bias else [])
-  return pl.pallas_call(
-      functools.partial(_fwd_kernel, spec),
-      out_shape=out_shape,
-      grid=(pl.cdiv(rows, spec.cfg.block_rows),),
-      compiler_params=_compiler_params(spec),
-      interpret=interpret,
-      name="jaxnorm_add_layer_norm_fwd" if spec.center else "jaxnorm_add_rms_norm_fwd",
-  )(*args)
-
-
 @functools.partial(jax.jit, static_argnames=("spec", "x_dtype", "residual_dtype", "interpret"))
 def _add_bwd_call(h, dy, dh, scale, shift, delta, rstd, *, spec: _Spec, x_dtype, residual_dtype,
                   interpret: bool):
@@ -738,9 +726,8 @@ def add_layer_norm_fwd(x, residual, scale, bias, *, epsilon, residual_scale=1.0,
                    residual_scale=residual_scale, epsilon=epsilon,
                    epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale)
   h_dtype = _check_dtype("h_dtype", h_dtype or jnp.promote_types(x.dtype, residual.dtype))
-  return tuple(_add_fwd_call(x, residual, scale, bias, spec=spec,
-                             out_dtype=_out_dtype(out_dtype, x), h_dtype=h_dtype,
-                             interpret=bool(interpret)))
+  return tuple(_fwd_call(x, scale, bias, spec=spec, out_dtype=_out_dtype(out_dtype, x),
+                         interpret=bool(interpret), residual=residual, h_dtype=h_dtype))
 
 
 def add_rms_norm_fwd(x, residual, scale, *, epsilon, residual_scale=1.0, h_dtype=None,
@@ -759,9 +746,8 @@ def add_rms_norm_fwd(x, residual, scale, *, epsilon, residual_scale=1.0, h_dtype
                    residual_scale=residual_scale, epsilon=epsilon,
                    epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale)
   h_dtype = _check_dtype("h_dtype", h_dtype or jnp.promote_types(x.dtype, residual.dtype))
-  return tuple(_add_fwd_call(x, residual, scale, None, spec=spec,
-                             out_dtype=_out_dtype(out_dtype, x), h_dtype=h_dtype,
-                             interpret=bool(interpret)))
+  return tuple(_fwd_call(x, scale, None, spec=spec, out_dtype=_out_dtype(out_dtype, x),
+                         interpret=bool(interpret), residual=residual, h_dtype=h_dtype))
 
 
 def _add_bwd(h, scale, stats, dy, dh, *, center, has_bias, residual_scale, x_dtype,
