@@ -192,7 +192,8 @@ def verdicts(grid: dict, lrs: list[float], cfg: Config, unigram: float) -> tuple
   claims.append({
       "id": "xiong_postln_lr_sensitive",
       "criterion": "the largest grid rate each layout survives in every seed, per warm-up; yes if with "
-                   f"the short warm-up ({short} steps) Post-LN's is smaller than Pre-LN's",
+                   f"the short warm-up ({short} steps) Post-LN's is smaller than Pre-LN's; a Post-LN that "
+                   "survives no rate counts as no (it fails rather than being rate-sensitive)",
       "ours": "largest surviving rate, Post-LN vs Pre-LN: " + "; ".join(
           f"warm-up {w}: {fmt(surv['post'][w])} vs {fmt(surv['pre'][w])}" for w in cfg.warmups),
       "holds": "yes" if ok else "no"})
