@@ -161,9 +161,9 @@ class LayerNorm(nn.Module):
         the elements where it is true, every element is normalized.
       residual: optional array of the shape of ``x`` (the residual stream). When given, the
         add is fused with the norm (:func:`jaxnorm.add_layer_norm`): the layer normalizes
-        :math:`h = x + lpha\,	ext{residual}` (in the promoted dtype of ``x`` and
+        :math:`h = x + \alpha\,\text{residual}` (in the promoted dtype of ``x`` and
         ``residual``) and returns ``(y, h)``.
-      residual_scale: :math:`lpha`, a Python float (DeepNorm); only with ``residual``.
+      residual_scale: :math:`\alpha`, a Python float (DeepNorm); only with ``residual``.
 
     Returns:
       The normalized input, the shape of ``x``, in ``dtype`` or else the promoted dtype of
@@ -245,7 +245,7 @@ class RMSNorm(nn.Module):
         the elements where it is true, every element is normalized.
       residual: optional array of the shape of ``x``; when given, the add is fused with the
         norm (:func:`jaxnorm.add_rms_norm`) and the layer returns ``(y, h)``.
-      residual_scale: :math:`lpha`, a Python float; only with ``residual``.
+      residual_scale: :math:`\alpha`, a Python float; only with ``residual``.
 
     Returns:
       The normalized input, the shape of ``x``, in ``dtype`` or else the promoted dtype of

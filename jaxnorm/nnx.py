@@ -187,9 +187,9 @@ class LayerNorm(nnx.Module):
         the elements where it is true, every element is normalized.
       residual: optional array of the shape of ``x`` (the residual stream). When given, the
         residual add is fused with the norm (:func:`jaxnorm.add_layer_norm`): the layer
-        normalizes :math:`h = x + lpha\,	ext{residual}` (``h`` in the promoted dtype of ``x``
+        normalizes :math:`h = x + \alpha\,\text{residual}` (``h`` in the promoted dtype of ``x``
         and ``residual``) and returns ``(y, h)``.
-      residual_scale: :math:`lpha`, a Python float (DeepNorm's up-weighting); only with
+      residual_scale: :math:`\alpha`, a Python float (DeepNorm's up-weighting); only with
         ``residual``.
 
     Returns:
@@ -306,7 +306,7 @@ class RMSNorm(nnx.Module):
       residual: optional array of the shape of ``x``; when given, the add is fused with the
         norm (:func:`jaxnorm.add_rms_norm`) and the layer returns ``(y, h)``, see
         :meth:`LayerNorm.__call__`.
-      residual_scale: :math:`lpha`, a Python float; only with ``residual``.
+      residual_scale: :math:`\alpha`, a Python float; only with ``residual``.
 
     Returns:
       The normalized input, the shape of ``x``, in the dtype Flax's rules give
