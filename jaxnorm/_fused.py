@@ -155,7 +155,7 @@ def _pallas_forward(cfg: FusedConfig, x, residual, scale, bias):
   nc, d = cfg.norm, x.shape[-1]
   kw = dict(epsilon=nc.epsilon, residual_scale=cfg.residual_scale, h_dtype=cfg.h_dtype,
             epsilon_placement=nc.epsilon_placement, zero_centered_scale=nc.zero_centered_scale,
-            out_dtype=nc.out_dtype, interpret=_core._pallas_interpret())  # pylint: disable=protected-access
+            out_dtype=nc.out_dtype, interpret=nc.interpret)
   x2, r2 = x.reshape(-1, d), residual.reshape(-1, d)
   s = None if scale is None else scale.reshape(-1)
   row = lambda a: a.reshape(x.shape[:-1] + (1,))  # noqa: E731
@@ -176,8 +176,7 @@ def _pallas_backward(cfg: FusedConfig, h, scale, stats, dy, dh):
   shift, delta, rstd = stats
   kw = dict(epsilon=nc.epsilon, residual_scale=cfg.residual_scale, x_dtype=cfg.x_dtype,
             residual_dtype=cfg.residual_dtype, epsilon_placement=nc.epsilon_placement,
-            zero_centered_scale=nc.zero_centered_scale,
-            interpret=_core._pallas_interpret())  # pylint: disable=protected-access
+            zero_centered_scale=nc.zero_centered_scale, interpret=nc.interpret)
   h2, dy2 = h.reshape(-1, d), dy.reshape(-1, d)
   dh2 = None if dh is None else dh.reshape(-1, d)
   s = None if scale is None else scale.reshape(-1)
