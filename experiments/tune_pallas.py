@@ -35,7 +35,7 @@ from experiments import bench
 SHAPES = ((4096, 4096), (16384, 4096), (32768, 8192))
 
 
-def _spec_and_args(op: str, inp: bench.Inputs):
+def _pallas_and_spec(op: str, inp: bench.Inputs):
   from jaxnorm import _pallas  # noqa: PLC0415 - GPU-only module, imported when used.
 
   center = op == "layer_norm"
@@ -78,7 +78,7 @@ def tune_entry(op: str, rows: int, d: int, dtype: str, *, repeats: int, sample_m
   its times mean nothing).
   """
   inp = bench.make_inputs(rows, d, dtype)
-  pallas, base = _spec_and_args(op, inp)
+  pallas, base = _pallas_and_spec(op, inp)
   tol = 1e-5 if dtype == "float32" else 1e-2
   ref_fwd = bench._block(_fwd(pallas, base, inp, interpret)())
   stats = tuple(ref_fwd[1:])
@@ -142,15 +142,11 @@ def bwd_grid_for(core_count: int, per_sm=(1, 2, 4, 8), bwd_rows=(None,)):
   return grid
 
 
-def _parse_shapes(text):
-  return bench._parse_shapes(text)
-
-
 def main(argv: list[str] | None = None) -> int:
   """Runs the sweep; see ``python -m experiments tune --help``."""
   p = argparse.ArgumentParser(prog="python -m experiments tune", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--shapes", type=_parse_shapes, default=SHAPES)
+  p.add_argument("--shapes", type=bench._parse_shapes, default=SHAPES)
   p.add_argument("--dtypes", type=bench._parse_dtypes, default=bench.DTYPES)
   p.add_argument("--ops", type=bench._parse_list(bench.OPS, "--ops"), default=bench.OPS)
   p.add_argument("--repeats", type=int, default=20)
