@@ -345,44 +345,31 @@ def must_move_bytes(op: str, mode: str, rows: int, d: int, x_itemsize: int,
   return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
 
 
-def _functions(f: Callable) -> dict[str, Callable]:
-  """The three jitted functions of one implementation."""
-  fwd = jax.jit(f)
+def _functions(f: Callable, n_primals: int) -> dict[str, Callable]:
+  """The jitted functions of one implementation ``f(*primals)``.
+
+  ``fwd(*primals)``; ``make_vjp(*primals)`` (the ``vjp`` closure, its residuals outputs);
+  ``bwd(vjp_fn, *cts)``, the closure passed as an argument, so XLA cannot fold its residuals;
+  ``fwd+bwd(*primals, *cts)``. One cotangent is passed as is, several as a tuple (the fused
+  ops' ``(dy, dh)``).
+  """
+  def cotangent(cts):
+    return cts[0] if len(cts) == 1 else tuple(cts)
 
   @jax.jit
-  def make_vjp(x, scale, bias):
-    return jax.vjp(f, x, scale, bias)
+  def make_vjp(*primals):
+    return jax.vjp(f, *primals)
 
   @jax.jit
-  def bwd(vjp_fn, dy):
-    return vjp_fn(dy)
+  def bwd(vjp_fn, *cts):
+    return vjp_fn(cotangent(cts))
 
   @jax.jit
-  def fwd_bwd(x, scale, bias, dy):
-    y, vjp_fn = jax.vjp(f, x, scale, bias)
-    return y, vjp_fn(dy)
+  def fwd_bwd(*args):
+    out, vjp_fn = jax.vjp(f, *args[:n_primals])
+    return out, vjp_fn(cotangent(args[n_primals:]))
 
-  return {"fwd": fwd, "make_vjp": make_vjp, "bwd": bwd, "fwd+bwd": fwd_bwd}
-
-
-def _fused_functions(f: Callable) -> dict[str, Callable]:
-  """The three jitted functions of one fused-op implementation ``f(x, r, s, b) -> (y, h)``."""
-  fwd = jax.jit(f)
-
-  @jax.jit
-  def make_vjp(x, r, scale, bias):
-    return jax.vjp(f, x, r, scale, bias)
-
-  @jax.jit
-  def bwd(vjp_fn, dy, dh):
-    return vjp_fn((dy, dh))
-
-  @jax.jit
-  def fwd_bwd(x, r, scale, bias, dy, dh):
-    out, vjp_fn = jax.vjp(f, x, r, scale, bias)
-    return out, vjp_fn((dy, dh))
-
-  return {"fwd": fwd, "make_vjp": make_vjp, "bwd": bwd, "fwd+bwd": fwd_bwd}
+  return {"fwd": jax.jit(f), "make_vjp": make_vjp, "bwd": bwd, "fwd+bwd": fwd_bwd}
 
 
 @dataclasses.dataclass
@@ -430,8 +417,8 @@ def prepare_entry(f: Callable, inp: Inputs, *, modes: tuple[str, ...],
   differentiated with the cotangents ``(dy, dh)``. Returns ``({mode: (fn, args)}, memory)``: the
   calls to time and the ``memory_analysis`` of the jitted fwd+bwd.
   """
-  fns = _fused_functions(f) if fused else _functions(f)
   lead = (inp.x, inp.residual) if fused else (inp.x,)
+  fns = _functions(f, len(lead) + 2)
   cts = (inp.dy, inp.dh) if fused else (inp.dy,)
   args = {
       "fwd": (*lead, inp.scale, inp.bias),
