@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from experiments import bench
+from jaxnorm import _pallas_config
 
 SHAPES = ((4096, 4096), (16384, 4096), (32768, 8192))
 
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                  help="rows per backward tile to try (comma-separated; default: the forward's)")
   args = p.parse_args(argv)
   device = jax.devices()[0]
-  if device.platform not in ("gpu", "cuda", "rocm"):
+  if not _pallas_config.on_gpu(device.platform):
     raise SystemExit(f"tune compiles the Triton kernels and needs a GPU; this device is "
                      f"{device.platform!r}")
   core_count = int(getattr(device, "core_count", 0) or 132)

@@ -22,6 +22,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 import jaxnorm
 from jaxnorm import _pallas
 from jaxnorm import reference
+from jaxnorm import _pallas_config
 from jaxnorm._pallas_config import MAX_BLOCK_D
 from _numerics import assert_close, natural_scales, random, tol_for
 
@@ -29,7 +30,7 @@ OPS = {
     "layer_norm": (jaxnorm.add_layer_norm, reference.layer_norm, True),
     "rms_norm": (jaxnorm.add_rms_norm, reference.rms_norm, False),
 }
-INTERPRET = jax.default_backend() not in ("gpu", "cuda", "rocm")
+INTERPRET = not _pallas_config.on_gpu()
 D_LOOP = MAX_BLOCK_D + 8  # two column blocks in the kernels
 
 
