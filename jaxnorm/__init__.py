@@ -8,8 +8,8 @@ heuristic's blocks for a shape, and :func:`pallas_compiles_on` whether a backend
 """
 
 from jaxnorm import reference as reference
-from jaxnorm._fused import add_layer_norm as add_layer_norm
-from jaxnorm._fused import add_rms_norm as add_rms_norm
+from jaxnorm._add_norm import add_layer_norm as add_layer_norm
+from jaxnorm._add_norm import add_rms_norm as add_rms_norm
 from jaxnorm._jacobian import layer_norm_jacobian as layer_norm_jacobian
 from jaxnorm._jacobian import rms_norm_jacobian as rms_norm_jacobian
 from jaxnorm._layer_norm import layer_norm as layer_norm

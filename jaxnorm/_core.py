@@ -1,12 +1,14 @@
-r"""The one ``jax.custom_vjp`` behind :func:`jaxnorm.layer_norm` and :func:`jaxnorm.rms_norm`.
+r"""Internal API: the plain norm's forward and derived backward, dispatched to XLA or the kernels.
 
 Both ops normalize the last axis of an array ``x`` of shape ``(..., d)`` (the public wrappers
 flatten the normalized trailing axes into that one axis) and differ only in whether the row is
-centred first. One private function, :func:`_norm`, carries both, switched by the static
-:class:`NormConfig`; its forward and backward rules are written out below and derived in full in
-``docs/derivations.md``. The public ops reach it through the ``jax.custom_jvp`` of
-:mod:`jaxnorm._forward_mode`, which calls :func:`apply` for the value, :func:`forward` in its JVP
-rule and :func:`backward` / :func:`param_cotangents` where its tangent map is transposed.
+centred first, switched by the static :class:`jaxnorm._spec.NormConfig` that :func:`prepare`
+builds. This module holds no differentiation rule of its own: it gives the three functions the
+one ``jax.custom_jvp`` of :mod:`jaxnorm._ad` is made of, :func:`forward_only` (the value of an
+undifferentiated call: one pass, nothing kept), :func:`forward` (the value and the statistics
+reverse mode keeps, computed in the JVP rule) and :func:`backward` / :func:`param_cotangents`
+(the derived VJP, run where the tangent map is transposed). Their formulas are written out
+below and derived in full in ``docs/derivations.md``.
 
 Notation (one row; sums run over the ``d`` features, or over the masked-in ones for the
 statistics):
@@ -56,48 +58,29 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
+from jaxnorm import _jax_compat
+from jaxnorm import _pallas_backward
+from jaxnorm import _pallas_common
 from jaxnorm import _pallas_config
-from jaxnorm._pallas_config import PallasConfig
+from jaxnorm import _pallas_forward
 from jaxnorm import _validation as v
 from jaxnorm import _xla
-from jaxnorm._casting import CASTINGS, CastPlan, cast_plan
-from jaxnorm._remat import name_residuals
+from jaxnorm._casting import CASTINGS, cast_plan
+from jaxnorm._pallas_config import PallasConfig
+from jaxnorm._spec import NormConfig
 
-
-@dataclasses.dataclass(frozen=True)
-class NormConfig:
-  """Static configuration of one call (hashable; passed as a ``nondiff_argnums`` value)."""
-
-  center: bool  # True: LayerNorm (subtract the mean). False: RMSNorm.
-  epsilon: float  # Python float >= 0.
-  epsilon_placement: str  # "inside": rsqrt(v + eps). "outside": 1 / (sqrt(v) + eps).
-  zero_centered_scale: bool  # gamma = 1 + scale instead of scale.
-  axis_name: Any  # Mesh axis name(s) that split the feature axis, or None.
-  axis_index_groups: Any  # Tuple of tuples, or None.
-  out_dtype: Any  # NumPy dtype of y.
-  bias_dtype: Any  # NumPy dtype of bias (for its cotangent), or None when there is no bias.
-  bias_shape: Any  # Shape of bias (for its cotangent), or None.
-  bias_vma: frozenset  # Mesh axes bias varies over inside shard_map (empty outside).
-  impl: str  # "xla" or "pallas" (resolved, never "auto").
-  pallas: PallasConfig = PallasConfig()  # How impl="pallas" runs the kernels (interpret, block).
-  cast: CastPlan | None = None  # The affine stage's dtypes (casting=); None: "float32".
-
-  def plan(self, x_dtype) -> CastPlan:
-    """The :class:`CastPlan` of this call (``"float32"`` when none was set)."""
-    return self.cast if self.cast is not None else cast_plan("float32", x_dtype)
-
+__all__ = ["NormConfig", "backward", "check_pallas", "flat_stats", "forward", "forward_only",
+           "on_platform", "pallas_spec", "pallas_stats", "param_cotangents", "prepare"]
 
 
 def pallas_spec(cfg: NormConfig, x, scale, *, has_bias: bool, residual_scale: float = 1.0):
   """The kernels' launch spec for ``x: (..., d)`` from a checked config (no re-validation)."""
-  from jaxnorm import _pallas_common  # pylint: disable=g-import-not-at-top
-
   d = x.shape[-1]
   return _pallas_common.kernel_spec(
       x.size // d, d, x.dtype, center=cfg.center, has_scale=scale is not None,
@@ -118,25 +101,21 @@ def flat_stats(cfg: NormConfig, stats):
   return flat if cfg.center else (None, None, flat[2])
 
 
-def _pallas_forward(cfg: NormConfig, x, scale, bias):
-  from jaxnorm import _pallas_forward as fwd  # pylint: disable=g-import-not-at-top
-
+def _pallas_forward_call(cfg: NormConfig, x, scale, bias):
   d = x.shape[-1]
   spec = pallas_spec(cfg, x, scale, has_bias=bias is not None)
-  y, *stats = fwd.norm_forward(x.reshape(-1, d), _flat(scale), _flat(bias), spec=spec,
+  y, *stats = _pallas_forward.norm_forward(x.reshape(-1, d), _flat(scale), _flat(bias), spec=spec,
                                out_dtype=cfg.out_dtype, interpret=cfg.pallas.interpret)
   return y.reshape(x.shape), pallas_stats(cfg, x.shape[:-1] + (1,), stats)
 
 
-def _pallas_backward(cfg: NormConfig, x, scale, stats, dy):
-  from jaxnorm import _pallas_backward as bwd  # pylint: disable=g-import-not-at-top
-
+def _pallas_backward_call(cfg: NormConfig, x, scale, stats, dy):
   d = x.shape[-1]
   spec = pallas_spec(cfg, x, scale, has_bias=cfg.bias_dtype is not None)
   shift, delta, rstd = flat_stats(cfg, stats)
-  dx, dscale, dbias = bwd.norm_backward(x.reshape(-1, d), dy.reshape(-1, d), _flat(scale),
-                                        shift, delta, rstd, spec=spec,
-                                        interpret=cfg.pallas.interpret)
+  dx, dscale, dbias = _pallas_backward.norm_backward(
+      x.reshape(-1, d), dy.reshape(-1, d), _flat(scale), shift, delta, rstd, spec=spec,
+      interpret=cfg.pallas.interpret)
   return dx.reshape(x.shape), dscale, dbias
 
 
@@ -148,56 +127,76 @@ def param_cotangents(cfg: NormConfig, scale, dscale, dbias):
   """``dscale``/``dbias`` in their primals' shapes and dtypes, summed over replicated mesh axes."""
   if dscale is not None:
     dscale = dscale.reshape(scale.shape).astype(scale.dtype)
-    dscale = _xla.match_vma(dscale, _xla.varying_axes(scale))
+    dscale = _xla.match_vma(dscale, _jax_compat.varying_axes(scale))
   if dbias is not None:
     dbias = dbias.reshape(cfg.bias_shape).astype(cfg.bias_dtype)
     dbias = _xla.match_vma(dbias, cfg.bias_vma)
   return dscale, dbias
 
 
-def forward(cfg: NormConfig, x, scale, bias, mask):
-  """``(y, stats)`` of ``x: (..., d)`` on ``cfg.impl``: the XLA formulas or the kernels."""
+def on_platform(cfg: NormConfig, fn, *args):
+  """``fn(cfg, *args)`` with ``cfg.impl`` resolved: "platform" is decided per lowering platform.
+
+  ``impl="auto"`` on a call the kernels support becomes "platform": a
+  ``lax.platform_dependent`` whose GPU branches run the kernels and whose default branch runs
+  XLA. Only the branch of the platform a program is lowered for is compiled, so
+  ``jax.export(..., platforms=["cuda"])`` from a CPU host carries the kernels and ``["tpu"]``
+  the XLA formulas; both branches return the same shapes and dtypes.
+  """
+  if cfg.impl != "platform":
+    return fn(cfg, *args)
+  pal = dataclasses.replace(cfg, impl="pallas")
+  xla = dataclasses.replace(cfg, impl="xla")
+  gpu = {p: functools.partial(fn, pal) for p in _pallas_config.GPU_PLATFORMS}
+  return lax.platform_dependent(*args, default=functools.partial(fn, xla), **gpu)
+
+
+def _forward_only(cfg: NormConfig, x, scale, bias, mask):
   if cfg.impl == "pallas":
-    return _pallas_forward(cfg, x, scale, bias)
+    return _pallas_forward_call(cfg, x, scale, bias)[0]
+  # Not differentiated: no residuals, so the forward compiles to one fusion that may share
+  # x - shift between its sums (decoupling them would only recompute it).
+  return _xla.forward(cfg, x, scale, bias, mask, decouple=False)[0]
+
+
+def forward_only(cfg: NormConfig, x, scale, bias, mask):
+  r"""``y`` of ``x: (..., d)``, nothing kept: the value of an undifferentiated call.
+
+  .. math:: y = \gamma \odot (x - \mu)\, r + \beta
+  """
+  return on_platform(cfg, _forward_only, x, scale, bias, mask)
+
+
+def _forward(cfg: NormConfig, x, scale, bias, mask):
+  if cfg.impl == "pallas":
+    return _pallas_forward_call(cfg, x, scale, bias)
   return _xla.forward(cfg, x, scale, bias, mask)
+
+
+def forward(cfg: NormConfig, x, scale, bias, mask):
+  """``(y, stats)`` of ``x: (..., d)`` on ``cfg.impl``: the XLA formulas or the kernels.
+
+  ``stats = (shift, delta, rstd)``, each ``(..., 1)`` (``shift``/``delta`` None for RMSNorm):
+  what reverse mode keeps beside ``x`` and ``scale`` (12 or 4 bytes per row in float32).
+  """
+  return on_platform(cfg, _forward, x, scale, bias, mask)
+
+
+def _backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype):
+  if cfg.impl == "pallas":
+    dx, dscale, dbias = _pallas_backward_call(cfg, x, scale, stats, dy)
+    return dx.astype(x.dtype if dx_dtype is None else dx_dtype), dscale, dbias
+  return _xla.backward(cfg, x, scale, mask, stats, dy, dx_dtype=dx_dtype)
 
 
 def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None):
   """``(dx, dscale, dbias)`` on ``cfg.impl``; ``dx`` in ``dx_dtype`` (default ``x.dtype``).
 
-  ``dscale``/``dbias`` come back unreduced over mesh axes: see :func:`param_cotangents`.
+  The derived VJP of the module docstring. ``dscale``/``dbias`` come back unreduced over mesh
+  axes: see :func:`param_cotangents`.
   """
-  if cfg.impl == "pallas":
-    dx, dscale, dbias = _pallas_backward(cfg, x, scale, stats, dy)
-    return dx.astype(x.dtype if dx_dtype is None else dx_dtype), dscale, dbias
-  return _xla.backward(cfg, x, scale, mask, stats, dy, dx_dtype=dx_dtype)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _norm(cfg: NormConfig, x, scale, bias, mask):
-  if cfg.impl == "pallas":
-    y, _ = forward(cfg, x, scale, bias, mask)
-  else:
-    # Not differentiated: no residuals, so the forward compiles to one fusion that may share
-    # x - shift between its sums (decoupling them would only recompute it).
-    y, _ = _xla.forward(cfg, x, scale, bias, mask, decouple=False)
-  return y
-
-
-def _norm_fwd(cfg: NormConfig, x, scale, bias, mask):
-  y, stats = forward(cfg, x, scale, bias, mask)
-  x, stats = name_residuals(x, stats)  # remat-policy names (jaxnorm._remat)
-  return y, (x, scale, mask, stats)
-
-
-def _norm_bwd(cfg: NormConfig, res, dy):
-  """Closed-form backward (see the module docstring and docs/derivations.md)."""
-  x, scale, mask, stats = res
-  dx, dscale, dbias = backward(cfg, x, scale, mask, stats, dy)
-  return (dx, *param_cotangents(cfg, scale, dscale, dbias), None)
-
-
-_norm.defvjp(_norm_fwd, _norm_bwd)
+  return on_platform(cfg, functools.partial(_backward, dx_dtype=dx_dtype), x, scale, mask,
+                     stats, dy)
 
 
 def _under_non_manual_mesh() -> bool:
@@ -209,19 +208,16 @@ def _under_non_manual_mesh() -> bool:
 
 
 def _resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, pallas: PallasConfig) -> str:
-  """Picks "xla" or "pallas" for ``impl`` in {"auto", "xla", "pallas"}.
+  """Resolves ``impl`` in {"auto", "xla", "pallas"} to "xla", "pallas" or "platform".
 
-  "auto" takes the Pallas kernels only on a GPU backend and only for calls they support (no
-  mask, no axis_name, not traced under a mesh with non-manual axes, a supported shape and
-  dtype); it never fails where "xla" works (checked by the op and module tests on an H100).
-  "pallas" raises a ``ValueError`` saying why when the kernels cannot run the call.
+  "auto" on a call the kernels support (no mask, no axis_name, not traced under a mesh with
+  non-manual axes, a supported shape and dtype) is "platform": the kernels where the program is
+  lowered for a GPU and XLA elsewhere, decided per lowering platform (:func:`on_platform`), not
+  from the default backend at trace time; any other call is "xla". It never fails where "xla"
+  works. "pallas" raises a ``ValueError`` saying why when the kernels cannot run the call.
   """
   v.check_choice("impl", impl, v.IMPLS)
   if impl == "xla":
-    return "xla"
-  backend = jax.default_backend()
-  on_gpu = _pallas_config.pallas_compiles_on(backend)
-  if impl == "auto" and not on_gpu:
     return "xla"
   why_not = None
   if mask is not None:
@@ -231,16 +227,17 @@ def _resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, pallas: PallasCon
   elif _under_non_manual_mesh():
     why_not = ("the call is traced under a mesh with non-manual axes (explicit or automatic "
                "sharding); a pallas_call runs per device, inside shard_map only")
-  elif not on_gpu and not pallas.interpret:
-    why_not = (f"the Pallas kernels need a GPU and the default backend is {backend!r} (pass "
-               f"pallas=jaxnorm.PallasConfig(interpret=True) to run them in interpret mode, "
-               f"slowly, for testing)")
   else:
     ok, reason = _pallas_config.supported(x2_shape, dtype)
     if not ok:
       why_not = reason
   if impl == "auto":
-    return "xla" if why_not is not None else "pallas"
+    return "xla" if why_not is not None else "platform"
+  backend = jax.default_backend()
+  if why_not is None and not _pallas_config.pallas_compiles_on(backend) and not pallas.interpret:
+    why_not = (f"the Pallas kernels need a GPU and the default backend is {backend!r} (pass "
+               f"pallas=jaxnorm.PallasConfig(interpret=True) to run them in interpret mode, "
+               f"slowly, for testing)")
   if why_not is not None:
     raise ValueError(f"impl='pallas' cannot run this call: {why_not}. Use impl='xla' or 'auto'.")
   return "pallas"
@@ -306,16 +303,11 @@ def prepare(x, scale, bias, *, center, epsilon, axis, mask, epsilon_placement,
       out_dtype=jnp.dtype(dtype or x.dtype),
       bias_dtype=None if bias is None else jnp.dtype(bias.dtype),
       bias_shape=None if bias is None else tuple(bias.shape),
-      bias_vma=frozenset() if bias is None else _xla.varying_axes(bias),
+      bias_vma=frozenset() if bias is None else _jax_compat.varying_axes(bias),
       impl=impl,
-      pallas=pallas if impl == "pallas" else PallasConfig(),
+      pallas=pallas if impl != "xla" else PallasConfig(),
       cast=cast_plan(casting, x.dtype, None if scale is None else scale.dtype,
                      None if bias is None else bias.dtype),
   )
   shape = tuple(x.shape)
   return cfg, x2, mask2, lambda y: y.reshape(shape)
-
-
-def apply(cfg: NormConfig, x2, scale, bias, mask2):
-  """Calls the custom-VJP op on prepared arguments."""
-  return _norm(cfg, x2, scale, bias, mask2)

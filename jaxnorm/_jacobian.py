@@ -46,7 +46,7 @@ def _jacobian(x, scale, *, center, epsilon, axis, mask, epsilon_placement, zero_
   if center:
     jac = jac - col[..., None, :]
   jac = rstd[..., None] * jac
-  gam = _xla.gamma(cfg, scale, x2.ndim, ct)
+  gam = _xla.gamma(cfg, scale, x2.ndim, x2.dtype)
   if gam is not None:
     jac = jac * gam[..., :, None]
   return jac

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from jaxnorm import _core
-from jaxnorm import _forward_mode
+from jaxnorm import _ad
 
 
 def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
@@ -85,4 +85,4 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
       x, scale, bias, center=True, epsilon=epsilon, axis=axis, mask=mask, dtype=dtype, impl=impl,
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=axis_name, axis_index_groups=axis_index_groups, pallas=pallas, casting=casting)
-  return restore(_forward_mode.apply(cfg, x2, scale, bias, mask2))
+  return restore(_ad.apply(cfg, x2, scale, bias, mask2))

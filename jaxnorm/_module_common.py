@@ -31,8 +31,8 @@ from flax.nnx.nn import dtypes as _flax_dtypes
 
 from jaxnorm import _validation as v
 from jaxnorm._casting import CASTINGS, cast_plan
-from jaxnorm._fused import add_layer_norm as _add_layer_norm_op
-from jaxnorm._fused import add_rms_norm as _add_rms_norm_op
+from jaxnorm._add_norm import add_layer_norm as _add_layer_norm_op
+from jaxnorm._add_norm import add_rms_norm as _add_rms_norm_op
 from jaxnorm._layer_norm import layer_norm as _layer_norm_op
 from jaxnorm._rms_norm import rms_norm as _rms_norm_op
 

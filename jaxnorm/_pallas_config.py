@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 __all__ = [
     "GPU_BACKENDS",
+    "GPU_PLATFORMS",
     "BlockConfig",
     "PallasConfig",
     "block_config",
@@ -30,6 +31,8 @@ __all__ = [
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 GPU_BACKENDS = ("gpu", "cuda", "rocm")
+#: The lowering platforms (``jax.export`` / ``lax.platform_dependent`` names) the kernels run on.
+GPU_PLATFORMS = ("cuda", "rocm")
 
 # Columns one program holds at once: a row of 8192 float32 values is 32 KiB of registers across
 # the program's threads; wider rows loop over column blocks.

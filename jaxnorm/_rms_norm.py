@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from jaxnorm import _core
-from jaxnorm import _forward_mode
+from jaxnorm import _ad
 
 
 def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None, epsilon_placement="inside",
@@ -68,4 +68,4 @@ def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None, epsilon_placeme
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,
       pallas=pallas, casting=casting)
-  return restore(_forward_mode.apply(cfg, x2, scale, None, mask2))
+  return restore(_ad.apply(cfg, x2, scale, None, mask2))

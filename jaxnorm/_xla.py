@@ -3,7 +3,7 @@ r"""Internal API: the closed-form LayerNorm/RMSNorm forward and backward in XLA 
 Shared by :mod:`jaxnorm._core` (the plain op), :mod:`jaxnorm._fused` (the residual add + norm
 op) and :mod:`jaxnorm._jacobian`. Names without a leading underscore here are the package's
 internal API (no public guarantee); a leading underscore means "only this file". Every function
-takes the static :class:`jaxnorm._core.NormConfig` first and trusts it (validated once, in
+takes the static :class:`jaxnorm._spec.NormConfig` first and trusts it (validated once, in
 :func:`jaxnorm._core.prepare`). The formulas are those of the :mod:`jaxnorm._core` docstring:
 
 .. math::
@@ -19,17 +19,13 @@ barriers) are explained beside each function.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxnorm import _jax_compat
 from jaxnorm import _math
-
-if TYPE_CHECKING:
-  from jaxnorm._core import NormConfig
+from jaxnorm._spec import NormConfig
 
 
 def compute_dtype(dtype) -> np.dtype:
@@ -55,26 +51,13 @@ def _row_sums(*arrays, mask=None):
   return tuple(jnp.sum(a, axis=-1, keepdims=True) for a in arrays)
 
 
-def varying_axes(a) -> frozenset:
-  """The manual mesh axes an array varies over inside ``shard_map`` (empty outside)."""
-  return aval_varying_axes(jax.typeof(a))
-
-
-def aval_varying_axes(aval) -> frozenset:
-  """:func:`varying_axes` of an abstract value (``jax.typeof`` of an array, or an aval)."""
-  mat = getattr(aval, "manual_axis_type", None)
-  if mat is not None:
-    return frozenset(mat.varying)
-  return frozenset(getattr(aval, "vma", frozenset()))
-
-
 def match_vma(ct, primal_vma):
   """Sums a parameter cotangent over the mesh axes its primal is replicated on.
 
   Inside ``shard_map`` with the batch split over, say, "data", a parameter replicated over
   "data" receives per-shard gradient contributions: its cotangent is their sum.
   """
-  extra = varying_axes(ct) - primal_vma
+  extra = _jax_compat.varying_axes(ct) - primal_vma
   if extra:
     ct = lax.psum(ct, tuple(sorted(extra, key=str)))
   return ct
@@ -176,17 +159,19 @@ def _row(p, ndim):
   return None if p is None else p.reshape((1,) * (ndim - 1) + (-1,))
 
 
-def _plan_gamma(cfg: NormConfig, plan, scale, ndim):
-  """gamma as the casting mode forms it (in its dtype G), returned in the compute dtype."""
-  return plan.gamma_of(_row(scale, ndim), cfg.zero_centered_scale)
+def gamma(cfg: NormConfig, scale, ndim, dtype=None):
+  r"""The effective per-feature multiplier :math:`\gamma` as a ``(1, ..., 1, d)`` row, or None.
 
-
-def gamma(cfg: NormConfig, scale, ndim, dtype):
-  """The effective per-feature multiplier: scale, 1 + scale, or None (identity)."""
+  :math:`\gamma = s` or :math:`1 + s` (``zero_centered_scale``), formed as the call's casting
+  mode forms it (:meth:`jaxnorm._casting.CastPlan.gamma_of`: in the scale's dtype for "llama"
+  and "t5") and returned in the compute dtype. The one place the XLA forward, the backward, the
+  tangent and the Jacobian get it from (the kernels call the same ``gamma_of``). ``dtype``: the
+  input's dtype (it fixes the compute dtype); default ``scale.dtype``.
+  """
   if scale is None:
     return None
-  s = _as_row(scale, ndim, dtype)
-  return 1.0 + s if cfg.zero_centered_scale else s
+  plan = cfg.plan(scale.dtype if dtype is None else dtype)
+  return plan.gamma_of(_row(scale, ndim), cfg.zero_centered_scale)
 
 
 def forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True):
@@ -200,7 +185,7 @@ def forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True):
   ct = rstd.dtype
   y = x_hat(cfg, x.astype(ct), shift, delta, rstd)
   plan = cfg.plan(x.dtype)  # the order of casts of the affine stage (jaxnorm._casting)
-  _, y = plan.affine_of(y, _plan_gamma(cfg, plan, scale, x.ndim), _row(bias, x.ndim))
+  _, y = plan.affine_of(y, gamma(cfg, scale, x.ndim, x.dtype), _row(bias, x.ndim))
   return y.astype(cfg.out_dtype), stats
 
 
@@ -227,7 +212,7 @@ def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None):
     return ((xf - shift) - delta) if cfg.center else xf
 
   def g_of(dyv, scalev):  # (..., d): rd_A(rd_P(gamma * dy)), in the compute dtype
-    return plan.cotangents(dyv, _plan_gamma(cfg, plan, scalev, x.ndim))[2]
+    return plan.cotangents(dyv, gamma(cfg, scalev, x.ndim, x.dtype))[2]
 
   dscale = dbias = None
   if scale is not None:
@@ -305,7 +290,7 @@ def tangent(cfg: NormConfig, x, scale, mask, stats, tx, tscale, tbias):
     if c is not None:
       coef = coef * c
     ty = rstd * txf + coef * xc
-    gam = gamma(cfg, scale, x.ndim, ct)
+    gam = gamma(cfg, scale, x.ndim, x.dtype)
     if gam is not None:
       ty = ty * gam
   if tscale is not None:

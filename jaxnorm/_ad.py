@@ -1,0 +1,294 @@
+r"""The one differentiation layer: each public op is one ``jax.custom_jvp`` over a linear primitive.
+
+Reverse mode *is* the derived custom VJP. Each op is a ``jax.custom_jvp`` function (``jax.jvp``
+needs one: JAX refuses forward mode through a ``jax.custom_vjp``) whose JVP rule returns the
+primal from the forward that keeps the statistics (:func:`jaxnorm._core.forward`, XLA or the
+Pallas forward kernel) and the tangent from ``norm_tangent_p``, a primitive that is *linear* in
+the tangents and whose transpose rule is the hand-derived backward (:func:`jaxnorm._core.backward`
+/ :func:`jaxnorm._fused.backward`, the Pallas backward kernels included). ``jax.grad``
+linearizes the JVP rule (the forward runs once, its residuals ``x, scale, mask, stats`` are kept)
+and transposes the primitive: exactly the pair ``jax.custom_vjp(fwd, bwd)`` with ``fwd`` =
+:func:`jaxnorm._core.forward` and ``bwd`` = :func:`jaxnorm._core.backward`, which
+``tests/test_one_ad_layer.py`` builds and compares bitwise, program included. An
+undifferentiated call runs :func:`jaxnorm._core.forward_only` (one pass, nothing kept).
+
+The tangent (derived in ``docs/derivations.md``, "Forward mode"), per row, with
+:math:`\dot x_c = \dot x - m\text{-mean}(\dot x)` (LayerNorm; :math:`\dot x_c = \dot x` for
+RMSNorm), :math:`\overline{\,\cdot\,}` the masked mean, psum'd over ``axis_name``:
+
+.. math::
+
+   \dot y = \gamma \odot r\big(\dot x_c - c\, \hat x\, \overline{\hat x \dot x}\big)
+            + \hat x \odot \dot s + \dot\beta,
+
+with :math:`c` the variance-path factor (1 "inside"); for the fused op
+:math:`\dot h = \dot x + \alpha \dot r` and :math:`\dot y` the same map at ``h`` applied to
+:math:`\dot h`. The tangent is computed by XLA ops on every path.
+
+The primitive has every rule JAX asks of one (registered through :mod:`jaxnorm._jax_compat`):
+abstract evaluation (outputs shaped like ``x``, varying over the union of the operands' mesh
+axes), lowering (the tangent formula), transposition (the derived VJP), its own JVP (autodiff of
+the formula, for second order) and batching. Batching keeps the derived rules for every batched
+operand: a batch axis of the row-like operands only is more rows; a batch axis of a parameter
+(``scale``, its tangent or ``bias``'s: ensembles, one model per seed, ``jax.jacfwd`` in the
+parameters) becomes a *group* axis, the static ``groups`` count of leading axes along which
+every operand, parameters included, has its own values. Each rule then maps the ungrouped rule
+over the groups with ``jax.vmap``: the transpose is still the derived backward (a
+``pallas_call`` under ``vmap`` is one launch with one more grid axis), never autodiff of the
+formula.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxnorm import _core
+from jaxnorm import _fused
+from jaxnorm import _jax_compat as jc
+from jaxnorm import _xla
+from jaxnorm._remat import name_residuals
+from jaxnorm._spec import NormConfig
+
+__all__ = ["add_norm", "apply", "norm_tangent_p"]
+
+# Operand names of the primitive. Residuals first (``x`` is the normalized input: ``h`` for
+# the fused op), then the tangents it is linear in. Absent ones (no scale, no mask, RMSNorm's
+# shift/delta, a symbolic-zero tangent) are left out; ``spec`` lists the present ones in order.
+_RESIDUALS = ("x", "scale", "mask", "shift", "delta", "rstd")
+_TANGENTS = ("tx", "tr", "tscale", "tbias")
+_PARAMS = frozenset({"scale", "tscale", "tbias"})  # shape (groups..., d)
+
+
+def _named(spec, args) -> dict:
+  named = dict.fromkeys(_RESIDUALS + _TANGENTS)
+  named.update(zip(spec, args))
+  return named
+
+
+def _pack(**named):
+  """``(spec, args)`` for the primitive from keyword operands; None ones are left out."""
+  spec = tuple(k for k in _RESIDUALS + _TANGENTS if named.get(k) is not None)
+  return spec, [named[k] for k in spec]
+
+
+def _over_groups(fn, groups: int):
+  """``fn`` mapped over ``groups`` leading axes of every argument and result (``jax.vmap``)."""
+  for _ in range(groups):
+    fn = jax.vmap(fn)
+  return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# The tangent formula (XLA ops: :func:`jaxnorm._xla.tangent`).
+
+
+def _formula_one(*args, cfg: NormConfig, spec):
+  """One group's value: ``[dot y]`` (plain op) or ``[dot y, dot h]`` (fused op)."""
+  a = _named(spec, args)
+  stats = (a["shift"], a["delta"], a["rstd"])
+  if not cfg.fused:
+    return [_xla.tangent(cfg, a["x"], a["scale"], a["mask"], stats, a["tx"], a["tscale"],
+                         a["tbias"])]
+  h = a["x"]
+  th = None
+  if a["tx"] is not None or a["tr"] is not None:
+    ct = _xla.compute_dtype(h.dtype)
+    th = jnp.zeros(h.shape, ct)
+    if a["tx"] is not None:
+      th = th + a["tx"].astype(ct)
+    if a["tr"] is not None:
+      th = th + cfg.residual_scale * a["tr"].astype(ct)
+  ty = _xla.tangent(cfg, h, a["scale"], a["mask"], stats, th, a["tscale"], a["tbias"])
+  th = jnp.zeros(h.shape, cfg.h_dtype) if th is None else th.astype(cfg.h_dtype)
+  return [ty, th]
+
+
+def _formula(*args, cfg, spec, groups):
+  return _over_groups(functools.partial(_formula_one, cfg=cfg, spec=spec), groups)(*args)
+
+
+# ---------------------------------------------------------------------------------------------
+# The primitive and its rules.
+
+norm_tangent_p = jc.Primitive("jaxnorm_norm_tangent")
+norm_tangent_p.multiple_results = True
+norm_tangent_p.def_impl(_formula)
+jc.register_lowering(norm_tangent_p, _formula)
+
+
+def _abstract_eval(*avals, cfg, spec, groups):
+  """Outputs shaped like ``x``, varying over the union of every operand's mesh axes."""
+  del groups
+  axes = frozenset().union(*(jc.aval_varying_axes(av) for av in avals))
+  base = jc.with_varying_axes(_named(spec, avals)["x"], axes)
+  dtypes = [cfg.out_dtype] + ([cfg.h_dtype] if cfg.fused else [])
+  return [base.update(dtype=dt, weak_type=False) for dt in dtypes]
+
+
+norm_tangent_p.def_abstract_eval(_abstract_eval)
+
+
+def _cotangents_one(x, scale, mask, shift, delta, rstd, dy, dh, *, cfg: NormConfig, spec):
+  """One group's derived VJP: a dict of the tangent operands' cotangents."""
+  stats = (shift, delta, rstd)
+  if not cfg.fused:
+    dx, dscale, dbias = _core.backward(cfg, x, scale, mask, stats, dy)
+    return dict(zip(("tx", "tscale", "tbias"),
+                    (dx, *_core.param_cotangents(cfg, scale, dscale, dbias))))
+  return dict(zip(("tx", "tr", "tscale", "tbias"),
+                  _fused.backward(cfg, x, scale, mask, stats, dy, dh)))
+
+
+def _transpose(cts, *args, cfg: NormConfig, spec, groups):
+  """The hand-derived VJP (:func:`jaxnorm._core.backward`, fused: ``_fused.backward``)."""
+  a = _named(spec, args)
+  for k in _RESIDUALS:
+    if jc.is_undefined_primal(a[k]):
+      raise ValueError(f"jaxnorm's tangent map is linear in the tangents only, not in {k!r}.")
+  if all(isinstance(ct, jc.Zero) for ct in cts):
+    return [None] * len(args)
+  if "tbias" not in spec and cfg.bias_dtype is not None:
+    cfg = _replace_bias(cfg)  # no dbias wanted
+  x = a["x"]
+  dy = cts[0]
+  dy = jnp.zeros(x.shape, cfg.out_dtype) if isinstance(dy, jc.Zero) else dy
+  dh = None if not cfg.fused or isinstance(cts[1], jc.Zero) else cts[1]  # h unused: skipped
+  body = functools.partial(_cotangents_one, cfg=cfg, spec=spec)
+  d = _over_groups(body, groups)(x, a["scale"], a["mask"], a["shift"], a["delta"], a["rstd"],
+                                 dy, dh)
+  return [d.get(k) if k in _TANGENTS else None for k in spec]
+
+
+def _replace_bias(cfg: NormConfig) -> NormConfig:
+  return dataclasses.replace(cfg, bias_dtype=None, bias_shape=None)
+
+
+jc.register_transpose(norm_tangent_p, _transpose)
+
+
+def _jvp(primals, tangents, *, cfg, spec, groups):
+  """Second order: the primitive again for the value, autodiff of the formula for the tangent."""
+  live = [i for i, t in enumerate(tangents) if not isinstance(t, jc.Zero)]
+
+  def f(*vals):
+    args = list(primals)
+    for i, val in zip(live, vals):
+      args[i] = val
+    return _formula(*args, cfg=cfg, spec=spec, groups=groups)
+
+  out = norm_tangent_p.bind(*primals, cfg=cfg, spec=spec, groups=groups)
+  _, tout = jax.jvp(f, [primals[i] for i in live], [tangents[i] for i in live])
+  return out, tout
+
+
+jc.register_jvp(norm_tangent_p, _jvp)
+
+
+def _batch(args, dims, *, cfg, spec, groups):
+  """Batching that keeps the primitive (and so the derived transpose) for every operand.
+
+  No parameter batched: the batch axis of the row-like operands is more rows, placed right
+  after the ``groups`` leading group axes. A parameter batched: the batch axis becomes a new
+  leading group axis of every operand (unbatched ones are broadcast along it).
+  """
+  size = next(a.shape[dm] for a, dm in zip(args, dims) if dm is not None)
+  if not any(dm is not None for k, dm in zip(spec, dims) if k in _PARAMS):
+    new = []
+    for k, a, dm in zip(spec, args, dims):
+      if k not in _PARAMS:
+        if dm is None:
+          a = jnp.broadcast_to(jnp.expand_dims(a, groups),
+                               a.shape[:groups] + (size,) + a.shape[groups:])
+        else:
+          a = jnp.moveaxis(a, dm, groups)
+      new.append(a)
+    out = norm_tangent_p.bind(*new, cfg=cfg, spec=spec, groups=groups)
+    return out, [groups] * len(out)
+  new = [jnp.broadcast_to(a, (size,) + a.shape) if dm is None else jnp.moveaxis(a, dm, 0)
+         for a, dm in zip(args, dims)]
+  out = norm_tangent_p.bind(*new, cfg=cfg, spec=spec, groups=groups + 1)
+  return out, [0] * len(out)
+
+
+jc.register_batching(norm_tangent_p, _batch)
+
+
+# ---------------------------------------------------------------------------------------------
+# The custom_jvp ops.
+
+
+def _live(tangents):
+  return tuple(None if jc.is_symbolic_zero(t) else t for t in tangents)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _norm(cfg: NormConfig, x, scale, bias, mask):
+  return _core.forward_only(cfg, x, scale, bias, mask)
+
+
+def _norm_jvp(cfg: NormConfig, primals, tangents):
+  x, scale, bias, mask = primals
+  tx, tscale, tbias, _ = _live(tangents)
+  y, stats = _core.forward(cfg, x, scale, bias, mask)
+  if tx is None and tscale is None and tbias is None:
+    return y, jnp.zeros(y.shape, y.dtype)
+  x, stats = name_residuals(x, stats)  # what reverse mode saves carries the remat names
+  spec, args = _pack(x=x, scale=scale, mask=mask, shift=stats[0], delta=stats[1],
+                     rstd=stats[2], tx=tx, tscale=tscale, tbias=tbias)
+  (ty,) = norm_tangent_p.bind(*args, cfg=cfg, spec=spec, groups=0)
+  return y, ty
+
+
+_norm.defjvp(_norm_jvp, symbolic_zeros=True)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _add_norm(cfg: NormConfig, x, residual, scale, bias, mask):
+  return _fused.forward_only(cfg, x, residual, scale, bias, mask)
+
+
+def _add_norm_jvp(cfg: NormConfig, primals, tangents):
+  x, residual, scale, bias, mask = primals
+  tx, tr, tscale, tbias, _ = _live(tangents)
+  y, h, stats = _fused.forward(cfg, x, residual, scale, bias, mask)
+  if tx is None and tr is None and tscale is None and tbias is None:
+    return (y, h), (jnp.zeros(y.shape, y.dtype), jnp.zeros(h.shape, h.dtype))
+  h_saved, stats = name_residuals(h, stats)  # what reverse mode saves carries the remat names
+  spec, args = _pack(x=h_saved, scale=scale, mask=mask, shift=stats[0], delta=stats[1],
+                     rstd=stats[2], tx=tx, tr=tr, tscale=tscale, tbias=tbias)
+  ty, th = norm_tangent_p.bind(*args, cfg=cfg, spec=spec, groups=0)
+  return (y, h), (ty, th)
+
+
+_add_norm.defjvp(_add_norm_jvp, symbolic_zeros=True)
+
+
+def apply(cfg: NormConfig, x2, scale, bias, mask2):
+  r"""The plain op on prepared arguments, differentiable in both modes.
+
+  .. math::
+
+     y = \gamma \odot \hat x + \beta, \qquad
+     \dot y = \gamma \odot r\big(\dot x_c - c\,\hat x\,\overline{\hat x \dot x}\big)
+              + \hat x \odot \dot s + \dot\beta
+
+  (see the module docstring); reverse mode transposes :math:`\dot y` into the derived VJP.
+  """
+  return _norm(cfg, x2, scale, bias, mask2)
+
+
+def add_norm(cfg: NormConfig, x2, r2, scale, bias, mask2):
+  r"""The fused op on prepared arguments, ``(y, h)``, differentiable in both modes.
+
+  .. math::
+
+     \dot h = \dot x + \alpha\,\dot r, \qquad \dot y = \dot{\mathrm{Norm}}(h)[\dot h, \dot s,
+     \dot\beta]
+
+  (the plain op's tangent at ``h``); reverse mode transposes it into the fused backward.
+  """
+  return _add_norm(cfg, x2, r2, scale, bias, mask2)

@@ -1,0 +1,107 @@
+"""Internal API: every use of JAX outside its public ``jax.*`` API, in one fenced module.
+
+jaxnorm defines one primitive of its own (the tangent map of :mod:`jaxnorm._ad`), and JAX
+registers a primitive's rules through modules that are not covered by its API guarantees
+(``jax.interpreters.ad``, ``batching``, ``mlir``), and records the mesh axes an array varies
+over inside ``shard_map`` in an abstract-value field that has been renamed between releases
+(``aval.vma`` up to about jax 0.8, ``aval.manual_axis_type.varying`` since). Everything of
+that kind lives here, behind small helpers, so that a JAX release that moves one of them breaks
+this file loudly (an ``ImportError``/``RuntimeError`` naming the JAX version and what is
+missing) instead of degrading somewhere else silently.
+
+The helpers are probed once, at import time: a layout of the abstract values that is neither of
+the two known ones raises here, never falls back to "no mesh axes".
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+try:
+  from jax.extend.core import Primitive
+  from jax.interpreters import ad as _ad
+  from jax.interpreters import batching as _batching
+  from jax.interpreters import mlir as _mlir
+except ImportError as err:  # pragma: no cover - depends on the installed JAX
+  raise ImportError(
+      f"jaxnorm needs jax.extend.core.Primitive and jax.interpreters.{{ad,batching,mlir}}, "
+      f"which JAX {jax.__version__} does not provide ({err}); install a JAX in the range "
+      f"pyproject.toml declares.") from err
+
+__all__ = [
+    "Primitive", "Zero", "aval_varying_axes", "is_symbolic_zero", "is_undefined_primal",
+    "register_batching", "register_jvp", "register_lowering", "register_transpose",
+    "varying_axes", "with_varying_axes",
+]
+
+#: The type of a symbolic-zero cotangent or tangent inside a primitive's rules.
+Zero = _ad.Zero
+
+
+def _probe_varying_field() -> str:
+  """Which field of a ``ShapedArray`` holds its varying mesh axes in this JAX."""
+  aval = jax.core.ShapedArray((1,), jnp.float32)
+  if hasattr(aval, "manual_axis_type"):
+    return "manual_axis_type"
+  if hasattr(aval, "vma"):
+    return "vma"
+  raise RuntimeError(
+      f"jaxnorm does not know how JAX {jax.__version__} records the mesh axes an array varies "
+      f"over (a ShapedArray has neither 'manual_axis_type' nor 'vma'); install a JAX in the "
+      f"range pyproject.toml declares, or report this JAX version to jaxnorm.")
+
+
+_VARYING_FIELD = _probe_varying_field()
+
+
+def aval_varying_axes(aval) -> frozenset:
+  """The manual mesh axes an abstract value varies over inside ``shard_map`` (empty outside)."""
+  if _VARYING_FIELD == "manual_axis_type":
+    return frozenset(aval.manual_axis_type.varying)
+  return frozenset(aval.vma)
+
+
+def varying_axes(a) -> frozenset:
+  """:func:`aval_varying_axes` of an array or tracer (``jax.typeof(a)``)."""
+  return aval_varying_axes(jax.typeof(a))
+
+
+def is_undefined_primal(x) -> bool:
+  """Whether ``x`` is a linear (to-be-transposed) input inside a transpose rule."""
+  return _ad.is_undefined_primal(x)
+
+
+def is_symbolic_zero(t) -> bool:
+  """Whether ``t`` is a symbolic zero: a primitive rule's ``Zero`` or a ``custom_jvp``'s one."""
+  return isinstance(t, (_ad.Zero, jax.custom_derivatives.SymbolicZero))
+
+
+def register_transpose(prim: Primitive, rule) -> None:
+  """``rule(cts, *args, **params)`` is ``prim``'s transpose (it is linear in some operands)."""
+  _ad.primitive_transposes[prim] = rule
+
+
+def register_jvp(prim: Primitive, rule) -> None:
+  """``rule(primals, tangents, **params) -> (out, tangents_out)`` is ``prim``'s JVP."""
+  _ad.primitive_jvps[prim] = rule
+
+
+def register_batching(prim: Primitive, rule) -> None:
+  """``rule(args, dims, **params) -> (out, out_dims)`` is ``prim``'s batching rule."""
+  _batching.primitive_batchers[prim] = rule
+
+
+def register_lowering(prim: Primitive, fn) -> None:
+  """Lowers ``prim`` (multiple results) by tracing ``fn(*args, **params)``, plain JAX ops."""
+  _mlir.register_lowering(prim, _mlir.lower_fun(fn, multiple_results=True))
+
+
+def with_varying_axes(aval, axes: frozenset):
+  """``aval`` re-typed to vary over the mesh axes ``axes`` (unchanged when it already does)."""
+  axes = frozenset(axes)
+  if aval_varying_axes(aval) == axes:
+    return aval
+  if _VARYING_FIELD == "manual_axis_type":
+    return aval.update(manual_axis_type=aval.manual_axis_type.update(varying=axes))
+  return aval.update(vma=axes)

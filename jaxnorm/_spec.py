@@ -1,0 +1,74 @@
+"""Internal API: the one static description of a norm call, :class:`NormConfig`.
+
+Built once per call by :func:`jaxnorm._core.prepare` (plain ops, layers, models, the Jacobian)
+or :func:`jaxnorm._fused.prepare` (the residual add + norm ops), validated there, and trusted
+everywhere below: the XLA formulas (:mod:`jaxnorm._xla`), the kernel launches (which derive
+their :class:`jaxnorm._pallas_common.KernelSpec` from it) and the differentiation rules
+(:mod:`jaxnorm._ad`). A residual add + norm call is the same description with :attr:`add` set.
+Hashable: it is a static argument of ``jax.custom_jvp`` and a parameter of the tangent
+primitive. Imports nothing of jaxnorm but :mod:`jaxnorm._casting` and the Pallas config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jaxnorm._casting import CastPlan, cast_plan
+from jaxnorm._pallas_config import PallasConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class AddConfig:
+  """The residual add of a fused call, :math:`h = x + \\alpha r` (``NormConfig.add``)."""
+
+  residual_scale: float  # alpha in h = x + alpha * residual.
+  h_dtype: Any  # dtype h is stored in (residual_dtype).
+  x_dtype: Any  # dtype of x (its cotangent's dtype).
+  residual_dtype: Any  # dtype of the residual input (its cotangent's dtype).
+  x_vma: frozenset  # mesh axes x varies over inside shard_map.
+  residual_vma: frozenset  # mesh axes residual varies over inside shard_map.
+  # With impl "pallas": True (what the ops use) runs the fused add+norm kernels; False the add
+  # in XLA and the plain op's kernels, the decomposition the tests compare them with.
+  fused_kernels: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class NormConfig:
+  """Static configuration of one call (hashable; a ``nondiff_argnums`` value)."""
+
+  center: bool  # True: LayerNorm (subtract the mean). False: RMSNorm.
+  epsilon: float  # Python float >= 0.
+  epsilon_placement: str  # "inside": rsqrt(v + eps). "outside": 1 / (sqrt(v) + eps).
+  zero_centered_scale: bool  # gamma = 1 + scale instead of scale.
+  axis_name: Any  # Mesh axis name(s) that split the feature axis, or None.
+  axis_index_groups: Any  # Tuple of tuples, or None.
+  out_dtype: Any  # NumPy dtype of y.
+  bias_dtype: Any  # NumPy dtype of bias (for its cotangent), or None when there is no bias.
+  bias_shape: Any  # Shape of bias (for its cotangent), or None.
+  bias_vma: frozenset  # Mesh axes bias varies over inside shard_map (empty outside).
+  # "xla", "pallas", or "platform": the kernels where the program is lowered for a GPU, XLA
+  # elsewhere (impl="auto" on a call the kernels support; decided per lowering platform).
+  impl: str
+  pallas: PallasConfig = PallasConfig()  # How the kernels run (interpret, block).
+  cast: CastPlan | None = None  # The affine stage's dtypes (casting=); None: "float32".
+  add: AddConfig | None = None  # The residual add of add_layer_norm/add_rms_norm, or None.
+
+  def plan(self, x_dtype) -> CastPlan:
+    """The :class:`CastPlan` of this call (``"float32"`` when none was set)."""
+    return self.cast if self.cast is not None else cast_plan("float32", x_dtype)
+
+  @property
+  def fused(self) -> bool:
+    """Whether this is a residual add + norm call (outputs ``y`` and ``h``)."""
+    return self.add is not None
+
+  @property
+  def h_dtype(self):
+    """The dtype of ``h`` (fused calls only)."""
+    return self.add.h_dtype
+
+  @property
+  def residual_scale(self) -> float:
+    """alpha of the residual add (fused calls only)."""
+    return self.add.residual_scale
