@@ -72,6 +72,7 @@ from jaxnorm import _pallas_forward
 from jaxnorm import _validation as v
 from jaxnorm import _xla
 from jaxnorm._casting import CASTINGS, cast_plan
+from jaxnorm._kernel_call import kernel_call
 from jaxnorm._pallas_config import PallasConfig
 from jaxnorm._spec import NormConfig
 
@@ -141,13 +142,17 @@ def on_platform(cfg: NormConfig, fn, *args):
   ``lax.platform_dependent`` whose GPU branches run the kernels and whose default branch runs
   XLA. Only the branch of the platform a program is lowered for is compiled, so
   ``jax.export(..., platforms=["cuda"])`` from a CPU host carries the kernels and ``["tpu"]``
-  the XLA formulas; both branches return the same shapes and dtypes.
+  the XLA formulas; both branches return the same shapes and dtypes. The kernels run behind
+  :func:`jaxnorm._kernel_call.kernel_call`, so every branch can be differentiated again.
   """
-  if cfg.impl != "platform":
+  if cfg.impl == "xla":
     return fn(cfg, *args)
   pal = dataclasses.replace(cfg, impl="pallas")
+  kernels = functools.partial(kernel_call, pal, fn)
+  if cfg.impl == "pallas":
+    return kernels(*args)
   xla = dataclasses.replace(cfg, impl="xla")
-  gpu = {p: functools.partial(fn, pal) for p in _pallas_config.GPU_PLATFORMS}
+  gpu = dict.fromkeys(_pallas_config.GPU_PLATFORMS, kernels)
   return lax.platform_dependent(*args, default=functools.partial(fn, xla), **gpu)
 
 
@@ -182,11 +187,18 @@ def forward(cfg: NormConfig, x, scale, bias, mask):
   return on_platform(cfg, _forward, x, scale, bias, mask)
 
 
-def _backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype):
-  if cfg.impl == "pallas":
-    dx, dscale, dbias = _pallas_backward_call(cfg, x, scale, stats, dy)
-    return dx.astype(x.dtype if dx_dtype is None else dx_dtype), dscale, dbias
-  return _xla.backward(cfg, x, scale, mask, stats, dy, dx_dtype=dx_dtype)
+@dataclasses.dataclass(frozen=True)
+class _Backward:
+  """The backward on one implementation with ``dx`` in ``dx_dtype`` (a hashable function)."""
+
+  dx_dtype: object = None
+
+  def __call__(self, cfg: NormConfig, x, scale, mask, stats, dy):
+    dx_dtype = self.dx_dtype
+    if cfg.impl == "pallas":
+      dx, dscale, dbias = _pallas_backward_call(cfg, x, scale, stats, dy)
+      return dx.astype(x.dtype if dx_dtype is None else dx_dtype), dscale, dbias
+    return _xla.backward(cfg, x, scale, mask, stats, dy, dx_dtype=dx_dtype)
 
 
 def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None):
@@ -195,8 +207,8 @@ def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None):
   The derived VJP of the module docstring. ``dscale``/``dbias`` come back unreduced over mesh
   axes: see :func:`param_cotangents`.
   """
-  return on_platform(cfg, functools.partial(_backward, dx_dtype=dx_dtype), x, scale, mask,
-                     stats, dy)
+  dx_dtype = None if dx_dtype is None else jnp.dtype(dx_dtype)
+  return on_platform(cfg, _Backward(dx_dtype), x, scale, mask, stats, dy)
 
 
 def _under_non_manual_mesh() -> bool:

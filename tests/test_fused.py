@@ -269,6 +269,7 @@ def test_fused_kernels_match_add_then_plain_kernels():
   op's kernels. Same values and cotangents."""
   import dataclasses
 
+  from jaxnorm import _ad
   from jaxnorm import _fused
 
   ks = jax.random.split(jax.random.key(3), 6)
@@ -277,19 +278,20 @@ def test_fused_kernels_match_add_then_plain_kernels():
   s, b = random(ks[2], (96,), jnp.float32, loc=1.0), random(ks[3], (96,), jnp.float32)
   dy, dh = random(ks[4], (9, 96), jnp.bfloat16), random(ks[5], (9, 96), jnp.float32)
   for center in (True, False):
-    cfg, x2, r2, _, _ = _fused._prepare(
+    cfg, x2, r2, _, _ = _fused.prepare(
         x, r, s, b if center else None, center=center, residual_scale=1.5, residual_dtype=None,
         epsilon=1e-5, axis=-1, mask=None, epsilon_placement="outside", zero_centered_scale=True,
         axis_name=None, axis_index_groups=None, dtype=None, impl="pallas",
         pallas=PALLAS.pallas)
-    assert cfg.fused_kernels
+    assert cfg.add.fused_kernels
     outs = []
-    for c in (cfg, dataclasses.replace(cfg, fused_kernels=False)):
-      f = lambda x, r, s, b, c=c: _fused._add_norm(c, x, r, s, b, None)  # noqa: E731
+    unfused = dataclasses.replace(cfg, add=dataclasses.replace(cfg.add, fused_kernels=False))
+    for c in (cfg, unfused):
+      f = lambda x, r, s, b, c=c: _ad.add_norm(c, x, r, s, b, None)  # noqa: E731
       names = str(jax.make_jaxpr(f)(x2, r2, s, b if center else None))
       op = "layer_norm" if center else "rms_norm"
-      assert (f"jaxnorm_add_{op}_fwd" in names) == c.fused_kernels
-      assert (f"jaxnorm_{op}_fwd" in names) != c.fused_kernels
+      assert (f"jaxnorm_add_{op}_fwd" in names) == c.add.fused_kernels
+      assert (f"jaxnorm_{op}_fwd" in names) != c.add.fused_kernels
       out, pull = jax.vjp(f, x2, r2, s, b if center else None)
       outs.append((out, pull((dy, dh))))
     (out_f, g_f), (out_u, g_u) = outs

@@ -154,14 +154,14 @@ def test_partitioned_initializers_pass_through():
 
 @pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])
 @pytest.mark.parametrize("axes", [(-1, -1), ((1, 2), -1)], ids=["fused", "affine-outside"])
-def test_module_calls_the_custom_vjp_op(name, axes):
+def test_module_calls_the_custom_jvp_op(name, axes):
   red, feat = axes
   x = jnp.ones(SHAPE)
   for cls, expected in zip(PAIRS[name], (True, False)):
     layer = cls(reduction_axes=red, feature_axes=feat)
     v = layer.init(jax.random.key(0), x)
     jaxpr = str(jax.make_jaxpr(layer.apply)(v, x))
-    assert ("custom_vjp_call" in jaxpr) == expected, cls
+    assert ("custom_jvp_call" in jaxpr) == expected, cls
 
 
 class _ScanBody(nn.Module):

@@ -242,18 +242,18 @@ def test_parameter_metadata_passes_through():
 
 @pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])
 @pytest.mark.parametrize("axes", [(-1, -1), (1, 1), ((1, 2), -1)])
-def test_module_calls_the_custom_vjp_op(name, axes):
+def test_module_calls_the_custom_jvp_op(name, axes):
   red, feat = axes
   layer = PAIRS[name][0](_num_features(feat), reduction_axes=red, feature_axes=feat,
                          rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(layer)
   jaxpr = str(jax.make_jaxpr(lambda s, x: nnx.merge(graphdef, s)(x))(state, jnp.ones(SHAPE)))
-  assert "custom_vjp_call" in jaxpr
+  assert "custom_jvp_call" in jaxpr
   flax_layer = PAIRS[name][1](_num_features(feat), reduction_axes=red, feature_axes=feat,
                               rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(flax_layer)
   jaxpr = str(jax.make_jaxpr(lambda s, x: nnx.merge(graphdef, s)(x))(state, jnp.ones(SHAPE)))
-  assert "custom_vjp_call" not in jaxpr  # the check can fail
+  assert "custom_jvp_call" not in jaxpr  # the check can fail
 
 
 def _stack_pair(name, n=3, d=4):

@@ -1,0 +1,102 @@
+"""Internal API: the kernels behind a primitive of their own, differentiable to any order.
+
+A ``pallas_call`` has no derivative here, and none is needed for the first order: the kernels
+*are* the derivative rules (:mod:`jaxnorm._ad`). But a program may differentiate them again
+(the forward inside a second-order ``jax.jvp``, the backward inside a forward-over-reverse
+Hessian-vector product), and with ``impl="auto"`` every program traces the GPU branch, even
+on a CPU host where it is never compiled. A ``jax.custom_jvp`` wrapper would not do: partial
+evaluation inlines a ``custom_jvp`` whose inputs are known, so after one linearization the
+bare ``pallas_call`` is left. ``kernel_call_p`` is never inlined:
+
+* value and lowering: ``fn`` on the kernels (``cfg.impl == "pallas"``);
+* JVP: the value from the primitive again (so that a higher order meets this rule too), the
+  tangent from ``jax.jvp`` of the same ``fn`` on the XLA path, which computes the same values;
+* batching: a batch axis of any operand becomes a leading group axis of all of them, mapped
+  with ``jax.vmap`` over the kernels (a ``pallas_call`` under ``vmap`` is one launch with one
+  more grid axis).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxnorm import _jax_compat as jc
+from jaxnorm._spec import NormConfig
+
+__all__ = ["kernel_call"]
+
+kernel_call_p = jc.Primitive("jaxnorm_kernels")
+kernel_call_p.multiple_results = True
+
+
+def _flat_fn(cfg: NormConfig, fn, tree, groups: int):
+  """``fn(cfg, *args)`` on flat leaves, mapped over ``groups`` leading axes."""
+
+  def f(*leaves):
+    return jax.tree.leaves(fn(cfg, *jax.tree.unflatten(tree, leaves)))
+
+  for _ in range(groups):
+    f = jax.vmap(f)
+  return f
+
+
+def _impl(*leaves, cfg, fn, tree, out_tree, groups):
+  del out_tree
+  return _flat_fn(cfg, fn, tree, groups)(*leaves)
+
+
+def _abstract_eval(*avals, cfg, fn, tree, out_tree, groups):
+  del out_tree
+  structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
+  outs = jax.eval_shape(_flat_fn(dataclasses.replace(cfg, impl="xla"), fn, tree, groups),
+                        *structs)
+  axes = frozenset().union(*(jc.aval_varying_axes(a) for a in avals))
+  return [jc.with_varying_axes(jax.core.ShapedArray(o.shape, o.dtype), axes) for o in outs]
+
+
+def _jvp(primals, tangents, *, cfg, fn, tree, out_tree, groups):
+  out = kernel_call_p.bind(*primals, cfg=cfg, fn=fn, tree=tree, out_tree=out_tree,
+                           groups=groups)
+  live = [i for i, t in enumerate(tangents) if not isinstance(t, jc.Zero)]
+  xla = _flat_fn(dataclasses.replace(cfg, impl="xla"), fn, tree, groups)
+
+  def f(*vals):
+    args = list(primals)
+    for i, val in zip(live, vals):
+      args[i] = val
+    return xla(*args)
+
+  _, t_out = jax.jvp(f, [primals[i] for i in live], [tangents[i] for i in live])
+  return out, [t.reshape(o.shape).astype(o.dtype) for t, o in zip(t_out, out)]
+
+
+def _batch(args, dims, *, cfg, fn, tree, out_tree, groups):
+  size = next(a.shape[dm] for a, dm in zip(args, dims) if dm is not None)
+  new = [jnp.broadcast_to(a, (size,) + a.shape) if dm is None else jnp.moveaxis(a, dm, 0)
+         for a, dm in zip(args, dims)]
+  out = kernel_call_p.bind(*new, cfg=cfg, fn=fn, tree=tree, out_tree=out_tree,
+                           groups=groups + 1)
+  return out, [0] * len(out)
+
+
+kernel_call_p.def_impl(_impl)
+kernel_call_p.def_abstract_eval(_abstract_eval)
+jc.register_lowering(kernel_call_p, _impl)
+jc.register_jvp(kernel_call_p, _jvp)
+jc.register_batching(kernel_call_p, _batch)
+
+
+def kernel_call(cfg: NormConfig, fn, *args):
+  """``fn(cfg, *args)`` on the kernels (``cfg.impl == "pallas"``), behind ``kernel_call_p``.
+
+  ``fn`` is a module-level function (hashable: it is a primitive parameter) taking the config
+  first; ``args`` may hold None. Returns what ``fn`` returns.
+  """
+  leaves, tree = jax.tree.flatten(args)
+  out_tree = jax.tree.structure(jax.eval_shape(functools.partial(fn, cfg), *args))
+  out = kernel_call_p.bind(*leaves, cfg=cfg, fn=fn, tree=tree, out_tree=out_tree, groups=0)
+  return jax.tree.unflatten(out_tree, out)

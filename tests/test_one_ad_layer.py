@@ -1,0 +1,407 @@
+"""One AD layer: reverse mode *is* the derived custom VJP, under every transform and platform.
+
+* Each public op is one ``jax.custom_jvp``; a ``jax.custom_vjp`` built here from the library's
+  own derived forward (``_core.forward``, ``_fused.forward``) and backward (``_core.backward``,
+  ``_fused.backward``) gives bitwise the same ``jax.vjp`` results and the same optimized
+  program (XLA, and the kernels in interpret mode).
+* ``grad(vmap(op))`` with batched parameters runs the derived backward (counted: calls of the
+  XLA backward while tracing, and ``pallas_call``s in the gradient program) with the values of
+  ``vmap(grad(op))``, for the four ops and their variants.
+* ``impl="auto"`` is decided per lowering platform: exported for cuda from this CPU host the
+  program carries the Triton kernels; for cpu and tpu the XLA formulas.
+* No import cycle in ``jaxnorm/``, counting imports inside functions.
+"""
+
+import ast
+import dataclasses
+import functools
+import pathlib
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import jaxnorm
+from jaxnorm import _ad
+from jaxnorm import _core
+from jaxnorm import _fused
+from jaxnorm import _xla
+from jaxnorm.models import TransformerConfig, TransformerLM
+
+INTERPRET = jaxnorm.PallasConfig(interpret=True)
+IMPLS = {"xla": dict(impl="xla"), "pallas": dict(impl="pallas", pallas=INTERPRET)}
+
+
+def _rand(seed, shape, dtype=jnp.float32, loc=0.0):
+  return (loc + jax.random.normal(jax.random.key(seed), shape)).astype(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reverse mode is exactly the custom VJP of the derived forward and backward.
+
+
+def _plain_vjp_op(cfg):
+  """``jax.custom_vjp(fwd, bwd)`` from the library's derived forward and backward."""
+
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+  def op(cfg, x, scale, bias):
+    return _core.forward(cfg, x, scale, bias, None)[0]
+
+  def fwd(cfg, x, scale, bias):
+    y, stats = _core.forward(cfg, x, scale, bias, None)
+    return y, (x, scale, stats)
+
+  def bwd(cfg, res, dy):
+    x, scale, stats = res
+    dx, dscale, dbias = _core.backward(cfg, x, scale, None, stats, dy)
+    return (dx, *_core.param_cotangents(cfg, scale, dscale, dbias))
+
+  op.defvjp(fwd, bwd)
+  return functools.partial(op, cfg)
+
+
+def _fused_vjp_op(cfg):
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+  def op(cfg, x, r, scale, bias):
+    y, h, _ = _fused.forward(cfg, x, r, scale, bias, None)
+    return y, h
+
+  def fwd(cfg, x, r, scale, bias):
+    y, h, stats = _fused.forward(cfg, x, r, scale, bias, None)
+    return (y, h), (h, scale, stats)
+
+  def bwd(cfg, res, cts):
+    h, scale, stats = res
+    dy, dh = cts
+    return _fused.backward(cfg, h, scale, None, stats, dy, dh)
+
+  op.defvjp(fwd, bwd)
+  return functools.partial(op, cfg)
+
+
+def _optimized(f, *args):
+  """The optimized HLO of ``jit(f)`` without metadata, names and ids (the program itself)."""
+  text = jax.jit(f).lower(*args).compile().as_text()
+  # The source-location tables (file and function names, stack frames) precede the first
+  # computation; the program is what follows.
+  text = text[text.index("\n%") if "\n%" in text else text.index("\nENTRY"):]
+  text = re.sub(r", metadata=\{[^}]*\}", "", text)
+  text = re.sub(r",? ?stack_frame_id=\d+", "", text)
+  text = re.sub(r"\b(HloModule|ENTRY) \S+", r"\1", text)
+  return re.sub(r"\.\d+\b", "", text)
+
+
+def _prepare(center, x, scale, bias, impl, **variant):
+  return _core.prepare(x, scale, bias, center=center, epsilon=1e-5, axis=-1, mask=None,
+                       epsilon_placement=variant.get("epsilon_placement", "inside"),
+                       zero_centered_scale=variant.get("zero_centered_scale", False),
+                       axis_name=None, axis_index_groups=None, dtype=None,
+                       casting=variant.get("casting", "float32"), **IMPLS[impl])
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+@pytest.mark.parametrize("center", [True, False], ids=["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_reverse_mode_is_the_custom_vjp(impl, center, dtype):
+  x, dy = _rand(0, (16, 96), dtype, loc=3.0), _rand(1, (16, 96), dtype)
+  scale, bias = _rand(2, (96,), loc=1.0), (_rand(3, (96,)) if center else None)
+  cfg, x2, _, _ = _prepare(center, x, scale, bias, impl, zero_centered_scale=True)
+  ours = lambda x, s, b: _ad.apply(cfg, x, s, b, None)  # noqa: E731
+  theirs = _plain_vjp_op(cfg)
+
+  def vjp_of(f):
+    def run(x, s, b, dy):
+      y, pull = jax.vjp(f, x, s, b)
+      return y, pull(dy)
+    return run
+
+  a = jax.jit(vjp_of(ours))(x2, scale, bias, dy)
+  e = jax.jit(vjp_of(theirs))(x2, scale, bias, dy)
+  for u, w in zip(jax.tree.leaves(a), jax.tree.leaves(e), strict=True):
+    assert u.dtype == w.dtype
+    np.testing.assert_array_equal(np.asarray(u, np.float32), np.asarray(w, np.float32))
+  loss = lambda f: lambda x, s, b: jnp.sum(f(x, s, b).astype(jnp.float32) * dy)  # noqa: E731
+  grads = lambda f: jax.grad(loss(f), argnums=(0, 1, 2))  # noqa: E731
+  assert _optimized(grads(ours), x2, scale, bias) == _optimized(grads(theirs), x2, scale, bias)
+  assert _optimized(vjp_of(ours), x2, scale, bias, dy) == _optimized(vjp_of(theirs), x2, scale,
+                                                                     bias, dy)
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+@pytest.mark.parametrize("center", [True, False], ids=["layer_norm", "rms_norm"])
+def test_fused_reverse_mode_is_the_custom_vjp(impl, center):
+  x, r = _rand(0, (12, 64), jnp.bfloat16), _rand(1, (12, 64), loc=2.0)
+  dy, dh = _rand(2, (12, 64), jnp.bfloat16), _rand(3, (12, 64))
+  scale, bias = _rand(4, (64,), loc=1.0), (_rand(5, (64,)) if center else None)
+  cfg, x2, r2, _, _ = _fused.prepare(
+      x, r, scale, bias, center=center, residual_scale=1.5, residual_dtype=None, epsilon=1e-5,
+      axis=-1, mask=None, epsilon_placement="outside", zero_centered_scale=False,
+      axis_name=None, axis_index_groups=None, dtype=None, **IMPLS[impl])
+  ours = lambda x, r, s, b: _ad.add_norm(cfg, x, r, s, b, None)  # noqa: E731
+  theirs = _fused_vjp_op(cfg)
+
+  def run(f):
+    def g(x, r, s, b, dy, dh):
+      out, pull = jax.vjp(f, x, r, s, b)
+      return out, pull((dy, dh))
+    return g
+
+  args = (x2, r2, scale, bias, dy, dh)
+  a, e = jax.jit(run(ours))(*args), jax.jit(run(theirs))(*args)
+  for u, w in zip(jax.tree.leaves(a), jax.tree.leaves(e), strict=True):
+    assert u.dtype == w.dtype
+    np.testing.assert_array_equal(np.asarray(u, np.float32), np.asarray(w, np.float32))
+  assert _optimized(run(ours), *args) == _optimized(run(theirs), *args)
+
+
+def test_the_program_comparison_can_fail():
+  """The optimized-program check tells two different backward rules apart."""
+  x, s, b = _rand(0, (8, 32)), _rand(1, (32,), loc=1.0), _rand(2, (32,))
+  cfg, x2, _, _ = _prepare(True, x, s, b, "xla")
+  ours = jax.grad(lambda x: jnp.sum(_ad.apply(cfg, x, s, b, None) ** 2))
+  autodiff = jax.grad(lambda x: jnp.sum(jaxnorm.reference.layer_norm(x, s, b, epsilon=1e-5) ** 2))
+  assert _optimized(ours, x2) != _optimized(autodiff, x2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batched parameters keep the derived backward.
+
+
+def _ops(variant):
+  """The four public ops as ``f(x, r, s, b, **kw) -> array`` with ``variant``'s keywords."""
+  ln = lambda x, r, s, b, **kw: jaxnorm.layer_norm(x, s, b, **variant, **kw)  # noqa: E731
+  rms = lambda x, r, s, b, **kw: jaxnorm.rms_norm(x, s, **variant, **kw)  # noqa: E731
+
+  def add_ln(x, r, s, b, **kw):
+    y, h = jaxnorm.add_layer_norm(x, r, s, b, residual_scale=0.5, **variant, **kw)
+    return y.astype(jnp.float32) + 0.3 * h.astype(jnp.float32)
+
+  def add_rms(x, r, s, b, **kw):
+    y, h = jaxnorm.add_rms_norm(x, r, s, **variant, **kw)
+    return y.astype(jnp.float32) + 0.3 * h.astype(jnp.float32)
+
+  return {"layer_norm": ln, "rms_norm": rms, "add_layer_norm": add_ln, "add_rms_norm": add_rms}
+
+
+VARIANTS = [
+    dict(),
+    dict(zero_centered_scale=True, epsilon_placement="outside"),
+    dict(casting="llama"),
+    dict(casting="t5"),
+]
+
+
+def _batched_data(dtype, B=3, R=5, d=48):
+  x = _rand(0, (B, R, d), dtype, loc=1.0)
+  r = _rand(1, (B, R, d), dtype)
+  s = _rand(2, (B, d), loc=1.0).astype(dtype)
+  b = _rand(3, (B, d)).astype(dtype)
+  ct = _rand(4, (B, R, d))
+  return x, r, s, b, ct
+
+
+def _grad_vmap(op, in_axes, **kw):
+  def loss(x, r, s, b, ct):
+    return jnp.sum(jax.vmap(lambda *a: op(*a, **kw).astype(jnp.float32), in_axes=in_axes)(
+        x, r, s, b) * ct)
+  return jax.grad(loss, argnums=(0, 1, 2, 3))
+
+
+def _vmap_grad(op, in_axes, **kw):
+  def loss(x, r, s, b, ct):
+    return jnp.sum(op(x, r, s, b, **kw).astype(jnp.float32) * ct)
+  return jax.vmap(jax.grad(loss, argnums=(0, 1, 2, 3)), in_axes=(*in_axes, 0),
+                  out_axes=(0, 0, 0, 0))
+
+
+def _count_backward_calls(monkeypatch):
+  calls = []
+  original = _xla.backward
+
+  def counting(*args, **kwargs):
+    calls.append(1)
+    return original(*args, **kwargs)
+
+  monkeypatch.setattr(_xla, "backward", counting)
+  return calls
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v.values())) or "plain")
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
+def test_batched_parameters_run_the_derived_backward_xla(name, variant, monkeypatch):
+  dtype = jnp.bfloat16 if variant.get("casting") else jnp.float32
+  x, r, s, b, ct = _batched_data(dtype)
+  op = _ops(variant)[name]
+  for in_axes in [(0, 0, 0, 0), (0, 0, 0, None), (None, None, 0, 0)]:
+    calls = _count_backward_calls(monkeypatch)
+    b_in = b if in_axes[3] is not None else b[0]
+    x_in, r_in = (x, r) if in_axes[0] is not None else (x[0], r[0])
+    got = jax.jit(_grad_vmap(op, in_axes, impl="xla"))(x_in, r_in, s, b_in, ct)
+    assert len(calls) == 1, (in_axes, "the gradient must run the derived XLA backward once")
+    monkeypatch.undo()
+    if in_axes[0] is None:  # x shared by the batch: its gradient sums the per-example ones
+      want = _vmap_grad(op, (0, 0, 0, 0), impl="xla")(
+          jnp.broadcast_to(x_in, x.shape), jnp.broadcast_to(r_in, r.shape), s, b_in, ct)
+      want = (want[0].sum(0), want[1].sum(0), want[2], want[3])
+    else:
+      want = _vmap_grad(op, in_axes, impl="xla")(x_in, r_in, s, b_in, ct)
+      if in_axes[3] is None:
+        want = (*want[:3], want[3].sum(0))
+    for g, w in zip(got, want):
+      w = np.asarray(w, np.float32)
+      # bfloat16: one rounding (2^-8 relative) of the largest entry; summing per-example
+      # gradients over the batch rounds in another order than the batched program.
+      atol = 1e-2 * float(np.abs(w).max()) if dtype == jnp.bfloat16 else 1e-5
+      np.testing.assert_allclose(np.asarray(g, np.float32), w,
+                                 rtol=2e-2 if dtype == jnp.bfloat16 else 1e-5, atol=atol)
+
+
+@pytest.mark.parametrize("variant", VARIANTS[:3], ids=["plain", "zc-outside", "llama"])
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
+def test_batched_parameters_run_the_backward_kernels(name, variant):
+  """In interpret mode the gradient program holds the forward and both backward kernels (3
+  ``pallas_call``s), as the unbatched gradient does, and equals ``vmap(grad)`` bitwise."""
+  x, r, s, b, ct = _batched_data(jnp.float32)
+  op = _ops(variant)[name]
+  kw = IMPLS["pallas"]
+  g = _grad_vmap(op, (0, 0, 0, 0), **kw)
+  assert str(jax.make_jaxpr(g)(x, r, s, b, ct)).count("pallas_call") == 3
+  unbatched = jax.grad(lambda x, r, s, b: jnp.sum(op(x, r, s, b, **kw) * ct[0]),
+                       argnums=(0, 1, 2, 3))
+  assert str(jax.make_jaxpr(unbatched)(x[0], r[0], s[0], b[0])).count("pallas_call") == 3
+  got = jax.jit(g)(x, r, s, b, ct)
+  want = jax.jit(_vmap_grad(op, (0, 0, 0, 0), **kw))(x, r, s, b, ct)
+  for u, w in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(u), np.asarray(w))
+
+
+def test_batched_mask_and_jacfwd_in_the_scale():
+  """A batched mask with batched parameters, and ``jacfwd`` in the scale (a batched scale
+  tangent), agree with autodiff of the reference."""
+  x, _, s, b, ct = _batched_data(jnp.float32)
+  mask = jax.random.bernoulli(jax.random.key(9), 0.7, x.shape).at[..., 0].set(True)
+  f = lambda x, s, b, m: jaxnorm.layer_norm(x, s, b, mask=m)  # noqa: E731
+  fr = lambda x, s, b, m: jaxnorm.reference.layer_norm(x, s, b, mask=m)  # noqa: E731
+  loss = lambda f: lambda x, s, b: jnp.sum(jax.vmap(f)(x, s, b, mask) * ct)  # noqa: E731
+  for g, w in zip(jax.grad(loss(f), argnums=(0, 1, 2))(x, s, b),
+                  jax.grad(loss(fr), argnums=(0, 1, 2))(x, s, b)):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+  j = jax.jacfwd(lambda s: jaxnorm.rms_norm(x[0], s))(s[0])
+  jr = jax.jacfwd(lambda s: jaxnorm.reference.rms_norm(x[0], s))(s[0])
+  np.testing.assert_allclose(j, jr, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# impl="auto" per lowering platform.
+
+TRITON = "__gpu$xla.gpu.triton"
+
+
+def _export(f, platform, *args):
+  checks = [jax.export.DisabledSafetyCheck.custom_call(TRITON)]
+  return jax.export.export(jax.jit(f), platforms=[platform], disabled_checks=checks)(
+      *args).mlir_module()
+
+
+def _op_step(x, r, s, b):
+  def loss(x, r, s, b):
+    y1 = jaxnorm.layer_norm(x, s, b)
+    y2 = jaxnorm.rms_norm(x, s)
+    y3, h = jaxnorm.add_rms_norm(x, r, s)
+    return jnp.sum(y1 * y2) + jnp.sum(y3) + jnp.sum(h)
+  return jax.grad(loss, argnums=(0, 1, 2, 3))(x, r, s, b)
+
+
+@pytest.mark.parametrize("platform,kernels", [("cuda", True), ("cpu", False), ("tpu", False)])
+def test_auto_is_decided_per_lowering_platform(platform, kernels):
+  x, r = _rand(0, (64, 256)), _rand(1, (64, 256))
+  s, b = _rand(2, (256,), loc=1.0), _rand(3, (256,))
+  text = _export(_op_step, platform, x, r, s, b)
+  assert (TRITON in text) == kernels
+  if kernels:  # the forward, dx and dscale/dbias kernels of each op
+    assert text.count(TRITON) >= 6
+
+
+def _train_step_fn():
+  cfg = TransformerConfig(d_model=64, n_layers=2, n_heads=2, d_ff=128, max_len=16,
+                          norm_impl="jaxnorm", norm_type="rms_norm")
+  model = TransformerLM(cfg, rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(model)
+  opt = optax.adamw(1e-3)
+
+  def step(params, opt_state, tokens):
+    def loss(p):
+      logits = nnx.merge(graphdef, p)(tokens[:, :-1])
+      return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    value, grads = jax.value_and_grad(loss)(params)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, value
+
+  return step, params, opt.init(params)
+
+
+@pytest.mark.parametrize("platform,kernels", [("cuda", True), ("cpu", False), ("tpu", False)])
+def test_model_train_step_exports_per_platform(platform, kernels):
+  step, params, opt_state = _train_step_fn()
+  tokens = jnp.zeros((2, 17), jnp.int32)
+  text = _export(step, platform, params, opt_state, tokens)
+  assert (TRITON in text) == kernels
+
+
+def test_auto_on_this_cpu_runs_xla():
+  x, s, b = _rand(0, (8, 64)), _rand(1, (64,), loc=1.0), _rand(2, (64,))
+  np.testing.assert_array_equal(jaxnorm.layer_norm(x, s, b),
+                                jaxnorm.layer_norm(x, s, b, impl="xla"))
+  cfg = _prepare(True, x, s, b, "xla")[0]
+  assert dataclasses.replace(cfg, impl="platform").impl == "platform"
+
+
+# ---------------------------------------------------------------------------------------------
+# No import cycle, counting imports inside functions.
+
+
+def _imports(path: pathlib.Path, package: pathlib.Path) -> set[str]:
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("jaxnorm"):
+      base = node.module
+      for alias in node.names:
+        sub = f"{base}.{alias.name}"
+        found.add(sub if (package / (sub.replace(".", "/")[8:] + ".py")).exists() else base)
+    elif isinstance(node, ast.Import):
+      found.update(a.name for a in node.names if a.name.startswith("jaxnorm"))
+  return found
+
+
+def test_no_import_cycle():
+  package = pathlib.Path(jaxnorm.__file__).parent
+  graph = {}
+  for path in package.rglob("*.py"):
+    rel = path.relative_to(package.parent).with_suffix("")
+    name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+    graph[name] = {m for m in _imports(path, package) if m != name}
+  # A package's __init__ re-exports its modules: an edge from a module to an enclosing
+  # package's __init__ is the only back edge allowed (``from jaxnorm import _core`` is read as
+  # the module ``jaxnorm._core``, not as the package).
+  state = {}
+
+  def visit(node, stack):
+    state[node] = "open"
+    for nxt in sorted(graph.get(node, ())):
+      if nxt == "jaxnorm" or node.startswith(nxt + "."):
+        continue
+      if state.get(nxt) == "open":
+        raise AssertionError(f"import cycle: {' -> '.join(stack + [node, nxt])}")
+      if nxt not in state:
+        visit(nxt, stack + [node])
+    state[node] = "done"
+
+  for node in sorted(graph):
+    if node not in state:
+      visit(node, [])
+  assert "jaxnorm._ad" in graph and "jaxnorm._fused" in graph["jaxnorm._ad"]
+  assert "jaxnorm._ad" not in graph["jaxnorm._fused"]
