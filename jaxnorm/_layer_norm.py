@@ -1,4 +1,4 @@
-"""Public LayerNorm op: argument handling around the shared custom VJP in :mod:`jaxnorm._core`."""
+"""Public LayerNorm op: argument handling around the one ``jax.custom_jvp`` of :mod:`jaxnorm._ad`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from jaxnorm import _ad
 def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
                epsilon_placement="inside", zero_centered_scale=False, axis_name=None,
                axis_index_groups=None, dtype=None, impl="auto", pallas=None, casting="float32"):
-  r"""Layer normalization with a hand-derived backward rule (``jax.custom_vjp``).
+  r"""Layer normalization with hand-derived backward and tangent rules.
 
   .. math::
 
@@ -35,7 +35,7 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
   cotangent in the dtype of its primal. Forward mode works too (``jax.jvp``, ``jax.jacfwd``):
   the op is a ``jax.custom_jvp`` with the derived tangent
   :math:`\dot y = \gamma r(\dot x_c - \hat x\,\overline{\hat x \dot x}) + \hat x \dot s + \dot\beta`
-  whose transpose is the backward above (:mod:`jaxnorm._forward_mode`); both modes work to any
+  whose transpose is the backward above (:mod:`jaxnorm._ad`); both modes work to any
   order.
 
   Args:

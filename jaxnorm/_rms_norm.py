@@ -1,4 +1,4 @@
-"""Public RMSNorm op: argument handling around the shared custom VJP in :mod:`jaxnorm._core`."""
+"""Public RMSNorm op: argument handling around the one ``jax.custom_jvp`` of :mod:`jaxnorm._ad`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from jaxnorm import _ad
 def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None, epsilon_placement="inside",
              zero_centered_scale=False, axis_name=None, axis_index_groups=None, dtype=None,
              impl="auto", pallas=None, casting="float32"):
-  r"""Root-mean-square normalization with a hand-derived backward rule (``jax.custom_vjp``).
+  r"""Root-mean-square normalization with hand-derived backward and tangent rules.
 
   .. math::
 

@@ -13,7 +13,7 @@ takes the static :class:`jaxnorm._spec.NormConfig` first and trusts it (validate
    g = \gamma \odot dy,
 
 derived in ``docs/derivations.md`` (with the forward-mode tangent, :func:`tangent`, used by
-:mod:`jaxnorm._forward_mode`); the numerics (shifted-data variance, the ``_fresh``
+:mod:`jaxnorm._ad`); the numerics (shifted-data variance, the ``_fresh``
 barriers) are explained beside each function.
 """
 
