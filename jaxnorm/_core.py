@@ -124,6 +124,15 @@ def _flat(p):
   return None if p is None else p.reshape(-1)
 
 
+def params_like(cfg: NormConfig, scale, dscale, dbias):
+  """The kernels' ``dscale``/``dbias`` in their primals' shapes and dtypes (as XLA's come)."""
+  if dscale is not None:
+    dscale = dscale.reshape(scale.shape).astype(scale.dtype)
+  if dbias is not None:
+    dbias = dbias.reshape(cfg.bias_shape).astype(cfg.bias_dtype)
+  return dscale, dbias
+
+
 def param_cotangents(cfg: NormConfig, scale, dscale, dbias):
   """``dscale``/``dbias`` in their primals' shapes and dtypes, summed over replicated mesh axes."""
   if dscale is not None:
@@ -197,7 +206,8 @@ class _Backward:
     dx_dtype = self.dx_dtype
     if cfg.impl == "pallas":
       dx, dscale, dbias = _pallas_backward_call(cfg, x, scale, stats, dy)
-      return dx.astype(x.dtype if dx_dtype is None else dx_dtype), dscale, dbias
+      return (dx.astype(x.dtype if dx_dtype is None else dx_dtype),
+              *params_like(cfg, scale, dscale, dbias))
     return _xla.backward(cfg, x, scale, mask, stats, dy, dx_dtype=dx_dtype)
 
 

@@ -132,7 +132,8 @@ def _pallas_backward_call(cfg: NormConfig, h, scale, stats, dy, dh):
       h.reshape(-1, d), dy.reshape(-1, d), None if dh is None else dh.reshape(-1, d),
       _flat(scale), shift, delta, rstd, spec=spec, x_dtype=cfg.add.x_dtype,
       residual_dtype=cfg.add.residual_dtype, interpret=nc.pallas.interpret)
-  return dx.reshape(h.shape), dres.reshape(h.shape), dscale, dbias
+  return (dx.reshape(h.shape), dres.reshape(h.shape),
+          *_core.params_like(cfg, scale, dscale, dbias))
 
 
 def _flat(p):

@@ -32,16 +32,21 @@ except ImportError as err:  # pragma: no cover - depends on the installed JAX
 __all__ = [
     "Primitive", "Zero", "aval_varying_axes", "is_symbolic_zero", "is_undefined_primal",
     "register_batching", "register_jvp", "register_lowering", "register_transpose",
-    "varying_axes", "with_varying_axes",
+    "shaped_array", "varying_axes", "with_varying_axes",
 ]
 
 #: The type of a symbolic-zero cotangent or tangent inside a primitive's rules.
 Zero = _ad.Zero
 
 
+def shaped_array(shape, dtype):
+  """The abstract value of an array of ``shape`` and ``dtype`` (a primitive's output aval)."""
+  return jax.core.ShapedArray(tuple(shape), dtype)
+
+
 def _probe_varying_field() -> str:
   """Which field of a ``ShapedArray`` holds its varying mesh axes in this JAX."""
-  aval = jax.core.ShapedArray((1,), jnp.float32)
+  aval = shaped_array((1,), jnp.float32)
   if hasattr(aval, "manual_axis_type"):
     return "manual_axis_type"
   if hasattr(aval, "vma"):

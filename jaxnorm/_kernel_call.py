@@ -55,7 +55,9 @@ def _abstract_eval(*avals, cfg, fn, tree, out_tree, groups):
   outs = jax.eval_shape(_flat_fn(dataclasses.replace(cfg, impl="xla"), fn, tree, groups),
                         *structs)
   axes = frozenset().union(*(jc.aval_varying_axes(a) for a in avals))
-  return [jc.with_varying_axes(jax.core.ShapedArray(o.shape, o.dtype), axes) for o in outs]
+  base = max(avals, key=lambda a: len(a.shape))  # carries the trace's mesh, if any
+  return [jc.with_varying_axes(base.update(shape=o.shape, dtype=o.dtype, weak_type=False), axes)
+          for o in outs]
 
 
 def _jvp(primals, tangents, *, cfg, fn, tree, out_tree, groups):
@@ -97,6 +99,9 @@ def kernel_call(cfg: NormConfig, fn, *args):
   first; ``args`` may hold None. Returns what ``fn`` returns.
   """
   leaves, tree = jax.tree.flatten(args)
-  out_tree = jax.tree.structure(jax.eval_shape(functools.partial(fn, cfg), *args))
+  # The result's structure from the XLA path (the same function; tracing the kernels for it
+  # would build a pallas_call, which shard_map refuses to type without the kernels' vma).
+  xla = dataclasses.replace(cfg, impl="xla")
+  out_tree = jax.tree.structure(jax.eval_shape(functools.partial(fn, xla), *args))
   out = kernel_call_p.bind(*leaves, cfg=cfg, fn=fn, tree=tree, out_tree=out_tree, groups=0)
   return jax.tree.unflatten(out_tree, out)

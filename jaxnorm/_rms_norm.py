@@ -1,4 +1,4 @@
-"""Public RMSNorm op: argument handling around the one ``jax.custom_jvp`` of :mod:`jaxnorm._ad`."""
+"""Public RMSNorm op: argument handling around the one ``jax.custom_jvp`` of :mod:`_ad`."""
 
 from __future__ import annotations
 

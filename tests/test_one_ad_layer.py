@@ -405,3 +405,52 @@ def test_no_import_cycle():
       visit(node, [])
   assert "jaxnorm._ad" in graph and "jaxnorm._fused" in graph["jaxnorm._ad"]
   assert "jaxnorm._ad" not in graph["jaxnorm._fused"]
+
+
+# ---------------------------------------------------------------------------------------------
+# JAX internals: one fenced module, loud on a JAX it does not know.
+
+
+def test_jax_internals_live_in_one_module():
+  package = pathlib.Path(jaxnorm.__file__).parent
+  internal = re.compile(r"jax\.(interpreters|_src|extend|core)\b")
+  offenders = [p.name for p in package.rglob("*.py")
+               if p.name != "_jax_compat.py" and internal.search(p.read_text())]
+  assert offenders == []
+
+
+def test_unknown_aval_layout_raises(monkeypatch):
+  from jaxnorm import _jax_compat
+
+  class Bare:  # an abstract value with neither known field
+    def __init__(self, *args):
+      pass
+
+  monkeypatch.setattr(_jax_compat, "shaped_array", lambda shape, dtype: Bare())
+  with pytest.raises(RuntimeError, match="does not know how JAX .* records the mesh axes"):
+    _jax_compat._probe_varying_field()
+
+
+def test_tangent_varies_over_the_union_of_its_operands_axes():
+  """Inside shard_map: x varies over "a", the scale tangent over "b"; the tangent over both."""
+  if len(jax.devices()) < 4:
+    pytest.skip("needs 4 (host) devices")
+  from jax.sharding import Mesh, PartitionSpec as P
+  mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("a", "b"))
+  x, s, ts = _rand(0, (4, 16)), _rand(1, (2, 16), loc=1.0), _rand(2, (2, 16))
+
+  def body(x, s, ts):  # x: (2, 16) varying over a; s and ts: (1, 16) varying over b
+    _, t = jax.jvp(lambda s: jaxnorm.rms_norm(x, s[0]), (s,), (ts,))
+    return t
+
+  f = jax.shard_map(body, mesh=mesh, in_specs=(P("a"), P("b"), P("b")),
+                    out_specs=P("a", None))
+  with pytest.raises(ValueError, match="vary|varying|vma|axes"):  # it varies over "b" too
+    jax.jit(f)(x, s, ts)
+  g = jax.shard_map(body, mesh=mesh, in_specs=(P("a"), P("b"), P("b")), out_specs=P("a", "b"))
+  out = jax.jit(g)(x, s, ts)
+  want = jnp.concatenate([
+      jnp.concatenate([jax.jvp(lambda s: jaxnorm.reference.rms_norm(xa, s), (s[j],), (ts[j],))[1]
+                       for j in range(2)], axis=1)
+      for xa in (x[:2], x[2:])], axis=0)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
