@@ -49,15 +49,29 @@ def _impl(*leaves, cfg, fn, tree, out_tree, groups):
   return _flat_fn(cfg, fn, tree, groups)(*leaves)
 
 
+@functools.lru_cache(maxsize=4096)
+def _out_types(cfg: NormConfig, fn, tree, groups: int, in_types):
+  """``(out_tree, [(shape, dtype), ...])`` of ``fn`` on the XLA path (the same function)."""
+  structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in in_types]
+  xla = dataclasses.replace(cfg, impl="xla")
+
+  def f(*leaves):
+    return fn(xla, *jax.tree.unflatten(tree, leaves))
+
+  for _ in range(groups):
+    f = jax.vmap(f)
+  outs = jax.eval_shape(f, *structs)
+  return jax.tree.structure(outs), tuple((o.shape, o.dtype) for o in jax.tree.leaves(outs))
+
+
 def _abstract_eval(*avals, cfg, fn, tree, out_tree, groups):
   del out_tree
-  structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
-  outs = jax.eval_shape(_flat_fn(dataclasses.replace(cfg, impl="xla"), fn, tree, groups),
-                        *structs)
+  in_types = tuple((tuple(a.shape), a.dtype) for a in avals)
+  _, outs = _out_types(cfg, fn, tree, groups, in_types)
   axes = frozenset().union(*(jc.aval_varying_axes(a) for a in avals))
   base = max(avals, key=lambda a: len(a.shape))  # carries the trace's mesh, if any
-  return [jc.with_varying_axes(base.update(shape=o.shape, dtype=o.dtype, weak_type=False), axes)
-          for o in outs]
+  return [jc.with_varying_axes(base.update(shape=shape, dtype=dtype, weak_type=False), axes)
+          for shape, dtype in outs]
 
 
 def _jvp(primals, tangents, *, cfg, fn, tree, out_tree, groups):
@@ -101,7 +115,7 @@ def kernel_call(cfg: NormConfig, fn, *args):
   leaves, tree = jax.tree.flatten(args)
   # The result's structure from the XLA path (the same function; tracing the kernels for it
   # would build a pallas_call, which shard_map refuses to type without the kernels' vma).
-  xla = dataclasses.replace(cfg, impl="xla")
-  out_tree = jax.tree.structure(jax.eval_shape(functools.partial(fn, xla), *args))
+  in_types = tuple((tuple(jnp.shape(a)), jnp.result_type(a)) for a in leaves)
+  out_tree, _ = _out_types(cfg, fn, tree, 0, in_types)
   out = kernel_call_p.bind(*leaves, cfg=cfg, fn=fn, tree=tree, out_tree=out_tree, groups=0)
   return jax.tree.unflatten(out_tree, out)

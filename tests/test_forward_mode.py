@@ -142,12 +142,13 @@ def test_grad_runs_the_derived_backward(monkeypatch):
 
   monkeypatch.setattr(_xla, "backward", counted)
   x, r, s, b, (tx, _, _, _), _ = _data(jnp.float32)
-  loss = lambda x, s, b: jnp.sum(jnp.sin(jaxnorm.layer_norm(x, s, b)) * tx)  # noqa: E731
+  # impl="xla": with "auto" the GPU branch's kernel call is typed from the XLA backward too.
+  loss = lambda x, s, b: jnp.sum(jnp.sin(jaxnorm.layer_norm(x, s, b, impl="xla")) * tx)  # noqa: E731
   # The backward runs at trace time, so tracing (no compilation) is enough to count it.
   grad_jaxpr = str(jax.make_jaxpr(jax.grad(loss, (0, 1, 2)))(x, s, b))
   assert len(calls) == 1
   assert "jaxnorm_norm_tangent" not in grad_jaxpr  # transposed away
-  jax.make_jaxpr(jax.grad(lambda x: jnp.sum(jaxnorm.add_rms_norm(x, r, s)[0] * tx)))(x)
+  jax.make_jaxpr(jax.grad(lambda x: jnp.sum(jaxnorm.add_rms_norm(x, r, s, impl="xla")[0] * tx)))(x)
   assert len(calls) == 2
   jvp_jaxpr = str(jax.make_jaxpr(lambda x: jax.jvp(lambda x: loss(x, s, b), (x,), (tx,)))(x))
   assert len(calls) == 2  # forward mode: none
