@@ -256,10 +256,8 @@ def _resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, pallas: PallasCon
   if impl == "auto":
     return "xla" if why_not is not None else "platform"
   backend = jax.default_backend()
-  if why_not is None and not _pallas_config.pallas_compiles_on(backend) and not pallas.interpret:
-    why_not = (f"the Pallas kernels need a GPU and the default backend is {backend!r} (pass "
-               f"pallas=jaxnorm.PallasConfig(interpret=True) to run them in interpret mode, "
-               f"slowly, for testing)")
+  if why_not is None and not pallas.interpret:
+    why_not = v.kernel_problem(backend=backend)
   if why_not is not None:
     raise ValueError(f"impl='pallas' cannot run this call: {why_not}. Use impl='xla' or 'auto'.")
   return "pallas"

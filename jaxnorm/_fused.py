@@ -46,7 +46,6 @@ import jax.numpy as jnp
 from jaxnorm import _core
 from jaxnorm import _jax_compat
 from jaxnorm import _pallas_backward
-from jaxnorm import _pallas_config
 from jaxnorm import _pallas_forward
 from jaxnorm import _validation as v
 from jaxnorm import _xla
@@ -73,22 +72,19 @@ def _pallas_ok(cfg: NormConfig, dtypes, impl: str) -> NormConfig:
   """The config with impl="xla" where the kernels cannot take one of ``dtypes`` ("auto")."""
   if cfg.impl == "xla":
     return cfg
-  for name, dt in dtypes:
-    if dt not in _pallas_config.SUPPORTED_DTYPES:
-      if impl == "auto":
-        return dataclasses.replace(cfg, impl="xla")
-      raise ValueError(f"impl='pallas' cannot run this call: the kernels take float32, bfloat16 "
-                       f"or float16 {name}, got {dt.name}. Use impl='xla' or 'auto'.")
-  return cfg
+  reason = v.kernel_problem(dtypes=dtypes)
+  if reason is None:
+    return cfg
+  if impl == "auto":
+    return dataclasses.replace(cfg, impl="xla")
+  raise ValueError(f"impl='pallas' cannot run this call: {reason}. Use impl='xla' or 'auto'.")
 
 
 def prepare(x, residual, scale, bias, *, center, residual_scale, residual_dtype, **kw):
   """Validates the arguments; returns ``(cfg, x2, r2, mask2, restore)`` (see ``_core.prepare``)."""
   v.check_floating("x", x)
   v.check_floating("residual", residual)
-  if tuple(residual.shape) != tuple(x.shape):
-    raise ValueError(f"residual must have the shape of x {tuple(x.shape)} (h = x + residual is "
-                     f"not broadcast), got shape {tuple(residual.shape)}.")
+  v.check_residual_shape(residual.shape, x.shape)
   alpha = v.check_residual_scale(residual_scale)
   hd = _residual_dtype(x, residual, residual_dtype)
   impl = kw.get("impl", "auto")

@@ -39,48 +39,9 @@ from jaxnorm._rms_norm import rms_norm as _rms_norm_op
 KINDS = ("layer_norm", "rms_norm")
 
 
-def canonicalize_axes(name: str, ndim: int, axes: Any) -> tuple[int, ...]:
-  """Returns ``axes`` (an int or a sequence of ints) as sorted, unique, non-negative axes.
-
-  Same meaning as Flax's ``_canonicalize_axes`` (negative axes count from the end, repeats
-  are merged), plus type and range checks that name the argument.
-
-  Args:
-    name: the argument name used in error messages (``"reduction_axes"``, ``"feature_axes"``).
-    ndim: rank of the input.
-    axes: an int or a non-empty sequence of ints.
-
-  Returns:
-    The canonical axes, sorted ascending.
-
-  Raises:
-    TypeError: if ``axes`` is not an int or a sequence of ints.
-    ValueError: if ``axes`` is empty or an axis is out of range for rank ``ndim``.
-  """
-  if isinstance(axes, (numbers.Integral, np.integer)) and not isinstance(axes, bool):
-    items = (int(axes),)
-  elif isinstance(axes, (tuple, list, range)) and all(
-      isinstance(a, (numbers.Integral, np.integer)) and not isinstance(a, bool) for a in axes
-  ):
-    items = tuple(int(a) for a in axes)
-  else:
-    raise TypeError(f"{name} must be an int or a sequence of ints, got {axes!r}.")
-  if not items:
-    raise ValueError(f"{name} must name at least one axis, got {axes!r}.")
-  out = set()
-  for a in items:
-    if not -ndim <= a < ndim:
-      raise ValueError(
-          f"{name}={axes!r} has axis {a}, out of range for an input of rank {ndim}; use axes in "
-          f"[{-ndim}, {ndim - 1}]."
-      )
-    out.add(a % ndim)
-  return tuple(sorted(out))
-
-
 def feature_shape(x_shape: tuple[int, ...], feature_axes: Any) -> tuple[int, ...]:
   """The shape of the learned parameters: ``x.shape[a]`` for each sorted feature axis."""
-  axes = canonicalize_axes("feature_axes", len(x_shape), feature_axes)
+  axes = v.check_axes("feature_axes", len(x_shape), feature_axes)
   return tuple(int(x_shape[a]) for a in axes)
 
 
@@ -241,15 +202,14 @@ def _check_call(kind, x, scale, bias, reduction_axes, feature_axes, residual, re
 
   The arrays' dtypes, the residual's shape and the mask are checked once, by the op.
   """
-  if kind not in KINDS:
-    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
+  v.check_choice("kind", kind, KINDS)
   if kind == "rms_norm" and bias is not None:
     raise ValueError("rms_norm has no bias; got a bias array. Pass bias=None.")
   if residual is None and residual_scale != 1.0:
     raise ValueError(f"residual_scale={residual_scale!r} multiplies the residual; pass "
                      f"residual= as well (or leave residual_scale at 1.0).")
-  red = canonicalize_axes("reduction_axes", x.ndim, reduction_axes)
-  feat = canonicalize_axes("feature_axes", x.ndim, feature_axes)
+  red = v.check_axes("reduction_axes", x.ndim, reduction_axes)
+  feat = v.check_axes("feature_axes", x.ndim, feature_axes)
   fshape = tuple(int(x.shape[a]) for a in feat)
   if num_features is not None:
     check_num_features(module, num_features, x.shape, fshape, feature_axes,
@@ -271,10 +231,9 @@ def _to_trailing(x, residual, mask, red):
   perm = kept + list(red)
   if perm == list(range(ndim)):
     return x, residual, mask, lambda a: a
-  if residual is not None and tuple(residual.shape) != tuple(x.shape):
+  if residual is not None:
     # Checked here, before the transpose, so the op's message names the layer's shapes.
-    raise ValueError(f"residual must have the shape of x {tuple(x.shape)} (h = x + residual "
-                     f"is not broadcast), got shape {tuple(residual.shape)}.")
+    v.check_residual_shape(residual.shape, x.shape)
   mt = mask
   if mask is not None:
     v.check_mask(mask, x.shape)  # before the transpose; the op checks an untransposed mask

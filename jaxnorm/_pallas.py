@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from jaxnorm import _validation as v
 from jaxnorm._pallas_backward import add_norm_backward, norm_backward
 from jaxnorm._pallas_common import kernel_spec
-from jaxnorm._pallas_config import SUPPORTED_DTYPES, supported
+from jaxnorm._pallas_config import supported
 from jaxnorm._pallas_forward import add_norm_forward, norm_forward
 
 __all__ = [
@@ -240,11 +240,10 @@ def rms_norm_bwd(x, scale, rstd, dy, *, epsilon, epsilon_placement="inside",
 
 
 def _check_dtype(name: str, dtype) -> jnp.dtype:
-  dt = jnp.dtype(dtype)
-  if dt not in SUPPORTED_DTYPES:
-    raise ValueError(f"{name} must be float32, bfloat16 or float16 for the Pallas kernels, got "
-                     f"{dt.name}.")
-  return dt
+  reason = v.kernel_problem(dtypes=((name, dtype),))
+  if reason is not None:
+    raise ValueError(f"{reason}.")
+  return jnp.dtype(dtype)
 
 
 def _add_spec(x, residual, scale, bias, *, center, has_bias, residual_scale, epsilon,

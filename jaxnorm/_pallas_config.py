@@ -3,10 +3,12 @@ r"""The launch configuration of the Pallas kernels, and whether they can run a c
 Light on purpose: no ``jax.experimental.pallas`` import, so deciding ``impl`` (in
 :mod:`jaxnorm._core`) costs nothing. The kernels take their block sizes from
 :func:`block_config`, the one place that decides them (a per-device tuned table goes there),
-unless a :class:`PallasConfig` carries a :class:`BlockConfig` of its own; :func:`supported` is
-the one check of what the kernels accept. :data:`GPU_BACKENDS` is the one list of backends the
-Triton kernels compile for. Public here (re-exported by :mod:`jaxnorm`): :class:`PallasConfig`,
-:class:`BlockConfig`, :func:`default_block_config`, :func:`pallas_compiles_on`.
+unless a :class:`PallasConfig` carries a :class:`BlockConfig` of its own; :func:`supported` says
+whether the kernels can run a call, with the dtype and backend rule of
+:func:`jaxnorm._validation.kernel_problem` (where :data:`GPU_BACKENDS`, the backends the Triton
+kernels compile for, and :data:`SUPPORTED_DTYPES` are defined). Public here (re-exported by
+:mod:`jaxnorm`): :class:`PallasConfig`, :class:`BlockConfig`, :func:`default_block_config`,
+:func:`pallas_compiles_on`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from jaxnorm import _validation as v
 
 __all__ = [
     "GPU_BACKENDS",
@@ -29,8 +33,8 @@ __all__ = [
     "supported",
 ]
 
-SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-GPU_BACKENDS = ("gpu", "cuda", "rocm")
+SUPPORTED_DTYPES = v.KERNEL_DTYPES
+GPU_BACKENDS = v.GPU_BACKENDS
 #: The lowering platforms (``jax.export`` / ``lax.platform_dependent`` names) the kernels run on.
 GPU_PLATFORMS = ("cuda", "rocm")
 
@@ -207,10 +211,5 @@ def supported(x_shape, dtype, *, backend: str | None = None) -> tuple[bool, str]
     return False, f"the kernels take a 2-D input (rows, d), got shape {shape}"
   if shape[0] == 0 or shape[1] == 0:
     return False, f"the input is empty (shape {shape})"
-  dt = jnp.dtype(dtype)
-  if dt not in SUPPORTED_DTYPES:
-    return False, (f"the kernels support float32, bfloat16 and float16 inputs, got {dt.name}")
-  if backend is not None and backend not in GPU_BACKENDS:
-    return False, (f"the Pallas kernels need a GPU (Triton backend), the backend is {backend!r}; "
-                   f"use interpret=True to run them (slowly) elsewhere")
-  return True, ""
+  reason = v.kernel_problem(dtypes=(("x", dtype),), backend=backend)
+  return (False, reason) if reason is not None else (True, "")

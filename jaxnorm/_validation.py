@@ -1,8 +1,11 @@
-"""Argument validation shared by every public op and module.
+"""Argument validation shared by every public op, layer, kernel entry point and model config.
 
+One home per rule: each value is checked by one function here, with one message, wherever it
+is passed (an op, a Flax layer, the checked kernel API, :class:`jaxnorm.models.TransformerConfig`).
 All checks run at trace time (shapes, dtypes and Python config are static), raise
-``TypeError`` for a wrong kind of thing and ``ValueError`` for a wrong value or shape, and
-say what was received, what was expected and how to fix it.
+``TypeError`` for a wrong kind of thing and ``ValueError`` for a wrong value or shape (an
+unknown option string is a wrong value, whatever its type), and say what was received, what
+was expected and how to fix it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ import numpy as np
 
 EPSILON_PLACEMENTS = ("inside", "outside")
 IMPLS = ("auto", "xla", "pallas")
+# What the Pallas (Triton) kernels take: the input/parameter dtypes and the backends they
+# compile for (interpret mode runs them anywhere).
+KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+GPU_BACKENDS = ("gpu", "cuda", "rocm")
 
 
 def check_floating(name: str, x: Any) -> None:
@@ -35,11 +42,15 @@ def check_floating(name: str, x: Any) -> None:
 
 
 def check_epsilon(epsilon: Any) -> float:
-  """Returns ``epsilon`` as a float after checking it is a finite, non-negative Python number."""
+  """Returns ``epsilon`` as a Python float after checking it is a finite, non-negative number.
+
+  A real number: a Python ``int``/``float`` or a NumPy scalar (``np.float32(1e-6)``); not a
+  bool and not a JAX array (epsilon is static configuration, part of the compiled program).
+  """
   if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real):
     raise TypeError(
-        f"epsilon must be a Python float (a static configuration value), got "
-        f"{type(epsilon).__name__} {epsilon!r}; pass e.g. epsilon=1e-6."
+        f"epsilon must be a real number (a Python or NumPy scalar: static configuration, not an "
+        f"array), got {type(epsilon).__name__} {epsilon!r}; pass e.g. epsilon=1e-6."
     )
   epsilon = float(epsilon)
   if math.isnan(epsilon) or math.isinf(epsilon) or epsilon < 0:
@@ -55,7 +66,11 @@ def check_bool(name: str, value: Any) -> bool:
 
 
 def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
-  """Checks that a string option is one of ``choices``."""
+  """Checks that a string option is one of ``choices``: ``ValueError`` otherwise, any type.
+
+  The message names the argument, the value received and the allowed set, e.g.
+  ``epsilon_placement must be one of ('inside', 'outside'), got 'middle'.``
+  """
   if not isinstance(value, str) or value not in choices:
     raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}.")
   return value
@@ -95,38 +110,99 @@ def check_residual_scale(value: Any) -> float:
   return value
 
 
+def check_axes(name: str, ndim: int, axes: Any) -> tuple[int, ...]:
+  """Canonicalizes ``axes`` (an int or a non-empty sequence of ints) to sorted non-negative axes.
+
+  The one rule for every axis argument (the ops' ``axis``, the layers' ``reduction_axes`` and
+  ``feature_axes``): negative axes count from the end, and an axis named twice (``(-1, -1)``,
+  or ``(2, -1)`` at rank 3) is an error, never merged.
+
+  Args:
+    name: the argument name for the messages.
+    ndim: the rank of ``x``.
+    axes: an int, or a non-empty tuple/list/range of ints.
+
+  Returns:
+    The canonical axes, sorted ascending.
+
+  Raises:
+    TypeError: ``axes`` is not an int or a sequence of ints.
+    ValueError: ``axes`` is empty, ``x`` is a scalar, an axis is out of range or repeated.
+  """
+  def is_int(a):
+    return isinstance(a, (numbers.Integral, np.integer)) and not isinstance(a, bool)
+
+  if is_int(axes):
+    items = (int(axes),)
+  elif isinstance(axes, (tuple, list, range)) and all(is_int(a) for a in axes):
+    items = tuple(int(a) for a in axes)
+  else:
+    raise TypeError(f"{name} must be an int or a non-empty tuple of ints, got {axes!r}.")
+  if not items:
+    raise ValueError(f"{name} must name at least one axis, got {axes!r}.")
+  if ndim == 0:
+    raise ValueError("x must have at least one dimension to normalize over, got a scalar.")
+  seen = {}
+  for a in items:
+    if not -ndim <= a < ndim:
+      raise ValueError(f"{name}={axes!r}: axis {a} is out of range for an input of rank {ndim}; "
+                       f"use axes in [{-ndim}, {ndim - 1}].")
+    if a % ndim in seen:
+      raise ValueError(f"{name}={axes!r} repeats axis {a % ndim} (as {seen[a % ndim]} and {a}); "
+                       f"name each axis once.")
+    seen[a % ndim] = a
+  return tuple(sorted(seen))
+
+
 def normalized_axes(ndim: int, axis: Any) -> tuple[int, ...]:
-  """Canonicalizes ``axis`` (an int or a tuple of ints) to sorted non-negative trailing axes.
+  """The op's ``axis`` (:func:`check_axes`), which must name the trailing axes of ``x``.
 
   The normalized axes must be the last ``k`` axes of ``x`` (every op flattens them into one
   feature axis of size ``d = prod(x.shape[-k:])``). Modules that accept arbitrary reduction
   axes move them to the end before calling the op.
   """
-  if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool):
-    axes = (int(axis),)
-  elif isinstance(axis, (tuple, list)) and axis and all(
-      isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in axis
-  ):
-    axes = tuple(int(a) for a in axis)
-  else:
-    raise TypeError(f"axis must be an int or a non-empty tuple of ints, got {axis!r}.")
-  if ndim == 0:
-    raise ValueError("x must have at least one dimension to normalize over, got a scalar.")
-  canon = []
-  for a in axes:
-    if not -ndim <= a < ndim:
-      raise ValueError(f"axis {a} is out of range for an input of rank {ndim} (axis={axis!r}).")
-    canon.append(a % ndim)
-  canon = sorted(canon)
-  if len(set(canon)) != len(canon):
-    raise ValueError(f"axis contains a repeated axis: {axis!r}.")
-  if canon != list(range(ndim - len(canon), ndim)):
+  canon = check_axes("axis", ndim, axis)
+  if canon != tuple(range(ndim - len(canon), ndim)):
     raise ValueError(
         f"axis must name the trailing axes of x (rank {ndim}), e.g. -1 or (-2, -1); got {axis!r}. "
         f"Move the axes to normalize to the end with jnp.moveaxis, or use the Flax modules, "
         f"which accept any reduction_axes."
     )
-  return tuple(canon)
+  return canon
+
+
+def check_residual_shape(residual_shape: Any, x_shape: Any) -> None:
+  """Raises ``ValueError`` unless ``residual`` has exactly the shape of ``x`` (no broadcasting)."""
+  if tuple(residual_shape) != tuple(x_shape):
+    raise ValueError(f"residual must have the shape of x {tuple(x_shape)} (h = x + residual is "
+                     f"not broadcast), got shape {tuple(residual_shape)}.")
+
+
+def kernel_problem(*, dtypes: Sequence[tuple[str, Any]] = (), backend: str | None = None
+                   ) -> str | None:
+  """Why the Pallas kernels cannot take these dtypes or run on ``backend``; None if they can.
+
+  The one statement of what the kernels support, read by every caller that decides or checks
+  ``impl="pallas"`` (the ops' ``impl`` resolution, the fused ops, :func:`jaxnorm._pallas_config.
+  supported`, the checked kernel API), which wrap the reason in their own error.
+
+  Args:
+    dtypes: ``(argument name, dtype)`` pairs; each must be one of :data:`KERNEL_DTYPES`.
+    backend: a JAX backend name, or None not to check it (interpret mode runs anywhere).
+
+  Returns:
+    The reason (a phrase without a final period), or None.
+  """
+  for name, dtype in dtypes:
+    dt = jnp.dtype(dtype)
+    if dt not in KERNEL_DTYPES:
+      return f"the Pallas kernels take float32, bfloat16 or float16 {name}, got {dt.name}"
+  if backend is not None and backend not in GPU_BACKENDS:
+    return (f"the Pallas kernels need a GPU (Triton backend) and the backend is {backend!r}; "
+            f"run them in interpret mode elsewhere (slowly, for testing): "
+            f"pallas=jaxnorm.PallasConfig(interpret=True) for the ops and layers, "
+            f"interpret=True for the kernel functions")
+  return None
 
 
 def check_param(name: str, p: Any, normalized_shape: tuple[int, ...]) -> None:

@@ -1,18 +1,33 @@
-r"""Plain ``jax.numpy`` LayerNorm and RMSNorm, differentiated by JAX's autodiff.
+r"""Plain ``jax.numpy`` LayerNorm and RMSNorm, differentiated by JAX's autodiff: the oracle.
 
 This module is the oracle of the test suite and the autodiff baseline of the benchmarks. It
-has no custom derivative rules and favours clarity over speed: statistics are computed with
-the two-pass formula in ``promote_types(x.dtype, float32)`` (float64 stays float64), the
-output is cast to ``dtype`` (default: the dtype of ``x``).
+imports nothing from the rest of :mod:`jaxnorm` (no shared formula, no shared validation), so
+a mistake in the library's own ``rstd``, affine stage or casting plan cannot hide by being
+compared with itself. It has no custom derivative rules and favours clarity over speed.
+
+With :math:`d` elements in the normalized trailing ``axis`` (only the masked-in ones, with
+``mask``), the statistics are computed in :math:`C` = ``promote_types(x.dtype, float32)``
+(float64 stays float64) by the two-pass formula (the mean first, then the mean square of the
+centred values, never :math:`E[x^2] - E[x]^2`):
 
 .. math::
 
-   \mathrm{LN}(x) = \gamma \odot \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} + \beta, \qquad
-   \mathrm{RMS}(x) = \gamma \odot \frac{x}{\sqrt{\tfrac{1}{d}\sum_i x_i^2 + \epsilon}}
+   \mu = \frac{1}{d}\sum_i x_i, \qquad \sigma^2 = \frac{1}{d}\sum_i (x_i - \mu)^2, \qquad
+   m = \frac{1}{d}\sum_i x_i^2,
 
-with the statistics taken over the trailing ``axis`` (or, with ``mask``, over the masked-in
-elements only). ``epsilon_placement="outside"`` divides by ``sqrt(var) + epsilon`` instead,
-and ``zero_centered_scale=True`` multiplies by ``1 + scale`` instead of ``scale``.
+   r = \begin{cases} (v + \epsilon)^{-1/2} & \text{epsilon\_placement="inside"} \\
+                     (\sqrt v + \epsilon)^{-1} & \text{epsilon\_placement="outside"}
+       \end{cases}
+
+with :math:`v = \sigma^2` (LayerNorm) or :math:`v = m` (RMSNorm), and then
+
+.. math::
+
+   \hat x = (x - \mu)\, r \ \text{(LayerNorm)}, \qquad \hat x = x\, r \ \text{(RMSNorm)},
+   \qquad y = \mathrm{rd}_O(\hat x\,\gamma + \beta),
+
+where :math:`\gamma` is ``scale``, or ``1 + scale`` with ``zero_centered_scale=True``, and
+:math:`\mathrm{rd}_O` rounds to ``dtype`` (default: the dtype of ``x``).
 
 ``casting`` ("float32", "llama", "t5"; see ``docs/modules.md``, "Casting modes") sets where the
 affine stage rounds, written here in the published order with ``jax.numpy``'s own promotion:
@@ -25,25 +40,51 @@ affine stage rounds, written here in the published order with ``jax.numpy``'s ow
 
 where in "llama" and "t5" :math:`\gamma` (``scale`` or ``1 + scale``) stays in the scale's
 dtype and the product and the add are computed in the promoted dtype of their operands
-(``rd_x``: round to ``x.dtype``; ``rd_s``: to ``scale.dtype``).
+(``rd_x``: round to ``x.dtype``; ``rd_s``: to ``scale.dtype``; "t5" without a scale is
+"float32").
+
+The arguments are those of :func:`jaxnorm.layer_norm` and :func:`jaxnorm.rms_norm`; this module
+checks only what it needs to compute (a known option string, trailing axes) and leaves the
+library's full argument validation to the library.
 """
 
 from __future__ import annotations
 
-import jax.numpy as jnp
+import numbers
 
-from jaxnorm import _math
-from jaxnorm import _validation as v
-from jaxnorm._casting import CASTINGS
+import jax.numpy as jnp
+from jax import lax
 
 __all__ = ["layer_norm", "rms_norm"]
 
+# Written out here, not imported: the oracle depends on nothing in jaxnorm.
+_CASTINGS = ("float32", "llama", "t5")
+_PLACEMENTS = ("inside", "outside")
 
-def _stat_dtype(dtype):
-  return jnp.promote_types(dtype, jnp.float32)
+
+def _options(x, axis, epsilon_placement, casting):
+  """``(axes, x in C)``: the normalized axes (sorted, non-negative, trailing) and ``x`` in C."""
+  for name, value, allowed in (("epsilon_placement", epsilon_placement, _PLACEMENTS),
+                               ("casting", casting, _CASTINGS)):
+    if value not in allowed:
+      raise ValueError(f"{name} must be one of {allowed}, got {value!r}.")
+  axes = sorted(int(a) % x.ndim
+                for a in ((axis,) if isinstance(axis, numbers.Integral) else tuple(axis)))
+  if axes != list(range(x.ndim - len(axes), x.ndim)):
+    raise ValueError(f"axis must name distinct trailing axes of x (rank {x.ndim}), got {axis!r}.")
+  return tuple(axes), x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
-def _affine(xhat, scale, bias, axes, zero_centered_scale, casting="float32", x_dtype=None):
+def _rstd(v, epsilon, epsilon_placement):
+  """:math:`r` of the module docstring from the variance (or mean square) ``v``."""
+  epsilon = float(epsilon)  # a weak Python scalar: it never promotes ``v``'s dtype
+  if epsilon_placement == "outside":
+    return 1.0 / (jnp.sqrt(v) + epsilon)
+  return lax.rsqrt(v + epsilon)
+
+
+def _affine(xhat, scale, bias, axes, zero_centered_scale, casting, x_dtype):
+  """``xhat * gamma + beta`` in the order of casts of ``casting`` (module docstring)."""
   # Explicit leading ones: no implicit rank promotion (the tests run with it set to "raise").
   shape = (1,) * axes[0] + xhat.shape[axes[0]:]
   if casting != "float32" and not (casting == "t5" and scale is None):
@@ -60,24 +101,36 @@ def _affine(xhat, scale, bias, axes, zero_centered_scale, casting="float32", x_d
   return xhat
 
 
-def _check(x, epsilon, axis, epsilon_placement, mask, casting="float32"):
-  v.check_floating("x", x)
-  v.check_choice("casting", casting, CASTINGS)
-  epsilon = v.check_epsilon(epsilon)
-  axes = v.normalized_axes(x.ndim, axis)
-  v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
-  v.check_mask(mask, x.shape)
-  return epsilon, axes, x.astype(_stat_dtype(x.dtype))
-
-
 def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
                epsilon_placement="inside", zero_centered_scale=False, dtype=None,
                casting="float32"):
-  """Reference LayerNorm (autodiff, two-pass variance). See the module docstring."""
-  epsilon, axes, xf = _check(x, epsilon, axis, epsilon_placement, mask, casting)
+  r"""Reference LayerNorm (autodiff, two-pass variance).
+
+  .. math::
+
+     y = \mathrm{rd}_O\big(\gamma \odot (x - \mu)\, r + \beta\big)
+
+  with :math:`\mu`, :math:`\sigma^2` and :math:`r` as in the module docstring.
+
+  Args:
+    x: ``(..., *normalized)`` floating array.
+    scale: ``normalized`` (or its flat size) or None.
+    bias: like ``scale``, or None.
+    epsilon: the epsilon of :math:`r`.
+    axis: the trailing axes to normalize over (int or tuple).
+    mask: boolean array broadcastable to ``x``; the statistics use the True elements only.
+    epsilon_placement: "inside" or "outside" (module docstring).
+    zero_centered_scale: multiply by ``1 + scale`` instead of ``scale``.
+    dtype: output dtype (default: ``x.dtype``).
+    casting: "float32", "llama" or "t5" (module docstring).
+
+  Returns:
+    ``y``, the shape of ``x``, in ``dtype``.
+  """
+  axes, xf = _options(x, axis, epsilon_placement, casting)
   mean = jnp.mean(xf, axis=axes, keepdims=True, where=mask)
   var = jnp.mean(jnp.square(xf - mean), axis=axes, keepdims=True, where=mask)
-  xhat = (xf - mean) * _math.rstd(var, epsilon, epsilon_placement == "outside")
+  xhat = (xf - mean) * _rstd(var, epsilon, epsilon_placement)
   y = _affine(xhat, scale, bias, axes, zero_centered_scale, casting, x.dtype)
   return y.astype(dtype or x.dtype)
 
@@ -85,9 +138,20 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
 def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None,
              epsilon_placement="inside", zero_centered_scale=False, dtype=None,
              casting="float32"):
-  """Reference RMSNorm (autodiff). See the module docstring."""
-  epsilon, axes, xf = _check(x, epsilon, axis, epsilon_placement, mask, casting)
+  r"""Reference RMSNorm (autodiff).
+
+  .. math::
+
+     y = \mathrm{rd}_O\big(\gamma \odot x\, r\big), \qquad r \text{ from } m = \tfrac{1}{d}
+     \textstyle\sum_i x_i^2
+
+  (module docstring). Arguments as in :func:`layer_norm`, without ``bias``.
+
+  Returns:
+    ``y``, the shape of ``x``, in ``dtype``.
+  """
+  axes, xf = _options(x, axis, epsilon_placement, casting)
   ms = jnp.mean(jnp.square(xf), axis=axes, keepdims=True, where=mask)
-  xhat = xf * _math.rstd(ms, epsilon, epsilon_placement == "outside")
+  xhat = xf * _rstd(ms, epsilon, epsilon_placement)
   y = _affine(xhat, scale, None, axes, zero_centered_scale, casting, x.dtype)
   return y.astype(dtype or x.dtype)

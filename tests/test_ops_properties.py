@@ -78,12 +78,32 @@ def test_layer_norm_precision_at_large_mean(x64, ratio):
   assert float(jnp.max(jnp.abs(got_m - want_m)) / jnp.max(jnp.abs(want_m))) < 1e-5
 
 
-def test_fast_variance_would_fail_where_we_do_not():
-  """Documents the failure we avoid: E[x^2] - E[x]^2 in float32 at mean/std = 1e4."""
-  x = 1e4 + jax.random.normal(jax.random.key(5), (4, 1024), jnp.float32)
-  naive_var = jnp.mean(x * x, -1) - jnp.mean(x, -1) ** 2
-  true_var = np.var(np.asarray(x, np.float64), -1)
-  assert float(np.max(np.abs(np.asarray(naive_var) - true_var) / true_var)) > 0.1
+@pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
+def test_large_mean_rows_come_out_standardized(op):
+  """At mean/std = 1e4 each float32 output row of jaxnorm has mean 0 and variance 1 (to 1e-4).
+
+  The failure this guards against is shown on the same data: E[x^2] - E[x]^2 in float32 is off
+  by more than 10% there, so a LayerNorm built on it gives rows whose variance is not 1.
+  """
+  ks = jax.random.split(jax.random.key(5), 2)
+  noise = jax.random.normal(ks[0], (4, 1024), jnp.float32)
+  x = 1e4 + noise
+  if op == "layer_norm":
+    y = jaxnorm.layer_norm(x)
+  else:  # the fused op normalizes h = x + residual: the large mean comes in with the residual
+    y, h = jaxnorm.add_layer_norm(noise, jnp.full_like(noise, 1e4))
+    np.testing.assert_array_equal(h, x)
+  y64 = np.asarray(y, np.float64)
+  var = np.var(np.asarray(x, np.float64), -1, keepdims=True)
+  # What an exact LayerNorm gives for these float32 inputs: mean 0, variance var / (var + eps).
+  np.testing.assert_allclose(y64.mean(-1), 0.0, atol=1e-4)
+  np.testing.assert_allclose(y64.var(-1, keepdims=True), var / (var + 1e-6), rtol=1e-4)
+  # The one-pass formula on the same float32 data misses the variance by more than 10%, and
+  # the rows it normalizes miss unit variance (or are NaN, where it went negative).
+  naive_var = jnp.mean(x * x, -1, keepdims=True) - jnp.mean(x, -1, keepdims=True) ** 2
+  assert float(np.max(np.abs(np.asarray(naive_var) - var) / var)) > 0.1
+  naive_y = np.asarray((x - x.mean(-1, keepdims=True)) / jnp.sqrt(naive_var + 1e-6), np.float64)
+  assert not np.all(np.abs(naive_y.var(-1) - 1.0) < 0.05)
 
 
 @pytest.mark.parametrize("placement", ["inside", "outside"])

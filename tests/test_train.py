@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -271,10 +272,46 @@ def test_init_instrumentation(corpus):
     probes.model_update_size(TINY_MODEL, _config(), corpus, on="output")
 
 
-def test_throughput(reference_run, corpus):
-  # The reference run's compiled step is reused (no compilation here).
-  res = probes.throughput(TINY_MODEL, batch_size=16, seq_len=32, steps=3, corpus=corpus)
-  assert res["tokens_per_s"] > 0 and res["step_ms"] > 0 and res["norm_impl"] == "jaxnorm"
+def test_throughput(reference_run, corpus, monkeypatch):
+  """The probe times ``steps`` chained train steps on the corpus' batches and counts tokens right.
+
+  The train step is wrapped (the reference run's compiled step, no compilation here) to record
+  each call: its batch, whether it was given the parameters the previous call returned, and how
+  long it took. The probe's timed window holds the timed calls, so its ``step_ms`` is at least
+  their mean duration measured here; its ``tokens_per_s`` is batch x length / step time.
+  """
+  steps, batch_size, seq_len = 3, 16, 32
+  calls = []
+
+  def counting(compiled):
+    step = compiled[0]
+
+    def wrapped(params, opt_state, inputs, targets):
+      t0 = time.perf_counter()
+      out = jax.block_until_ready(step(params, opt_state, inputs, targets))
+      calls.append(dict(inputs=np.asarray(inputs), params_in=jax.tree.leaves(params)[0],
+                        params_out=jax.tree.leaves(out[0])[0], loss=float(out[2]["loss"]),
+                        seconds=time.perf_counter() - t0))
+      return out
+    return (wrapped, *compiled[1:])
+
+  real = probes.compiled_steps
+  monkeypatch.setattr(probes, "compiled_steps", lambda *a, **k: counting(real(*a, **k)))
+  res = probes.throughput(TINY_MODEL, batch_size=batch_size, seq_len=seq_len, steps=steps,
+                          corpus=corpus)
+  assert res["norm_impl"] == "jaxnorm" and res["norm_type"] == TINY_MODEL.norm_type
+  assert len(calls) == steps + 1  # one untimed (compiling) call, then the timed ones
+  for i, call in enumerate(calls):
+    x, _ = data_lib.batch_at(corpus.train, max(i - 1, 0), batch_size=batch_size,
+                             seq_len=seq_len, seed=0)
+    np.testing.assert_array_equal(call["inputs"], x)
+    if i:  # each step trains on from the parameters the previous one returned
+      assert call["params_in"] is calls[i - 1]["params_out"]
+  assert calls[-1]["loss"] < calls[0]["loss"], [c["loss"] for c in calls]
+  timed_ms = 1e3 * sum(c["seconds"] for c in calls[1:]) / steps
+  assert res["step_ms"] >= timed_ms, (res["step_ms"], timed_ms)
+  assert res["tokens_per_s"] == pytest.approx(batch_size * seq_len / (res["step_ms"] / 1e3),
+                                              rel=1e-9)
 
 
 def test_compare_norm_impl_alternates_and_keeps_the_best(monkeypatch):

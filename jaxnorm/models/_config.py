@@ -14,6 +14,7 @@ import dataclasses
 import math
 from typing import Any
 
+from jaxnorm import _validation as v
 from jaxnorm._casting import CASTINGS
 from jaxnorm._module_common import KINDS
 
@@ -26,14 +27,6 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 ACTIVATIONS = ("gelu", "relu")
 # Keys of :func:`block_weight_paths`, in the order of a block's forward pass.
 WEIGHT_GROUPS = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")
-
-
-def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-  if not isinstance(value, str):
-    raise TypeError(
-        f"{name} must be a str, one of {choices}; got {type(value).__name__} {value!r}.")
-  if value not in choices:
-    raise ValueError(f"{name} must be one of {choices}, got {value!r}.")
 
 
 def _check_positive_int(name: str, value: Any) -> None:
@@ -60,7 +53,8 @@ class TransformerConfig:
     init: ``"xavier"`` (Xiong et al.) or ``"small"`` (GPT-2, N(0, 0.02)).
     qk_zero_init: start with :math:`W^Q = W^K = 0` (uniform attention at init).
     positions: ``"learned"`` absolute position embeddings or ``"rotary"`` (RoPE on q and k).
-    epsilon: the normalization epsilon.
+    epsilon: the normalization epsilon: a finite number >= 0 (a Python or NumPy scalar), checked
+      by the ops' rule and stored as a Python float.
     dtype: compute dtype name (parameters are always float32).
     fuse_residual_norm: run every residual add that is followed by a norm as one fused
       add+norm op (same values; one pass over memory instead of two). Applies to the jaxnorm
@@ -104,14 +98,14 @@ class TransformerConfig:
   def __post_init__(self):
     for name in ("vocab_size", "max_len", "d_model", "n_layers", "n_heads", "d_ff"):
       _check_positive_int(name, getattr(self, name))
-    _check_choice("norm_position", self.norm_position, NORM_POSITIONS)
-    _check_choice("norm_type", self.norm_type, NORM_TYPES)
-    _check_choice("norm_impl", self.norm_impl, NORM_IMPLS)
-    _check_choice("init", self.init, INITS)
-    _check_choice("positions", self.positions, POSITIONS)
-    _check_choice("dtype", self.dtype, DTYPES)
-    _check_choice("activation", self.activation, ACTIVATIONS)
-    _check_choice("casting", self.casting, CASTINGS)
+    v.check_choice("norm_position", self.norm_position, NORM_POSITIONS)
+    v.check_choice("norm_type", self.norm_type, NORM_TYPES)
+    v.check_choice("norm_impl", self.norm_impl, NORM_IMPLS)
+    v.check_choice("init", self.init, INITS)
+    v.check_choice("positions", self.positions, POSITIONS)
+    v.check_choice("dtype", self.dtype, DTYPES)
+    v.check_choice("activation", self.activation, ACTIVATIONS)
+    v.check_choice("casting", self.casting, CASTINGS)
     if self.casting != "float32" and self.norm_impl == "flax":
       raise ValueError(f"casting={self.casting!r} needs norm_impl='jaxnorm' (Flax's norms round "
                        f"once, as casting='float32'); got norm_impl='flax'.")
@@ -137,11 +131,8 @@ class TransformerConfig:
           f"positions='rotary' needs an even head size, got d_model/n_heads = "
           f"{self.d_model}/{self.n_heads} = {self.d_model // self.n_heads}."
       )
-    if isinstance(self.epsilon, bool) or not isinstance(self.epsilon, (int, float)):
-      raise TypeError(f"epsilon must be a Python float, got {type(self.epsilon).__name__} "
-                      f"{self.epsilon!r}.")
-    if not math.isfinite(self.epsilon) or self.epsilon < 0:
-      raise ValueError(f"epsilon must be a finite float >= 0, got {self.epsilon!r}.")
+    # The ops' rule (and what they accept, e.g. np.float32(1e-6)), stored as a Python float.
+    object.__setattr__(self, "epsilon", v.check_epsilon(self.epsilon))
 
   @property
   def head_dim(self) -> int:
