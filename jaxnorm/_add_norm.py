@@ -12,6 +12,7 @@ derived backward are in :mod:`jaxnorm._fused`.
 from __future__ import annotations
 
 from jaxnorm import _ad
+from jaxnorm import _core
 from jaxnorm import _fused
 
 __all__ = ["add_layer_norm", "add_rms_norm"]
@@ -91,6 +92,7 @@ def add_layer_norm(x, residual, scale=None, bias=None, *, residual_scale=1.0, re
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,
       pallas=pallas, casting=casting)
+  scale, bias = _core.flat_params(x, x2, scale, bias)
   y, h = _ad.add_norm(cfg, x2, r2, scale, bias, mask2)
   return restore(y), restore(h)
 
@@ -137,5 +139,6 @@ def add_rms_norm(x, residual, scale=None, *, residual_scale=1.0, residual_dtype=
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,
       pallas=pallas, casting=casting)
+  (scale,) = _core.flat_params(x, x2, scale)
   y, h = _ad.add_norm(cfg, x2, r2, scale, None, mask2)
   return restore(y), restore(h)

@@ -76,7 +76,8 @@ from jaxnorm._kernel_call import kernel_call
 from jaxnorm._pallas_config import PallasConfig
 from jaxnorm._spec import NormConfig
 
-__all__ = ["NormConfig", "backward", "check_pallas", "flat_stats", "forward", "forward_only",
+__all__ = ["NormConfig", "backward", "check_pallas", "flat_params", "flat_stats", "forward",
+           "forward_only",
            "on_platform", "pallas_spec", "pallas_stats", "param_cotangents", "prepare"]
 
 
@@ -102,22 +103,70 @@ def flat_stats(cfg: NormConfig, stats):
   return flat if cfg.center else (None, None, flat[2])
 
 
-def _pallas_forward_call(cfg: NormConfig, x, scale, bias):
+def over_heads(cfg: NormConfig, fn, kinds: str, out_kinds: str):
+  """``fn(cfg, *args)`` on the kernels, mapped over the per-head axes of the parameters.
+
+  The kernels take one parameter row for all rows. With per-head parameters (``cfg.heads``,
+  e.g. ``x: (tokens, heads, d)``, ``scale: (heads, d)``) each head is one kernel problem, and
+  ``jax.vmap`` over the head axes gives one launch with one more grid axis. ``kinds`` and
+  ``out_kinds`` say, per argument and per result, "r" for a row-like ``(..., heads..., d|1)``
+  array, "p" for a ``(heads..., d)`` parameter (broadcast to every head first; its cotangent
+  comes back per head: see :func:`sum_to`). Without per-head parameters: ``fn`` itself.
+  """
+  if not cfg.heads:
+    return functools.partial(fn, cfg)
+  inner = dataclasses.replace(cfg, heads=(), bias_shape=None if cfg.bias_shape is None else
+                              cfg.bias_shape[-1:])
+
+  def mapped(*args):
+    d = args[0].shape[-1]
+    args = [jnp.broadcast_to(a, cfg.heads + (d,)) if k == "p" and a is not None else a
+            for a, k in zip(args, kinds)]
+    f = functools.partial(fn, inner)
+    for j in range(len(cfg.heads)):  # innermost: the head axis next to d
+      axis = {"r": -(j + 2), "p": 0}
+      f = jax.vmap(f, in_axes=tuple(axis[k] for k in kinds),
+                   out_axes=tuple(axis[k] for k in out_kinds))
+    return f(*args)
+
+  return mapped
+
+
+def sum_to(ct, shape):
+  """A per-head parameter cotangent summed over the head axes its parameter is shared on."""
+  if ct is None or tuple(ct.shape) == tuple(shape):
+    return ct
+  extra = ct.ndim - len(shape)
+  return jnp.sum(ct, axis=tuple(range(extra))).reshape(shape)
+
+
+def _pallas_forward_one(cfg: NormConfig, x, scale, bias):
   d = x.shape[-1]
   spec = pallas_spec(cfg, x, scale, has_bias=bias is not None)
   y, *stats = _pallas_forward.norm_forward(x.reshape(-1, d), _flat(scale), _flat(bias), spec=spec,
-                               out_dtype=cfg.out_dtype, interpret=cfg.pallas.interpret)
+                                           out_dtype=cfg.out_dtype,
+                                           interpret=cfg.pallas.interpret)
   return y.reshape(x.shape), pallas_stats(cfg, x.shape[:-1] + (1,), stats)
 
 
-def _pallas_backward_call(cfg: NormConfig, x, scale, stats, dy):
+def _pallas_forward_call(cfg: NormConfig, x, scale, bias):
+  return over_heads(cfg, _pallas_forward_one, "rpp", "rr")(x, scale, bias)
+
+
+def _pallas_backward_one(cfg: NormConfig, x, scale, stats, dy):
   d = x.shape[-1]
   spec = pallas_spec(cfg, x, scale, has_bias=cfg.bias_dtype is not None)
   shift, delta, rstd = flat_stats(cfg, stats)
   dx, dscale, dbias = _pallas_backward.norm_backward(
       x.reshape(-1, d), dy.reshape(-1, d), _flat(scale), shift, delta, rstd, spec=spec,
       interpret=cfg.pallas.interpret)
-  return dx.reshape(x.shape), dscale, dbias
+  return (dx.reshape(x.shape), *params_like(cfg, scale, dscale, dbias))
+
+
+def _pallas_backward_call(cfg: NormConfig, x, scale, stats, dy):
+  dx, dscale, dbias = over_heads(cfg, _pallas_backward_one, "rprr", "rpp")(x, scale, stats, dy)
+  return (dx, None if scale is None else sum_to(dscale, scale.shape),
+          None if dbias is None else sum_to(dbias, cfg.bias_shape))
 
 
 def _flat(p):
@@ -206,8 +255,7 @@ class _Backward:
     dx_dtype = self.dx_dtype
     if cfg.impl == "pallas":
       dx, dscale, dbias = _pallas_backward_call(cfg, x, scale, stats, dy)
-      return (dx.astype(x.dtype if dx_dtype is None else dx_dtype),
-              *params_like(cfg, scale, dscale, dbias))
+      return dx.astype(x.dtype if dx_dtype is None else dx_dtype), dscale, dbias
     return _xla.backward(cfg, x, scale, mask, stats, dy, dx_dtype=dx_dtype)
 
 
@@ -294,8 +342,8 @@ def prepare(x, scale, bias, *, center, epsilon, axis, mask, epsilon_placement,
   v.check_bool("zero_centered_scale", zero_centered_scale)
   v.check_choice("casting", casting, CASTINGS)
   norm_shape = tuple(x.shape[axes[0]:])
-  v.check_param("scale", scale, norm_shape)
-  v.check_param("bias", bias, norm_shape)
+  scale_heads = v.check_param("scale", scale, x.shape, axes[0])
+  bias_heads = v.check_param("bias", bias, x.shape, axes[0])
   v.check_mask(mask, x.shape)
   if dtype is not None:
     dtype = jnp.dtype(dtype)
@@ -322,12 +370,30 @@ def prepare(x, scale, bias, *, center, epsilon, axis, mask, epsilon_placement,
       axis_index_groups=axis_index_groups,
       out_dtype=jnp.dtype(dtype or x.dtype),
       bias_dtype=None if bias is None else jnp.dtype(bias.dtype),
-      bias_shape=None if bias is None else tuple(bias.shape),
+      bias_shape=None if bias is None else bias_heads + (d,),
       bias_vma=frozenset() if bias is None else _jax_compat.varying_axes(bias),
       impl=impl,
       pallas=pallas if impl != "xla" else PallasConfig(),
       cast=cast_plan(casting, x.dtype, None if scale is None else scale.dtype,
                      None if bias is None else bias.dtype),
+      heads=max(scale_heads, bias_heads, key=len),
   )
   shape = tuple(x.shape)
   return cfg, x2, mask2, lambda y: y.reshape(shape)
+
+
+def flat_params(x, x2, *params):
+  """Each scale/bias as the ops take it: ``(heads..., d)``, its normalized axes flattened.
+
+  ``x`` is the public input and ``x2`` the prepared one (normalized axes flattened into ``d``);
+  a parameter of the normalized shape or ``(d,)`` becomes ``(d,)``, a per-head one
+  ``(heads..., *normalized_shape)`` becomes ``(heads..., d)``. None stays None.
+  """
+  n_norm, d = x.ndim - x2.ndim + 1, x2.shape[-1]
+  out = []
+  for p in params:
+    if p is not None:
+      n_heads = max(p.ndim - n_norm, 0)
+      p = p.reshape(tuple(p.shape[:n_heads]) + (d,))
+    out.append(p)
+  return tuple(out)

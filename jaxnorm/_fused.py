@@ -107,29 +107,41 @@ def _xla_add(cfg: NormConfig, x, residual):
   return (x.astype(ct) + r).astype(cfg.h_dtype)
 
 
-def _pallas_forward_call(cfg: NormConfig, x, residual, scale, bias):
-  """The residual add + norm forward kernel on ``(..., d)`` arrays: ``(y, h, stats)``."""
-  nc, d = cfg, x.shape[-1]
-  spec = _core.pallas_spec(nc, x, scale, has_bias=bias is not None,
+def _pallas_forward_one(cfg: NormConfig, x, residual, scale, bias):
+  d = x.shape[-1]
+  spec = _core.pallas_spec(cfg, x, scale, has_bias=bias is not None,
                            residual_scale=cfg.residual_scale)
   y, h, *stats = _pallas_forward.add_norm_forward(
       x.reshape(-1, d), residual.reshape(-1, d), _flat(scale), _flat(bias), spec=spec,
-      out_dtype=nc.out_dtype, h_dtype=cfg.h_dtype, interpret=nc.pallas.interpret)
-  return y.reshape(x.shape), h.reshape(x.shape), _core.pallas_stats(nc, x.shape[:-1] + (1,), stats)
+      out_dtype=cfg.out_dtype, h_dtype=cfg.h_dtype, interpret=cfg.pallas.interpret)
+  return (y.reshape(x.shape), h.reshape(x.shape),
+          _core.pallas_stats(cfg, x.shape[:-1] + (1,), stats))
+
+
+def _pallas_forward_call(cfg: NormConfig, x, residual, scale, bias):
+  """The residual add + norm forward kernel on ``(..., d)`` arrays: ``(y, h, stats)``."""
+  return _core.over_heads(cfg, _pallas_forward_one, "rrpp", "rrr")(x, residual, scale, bias)
+
+
+def _pallas_backward_one(cfg: NormConfig, h, scale, stats, dy, dh):
+  d = h.shape[-1]
+  spec = _core.pallas_spec(cfg, h, scale, has_bias=cfg.bias_dtype is not None,
+                           residual_scale=cfg.residual_scale)
+  shift, delta, rstd = _core.flat_stats(cfg, stats)
+  dx, dres, dscale, dbias = _pallas_backward.add_norm_backward(
+      h.reshape(-1, d), dy.reshape(-1, d), None if dh is None else dh.reshape(-1, d),
+      _flat(scale), shift, delta, rstd, spec=spec, x_dtype=cfg.add.x_dtype,
+      residual_dtype=cfg.add.residual_dtype, interpret=cfg.pallas.interpret)
+  return (dx.reshape(h.shape), dres.reshape(h.shape),
+          *_core.params_like(cfg, scale, dscale, dbias))
 
 
 def _pallas_backward_call(cfg: NormConfig, h, scale, stats, dy, dh):
   """The residual add + norm backward kernels: ``(dx, dresidual, dscale, dbias)``."""
-  nc, d = cfg, h.shape[-1]
-  spec = _core.pallas_spec(nc, h, scale, has_bias=nc.bias_dtype is not None,
-                           residual_scale=cfg.residual_scale)
-  shift, delta, rstd = _core.flat_stats(nc, stats)
-  dx, dres, dscale, dbias = _pallas_backward.add_norm_backward(
-      h.reshape(-1, d), dy.reshape(-1, d), None if dh is None else dh.reshape(-1, d),
-      _flat(scale), shift, delta, rstd, spec=spec, x_dtype=cfg.add.x_dtype,
-      residual_dtype=cfg.add.residual_dtype, interpret=nc.pallas.interpret)
-  return (dx.reshape(h.shape), dres.reshape(h.shape),
-          *_core.params_like(cfg, scale, dscale, dbias))
+  dx, dres, dscale, dbias = _core.over_heads(cfg, _pallas_backward_one, "rprrr", "rrpp")(
+      h, scale, stats, dy, dh)
+  return (dx, dres, None if scale is None else _core.sum_to(dscale, scale.shape),
+          None if dbias is None else _core.sum_to(dbias, cfg.bias_shape))
 
 
 def _flat(p):

@@ -85,4 +85,5 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
       x, scale, bias, center=True, epsilon=epsilon, axis=axis, mask=mask, dtype=dtype, impl=impl,
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=axis_name, axis_index_groups=axis_index_groups, pallas=pallas, casting=casting)
+  scale, bias = _core.flat_params(x, x2, scale, bias)
   return restore(_ad.apply(cfg, x2, scale, bias, mask2))

@@ -68,4 +68,5 @@ def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None, epsilon_placeme
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,
       pallas=pallas, casting=casting)
+  (scale,) = _core.flat_params(x, x2, scale)
   return restore(_ad.apply(cfg, x2, scale, None, mask2))

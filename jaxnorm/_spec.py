@@ -45,7 +45,7 @@ class NormConfig:
   axis_index_groups: Any  # Tuple of tuples, or None.
   out_dtype: Any  # NumPy dtype of y.
   bias_dtype: Any  # NumPy dtype of bias (for its cotangent), or None when there is no bias.
-  bias_shape: Any  # Shape of bias (for its cotangent), or None.
+  bias_shape: Any  # Shape of the prepared bias, (heads..., d) (for its cotangent), or None.
   bias_vma: frozenset  # Mesh axes bias varies over inside shard_map (empty outside).
   # "xla", "pallas", or "platform": the kernels where the program is lowered for a GPU, XLA
   # elsewhere (impl="auto" on a call the kernels support; decided per lowering platform).
@@ -53,6 +53,9 @@ class NormConfig:
   pallas: PallasConfig = PallasConfig()  # How the kernels run (interpret, block).
   cast: CastPlan | None = None  # The affine stage's dtypes (casting=); None: "float32".
   add: AddConfig | None = None  # The residual add of add_layer_norm/add_rms_norm, or None.
+  # Sizes of the per-head axes of scale/bias (x's axes just before the normalized ones that the
+  # parameters also span); () when they are shared by every row. See :func:`_core.params`.
+  heads: tuple = ()
 
   def plan(self, x_dtype) -> CastPlan:
     """The :class:`CastPlan` of this call (``"float32"`` when none was set)."""

@@ -205,17 +205,31 @@ def kernel_problem(*, dtypes: Sequence[tuple[str, Any]] = (), backend: str | Non
   return None
 
 
-def check_param(name: str, p: Any, normalized_shape: tuple[int, ...]) -> None:
-  """Checks a scale/bias array: floating dtype and exactly the normalized shape."""
+def check_param(name: str, p: Any, x_shape: tuple[int, ...], first_axis: int) -> tuple[int, ...]:
+  """Checks a scale/bias array; returns its per-head axes' sizes (``()`` for a shared one).
+
+  With ``x_shape[first_axis:]`` the normalized shape and ``d`` its size, the parameter is
+  floating and has either the normalized shape, or ``(d,)``, or a longer trailing block of
+  ``x``'s shape, ``x_shape[k:]`` with ``k < first_axis``: one value per feature *and per
+  head*, e.g. ``x: (batch, seq, heads, head_dim)``, ``axis=-1``, ``scale: (heads, head_dim)``
+  (QK-norm with a weight per head). The axes ``x_shape[k:first_axis]`` are the head axes.
+  """
   if p is None:
-    return
+    return ()
   check_floating(name, p)
-  d = int(np.prod(normalized_shape))
-  if tuple(p.shape) not in (tuple(normalized_shape), (d,)):
-    raise ValueError(
-        f"{name} must have the normalized shape {tuple(normalized_shape)} of x (or ({d},)), got "
-        f"shape {tuple(p.shape)}. Check the feature size the parameter was created with."
-    )
+  norm = tuple(x_shape[first_axis:])
+  d = int(np.prod(norm))
+  shape = tuple(p.shape)
+  if shape in (norm, (d,)):
+    return ()
+  k = len(x_shape) - len(shape)
+  if 0 <= k < first_axis and shape == tuple(x_shape[k:]):
+    return tuple(x_shape[k:first_axis])
+  raise ValueError(
+      f"{name} must have the normalized shape {norm} of x (or ({d},)), or a trailing block of "
+      f"x's shape {tuple(x_shape)} that extends it (one value per head, e.g. "
+      f"{tuple(x_shape[first_axis - 1:]) if first_axis else norm}), got shape {shape}. Check "
+      f"the feature size the parameter was created with.")
 
 
 def check_mask(mask: Any, x_shape: tuple[int, ...]) -> None:

@@ -150,13 +150,20 @@ def x_hat(cfg: NormConfig, xf, shift, delta, rstd):
 
 
 def _as_row(p, ndim, dtype):
-  """A (d,)-shaped parameter as a (1, ..., 1, d) array (explicit rank, no rank promotion)."""
-  return p.reshape((1,) * (ndim - 1) + (-1,)).astype(dtype)
+  """:func:`_row` of a parameter, in ``dtype``."""
+  return _row(p, ndim).astype(dtype)
 
 
 def _row(p, ndim):
-  """A (d,)-shaped parameter as (1, ..., 1, d) in its own dtype, or None."""
-  return None if p is None else p.reshape((1,) * (ndim - 1) + (-1,))
+  """A ``(heads..., d)`` parameter as ``(1, ..., 1, heads..., d)`` (explicit rank, no rank
+  promotion) in its own dtype, or None. ``heads`` is empty for a parameter shared by every
+  row; per-head parameters line up with ``x``'s axes just before the normalized one."""
+  return None if p is None else p.reshape((1,) * (ndim - p.ndim) + tuple(p.shape))
+
+
+def _rows_axes(p, ndim):
+  """The axes of a ``(..., d)`` array a ``(heads..., d)`` parameter's cotangent sums over."""
+  return tuple(range(ndim - p.ndim))
 
 
 def gamma(cfg: NormConfig, scale, ndim, dtype=None):
@@ -203,7 +210,6 @@ def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None):
   also keeps them apart from the forward's fusions when both are in one jitted function.
   """
   ct = compute_dtype(x.dtype)
-  lead = tuple(range(x.ndim - 1))
   plan = cfg.plan(x.dtype)  # each cast's transpose rounds the cotangent (docs/derivations.md)
 
   def centered(xv, statsv):  # (..., d): x - mean (x for RMSNorm), in the compute dtype
@@ -218,11 +224,12 @@ def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None):
   if scale is not None:
     xv, dyv, statsv = _fresh(x, dy, stats)
     u, _ = plan.affine_of(centered(xv, statsv) * statsv[2], None, None)  # rd_A(x_hat)
-    dscale = jnp.sum(plan.cotangents(dyv, None)[1] * u, axis=lead)
+    dscale = jnp.sum(plan.cotangents(dyv, None)[1] * u, axis=_rows_axes(scale, x.ndim))
     dscale = dscale.reshape(scale.shape).astype(scale.dtype)
   if cfg.bias_dtype is not None:
     (dyv,) = _fresh(dy)
     dq = plan.cotangents(dyv, None)[0]
+    lead = tuple(range(x.ndim - len(cfg.bias_shape)))
     dbias = jnp.sum(dq, axis=lead).reshape(cfg.bias_shape).astype(cfg.bias_dtype)
 
   n = _count(cfg, mask, x.shape, ct)  # (..., 1)
