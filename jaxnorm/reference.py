@@ -83,21 +83,33 @@ def _rstd(v, epsilon, epsilon_placement):
   return lax.rsqrt(v + epsilon)
 
 
+def _as_x(p, xhat, axes):
+  """A parameter with explicit leading ones to ``xhat``'s rank (no implicit rank promotion).
+
+  Of the normalized shape (or flat): ``(1, ..., 1, *normalized_shape)``. Per head (a trailing
+  block of ``x``'s shape longer than the normalized one): ``(1, ..., 1, heads..., *normalized)``.
+  """
+  if p is None:
+    return None
+  if p.ndim > len(axes) and tuple(p.shape) == tuple(xhat.shape[xhat.ndim - p.ndim:]):
+    return p.reshape((1,) * (xhat.ndim - p.ndim) + tuple(p.shape))
+  return p.reshape((1,) * axes[0] + tuple(xhat.shape[axes[0]:]))
+
+
 def _affine(xhat, scale, bias, axes, zero_centered_scale, casting, x_dtype):
   """``xhat * gamma + beta`` in the order of casts of ``casting`` (module docstring)."""
-  # Explicit leading ones: no implicit rank promotion (the tests run with it set to "raise").
-  shape = (1,) * axes[0] + xhat.shape[axes[0]:]
+  scale, bias = _as_x(scale, xhat, axes), _as_x(bias, xhat, axes)
   if casting != "float32" and not (casting == "t5" and scale is None):
     xhat = xhat.astype(x_dtype if casting == "llama" else scale.dtype)  # the one early rounding
     if scale is not None:
-      s = scale.reshape(shape)  # in its own dtype; 1 + s rounds there too
+      s = scale  # in its own dtype; 1 + s rounds there too
       xhat = xhat * ((1 + s) if zero_centered_scale else s)
-    return xhat if bias is None else xhat + bias.reshape(shape)
+    return xhat if bias is None else xhat + bias
   if scale is not None:
-    s = scale.reshape(shape).astype(xhat.dtype)
+    s = scale.astype(xhat.dtype)
     xhat = xhat * ((1.0 + s) if zero_centered_scale else s)
   if bias is not None:
-    xhat = xhat + bias.reshape(shape).astype(xhat.dtype)
+    xhat = xhat + bias.astype(xhat.dtype)
   return xhat
 
 
@@ -114,7 +126,8 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
 
   Args:
     x: ``(..., *normalized)`` floating array.
-    scale: ``normalized`` (or its flat size) or None.
+    scale: ``normalized`` (or its flat size), or per head a trailing block of ``x``'s shape
+      that extends it (``(heads, *normalized)``), or None.
     bias: like ``scale``, or None.
     epsilon: the epsilon of :math:`r`.
     axis: the trailing axes to normalize over (int or tuple).
