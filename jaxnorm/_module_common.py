@@ -182,18 +182,38 @@ def normalize(kind: str, x: Any, scale: Any, bias: Any, *, reduction_axes: Any, 
       epsilon=epsilon, axis=tuple(range(x.ndim - len(red), x.ndim)), mask=mt,
       epsilon_placement=epsilon_placement, axis_name=axis_name,
       axis_index_groups=axis_index_groups, impl=impl)
-  if feat == red or (scale is None and bias is None):
-    # In-op affine: scale and bias live on the reduction axes, the op applies (and
-    # differentiates) them. Flat (d,) parameters: the op accepts them for any normalized axes.
-    d = math.prod(fshape)
-    s = None if scale is None else scale.reshape(d)
-    b = None if bias is None else bias.reshape(d)
+  pshape = _in_op_param_shape(x, red, feat)
+  if pshape is not None or (scale is None and bias is None):
+    # In-op affine: scale and bias live on the reduction axes, or per head on axes just before
+    # them (Flax's QK-norm spelling, feature_axes=(-2, -1), reduction_axes=-1): the op applies
+    # (and differentiates) them, the kernels included.
+    s = None if scale is None else scale.reshape(pshape)
+    b = None if bias is None else bias.reshape(pshape)
     out = _op(kind, xt, rt, s, b, residual_scale, zero_centered_scale=zero_centered_scale,
               dtype=dtype, casting=casting, **op_kwargs)
     return tuple(map(back, out)) if rt is not None else back(out)
   return _affine_after(kind, x, xt, rt, scale, bias, feat, back, residual_scale=residual_scale,
                        zero_centered_scale=zero_centered_scale, dtype=dtype, casting=casting,
                        **op_kwargs)
+
+
+def _in_op_param_shape(x, red, feat):
+  """The shape the op takes the parameters in, or None when only an affine map after it fits.
+
+  ``(d,)`` when the feature axes are the reduction axes; ``(heads..., d)`` when they extend them
+  by axes that come, in ``x``'s order, right before the reduction axes once those are moved to
+  the end (per-head parameters: one weight per head and feature). Otherwise None.
+  """
+  d = math.prod(int(x.shape[a]) for a in red)
+  if feat == red:
+    return (d,)
+  extra = tuple(a for a in feat if a not in red)
+  if len(extra) + len(red) != len(feat):  # a reduction axis without parameters
+    return None
+  kept = [a for a in range(x.ndim) if a not in red]
+  if tuple(kept[len(kept) - len(extra):]) != extra or max(extra) > min(red):
+    return None
+  return tuple(int(x.shape[a]) for a in extra) + (d,)
 
 
 def _check_call(kind, x, scale, bias, reduction_axes, feature_axes, residual, residual_scale,

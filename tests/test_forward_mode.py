@@ -23,6 +23,7 @@ from jaxnorm import linen as jln
 from jaxnorm import nnx as jnn
 from jaxnorm import _pallas_backward
 from jaxnorm import reference
+from _kernels import count_pallas_calls
 from jaxnorm.models import TransformerConfig, TransformerLM
 from _numerics import assert_close
 
@@ -313,7 +314,11 @@ def test_pallas_interpret(name, monkeypatch):
   grad = lambda impl, **k: jax.grad(  # noqa: E731
       lambda *a: jnp.sum(jnp.sin(f(*a, impl=impl, **k)) * tx), (0, 1, 2))
   g_pallas = grad("pallas", pallas=INTERPRET)(*args)
-  assert called == [kernel], called
+  # The backward kernel runs once; the XLA backward is only traced abstractly, to type the
+  # kernel call (jaxnorm._kernel_call), and the program holds the forward and both backward
+  # kernels, nothing else of the norm's.
+  assert called.count(kernel) == 1, called
+  assert count_pallas_calls(grad("pallas", pallas=INTERPRET), *args) == 3
   for u, w in zip(g_pallas, grad("xla")(*args)):
     assert_close(u, w, what="pallas grad")
 

@@ -148,3 +148,46 @@ def test_per_head_jacobian():
   want = jax.vmap(jax.vmap(jax.jacrev(lambda row, s: reference.rms_norm(row, s)),
                            in_axes=(0, 0)), in_axes=(0, None))(x, s)
   assert_close(jac, want, jnp.float32)
+
+
+@pytest.mark.parametrize("cls", ["LayerNorm", "RMSNorm"])
+def test_layers_pass_per_head_parameters_into_the_op(cls):
+  """Flax's per-head spelling (feature_axes=(-2, -1), reduction_axes=-1): the NNX and Linen
+  layers give Flax's values and gradients, and the op takes the parameters: with impl="auto"
+  the gradient program's GPU branch holds the forward and both backward kernels (traced here on
+  the CPU, never compiled), where an affine map applied after the op would leave the scale's
+  gradient to autodiff."""
+  from flax import linen as nn
+  from flax import nnx
+
+  from jaxnorm import linen as jln
+  from jaxnorm import nnx as jnn
+
+  rng = np.random.default_rng(5)
+  x = jnp.asarray(host_random(rng, (2, 5, 4, 16), jnp.float32, loc=0.5))
+  dy = jnp.asarray(host_random(rng, x.shape, jnp.float32))
+  axes = dict(feature_axes=(-2, -1), reduction_axes=-1)
+
+  def nnx_loss(cls_obj, **kw):
+    layer = cls_obj(64, **axes, **kw, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(layer)
+    state = jax.tree.map(lambda p: p + jnp.asarray(host_random(rng, p.shape, p.dtype)), state)
+    return (lambda st, x: jnp.sum(nnx.merge(graphdef, st)(x) * dy)), state
+
+  ours, state = nnx_loss(getattr(jnn, cls))
+  flax_f, _ = nnx_loss(getattr(nnx, cls))
+  g, gf = jax.grad(ours, (0, 1))(state, x), jax.grad(flax_f, (0, 1))(state, x)
+  for a, e in zip(jax.tree.leaves(g), jax.tree.leaves(gf)):
+    assert_close(a, e, jnp.float32, floor=1.0)
+  np.testing.assert_allclose(ours(state, x), flax_f(state, x), rtol=1e-5)
+  assert count_pallas_calls(jax.grad(ours, (0, 1)), state, x) == 3
+
+  lin, lin_flax = getattr(jln, cls)(**axes), getattr(nn, cls)(**axes)
+  variables = lin_flax.init(jax.random.key(0), x)
+  variables = jax.tree.map(lambda p: p + jnp.asarray(host_random(rng, p.shape, p.dtype)),
+                           variables)
+  assert_close(lin.apply(variables, x), lin_flax.apply(variables, x), jnp.float32, floor=1.0)
+  gl = jax.grad(lambda v: jnp.sum(lin.apply(v, x) * dy))(variables)
+  glf = jax.grad(lambda v: jnp.sum(lin_flax.apply(v, x) * dy))(variables)
+  for a, e in zip(jax.tree.leaves(gl), jax.tree.leaves(glf)):
+    assert_close(a, e, jnp.float32, floor=1.0)
