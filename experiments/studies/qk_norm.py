@@ -26,6 +26,8 @@ schedule               cosine decay to a minimum lr of 1e-5         cosine decay
 weight decay           independent, 1e-4                            1e-4 x the schedule's shape, not x the
                                                                     peak rate (optax's decay is lr x wd: wd =
                                                                     1e-4 / peak), on parameters with ndim >= 2
+                                                                    (with stacked blocks: every block
+                                                                    parameter, norm scales and biases too)
 z-loss                 1e-4                                         none (the harness has no z-loss)
 model                  Pre-LN with qk-layernorm, many sizes         byte-level LM of the preset's width, Pre-
                                                                     and Post-LN, ``n_layers`` layers
@@ -250,7 +252,7 @@ def report_section(summary: dict, rel: str) -> str:
       f"| warm-up | linear, 5e3 of 1e5 steps | linear, {warm} of {cfg['steps']} steps |",
       "| schedule | cosine to a minimum of 1e-5 | cosine to 0.1 x peak |",
       f"| weight decay | independent 1e-4 | independent {cfg['independent_weight_decay']:g} (optax wd = that / peak "
-      "lr), parameters with ndim >= 2 |",
+      "lr), on parameters with ndim >= 2: with stacked blocks every block parameter, norm scales and biases too |",
       "| z-loss | 1e-4 | none |", "",
       f"![qk norm]({rel}/qk_norm.png)", "",
       "| layout | seed | LR sensitivity | " + " | ".join(f"final @ {v:g}" for v in lrs) + " | peak logit @ "
