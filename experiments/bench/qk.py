@@ -131,6 +131,13 @@ def _markdown(report: dict) -> str:
            "scale (Flax's feature_axes=(-2, -1), reduction_axes=-1). Median of "
            f"{report['repeats']} interleaved samples; ratio = Flax time / jaxnorm time (> 1: jaxnorm faster); "
            "paired = median of the per-round ratios. " + report["note"], "",
+           "Summary, the median over shapes of the paired ratios (and their range):", ""]
+  for kind in KINDS:
+    for mode in MODES:
+      v = [r["paired_ratio_median"] for r in report["results"] if r["kind"] == kind and r["mode"] == mode]
+      if v:
+        lines.append(f"- {kind} {mode}: {statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f}) over {len(v)} shapes")
+  lines += ["",
            "| kind | tokens | heads | head_dim | mode | jaxnorm us | Flax us | ratio | paired (range) |",
            "|---|---|---|---|---|---|---|---|---|"]
   for r in report["results"]:
@@ -167,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
   dev = jax.devices()[0]
   tag = args.tag or f"{jax.default_backend()}-{os.cpu_count()}cores"
   date = datetime.date.today().isoformat()
-  report = {"device": f"{dev.platform} {getattr(dev, 'device_kind', '')}".strip(), "tag": tag, "date": date,
+  kind = getattr(dev, "device_kind", "")
+  report = {"device": dev.platform if kind in ("", dev.platform) else f"{dev.platform} {kind}", "tag": tag,
+            "date": date,
             "dtype": args.dtype, "repeats": args.repeats, "sample_ms": args.sample_ms,
             "versions": {"python": platform.python_version(), "jax": jax.__version__},
             "note": ("jaxnorm's layers apply the per-head scale after the op with jax.numpy until the ops take it "
