@@ -4,9 +4,9 @@ Three layouts of the same depth: Pre-LN, Pre-LN with LayerNorm Scaling (``norm_s
 input norms of block :math:`l` output :math:`N(x)/\sqrt{l}`; Sun et al. 2025) and Sandwich, the
 placement Kim et al. 2025 call Peri-LN (a norm before and after each sub-layer). For each, the
 mean square :math:`m_l = \mathbb E\|x_l\|^2/d` of the residual stream entering every block and
-leaving the last one, at initialization and after training. Both come from the same run: the
-first step's statistics are computed on the initial parameters (before the update) and the last
-step's on the trained ones (``log_residual_norms``).
+leaving the last one, at initialization and after training. Both come from the same run
+(``log_residual_norms``): the first step's statistics are computed on the initial parameters
+(before its update), the last step's on the parameters after ``steps - 1`` updates.
 
 The rules (fixed before the first run) and what was read of the two papers (their abstracts) are in
 :mod:`experiments.studies.norm_scaling_rules`. Xavier init for all three: Sun et al. report that
