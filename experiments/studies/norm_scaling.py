@@ -22,7 +22,7 @@ import numpy as np
 from experiments.studies import norm_scaling_rules as rules
 
 TITLE = "LayerNorm Scaling and Peri-LN: hidden-state variance over depth"
-RAW_DATA = ("profiles.json",)
+RAW_DATA = ("profiles.json", "profiles.csv")
 
 VARIANTS = {"pre": ("pre", False), "lns": ("pre", True), "sandwich": ("sandwich", False)}
 NAMES = {"pre": "Pre-LN", "lns": "Pre-LN + LayerNorm Scaling", "sandwich": "Peri-LN (sandwich)"}
@@ -78,6 +78,9 @@ def run(ctx, cfg: Config) -> dict:
   per = {(seed, phase): {v: rules.growth(prof[(v, seed)][phase]) for v in VARIANTS}
          for seed in cfg.seeds for phase in ("init", "trained")}
   ctx.save_json("profiles.json", [{"variant": v, "seed": s, **p} for (v, s), p in prof.items()])
+  ctx.save_csv("profiles.csv", ["variant", "seed", "phase", "block", "mean_square"],
+               ([v, s, ph, i + 1, m] for (v, s), p in prof.items() for ph in ("init", "trained")
+                for i, m in enumerate(p[ph])))
   table = [{"seed": s, "phase": ph, **{v: g[v] for v in VARIANTS}} for (s, ph), g in per.items()]
   finals = {v: [prof[(v, s)]["final_val_loss"] for s in cfg.seeds] for v in VARIANTS}
   return {"claims": rules.claims(per), "files": plot(ctx, prof, cfg), "seeds": list(cfg.seeds), "table": table,
