@@ -16,7 +16,9 @@ change with the preset. Three presets:
   runs, 3 seeds); sized by a cost model (:mod:`experiments.suite.plan`, ``--list``) from the
   H100 speed experiment's 4.8 ms per 6-layer step (not measured end to end;
   ``docs/experiments.md``), about 28 minutes run as ``--budget 7`` chunks of at most 7 minutes
-  (runs and probe settings are cached, so a cut chunk resumes).
+  (runs and probe settings are cached, so a cut chunk resumes). The issue-25 studies (``qk_norm``,
+  ``norm_scaling``) add about 11 minutes by the same cost model (``--list``): run them in a
+  session of their own with ``--only qk_norm,norm_scaling``.
 
 Each preset is a plain dict (so it is written verbatim into the results' provenance): ``model``
 holds :class:`jaxnorm.models.TransformerConfig` fields shared by every experiment, ``train``
