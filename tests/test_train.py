@@ -319,6 +319,8 @@ def test_learning_rate_sweeps_share_one_compilation():
     (["--lr", "0"], "--lr: expected a positive number (> 0), got 0"),
     (["--d-model", "30", "--heads", "4"], "n_heads=4 must divide d_model=30"),
     (["--seq-len", "0"], "--seq-len: expected a positive integer"),
+    (["--qk-norm", "l2"], "--qk-norm: invalid choice: 'l2'"),
+    (["--norm-scaling", "--norm-position", "post"], "norm_scaling=True scales the block's input norms"),
 ])
 def test_cli_rejects_bad_values(argv, match, capsys):
   with pytest.raises(SystemExit) as exc:
