@@ -6,6 +6,7 @@ its options):
 * ``train``  one training run (:mod:`experiments.harness.train_cli`).
 * ``run``    the experiment suite and its report (:mod:`experiments.suite.runner`).
 * ``bench``  the op-level benchmark (:mod:`experiments.bench.cli`).
+* ``bench-qk``  the per-head (QK) norm against Flax's (:mod:`experiments.bench.qk`).
 * ``tune``   launch configurations of the Pallas kernels, measured on a GPU
   (:mod:`experiments.bench.tune`).
 * ``demo``   a short check of the custom VJPs against autodiff (:mod:`experiments.demo`).
@@ -20,6 +21,7 @@ COMMANDS = {
     "train": "experiments.harness.train_cli",
     "run": "experiments.suite.runner",
     "bench": "experiments.bench.cli",
+    "bench-qk": "experiments.bench.qk",
     "demo": "experiments.demo",
     "tune": "experiments.bench.tune",
 }

@@ -12,6 +12,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from experiments.harness import data as data_lib
 from experiments.harness import distributed
@@ -116,6 +117,7 @@ def test_unigram_entropy():
     (dict(lr="1e-3"), TypeError, "lr must be a Python number"),
     (dict(model={}), TypeError, "model must be a TransformerConfig"),
     (dict(decay_timescale=0), ValueError, "decay_timescale must be >= 1"),
+    (dict(log_attention=1), TypeError, "log_attention must be a bool"),
 ])
 def test_train_config_rejects(kw, err, match):
   with pytest.raises(err, match=match):
@@ -190,6 +192,11 @@ def test_metrics_and_config_files(reference_run):
     # The global norm bounds each per-layer norm.
     assert max(max(l[g]) for g in ("attn_qkv", "attn_out", "mlp_in", "mlp_out")) < l["grad_norm"]
   assert [l["step"] for l in lines if "val_loss" in l] == [0, 4, 8]
+  for l in lines:  # per layer, in the train lines and the evaluation lines
+    pre = "" if "loss" in l else "val_"
+    assert len(l[pre + "attn_max_logit"]) == 2 and len(l[pre + "attn_entropy"]) == 2
+    # Causal rows of 32 keys at most: 0 < entropy <= mean_t log(t + 1) < log 32.
+    assert all(0 < e < math.log(32) for e in l[pre + "attn_entropy"])
   assert summary["tokens_per_s"] > 0 and summary["final_val_loss"] == lines[-1]["val_loss"]
   assert summary["corpus"]["n_bytes"] == len(TEXT)
 
@@ -349,6 +356,8 @@ def test_learning_rate_sweeps_share_one_compilation():
     (["--lr", "0"], "--lr: expected a positive number (> 0), got 0"),
     (["--d-model", "30", "--heads", "4"], "n_heads=4 must divide d_model=30"),
     (["--seq-len", "0"], "--seq-len: expected a positive integer"),
+    (["--qk-norm", "l2"], "--qk-norm: invalid choice: 'l2'"),
+    (["--norm-scaling", "--norm-position", "post"], "norm_scaling=True scales the block's input norms"),
 ])
 def test_cli_rejects_bad_values(argv, match, capsys):
   with pytest.raises(SystemExit) as exc:
@@ -415,3 +424,30 @@ def test_two_process_run_matches_single_process(reference_run, tmp_path):
   multi = [json.loads(l)["loss"] for l in (tmp_path / "mp" / "metrics.jsonl").read_text()
            .splitlines() if '"loss"' in l]
   np.testing.assert_allclose(multi, _losses(ref), rtol=2e-5)
+
+
+def test_attention_metrics_match_the_model(corpus, tmp_path):
+  """The logged attention statistics are the model's, on the same parameters and batch.
+
+  A one-step run with learning rate ~0: the step-1 train line is the initial model on batch 0,
+  and the step-0 evaluation line the initial model on the validation batch.
+  """
+  config = _config(steps=1, lr=1e-12, checkpoint_every=0, eval_every=0,
+                   model=dataclasses.replace(TINY_MODEL, qk_norm="rms_norm"))
+  train_lib.train(config, tmp_path, progress=False, corpus=corpus)
+  lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  graphdef, params, _ = train_lib.init_params(config.model, config.seed)
+  model = nnx.merge(graphdef, params)
+  x, _ = data_lib.batch_at(corpus.train, 0, batch_size=16, seq_len=32, seed=config.seed)
+  _, stats = model(jax.numpy.asarray(x), collect_stats=True)
+  step1 = next(l for l in lines if l.get("step") == 1 and "loss" in l)
+  np.testing.assert_allclose(step1["attn_max_logit"], stats["attn_max_logit"], rtol=1e-5)
+  np.testing.assert_allclose(step1["attn_entropy"], stats["attn_entropy"], rtol=1e-5)
+  xv, _ = data_lib.batch_at(corpus.valid, 0, batch_size=16, seq_len=32, seed=train_lib.EVAL_SEED)
+  _, stats_v = model(jax.numpy.asarray(xv), collect_stats=True)
+  val0 = next(l for l in lines if l.get("step") == 0)
+  np.testing.assert_allclose(val0["val_attn_max_logit"], stats_v["attn_max_logit"], rtol=1e-5)
+  off = _config(steps=1, checkpoint_every=0, log_attention=False)
+  train_lib.train(off, tmp_path / "off", progress=False, corpus=corpus)
+  text = (tmp_path / "off" / "metrics.jsonl").read_text()
+  assert "attn_max_logit" not in text and "attn_entropy" not in text

@@ -382,8 +382,11 @@ def test_every_claim_id_has_a_rule_table_here():
                  "xiong_grad_growth", "xiong_grad_depth_scaling", "xiong_lemma2_preln", "xiong_lemma_postln",
                  "vjp_matches_autodiff", "zhang_rms_speedup", "notes_rms_scale_invariance",
                  "notes_rms_grad_invariance", "notes_ln_shift_invariance", "notes_grad_norms_close",
-                 "notes_rms_op_speedup"}
-  observations = {"init_changes_picture", "warmup_variants"}
+                 "notes_rms_op_speedup",
+                 # issue 25: their rule tables are in tests/test_qk_norm_rules.py
+                 "wortsman_qk_removes_logit_growth", "wortsman_qk_lr_sensitivity", "sun_lns_curbs_variance",
+                 "kim_periln_balanced_variance"}
+  observations = {"init_changes_picture", "warmup_variants", "qk_norm_post_ln"}
   assert judged_here | observations == set(claims_lib.CLAIMS)
   assert claims_lib.seeds_agree("yes", ["yes", "partly"]) == "partly"
   assert claims_lib.seeds_agree("no", ["yes", "yes"]) == "no"

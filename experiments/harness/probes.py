@@ -142,7 +142,9 @@ def throughput(model_config: TransformerConfig, *, batch_size: int = 16, seq_len
                **train_kwargs) -> dict:
   """Training tokens/s of the jitted train step (compilation excluded) for one model config.
 
-  ``train_kwargs`` are further :class:`TrainConfig` fields (``lr``, ``warmup``, ...). The step
+  ``train_kwargs`` are further :class:`TrainConfig` fields (``lr``, ``warmup``, ...);
+  ``log_attention`` is off unless given (the attention statistics are not part of the step
+  whose speed is measured, and its numbers stay comparable with those taken before them). The step
   is the one :func:`train` uses (:func:`compiled_steps`, shared cache), so ``compile_s`` is
   near zero when that config was compiled before in this process.
 
@@ -151,6 +153,7 @@ def throughput(model_config: TransformerConfig, *, batch_size: int = 16, seq_len
   """
   check_int("steps", steps, 1)
   corpus = corpus if corpus is not None else data_lib.load_corpus()
+  train_kwargs.setdefault("log_attention", False)
   config = TrainConfig(model=model_config, steps=steps, batch_size=batch_size, seq_len=seq_len,
                        seed=seed, **train_kwargs)
   _, params, _ = init_params(model_config, seed)

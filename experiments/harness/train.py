@@ -15,9 +15,11 @@ This module is the step and the loop, top to bottom.
 
 Each step reports the loss, the global gradient norm (before clipping), the per-layer gradient
 norms of every block's ``attn_qkv``, ``attn_out``, ``mlp_in`` and ``mlp_out`` matrix, the
-update/parameter norm ratio :math:`\|\Delta\theta\| / \|\theta\|`, and optionally the mean squared
-residual entering each norm and the "model update" :math:`\|f(x;\theta_s) - f(x;\theta_0)\|` on a
-fixed batch (DeepNet, Admin) -- all computed inside the jitted step.
+update/parameter norm ratio :math:`\|\Delta\theta\| / \|\theta\|`, per layer the largest
+attention logit and the mean attention entropy (``log_attention``, on by default; also on the
+validation batches of every evaluation), and optionally the mean squared residual entering
+each norm and the "model update" :math:`\|f(x;\theta_s) - f(x;\theta_0)\|` on a fixed batch
+(DeepNet, Admin) -- all computed inside the jitted step.
 
 A NaN/Inf loss or a loss above ``divergence_loss`` stops the run and is recorded as
 ``"diverged_at": k``; it is a result, never an exception.
@@ -95,8 +97,8 @@ def loss_and_stats(graphdef, params, inputs, targets, collect_stats=False):
   """Mean next-token cross-entropy of the model ``nnx.merge(graphdef, params)``.
 
   Returns:
-    ``(loss, stats)``: ``stats`` is the model's statistics dict (``residual_sq_norm``) when
-    ``collect_stats``, else ``None``.
+    ``(loss, stats)``: ``stats`` is the model's statistics dict (``residual_sq_norm``,
+    ``attn_max_logit``, ``attn_entropy``) when ``collect_stats``, else ``None``.
   """
   out = nnx.merge(graphdef, params)(inputs, collect_stats=collect_stats)
   logits, stats = out if collect_stats else (out, None)
@@ -106,7 +108,7 @@ def loss_and_stats(graphdef, params, inputs, targets, collect_stats=False):
 
 def _build_steps(graphdef, paths, config: TrainConfig, tx: optax.GradientTransformation):
   """The (un-jitted) train and eval step functions."""
-  collect = config.log_residual_norms
+  collect = config.log_residual_norms or config.log_attention
 
   def train_step(params, opt_state, inputs, targets, fixed_inputs=None, ref_logits=None):
     (loss, stats), grads = jax.value_and_grad(
@@ -122,14 +124,22 @@ def _build_steps(graphdef, paths, config: TrainConfig, tx: optax.GradientTransfo
     }
     if config.log_grad_norms:
       metrics.update(layer_grad_norms(grads, paths))
-    if collect:
+    if config.log_residual_norms:
       metrics["residual_sq_norm"] = stats["residual_sq_norm"]
+    if config.log_attention:
+      metrics["attn_max_logit"] = stats["attn_max_logit"]
+      metrics["attn_entropy"] = stats["attn_entropy"]
     if fixed_inputs is not None:
       metrics["update_size"] = _logit_change(graphdef, new_params, fixed_inputs, ref_logits)
     return new_params, opt_state, metrics
 
   def eval_step(params, inputs, targets):
-    return loss_and_stats(graphdef, params, inputs, targets)[0]
+    loss, stats = loss_and_stats(graphdef, params, inputs, targets,
+                                 collect_stats=config.log_attention)
+    if not config.log_attention:
+      return loss, None
+    return loss, {"attn_max_logit": stats["attn_max_logit"],
+                  "attn_entropy": stats["attn_entropy"]}
 
   return train_step, eval_step
 
@@ -181,7 +191,9 @@ def compiled_steps(config: TrainConfig, mesh=None):
 
   ``train_step(params, opt_state, inputs, targets[, fixed_inputs, ref_logits])`` returns
   ``(params, opt_state, metrics)`` and donates ``params`` and ``opt_state``;
-  ``eval_step(params, inputs, targets)`` returns the mean loss.
+  ``eval_step(params, inputs, targets)`` returns ``(mean loss, attention)``, ``attention``
+  the per-layer ``{"attn_max_logit", "attn_entropy"}`` of the batch (None without
+  ``log_attention``).
   """
   return _compiled_steps_cached(dataclasses.replace(config, **_HOST_ONLY), mesh)
 
@@ -334,8 +346,13 @@ def _train_loop(config: TrainConfig, corpus: data_lib.Corpus, mesh, placement: P
     extra = (fixed, ref_logits)
 
   def evaluate(step: int) -> float:
-    val = float(np.mean([float(eval_step(params, x, y)) for x, y in eval_data]))
-    writer.write({"step": step, "val_loss": val if math.isfinite(val) else repr(val)})
+    outs = jax.device_get([eval_step(params, x, y) for x, y in eval_data])
+    val = float(np.mean([float(loss) for loss, _ in outs]))
+    line = {"step": step, "val_loss": val if math.isfinite(val) else repr(val)}
+    if config.log_attention:  # the largest logit over the batches, the mean entropy
+      line["val_attn_max_logit"] = to_py(np.max([a["attn_max_logit"] for _, a in outs], axis=0))
+      line["val_attn_entropy"] = to_py(np.mean([a["attn_entropy"] for _, a in outs], axis=0))
+    writer.write(line)
     return val
 
   bar = _Progress(progress, start, config.steps)

@@ -27,6 +27,8 @@ from jaxnorm.models import (
   NORM_POSITIONS,
   NORM_TYPES,
   POSITIONS,
+  QK_NORM_SCALES,
+  QK_NORMS,
   TransformerConfig,
 )
 
@@ -86,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
   m.add_argument("--positions", choices=POSITIONS, default="learned")
   m.add_argument("--epsilon", type=_nonneg_float, default=1e-6)
   m.add_argument("--dtype", choices=DTYPES, default="float32", help="compute dtype")
+  m.add_argument("--qk-norm", choices=QK_NORMS, default="none",
+                 help="normalize queries and keys per head (after the projections, before RoPE)")
+  m.add_argument("--qk-norm-scale", choices=QK_NORM_SCALES, default="per_head",
+                 help="one QK-norm scale per head, or one shared by the heads")
+  m.add_argument("--norm-scaling", action="store_true",
+                 help="LayerNorm Scaling: the input norms of layer l output N(x)/sqrt(l)")
   t = p.add_argument_group("training")
   t.add_argument("--steps", type=_nonneg_int, default=300)
   t.add_argument("--batch-size", type=_positive_int, default=16)
@@ -106,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
   t.add_argument("--data", default=None, help="UTF-8 text file (default: stdlib sources)")
   t.add_argument("--log-update-size", action="store_true")
   t.add_argument("--log-residual-norms", action="store_true")
+  t.add_argument("--no-log-attention", dest="log_attention", action="store_false",
+                 help="do not log the per-layer largest attention logit and attention entropy")
   t.add_argument("--out", default=None,
                  help="run folder (default results/train/<position>-<type>-<impl>-s<seed>)")
   t.add_argument("--no-progress", action="store_true", help="no bar and no log lines")
@@ -137,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         d_ff=args.d_ff or 4 * args.d_model, norm_position=args.norm_position,
         norm_type=args.norm_type, norm_impl=args.norm_impl, init=args.init,
         qk_zero_init=args.qk_zero_init, positions=args.positions, epsilon=args.epsilon,
-        dtype=args.dtype, fuse_residual_norm=args.fuse_residual_norm)
+        dtype=args.dtype, fuse_residual_norm=args.fuse_residual_norm, qk_norm=args.qk_norm,
+        qk_norm_scale=args.qk_norm_scale, norm_scaling=args.norm_scaling)
     config = TrainConfig(
         model=model, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
         lr=args.lr, warmup=args.warmup, schedule=args.schedule, b1=args.b1, b2=args.b2,
@@ -145,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         eval_every=args.eval_every, eval_batches=args.eval_batches,
         checkpoint_every=args.checkpoint_every, divergence_loss=args.divergence_loss,
         data=args.data, log_update_size=args.log_update_size,
-        log_residual_norms=args.log_residual_norms, fsdp=args.fsdp)
+        log_residual_norms=args.log_residual_norms, log_attention=args.log_attention,
+        fsdp=args.fsdp)
   except (TypeError, ValueError) as e:
     parser.error(str(e))
 

@@ -88,6 +88,10 @@ class TrainConfig:
     log_grad_norms: log per-layer gradient norms.
     log_update_size: log the logits change on a fixed batch after each step.
     log_residual_norms: log E||x||^2/d of every norm input (``residual_sq_norm``) each step.
+    log_attention: log, per layer, the largest attention logit (``attn_max_logit``) and the
+      mean attention entropy in nats (``attn_entropy``) of every training step, and of the
+      validation batches at every evaluation (``val_attn_max_logit``: the largest over the
+      batches, ``val_attn_entropy``: the mean), all computed inside the jitted steps.
     log_every: write a metrics line every this many steps (the divergence check runs every
       step regardless).
     decay_timescale: ``tau`` of the inverse-sqrt decay (``None``: ``max(1, steps // 10)``,
@@ -116,6 +120,7 @@ class TrainConfig:
   log_grad_norms: bool = True
   log_update_size: bool = False
   log_residual_norms: bool = False
+  log_attention: bool = True
   log_every: int = 1
   decay_timescale: int | None = None
   fsdp: bool = False
@@ -146,6 +151,9 @@ class TrainConfig:
     if self.data is not None and not isinstance(self.data, (str, os.PathLike)):
       raise TypeError(f"data must be a path string or None, got {type(self.data).__name__}.")
     check_int("log_every", self.log_every, 1)
+    for name in ("log_grad_norms", "log_update_size", "log_residual_norms", "log_attention"):
+      if not isinstance(getattr(self, name), bool):
+        raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}.")
     if self.decay_timescale is not None:
       check_int("decay_timescale", self.decay_timescale, 1)
 

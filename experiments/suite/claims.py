@@ -86,6 +86,11 @@ ZHANG = "Zhang & Sennrich 2019, Root Mean Square Layer Normalization (NeurIPS; a
 BA = "Ba et al. 2016, Layer Normalization (arXiv:1607.06450)"
 SEED_000 = "seed note 000 (shared/seeds: LayerNorm & RMSNorm gradient derivation)"
 SEED_001 = "seed note 001 (shared/seeds: LayerNorm -> RMSNorm)"
+WORTSMAN = ("Wortsman et al. 2023, Small-scale proxies for large-scale Transformer training instabilities "
+            "(arXiv:2309.14322)")
+SUN = "Sun et al. 2025, The Curse of Depth in Large Language Models (arXiv:2502.05795)"
+KIM = ("Kim et al. 2025, Peri-LN: Revisiting Normalization Layer in the Transformer Architecture "
+       "(ICML; arXiv:2502.02732)")
 PROJECT = "this project"
 ZHANG_README = "the invariance table as reproduced in the authors' README (github.com/bzhangGo/rmsnorm)"
 
@@ -211,4 +216,39 @@ CLAIMS: dict[str, Claim] = {
         f"{PROJECT} (the derived VJP in a real model, not only in unit tests)",
         "identical up to float rounding and its amplification by training", checked=True,
         checked_in="the project issue"),
+    # ---- 7. QK-norm (issue 25)
+    "wortsman_qk_removes_logit_growth": Claim(
+        "qk_norm",
+        "Attention logits grow without bound at high learning rates even in small models; qk-layernorm "
+        "removes this growth.",
+        f"{WORTSMAN}, abstract and Sec. 1 (read here); the qk-layernorm section and its figures (not read here)",
+        "logit growth appears in small models at high rates; qk-layernorm is 'equally effective in this regime' "
+        "(qualitative)", checked=True, checked_in="the abstract and the opening of Sec. 1"),
+    "wortsman_qk_lr_sensitivity": Claim(
+        "qk_norm",
+        "qk-layernorm lowers the sensitivity of the final loss to the learning rate (LR sensitivity: the mean "
+        "excess of the final loss over its best value across rates, losses capped at the initial loss).",
+        f"{WORTSMAN}, Sec. 1 (the LR-sensitivity definition in words, read here); the formula of Sec. 2 and "
+        "the first figure (not read here)",
+        "'considerably lower LR sensitivity' with qk-layernorm (qualitative; as quoted in a reading note)"),
+    "qk_norm_post_ln": Claim(
+        "qk_norm",
+        "QK-norm in a Post-LN model, beside the Pre-LN runs: LR sensitivity and top-rate logits.",
+        f"{PROJECT} (the issue asks for Post-LN beside Pre-LN; the paper studies Pre-LN)",
+        "- (observation)", checked=True, checked_in="the project issue"),
+    # ---- 8. LayerNorm Scaling and Peri-LN (issue 25)
+    "sun_lns_curbs_variance": Claim(
+        "norm_scaling",
+        "Pre-LN's hidden-state variance grows with depth; LayerNorm Scaling (norm outputs times 1/sqrt(l)) "
+        "curbs that growth.",
+        f"{SUN}, abstract (read here; no figure or table read)",
+        "Pre-LN output variance grows exponentially with depth; LNS mitigates the explosion (qualitative)",
+        checked=True, checked_in="the abstract"),
+    "kim_periln_balanced_variance": Claim(
+        "norm_scaling",
+        "Peri-LN (norms around each sub-layer: this project's sandwich) has more balanced hidden-state "
+        "variance growth than Pre-LN.",
+        f"{KIM}, abstract (read here; no figure or table read)",
+        "'consistently achieves more balanced variance growth' (qualitative)", checked=True,
+        checked_in="the abstract"),
 }

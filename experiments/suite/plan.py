@@ -162,6 +162,16 @@ def units(preset_name: str) -> list[Unit]:
         train("vjp", f"{pos}-{norm}-{impl}", v.n_layers, v.steps, pos, norm, impl=impl)
       # The chaos baseline: the Flax run again with the input scaled by 1 + 2^-23.
       train("vjp", f"chaos-{pos}-{norm}", v.n_layers, v.steps, pos, norm, impl="flax")
+  from experiments.studies import norm_scaling, qk_norm
+  q = _config(preset, "qk_norm")
+  for pos, qk, lr, seed in qk_norm.units(q):
+    out.append(Unit("qk_norm", qk_norm.label(pos, qk, lr, seed, q.n_layers), q.n_layers, q.steps,
+                    ("train", q.n_layers, pos, "layer_norm", "jaxnorm", "qk" if qk else "")))
+  ns = _config(preset, "norm_scaling")
+  for variant, seed in norm_scaling.units(ns):
+    pos = norm_scaling.VARIANTS[variant][0]
+    out.append(Unit("norm_scaling", norm_scaling.label(variant, seed, ns), ns.n_layers, ns.steps,
+                    ("train", ns.n_layers, pos, "layer_norm", "jaxnorm", variant)))
   return out
 
 

@@ -16,7 +16,9 @@ change with the preset. Three presets:
   runs, 3 seeds); sized by a cost model (:mod:`experiments.suite.plan`, ``--list``) from the
   H100 speed experiment's 4.8 ms per 6-layer step (not measured end to end;
   ``docs/experiments.md``), about 28 minutes run as ``--budget 7`` chunks of at most 7 minutes
-  (runs and probe settings are cached, so a cut chunk resumes).
+  (runs and probe settings are cached, so a cut chunk resumes). The issue-25 studies (``qk_norm``,
+  ``norm_scaling``) add about 11 minutes by the same cost model (``--list``): run them in a
+  session of their own with ``--only qk_norm,norm_scaling``.
 
 Each preset is a plain dict (so it is written verbatim into the results' provenance): ``model``
 holds :class:`jaxnorm.models.TransformerConfig` fields shared by every experiment, ``train``
@@ -48,6 +50,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "speed": {"n_layers": 1, "steps": 3, "repeats": 1, "op_shapes": ((256, 64),), "op_repeats": 3},
         "vjp": {"n_layers": 1, "steps": 12, "positions": ("post",), "norm_types": ("layer_norm",),
                 "lr": 0.003125},
+        "qk_norm": {"n_layers": 1, "steps": 6, "lrs": (1e-3, 1e-1), "seeds": (0,), "positions": ("pre",)},
+        "norm_scaling": {"n_layers": 2, "steps": 4, "warmup": 1, "seeds": (0,)},
     },
     "cpu": {
         "description": "the README's main job: small models on a laptop CPU (about 20 minutes on 2 cores)",
@@ -69,6 +73,11 @@ PRESETS: dict[str, dict[str, Any]] = {
                   "op_shapes": ((1024, 64), (4096, 256), (8192, 1024)), "op_repeats": 20},
         "vjp": {"n_layers": 6, "steps": 120, "positions": ("pre", "post"),
                 "norm_types": ("layer_norm", "rms_norm"), "lr": 0.003125},
+        # Issue 25, about 2 minutes on 2 cores: 24 two-layer runs of 80 steps.
+        "qk_norm": {"n_layers": 2, "steps": 80, "lrs": (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1),
+                    "seeds": (0,)},
+        # About a minute and a half: three 8-layer runs of 60 steps.
+        "norm_scaling": {"n_layers": 8, "steps": 60, "lr": 0.003125, "warmup": 10, "seeds": (0,)},
     },
     "gpu": {
         "description": "full-size version for one accelerator (width 256, up to 48 layers, several seeds)",
@@ -89,6 +98,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                   "op_shapes": ((8192, 1024), (16384, 4096), (32768, 8192)), "op_repeats": 100},
         "vjp": {"n_layers": 6, "steps": 500, "positions": ("pre", "post"),
                 "norm_types": ("layer_norm", "rms_norm"), "lr": 7.813e-4},
+        "qk_norm": {"n_layers": 6, "steps": 500,
+                    "lrs": (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1), "seeds": (0, 1, 2)},
+        "norm_scaling": {"n_layers": 24, "steps": 500, "lr": 7.813e-4, "warmup": 40,
+                         "seeds": (0, 1, 2)},
     },
 }
 

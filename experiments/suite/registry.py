@@ -26,6 +26,8 @@ EXPERIMENTS: dict[str, str] = {
     "invariance": "experiments.studies.invariance",
     "speed": "experiments.studies.speed",
     "vjp": "experiments.studies.vjp",
+    "qk_norm": "experiments.studies.qk_norm",
+    "norm_scaling": "experiments.studies.norm_scaling",
 }
 
 

@@ -6,6 +6,8 @@ VJP or Flax's autodiff) and initialization are switches of :class:`TransformerCo
 """
 
 from jaxnorm.models._config import ACTIVATIONS as ACTIVATIONS
+from jaxnorm.models._config import QK_NORM_SCALES as QK_NORM_SCALES
+from jaxnorm.models._config import QK_NORMS as QK_NORMS
 from jaxnorm.models._config import DTYPES as DTYPES
 from jaxnorm.models._config import INITS as INITS
 from jaxnorm.models._config import NORM_IMPLS as NORM_IMPLS
@@ -26,6 +28,8 @@ __all__ = [
     "NORM_POSITIONS",
     "NORM_TYPES",
     "POSITIONS",
+    "QK_NORMS",
+    "QK_NORM_SCALES",
     "TransformerConfig",
     "TransformerLM",
     "WEIGHT_GROUPS",

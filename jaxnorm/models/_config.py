@@ -25,6 +25,8 @@ INITS = ("xavier", "small")
 POSITIONS = ("learned", "rotary")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 ACTIVATIONS = ("gelu", "relu")
+QK_NORMS = ("none", "layer_norm", "rms_norm")  # "none", or a norm type named as NORM_TYPES
+QK_NORM_SCALES = ("per_head", "shared")
 # Keys of :func:`block_weight_paths`, in the order of a block's forward pass.
 WEIGHT_GROUPS = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")
 
@@ -73,6 +75,20 @@ class TransformerConfig:
       traced and compiled block body, so compile time does not grow with depth); ``False``
       unrolls the same computation over the same parameters in a Python loop (a reference,
       and XLA can fuse across layers). Both give the same values to float round-off.
+    qk_norm: normalize every head's query and key over the head dimension after their
+      projections and before the rotary embedding (as Qwen3 and OLMo 2 do): ``"none"``,
+      ``"rms_norm"`` or ``"layer_norm"``. With learned positions, which are added to the
+      model input, the norm acts on the projected queries and keys directly. The same
+      ``norm_impl``, ``epsilon``, ``dtype`` and ``casting`` as the other norms.
+    qk_norm_scale: ``"per_head"``: one learned scale (and LayerNorm bias) per head and
+      feature, Flax's spelling ``feature_axes=(-2, -1), reduction_axes=-1`` with a parameter
+      of shape ``(n_heads * head_dim,)``; ``"shared"``: one ``(head_dim,)`` scale shared by
+      every head (as Hugging Face's Qwen3 and Gemma 3 do; OLMo 2 normalizes the whole
+      ``(n_heads * head_dim)`` projection at once, which neither option reproduces).
+    norm_scaling: multiply the output of each block's input norms in layer :math:`l`
+      (1-indexed) by :math:`1/\\sqrt{l}` (LayerNorm Scaling, Sun et al. 2025, "The Curse of
+      Depth in Large Language Models"): Pre-LN and Sandwich only (the input norms; the
+      Sandwich output norms, the QK norms and the final norm are not scaled).
   """
 
   vocab_size: int = 256
@@ -94,6 +110,9 @@ class TransformerConfig:
   embed_scale: float = 1.0
   scan_layers: bool = True
   casting: str = "float32"
+  qk_norm: str = "none"
+  qk_norm_scale: str = "per_head"
+  norm_scaling: bool = False
 
   def __post_init__(self):
     for name in ("vocab_size", "max_len", "d_model", "n_layers", "n_heads", "d_ff"):
@@ -106,6 +125,14 @@ class TransformerConfig:
     v.check_choice("dtype", self.dtype, DTYPES)
     v.check_choice("activation", self.activation, ACTIVATIONS)
     v.check_choice("casting", self.casting, CASTINGS)
+    v.check_choice("qk_norm", self.qk_norm, QK_NORMS)
+    v.check_choice("qk_norm_scale", self.qk_norm_scale, QK_NORM_SCALES)
+    if not isinstance(self.norm_scaling, bool):
+      raise TypeError(f"norm_scaling must be a bool, got {type(self.norm_scaling).__name__}.")
+    if self.norm_scaling and self.norm_position not in ("pre", "sandwich"):
+      raise ValueError(
+          f"norm_scaling=True scales the block's input norms (Sun et al. 2025 define it for "
+          f"Pre-LN); it needs norm_position 'pre' or 'sandwich', got {self.norm_position!r}.")
     if self.casting != "float32" and self.norm_impl == "flax":
       raise ValueError(f"casting={self.casting!r} needs norm_impl='jaxnorm' (Flax's norms round "
                        f"once, as casting='float32'); got norm_impl='flax'.")

@@ -27,6 +27,18 @@ layer ``i`` alone) and the forward pass scans one block body over them, so the c
 program, and its compile time, do not grow with depth (``scan_layers=False`` unrolls the same
 body over the same parameters).
 
+``qk_norm`` normalizes every head's query and key over the head dimension right after their
+projection (and before the rotary embedding), :math:`q_h \mapsto N_q(q_h)`,
+:math:`k_h \mapsto N_k(k_h)`, with one scale per head or one shared by every head
+(``qk_norm_scale``). ``norm_scaling`` multiplies the output of the input norms of block
+:math:`l = 1..L` by :math:`1/\sqrt{l}` (Sun et al. 2025's LayerNorm Scaling):
+:math:`x_{l+1} = x_l + F(N(x_l)/\sqrt{l})` in the Pre-LN layout.
+
+With ``collect_stats`` the model also returns, per layer, the largest attention logit
+:math:`\max_{b,h,t,s\le t} q_{bht}\cdot k_{bhs}/\sqrt{D_h}` and the mean attention entropy
+:math:`-\frac{1}{BHT}\sum_{b,h,t}\sum_{s\le t} p_{bhts}\log p_{bhts}` (nats), the two
+quantities Wortsman et al. (2023) follow for the attention-logit-growth instability.
+
 Initialization is a switch because the Pre-/Post-Norm results depend on it:
 
 * ``init="xavier"``: the setting analysed by Xiong et al. (2020): Xavier-normal weight
@@ -97,16 +109,52 @@ def _embed_std(config: TransformerConfig) -> float:
 # Layers.
 
 
-def _make_norm(config: TransformerConfig, rngs: nnx.Rngs) -> nnx.Module:
-  """One normalization module over the last axis, from ``norm_type`` and ``norm_impl``."""
+def _make_norm(config: TransformerConfig, rngs: nnx.Rngs, *, norm_type: str | None = None,
+               num_features: int | None = None, **axes) -> nnx.Module:
+  """One normalization module from ``norm_type`` and ``norm_impl``.
+
+  By default a norm of ``config.norm_type`` over the ``d_model`` features of the last axis;
+  ``norm_type``, ``num_features`` and ``axes`` (``reduction_axes``/``feature_axes``, the
+  layers' keywords) build the QK norms.
+  """
   if config.norm_impl == "flax":
     layer_norm_cls, rms_norm_cls = nnx.LayerNorm, nnx.RMSNorm
   else:
     layer_norm_cls, rms_norm_cls = jaxnorm_nnx.LayerNorm, jaxnorm_nnx.RMSNorm
-  cls = layer_norm_cls if config.norm_type == "layer_norm" else rms_norm_cls
+  norm_type = norm_type or config.norm_type
+  cls = layer_norm_cls if norm_type == "layer_norm" else rms_norm_cls
   kw = {} if config.norm_impl == "flax" else {"casting": config.casting}
-  return cls(config.d_model, epsilon=config.epsilon, dtype=jnp.dtype(config.dtype), rngs=rngs,
-             **kw)
+  return cls(num_features or config.d_model, epsilon=config.epsilon,
+             dtype=jnp.dtype(config.dtype), rngs=rngs, **axes, **kw)
+
+
+def _make_qk_norm(config: TransformerConfig, rngs: nnx.Rngs) -> nnx.Module:
+  """A query or key norm over the head dimension of ``(B, T, H, Dh)``.
+
+  ``qk_norm_scale="per_head"``: Flax's per-head spelling, ``feature_axes=(-2, -1)`` and
+  ``reduction_axes=-1``, with a ``(H * Dh,)`` scale (one weight per head and feature);
+  ``"shared"``: a ``(Dh,)`` scale broadcast over the heads.
+  """
+  if config.qk_norm_scale == "per_head":
+    return _make_norm(config, rngs, norm_type=config.qk_norm,
+                      num_features=config.n_heads * config.head_dim, feature_axes=(-2, -1),
+                      reduction_axes=-1)
+  return _make_norm(config, rngs, norm_type=config.qk_norm, num_features=config.head_dim)
+
+
+class _Stats:
+  """What one forward pass records when collecting statistics (lists of scalar arrays).
+
+  Attributes:
+    residual: E||x||^2 / d of every norm input, in forward order.
+    max_logit: the largest attention logit of every attention layer.
+    entropy: the mean attention entropy (nats) of every attention layer.
+  """
+
+  def __init__(self):
+    self.residual: list = []
+    self.max_logit: list = []
+    self.entropy: list = []
 
 
 def _rotary(x: jax.Array) -> jax.Array:
@@ -144,21 +192,34 @@ class CausalSelfAttention(nnx.Module):
     d, dtype = config.d_model, jnp.dtype(config.dtype)
     self.n_heads, self.head_dim = config.n_heads, config.head_dim
     self.rotary = config.positions == "rotary"
+    self.qk_norm = config.qk_norm != "none"
+    if self.qk_norm:
+      self.q_norm = _make_qk_norm(config, rngs)
+      self.k_norm = _make_qk_norm(config, rngs)
     self.qkv = nnx.Linear(d, 3 * d, kernel_init=_qkv_init(config, v_gain), dtype=dtype, rngs=rngs)
     self.out = nnx.Linear(d, d, kernel_init=_weight_init(config, gain=v_gain, residual=True),
                           dtype=dtype, rngs=rngs)
 
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """Attends causally over ``x: (B, T, d)``; returns ``(B, T, d)``."""
+  def __call__(self, x: jax.Array, stats: _Stats | None = None) -> jax.Array:
+    """Attends causally over ``x: (B, T, d)``; returns ``(B, T, d)``.
+
+    With ``stats``, appends the largest attention logit and the mean attention entropy.
+    """
     b, t, d = x.shape
     qkv = self.qkv(x).reshape(b, t, 3, self.n_heads, self.head_dim)  # (B, T, 3, H, Dh)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]               # (B, T, H, Dh)
+    if self.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
     if self.rotary:
       q, k = _rotary(q), _rotary(k)
     scores = jnp.einsum("bthd,bshd->bhts", q, k).astype(jnp.float32)  # (B, H, T, T)
     scores = scores / math.sqrt(self.head_dim)
     causal = jnp.tril(jnp.ones((t, t), dtype=jnp.bool_))[None, None]   # (1, 1, T, T)
     scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+    if stats is not None:
+      stats.max_logit.append(jnp.max(scores))  # masked entries hold finfo.min
+      logp = jax.nn.log_softmax(scores, axis=-1)     # masked: p = 0, p log p = 0 (finite)
+      stats.entropy.append(-jnp.mean(jnp.sum(jnp.exp(logp) * logp, axis=-1)))
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     y = jnp.einsum("bhts,bshd->bthd", probs, v).reshape(b, t, d)      # (B, T, d)
     return self.out(y)
@@ -187,26 +248,35 @@ class MLP(nnx.Module):
     return self.fc_out(self.act(self.fc_in(x)))
 
 
-def _normed(norm: nnx.Module, x: jax.Array, stats: list | None) -> jax.Array:
-  """Applies ``norm`` to ``x``, first recording E||x||^2 / d of its input when collecting stats."""
+def _scaled(y: jax.Array, out_scale) -> jax.Array:
+  """``y * out_scale`` in ``y``'s dtype (``y`` itself for the Python float 1.0)."""
+  if isinstance(out_scale, float) and out_scale == 1.0:
+    return y
+  return y * jnp.asarray(out_scale, y.dtype)
+
+
+def _normed(norm: nnx.Module, x: jax.Array, stats: _Stats | None,
+            out_scale=1.0) -> jax.Array:
+  """``out_scale * N(x)``, first recording E||x||^2 / d of its input when collecting stats."""
   if stats is not None:
-    stats.append(jnp.mean(jnp.square(x.astype(jnp.float32))))
-  return norm(x)
+    stats.residual.append(jnp.mean(jnp.square(x.astype(jnp.float32))))
+  return _scaled(norm(x), out_scale)
 
 
-def _add_normed(norm: nnx.Module, delta: jax.Array | None, x: jax.Array, stats: list | None,
-                residual_scale: float = 1.0) -> tuple[jax.Array, jax.Array]:
-  r"""``(N(h), h)`` with :math:`h = \alpha x + \delta` (``h = x`` when ``delta`` is None).
+def _add_normed(norm: nnx.Module, delta: jax.Array | None, x: jax.Array, stats: _Stats | None,
+                residual_scale: float = 1.0, out_scale=1.0) -> tuple[jax.Array, jax.Array]:
+  r"""``(s N(h), h)`` with :math:`h = \alpha x + \delta` (``h = x`` when ``delta`` is None).
 
-  :math:`\alpha` is ``residual_scale``; the add and the norm are one op (the module's
-  ``residual=`` keyword). Records E||h||^2 / d like :func:`_normed`.
+  :math:`\alpha` is ``residual_scale`` and :math:`s` is ``out_scale`` (LayerNorm Scaling's
+  :math:`1/\sqrt{l}`); the add and the norm are one op (the module's ``residual=``
+  keyword). Records E||h||^2 / d like :func:`_normed`.
   """
   if delta is None:
-    return _normed(norm, x, stats), x
+    return _normed(norm, x, stats, out_scale), x
   y, h = norm(delta, residual=x, residual_scale=residual_scale)
   if stats is not None:
-    stats.append(jnp.mean(jnp.square(h.astype(jnp.float32))))
-  return y, h
+    stats.residual.append(jnp.mean(jnp.square(h.astype(jnp.float32))))
+  return _scaled(y, out_scale), h
 
 
 class Block(nnx.Module):
@@ -227,45 +297,52 @@ class Block(nnx.Module):
       self.attn_out_norm = _make_norm(config, rngs)
       self.mlp_out_norm = _make_norm(config, rngs)
 
-  def __call__(self, x: jax.Array, stats: list | None = None) -> jax.Array:
-    """Maps the residual stream ``x: (B, T, d)`` to the next one."""
+  def __call__(self, x: jax.Array, stats: _Stats | None = None, norm_scale=1.0) -> jax.Array:
+    r"""Maps the residual stream ``x: (B, T, d)`` to the next one.
+
+    ``norm_scale`` multiplies the outputs of the input norms (Pre-LN/Sandwich: LayerNorm
+    Scaling's :math:`1/\sqrt{l}` for layer ``l``, passed in by the model).
+    """
     pos = self.norm_position
     if self.fused:
       if pos in ("pre", "sandwich"):
-        x, pending = self.step(x, None, stats)
+        x, pending = self.step(x, None, stats, norm_scale)
         return x + pending
-      y, _ = _add_normed(self.attn_norm, self.attn(x), x, stats, self.residual_scale)
+      y, _ = _add_normed(self.attn_norm, self.attn(x, stats), x, stats, self.residual_scale)
       y, _ = _add_normed(self.mlp_norm, self.mlp(y), y, stats, self.residual_scale)
       return y
+    s = norm_scale
     if pos == "pre":
-      x = x + self.attn(_normed(self.attn_norm, x, stats))
-      x = x + self.mlp(_normed(self.mlp_norm, x, stats))
+      x = x + self.attn(_normed(self.attn_norm, x, stats, s), stats)
+      x = x + self.mlp(_normed(self.mlp_norm, x, stats, s))
     elif pos == "post":
-      x = _normed(self.attn_norm, x + self.attn(x), stats)
+      x = _normed(self.attn_norm, x + self.attn(x, stats), stats)
       x = _normed(self.mlp_norm, x + self.mlp(x), stats)
     elif pos == "sandwich":
-      x = x + _normed(self.attn_out_norm, self.attn(_normed(self.attn_norm, x, stats)), stats)
-      x = x + _normed(self.mlp_out_norm, self.mlp(_normed(self.mlp_norm, x, stats)), stats)
+      a = self.attn(_normed(self.attn_norm, x, stats, s), stats)
+      x = x + _normed(self.attn_out_norm, a, stats)
+      x = x + _normed(self.mlp_out_norm, self.mlp(_normed(self.mlp_norm, x, stats, s)), stats)
     else:  # deepnorm
-      x = _normed(self.attn_norm, self.residual_scale * x + self.attn(x), stats)
+      x = _normed(self.attn_norm, self.residual_scale * x + self.attn(x, stats), stats)
       x = _normed(self.mlp_norm, self.residual_scale * x + self.mlp(x), stats)
     return x
 
-  def step(self, x: jax.Array, pending: jax.Array | None,
-           stats: list | None = None) -> tuple[jax.Array, jax.Array]:
+  def step(self, x: jax.Array, pending: jax.Array | None, stats: _Stats | None = None,
+           norm_scale=1.0) -> tuple[jax.Array, jax.Array]:
     r"""Pre-LN/Sandwich block on a stream with one add still pending: ``(x', pending')``.
 
     The stream is :math:`x + \text{pending}` (``pending`` is the previous sub-layer's
     output, None for none); each add is fused with the norm that follows it:
     ``y, x = N(pending, residual=x)``, then ``pending = F(y)`` (Sandwich: ``N'(F(y))``). The
     caller adds the last ``pending`` with the next block's first norm or the final norm.
+    ``norm_scale`` multiplies the input norms' outputs (as in :meth:`__call__`).
     """
     sandwich = self.norm_position == "sandwich"
-    y, x = _add_normed(self.attn_norm, pending, x, stats)
-    a = self.attn(y)
+    y, x = _add_normed(self.attn_norm, pending, x, stats, out_scale=norm_scale)
+    a = self.attn(y, stats)
     if sandwich:
       a = _normed(self.attn_out_norm, a, stats)
-    y, x = _add_normed(self.mlp_norm, a, x, stats)
+    y, x = _add_normed(self.mlp_norm, a, x, stats, out_scale=norm_scale)
     m = self.mlp(y)
     if sandwich:
       m = _normed(self.mlp_out_norm, m, stats)
@@ -322,8 +399,10 @@ class TransformerLM(nnx.Module):
 
     Args:
       tokens: ``(B, T)`` integer token ids in ``[0, vocab_size)``, ``T <= max_len``.
-      collect_stats: also return ``{"residual_sq_norm": (n_norm_inputs,)}``, the mean squared
-        entry E||x||^2 / d of every normalization input, in forward order.
+      collect_stats: also return ``{"residual_sq_norm": (n_norm_inputs,), "attn_max_logit":
+        (n_layers,), "attn_entropy": (n_layers,)}``: the mean squared entry E||x||^2 / d of
+        every normalization input, in forward order, and per layer the largest attention
+        logit and the mean attention entropy in nats (module docstring).
       return_hidden: return the final hidden state ``(B, T, d)``, the input of the head
         (after the final norm for ``"pre"``/``"sandwich"``), instead of the logits.
 
@@ -348,18 +427,18 @@ class TransformerLM(nnx.Module):
       x = x + self.pos_embed[...][None, :t].astype(x.dtype)
     if cfg.embed_scale != 1.0:
       x = x * jnp.asarray(cfg.embed_scale, x.dtype)
-    x, residual_sq_norm = self._run_blocks(x, collect_stats)
+    x, stats = self._run_blocks(x, collect_stats)
     out = x.astype(jnp.float32) if return_hidden else self.head(x).astype(jnp.float32)
-    return (out, {"residual_sq_norm": residual_sq_norm}) if collect_stats else out
+    return (out, stats) if collect_stats else out
 
-  def _run_blocks(self, x: jax.Array, collect_stats: bool) -> tuple[jax.Array, jax.Array | None]:
-    """Runs every block (and the final norm) on ``x: (B, T, d)``; returns ``(x, stats)``.
+  def _run_blocks(self, x: jax.Array, collect_stats: bool) -> tuple[jax.Array, dict | None]:
+    r"""Runs every block (and the final norm) on ``x: (B, T, d)``; returns ``(x, stats)``.
 
     One block body, :func:`_block_body`, is either scanned over the stacked parameters
     (``scan_layers``, more than one layer) or called once per layer on the slices of the same
-    parameters.
-    ``stats`` is the ``(n_norm_inputs,)`` E||x||^2 / d of the norm inputs in forward order
-    (None unless ``collect_stats``).
+    parameters; the scan's ``xs`` also carry each layer's norm output scale (LayerNorm
+    Scaling's :math:`1/\sqrt{l}`, or 1).
+    ``stats`` is None unless ``collect_stats``; then the dict of :meth:`__call__`.
     """
     cfg = self.config
     graphdef, state = nnx.split(self.blocks)
@@ -369,24 +448,29 @@ class TransformerLM(nnx.Module):
     carried = cfg.fused and cfg.norm_position in ("pre", "sandwich")
     body = functools.partial(_block_body, graphdef, carried, collect_stats)
     carry = (x, jnp.zeros_like(x)) if carried else x
+    scales = (1.0 / jnp.sqrt(jnp.arange(1, cfg.n_layers + 1, dtype=jnp.float32))
+              if cfg.norm_scaling else None)
     if cfg.scan_layers and cfg.n_layers > 1:  # (one layer: the body once, no loop)
-      carry, per_layer = jax.lax.scan(body, carry, state)         # per_layer: (L, k) or None
+      carry, per_layer = jax.lax.scan(body, carry, (state, scales))   # leaves (L, k) or None
     else:
       outs = []
       for i in range(cfg.n_layers):
-        carry, out = body(carry, _layer_slice(state, i))
+        carry, out = body(carry, (_layer_slice(state, i), None if scales is None else scales[i]))
         outs.append(out)
-      per_layer = jnp.stack(outs) if collect_stats else None
-    stats = [] if collect_stats else None
+      per_layer = jax.tree.map(lambda *a: jnp.stack(a), *outs) if collect_stats else None
+    stats = _Stats() if collect_stats else None
     if carried:
       x, _ = _add_normed(self.final_norm, carry[1], carry[0], stats)
     else:
       x = carry
       if cfg.norm_position in ("pre", "sandwich"):
         x = _normed(self.final_norm, x, stats)
-    if collect_stats:
-      stats = jnp.concatenate([per_layer.reshape(-1), jnp.asarray(stats, jnp.float32)])
-    return x, stats
+    if not collect_stats:
+      return x, None
+    residual = jnp.concatenate([per_layer["residual"].reshape(-1),
+                                jnp.asarray(stats.residual, jnp.float32)])
+    return x, {"residual_sq_norm": residual, "attn_max_logit": per_layer["max_logit"][:, 0],
+               "attn_entropy": per_layer["entropy"][:, 0]}
 
   def block(self, i: int) -> Block:
     """Block ``i`` as a :class:`Block` of its own (its parameters sliced from the stack).
@@ -419,17 +503,24 @@ def _stacked_blocks(config: TransformerConfig, rngs: nnx.Rngs) -> Block:
   return nnx.merge(graphdef, stacked)
 
 
-def _block_body(graphdef, carried: bool, collect_stats: bool, carry, layer_state):
+def _block_body(graphdef, carried: bool, collect_stats: bool, carry, layer):
   """One layer: the block ``nnx.merge(graphdef, layer_state)`` applied to ``carry``.
 
+  ``layer`` is ``(layer_state, norm_scale)`` (``norm_scale`` None: no LayerNorm Scaling).
   ``carry`` is the stream ``x`` or, when ``carried``, ``(x, pending)`` for
-  :meth:`Block.step`. Returns ``(carry', stats)`` with ``stats`` the ``(k,)`` norm-input
-  statistics of this layer (None unless ``collect_stats``): the ``xs``/``ys`` of a scan.
+  :meth:`Block.step`. Returns ``(carry', stats)`` with ``stats`` this layer's
+  ``{"residual": (k,), "max_logit": (1,), "entropy": (1,)}`` (None unless
+  ``collect_stats``): the ``xs``/``ys`` of a scan.
   """
+  layer_state, norm_scale = layer
   block = nnx.merge(graphdef, layer_state)
-  stats = [] if collect_stats else None
-  carry = block.step(*carry, stats) if carried else block(carry, stats)
-  return carry, (jnp.stack(stats) if collect_stats else None)
+  stats = _Stats() if collect_stats else None
+  norm_scale = 1.0 if norm_scale is None else norm_scale
+  carry = block.step(*carry, stats, norm_scale) if carried else block(carry, stats, norm_scale)
+  if not collect_stats:
+    return carry, None
+  return carry, {"residual": jnp.stack(stats.residual), "max_logit": jnp.stack(stats.max_logit),
+                 "entropy": jnp.stack(stats.entropy)}
 
 
 def block_weight_paths(model: TransformerLM) -> dict[str, list[tuple]]:

@@ -1,0 +1,159 @@
+r"""The verdict rules of the QK-norm study (:mod:`experiments.studies.qk_norm`), fixed before any run.
+
+Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer training instabilities"
+(arXiv:2309.14322). What was read here: the abstract and the opening of Sec. 1 (arXiv/ar5iv
+text), the recipe of Sec. 2 as quoted, with its page, in a reading note (p. 2), and a second note
+quoting the attention-logit definition and the qk-layernorm result. The full text itself was not
+reachable, so no figure number is cited as read; the places below are marked "(not read here)".
+
+* The instability (abstract; Sec. 1): "the growth of logits in attention layers" appears "in small
+  models when training at high learning rates", and qk-layernorm, the mitigation used at large
+  scale, "is equally effective in this regime"; models with qk-layernorm show "considerably lower LR
+  sensitivity" (the qk-layernorm section and the paper's first figure, not read here). The attention
+  logit is :math:`z_{ij} = \langle q_i, k_j\rangle / \sqrt{d_h}`; the instability makes attention
+  weights almost one-hot, with near-zero entropy.
+* LR sensitivity (Sec. 1: it "measures the deviation from optimal performance when varying LR
+  across orders of magnitude"; its formula, in Sec. 2 of the paper, is not read here). We use
+
+  .. math::
+
+     \mathrm{LRS} = \mathbb E_{\eta \in G}\big[\min(\ell(\eta), \ell_0) - \ell^*\big],
+     \qquad \ell^* = \min_{\eta \in G} \ell(\eta),
+
+  :math:`G` the grid of peak rates, :math:`\ell(\eta)` the final validation loss (a diverged run
+  counts as :math:`\ell_0`), :math:`\ell_0` the loss at initialization (the step-0 evaluation).
+
+**Testability (fixed before running).** The claims about what QK-norm removes can only be judged
+where the design reproduces the instability: in a seed, the Pre-LN run *without* QK-norm at the top
+rate of the grid must show attention-logit growth, its largest logit over training at least
+``GROWTH_FACTOR`` (10) times its largest logit at step 1 and at least ``MIN_PEAK_LOGIT`` (20: a
+logit gap of 20 already makes the softmax one-hot to 2e-9). For the LR-sensitivity claim the
+no-QK-norm Pre-LN LRS must also be at least ``MIN_SENSITIVITY`` (0.05 nats: there is sensitivity to
+remove). A seed that fails is not judged; if no seed is judged the verdict is ``n/a`` with "not
+testable at this scale -- needs --preset gpu".
+
+**Verdicts (fixed before running).** Per judged seed, Pre-LN (the paper's setting, Sec. 2):
+
+* ``wortsman_qk_removes_logit_growth``: with QK-norm, at the top rate, the growth factor stays
+  below ``GROWTH_FACTOR`` and the largest logit is at most ``1 / LOGIT_RATIO`` (a tenth) of the
+  run without QK-norm.
+* ``wortsman_qk_lr_sensitivity``: LRS with QK-norm <= ``SENS_RATIO`` (0.5) x LRS without, and
+  lower by at least ``SENS_MARGIN`` (0.02 nats).
+
+yes = every judged seed, partly = some, no = none. The Post-LN runs beside them are an observation
+(``qk_norm_post_ln``: the same numbers, no verdict).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from experiments.suite import claims as claims_lib
+
+GROWTH_FACTOR = 10.0     # largest logit over training / largest logit at step 1
+MIN_PEAK_LOGIT = 20.0    # and at least this large (softmax one-hot to exp(-20))
+LOGIT_RATIO = 10.0       # QK-norm's peak logit must be this many times smaller
+MIN_SENSITIVITY = 0.05   # nats: the no-QK-norm LRS that makes the sensitivity claim testable
+SENS_RATIO = 0.5         # QK-norm's LRS at most this fraction of the no-QK-norm LRS
+SENS_MARGIN = 0.02       # nats: and lower by at least this much
+NOT_TESTABLE = "not testable at this scale -- needs --preset gpu"
+
+
+def lr_sensitivity(finals: list, init_loss: float) -> float:
+  r"""Wortsman et al.'s LR sensitivity of one grid: the mean of :math:`\min(\ell, \ell_0) - \ell^*`.
+
+  Args:
+    finals: the final validation loss at each rate of the grid (``None`` or a non-finite value
+      for a diverged run, which counts as ``init_loss``).
+    init_loss: :math:`\ell_0`, the loss at initialization.
+  """
+  capped = [init_loss if (v is None or not math.isfinite(float(v))) else min(float(v), init_loss)
+            for v in finals]
+  return float(np.mean(capped) - min(capped))
+
+
+def logit_growth(curve: list) -> dict:
+  """Peak, first and growth factor of one run's largest-attention-logit curve.
+
+  Args:
+    curve: ``[(step, [per-layer largest logit])]`` of the train lines, in step order
+      (non-finite entries, from a diverged step, are skipped).
+
+  Returns:
+    ``{"first": max over layers at the first step, "peak": max over steps and layers,
+    "growth": peak / first}`` (NaNs when the curve is empty).
+  """
+  rows = [[float(v) for v in vals if math.isfinite(float(v))] for _, vals in curve]
+  rows = [r for r in rows if r]
+  if not rows:
+    return {"first": float("nan"), "peak": float("nan"), "growth": float("nan")}
+  first, peak = max(rows[0]), max(max(r) for r in rows)
+  return {"first": first, "peak": peak, "growth": peak / max(first, 1e-12)}
+
+
+def instability_reproduced(noqk_top: dict) -> bool:
+  """The testability condition: the no-QK-norm Pre-LN run at the top rate shows logit growth."""
+  return noqk_top["growth"] >= GROWTH_FACTOR and noqk_top["peak"] >= MIN_PEAK_LOGIT
+
+
+def claim_logit_growth(per_seed: dict) -> dict:
+  """``wortsman_qk_removes_logit_growth`` from ``{seed: {"noqk": growth, "qk": growth}}``.
+
+  ``growth`` dicts are :func:`logit_growth` of the Pre-LN runs at the top rate.
+  """
+  crit = (f"testable in a seed if Pre-LN without QK-norm at the top rate grows its largest attention logit "
+          f">= {GROWTH_FACTOR:g}x over training and to >= {MIN_PEAK_LOGIT:g}; judged: with QK-norm the growth "
+          f"stays < {GROWTH_FACTOR:g}x and the peak <= 1/{LOGIT_RATIO:g} of the run without; yes/partly/no = "
+          "every/some/no judged seed, n/a if none is testable")
+  oks, parts = [], []
+  for seed, r in per_seed.items():
+    n, q = r["noqk"], r["qk"]
+    text = (f"s{seed}: no QK-norm peak {n['peak']:.3g} ({n['growth']:.3g}x), QK-norm peak {q['peak']:.3g} "
+            f"({q['growth']:.3g}x)")
+    if not instability_reproduced(n):
+      parts.append(text + " [not testable]")
+      continue
+    ok = q["growth"] < GROWTH_FACTOR and q["peak"] <= n["peak"] / LOGIT_RATIO
+    oks.append(ok)
+    parts.append(text + (" [ok]" if ok else " [fails]"))
+  holds = claims_lib.verdict(oks) if oks else "n/a"
+  ours = "; ".join(parts) + ("" if oks else f" -- {NOT_TESTABLE}")
+  return {"id": "wortsman_qk_removes_logit_growth", "criterion": crit, "ours": ours, "holds": holds,
+          "per_seed": parts}
+
+
+def claim_lr_sensitivity(per_seed: dict) -> dict:
+  """``wortsman_qk_lr_sensitivity`` from ``{seed: {"lrs_noqk", "lrs_qk", "noqk_top"}}``.
+
+  ``noqk_top`` is :func:`logit_growth` of the no-QK-norm Pre-LN run at the top rate.
+  """
+  crit = (f"testable in a seed if the logit-growth condition holds and Pre-LN's LR sensitivity without QK-norm "
+          f"is >= {MIN_SENSITIVITY:g} nats; judged: LRS with QK-norm <= {SENS_RATIO:g} x LRS without and lower by "
+          f">= {SENS_MARGIN:g} nats; yes/partly/no = every/some/no judged seed, n/a if none is testable")
+  oks, parts = [], []
+  for seed, r in per_seed.items():
+    a, b = r["lrs_noqk"], r["lrs_qk"]
+    text = f"s{seed}: LRS {a:.3f} without, {b:.3f} with QK-norm"
+    if not (instability_reproduced(r["noqk_top"]) and a >= MIN_SENSITIVITY):
+      parts.append(text + " [not testable]")
+      continue
+    ok = b <= SENS_RATIO * a and a - b >= SENS_MARGIN
+    oks.append(ok)
+    parts.append(text + (" [ok]" if ok else " [fails]"))
+  vals = np.array([[r["lrs_noqk"], r["lrs_qk"]] for r in per_seed.values()])
+  spread = (f"; seed spread (max - min) {np.ptp(vals[:, 0]):.3f} / {np.ptp(vals[:, 1]):.3f}"
+            if len(vals) > 1 else "; one seed")
+  holds = claims_lib.verdict(oks) if oks else "n/a"
+  ours = "; ".join(parts) + spread + ("" if oks else f" -- {NOT_TESTABLE}")
+  return {"id": "wortsman_qk_lr_sensitivity", "criterion": crit, "ours": ours, "holds": holds,
+          "per_seed": parts}
+
+
+def claim_post_ln(per_seed: dict) -> dict:
+  """``qk_norm_post_ln`` (observation) from ``{seed: {"lrs_noqk", "lrs_qk", "noqk_top", "qk_top"}}``."""
+  parts = [f"s{seed}: LRS {r['lrs_noqk']:.3f} without, {r['lrs_qk']:.3f} with QK-norm; top-rate peak logit "
+           f"{r['noqk_top']['peak']:.3g} without, {r['qk_top']['peak']:.3g} with" for seed, r in per_seed.items()]
+  return {"id": "qk_norm_post_ln", "criterion": "observation (no published counterpart at this scale)",
+          "ours": "; ".join(parts), "holds": "obs"}

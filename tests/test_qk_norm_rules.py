@@ -1,0 +1,88 @@
+"""The verdict rules of the QK-norm and LayerNorm-Scaling studies on synthetic numbers.
+
+Each rule gives yes, partly, no and n/a (not testable) on some input, and the measurements under
+them (LR sensitivity, logit growth, the block-input profile) match hand-computed values.
+"""
+
+import math
+
+import pytest
+
+from experiments.studies import norm_scaling_rules as ns
+from experiments.studies import qk_norm_rules as qk
+
+
+def test_lr_sensitivity_caps_diverged_runs_at_the_initial_loss():
+  # finals 2.0, 2.5, diverged (-> l0 = 5.5), 7.0 (capped at 5.5): mean 3.875, best 2.0.
+  assert qk.lr_sensitivity([2.0, 2.5, None, 7.0], 5.5) == pytest.approx(3.875 - 2.0)
+  assert qk.lr_sensitivity([3.0, float("nan")], 5.0) == pytest.approx(1.0)
+  assert qk.lr_sensitivity([2.0, 2.0], 5.0) == 0.0
+
+
+def test_logit_growth():
+  g = qk.logit_growth([(1, [2.0, 3.0]), (2, [10.0, float("nan")]), (3, [30.0, 5.0])])
+  assert g == {"first": 3.0, "peak": 30.0, "growth": 10.0}
+  assert math.isnan(qk.logit_growth([])["peak"])
+
+
+def _g(peak, growth):
+  return {"first": peak / growth, "peak": peak, "growth": growth}
+
+
+GROWS, FLAT = _g(200.0, 40.0), _g(8.0, 2.0)
+
+
+@pytest.mark.parametrize("seeds, want", [
+    ({0: {"noqk": GROWS, "qk": FLAT}, 1: {"noqk": GROWS, "qk": FLAT}}, "yes"),
+    ({0: {"noqk": GROWS, "qk": FLAT}, 1: {"noqk": GROWS, "qk": _g(100.0, 30.0)}}, "partly"),
+    ({0: {"noqk": GROWS, "qk": _g(50.0, 5.0)}}, "no"),              # peak not 10x lower
+    ({0: {"noqk": _g(15.0, 20.0), "qk": FLAT}}, "n/a"),             # no growth to remove
+    ({0: {"noqk": _g(60.0, 3.0), "qk": FLAT}}, "n/a"),
+])
+def test_claim_logit_growth(seeds, want):
+  c = qk.claim_logit_growth(seeds)
+  assert c["holds"] == want and c["id"] == "wortsman_qk_removes_logit_growth"
+  assert (qk.NOT_TESTABLE in c["ours"]) is (want == "n/a")
+
+
+@pytest.mark.parametrize("seeds, want", [
+    ({0: dict(lrs_noqk=0.5, lrs_qk=0.1, noqk_top=GROWS)}, "yes"),
+    ({0: dict(lrs_noqk=0.5, lrs_qk=0.1, noqk_top=GROWS), 1: dict(lrs_noqk=0.5, lrs_qk=0.4, noqk_top=GROWS)},
+     "partly"),
+    ({0: dict(lrs_noqk=0.03, lrs_qk=0.0, noqk_top=GROWS)}, "n/a"),   # too little sensitivity to remove
+    ({0: dict(lrs_noqk=0.5, lrs_qk=0.1, noqk_top=FLAT)}, "n/a"),     # instability not reproduced
+    ({0: dict(lrs_noqk=0.06, lrs_qk=0.05, noqk_top=GROWS)}, "no"),
+])
+def test_claim_lr_sensitivity(seeds, want):
+  assert qk.claim_lr_sensitivity(seeds)["holds"] == want
+
+
+def test_post_ln_is_an_observation():
+  c = qk.claim_post_ln({0: dict(lrs_noqk=0.5, lrs_qk=0.1, noqk_top=GROWS, qk_top=FLAT)})
+  assert c["holds"] == "obs" and "0.500" in c["ours"]
+
+
+def test_block_input_profile():
+  # Pre-LN, 2 layers: [x1, mid1, x2, mid2, final].
+  assert ns.block_input_profile([1, 9, 2, 9, 4], "pre", 2) == [1.0, 2.0, 4.0]
+  # Sandwich, 1 layer: [x1, attn, mid, mlp, final].
+  assert ns.block_input_profile([1, 9, 9, 9, 3], "sandwich", 1) == [1.0, 3.0]
+  assert ns.growth([2.0, 3.0, 8.0]) == 4.0
+  with pytest.raises(ValueError, match="has 5 entries, got 4"):
+    ns.block_input_profile([1, 2, 3, 4], "pre", 2)
+  with pytest.raises(ValueError, match="norm_position"):
+    ns.block_input_profile([1, 2, 3], "post", 1)
+
+
+@pytest.mark.parametrize("per, want", [
+    ({(0, "init"): dict(pre=10.0, lns=2.0, sandwich=3.0), (0, "trained"): dict(pre=20.0, lns=5.0, sandwich=4.0)},
+     ("yes", "yes")),
+    ({(0, "init"): dict(pre=10.0, lns=2.0, sandwich=9.0), (0, "trained"): dict(pre=20.0, lns=19.0, sandwich=4.0)},
+     ("partly", "partly")),
+    ({(0, "init"): dict(pre=10.0, lns=9.0, sandwich=12.0)}, ("no", "no")),
+    ({(0, "init"): dict(pre=1.5, lns=1.0, sandwich=1.0)}, ("n/a", "n/a")),
+])
+def test_norm_scaling_claims(per, want):
+  got = ns.claims(per)
+  assert [c["id"] for c in got] == ["sun_lns_curbs_variance", "kim_periln_balanced_variance"]
+  assert tuple(c["holds"] for c in got) == want
