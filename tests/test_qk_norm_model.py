@@ -39,7 +39,7 @@ def test_config_rejects_bad_values(kw, match):
 
 
 def test_config_rejects_bad_types():
-  with pytest.raises(TypeError, match="qk_norm must be a str"):
+  with pytest.raises(ValueError, match="qk_norm must be one of"):  # one rule for every choice
     _config(qk_norm=None)
   with pytest.raises(TypeError, match="norm_scaling must be a bool"):
     _config(norm_scaling=1)

@@ -127,8 +127,7 @@ class TransformerConfig:
     v.check_choice("casting", self.casting, CASTINGS)
     v.check_choice("qk_norm", self.qk_norm, QK_NORMS)
     v.check_choice("qk_norm_scale", self.qk_norm_scale, QK_NORM_SCALES)
-    if not isinstance(self.norm_scaling, bool):
-      raise TypeError(f"norm_scaling must be a bool, got {type(self.norm_scaling).__name__}.")
+    v.check_bool("norm_scaling", self.norm_scaling)
     if self.norm_scaling and self.norm_position not in ("pre", "sandwich"):
       raise ValueError(
           f"norm_scaling=True scales the block's input norms (Sun et al. 2025 define it for "
