@@ -277,20 +277,15 @@ def _affine_after(kind, x, xt, rt, scale, bias, feat, back, *, residual_scale,
   bshape = [1] * x.ndim
   for a in feat:
     bshape[a] = x.shape[a]
-  if casting != "float32":
-    plan = cast_plan(casting, x.dtype if h is None else h.dtype,
-                     None if scale is None else scale.dtype, None if bias is None else bias.dtype)
-    s = None if scale is None else scale.reshape(bshape)
-    b = None if bias is None else bias.reshape(bshape)
-    _, y = plan.affine_of(y.astype(plan.compute), plan.gamma_of(s, zero_centered_scale), b)
-    return y.astype(dtype) if h is None else (y.astype(dtype), h)
-  # Parameters are widened to the compute dtype first (exact), so 1 + scale is not rounded to
-  # a half-precision param_dtype.
-  if scale is not None:
-    s = scale.reshape(bshape).astype(jnp.promote_types(compute, scale.dtype))
-    y = y * ((1 + s) if zero_centered_scale else s)
-  if bias is not None:
-    y = y + bias.reshape(bshape).astype(jnp.promote_types(compute, bias.dtype))
+  # gamma is formed, and the affine map rounds, where the op's would (jaxnorm._casting): one
+  # home for 1 + scale, whatever the casting mode ("float32": everything in the compute dtype,
+  # parameters widened first, so 1 + scale is not rounded to a half-precision param_dtype).
+  plan = cast_plan(casting, compute if casting == "float32" else (x.dtype if h is None
+                                                                  else h.dtype),
+                   None if scale is None else scale.dtype, None if bias is None else bias.dtype)
+  s = None if scale is None else scale.reshape(bshape)
+  b = None if bias is None else bias.reshape(bshape)
+  _, y = plan.affine_of(y.astype(plan.compute), plan.gamma_of(s, zero_centered_scale), b)
   return y.astype(dtype) if h is None else (y.astype(dtype), h)
 
 

@@ -21,7 +21,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxnorm import _math
+from jaxnorm._casting import cast_plan
 from jaxnorm._pallas_config import BlockConfig, default_block_config
+
+
+_F32_PLAN = cast_plan("float32", jnp.float32)  # every stage in float32: nothing rounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,11 +82,10 @@ def gamma_row(spec: KernelSpec, scale_ref, cols, col_ok):
   if not spec.has_scale:
     return None
   s = load(scale_ref, (cols,), col_ok)
-  if spec.cast is not None:  # formed (and rounded) in the casting mode's dtype
-    return spec.cast.gamma_of(s, spec.zero_centered_scale)[None, :]
-  if spec.zero_centered_scale:
-    s = 1.0 + s
-  return s[None, :]
+  # Formed (and rounded) as the casting mode forms it, by the one rule of jaxnorm._casting
+  # (the "float32" mode: in float32, 1 + s where the scale is zero-centred).
+  plan = spec.cast if spec.cast is not None else _F32_PLAN
+  return plan.gamma_of(s, spec.zero_centered_scale)[None, :]
 
 
 def rstd(spec: KernelSpec, var):
