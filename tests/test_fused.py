@@ -27,6 +27,7 @@ from jaxnorm import _pallas
 from jaxnorm import reference
 from jaxnorm._pallas_config import MAX_BLOCK_D
 from _backends import INTERPRET, PALLAS, XLA, Backend
+from _compat import enable_x64
 from _numerics import assert_close, host_mask, host_random, natural_scales, random, tol_for
 
 OPS = {
@@ -110,7 +111,7 @@ def _check(op_name, *, shape, axis=-1, x_dtype="float32", r_dtype=None, residual
     return _vjp(mine, args, cts, use_dh)
 
   (y, h), grads = (jax.jit(run) if use_jit else run)((x, r, *params), (dy, dh))
-  with jax.enable_x64(True):
+  with enable_x64(True):
     f64 = lambda a: None if a is None else jnp.asarray(np.asarray(a).astype(np.float64))  # noqa: E731
     ref_params = tuple(map(f64, params)) if has_bias else (f64(scale), None)
     static_kw = tuple(sorted((k, val) for k, val in kw.items() if k != "mask"))
