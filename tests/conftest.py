@@ -18,8 +18,6 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-from _compat import enable_x64  # noqa: E402
-
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 settings.register_profile(
@@ -36,5 +34,5 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 @pytest.fixture
 def x64():
   """Enables float64 for the duration of one test."""
-  with enable_x64(True):
+  with jax.enable_x64(True):
     yield

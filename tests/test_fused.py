@@ -14,7 +14,6 @@ import functools
 import json
 
 import jax
-import jax.extend.core  # noqa: F401  (jaxprs_in_params)
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -27,7 +26,7 @@ from jaxnorm import _pallas
 from jaxnorm import reference
 from jaxnorm._pallas_config import MAX_BLOCK_D
 from _backends import INTERPRET, PALLAS, XLA, Backend
-from _compat import enable_x64
+from _compat import jaxprs_in_params
 from _numerics import assert_close, host_mask, host_random, natural_scales, random, tol_for
 
 OPS = {
@@ -111,7 +110,7 @@ def _check(op_name, *, shape, axis=-1, x_dtype="float32", r_dtype=None, residual
     return _vjp(mine, args, cts, use_dh)
 
   (y, h), grads = (jax.jit(run) if use_jit else run)((x, r, *params), (dy, dh))
-  with enable_x64(True):
+  with jax.enable_x64(True):
     f64 = lambda a: None if a is None else jnp.asarray(np.asarray(a).astype(np.float64))  # noqa: E731
     ref_params = tuple(map(f64, params)) if has_bias else (f64(scale), None)
     static_kw = tuple(sorted((k, val) for k, val in kw.items() if k != "mask"))
@@ -322,7 +321,7 @@ def test_pallas_kernel_outputs_and_statistics():
       for eqn in jx.eqns:
         if eqn.primitive.name == "pallas_call":
           found.append([(tuple(o.aval.shape), o.aval.dtype) for o in eqn.outvars])
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        for sub in jaxprs_in_params(eqn.params):
           walk(sub)
 
     walk(jaxpr.jaxpr)

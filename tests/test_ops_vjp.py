@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 import jaxnorm
 from jaxnorm import reference
 from _backends import PALLAS, XLA, Backend
-from _compat import enable_x64
 from _numerics import assert_close, host_mask, host_random, natural_scales, random
 
 DTYPES = ["float32", "bfloat16", "float16", "float64"]
@@ -56,7 +55,7 @@ def cases(draw, backend: Backend):
 def _check(backend: Backend, op_name, case, use_jit, use_mask=False):
   op, ref, has_bias = OPS[op_name]
   dtype = jnp.dtype(case["dtype"])
-  ctx = enable_x64(True) if dtype == jnp.float64 else contextlib.nullcontext()
+  ctx = jax.enable_x64(True) if dtype == jnp.float64 else contextlib.nullcontext()
   with ctx:
     rng = np.random.default_rng(case["seed"])
     shape, axis = case["shape"], case["axis"]
