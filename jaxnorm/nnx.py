@@ -115,7 +115,8 @@ class LayerNorm(nnx.Module):
     promote_dtype: function that promotes ``(x, scale, bias)`` to a common dtype, called with
       ``dtype=dtype``, as in Flax.
     rngs: the random number generators for the initializers.
-    bias_metadata: metadata for the bias ``nnx.Param`` (e.g. ``sharding_names``).
+    bias_metadata: metadata for the bias ``nnx.Param`` (e.g. ``out_sharding``; ``sharding_names``
+      before Flax 0.12.4).
     scale_metadata: metadata for the scale ``nnx.Param``.
     epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
@@ -246,7 +247,8 @@ class RMSNorm(nnx.Module):
     promote_dtype: function that promotes ``(x, scale)`` to a common dtype, called with
       ``dtype=dtype``, as in Flax.
     rngs: the random number generators for the initializer.
-    scale_metadata: metadata for the scale ``nnx.Param`` (e.g. ``sharding_names``).
+    scale_metadata: metadata for the scale ``nnx.Param`` (e.g. ``out_sharding``;
+      ``sharding_names`` before Flax 0.12.4).
     epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
     impl: ``"auto"``, ``"xla"`` or ``"pallas"``.

@@ -63,9 +63,11 @@ def randomize(tree, seed=1):
 def assert_same_params(ours, theirs):
   """The same parameter tree as Flax's: structure, shapes, dtypes and initial values."""
   assert jax.tree.structure(ours) == jax.tree.structure(theirs)
-  assert jax.tree.map(lambda a: (a.shape, a.dtype), ours) == \
-      jax.tree.map(lambda a: (a.shape, a.dtype), theirs)
-  jax.tree.map(np.testing.assert_array_equal, ours, theirs)
+  # Leaf by leaf: older Flax NNX states hold Variable objects, which compare by identity.
+  ours, theirs = jax.tree.leaves(ours), jax.tree.leaves(theirs)
+  assert [(a.shape, a.dtype) for a in ours] == [(a.shape, a.dtype) for a in theirs]
+  for a, b in zip(ours, theirs):
+    np.testing.assert_array_equal(a, b)
 
 
 def assert_matches_flax(x, ours, theirs):

@@ -14,7 +14,6 @@ import functools
 import json
 
 import jax
-import jax.extend.core  # noqa: F401  (jaxprs_in_params)
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -28,6 +27,7 @@ from jaxnorm import reference
 from jaxnorm._pallas_config import MAX_BLOCK_D
 from _kernels import program_text
 from _backends import INTERPRET, PALLAS, XLA, Backend
+from _compat import jaxprs_in_params
 from _numerics import assert_close, host_mask, host_random, natural_scales, random, tol_for
 
 OPS = {
@@ -324,7 +324,7 @@ def test_pallas_kernel_outputs_and_statistics():
       for eqn in jx.eqns:
         if eqn.primitive.name == "pallas_call":
           found.append([(tuple(o.aval.shape), o.aval.dtype) for o in eqn.outvars])
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        for sub in jaxprs_in_params(eqn.params):
           walk(sub)
 
     walk(jaxpr.jaxpr)

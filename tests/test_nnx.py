@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 import jaxnorm
 from jaxnorm import nnx as jnn
 
+from _compat import SHARDING_METADATA
 from _module_cases import GRID, SHAPE, assert_matches_flax, assert_same_params, grid_id, partial_mask, randomize
 
 PAIRS = {"LayerNorm": (jnn.LayerNorm, nnx.LayerNorm), "RMSNorm": (jnn.RMSNorm, nnx.RMSNorm)}
@@ -224,9 +225,9 @@ def test_parameter_metadata_passes_through():
   x = jnp.ones((4, 8))
   with jax.set_mesh(mesh):
     for name, (ours_cls, flax_cls) in PAIRS.items():
-      kw = dict(scale_metadata={"out_sharding": ("model",)})
+      kw = dict(scale_metadata={SHARDING_METADATA: ("model",)})
       if name == "LayerNorm":
-        kw["bias_metadata"] = {"out_sharding": (None,)}
+        kw["bias_metadata"] = {SHARDING_METADATA: (None,)}
       ours = ours_cls(8, rngs=nnx.Rngs(0), **kw)
       theirs = flax_cls(8, rngs=nnx.Rngs(0), **kw)
       spec_ours = nnx.get_partition_spec(nnx.state(ours))
