@@ -1,4 +1,4 @@
-r"""Flax Linen ``LayerNorm`` and ``RMSNorm`` backed by jaxnorm's custom-VJP ops.
+r"""Flax Linen ``LayerNorm`` and ``RMSNorm`` backed by jaxnorm's ops and their derived rules.
 
 Drop-in replacements for :class:`flax.linen.LayerNorm` and :class:`flax.linen.RMSNorm`: the
 same dataclass fields in the same order with the same defaults (``force_float32_reductions``
@@ -33,6 +33,8 @@ Deliberate differences from Flax:
   over the devices (the exact mean of the masked-in elements); Flax averages the per-device
   masked means with ``pmean``. The two agree whenever every device holds the same number of
   masked-in elements per row (always, without a mask).
+* A repeated axis in ``reduction_axes``/``feature_axes`` raises a ``ValueError`` naming it
+  (Flax merges the two mentions).
 * Complex inputs are not supported (``TypeError``).
 
 Extra trailing fields (their defaults reproduce Flax): ``epsilon_placement`` (``"inside"``:

@@ -1,4 +1,4 @@
-r"""Flax NNX ``LayerNorm`` and ``RMSNorm`` backed by jaxnorm's custom-VJP ops.
+r"""Flax NNX ``LayerNorm`` and ``RMSNorm`` backed by jaxnorm's ops and their derived rules.
 
 Drop-in replacements for :class:`flax.nnx.LayerNorm` and :class:`flax.nnx.RMSNorm`: the same
 constructor (``num_features`` positional, the same keyword-only arguments and defaults), the
@@ -29,6 +29,8 @@ Deliberate differences from Flax:
   over the devices (the exact mean of the masked-in elements); Flax averages the per-device
   masked means with ``pmean``. The two agree whenever every device holds the same number of
   masked-in elements per row (always, without a mask).
+* A repeated axis in ``reduction_axes``/``feature_axes`` raises a ``ValueError`` naming it
+  (Flax merges the two mentions).
 * Complex inputs are not supported (``TypeError``).
 
 Extra trailing keyword arguments (their defaults reproduce Flax):
