@@ -125,7 +125,7 @@ def units(preset_name: str) -> list[Unit]:
       train("warmup", f"{pos}-lr{i}-w{wu}-s{seed}", w.n_layers, w.steps, pos)
   extra = []
   if w.rms_norm:
-    extra += [(pos, wu, "rms_norm", "xavier") for wu in (0, w.warmups[2]) for pos in ("post", "pre")]
+    extra += [(pos, wu, "rms_norm", "xavier") for wu in (0, w.warmups[-1]) for pos in ("post", "pre")]
   if w.small_init:
     extra += [(pos, 0, "layer_norm", "small") for pos in ("post", "pre")]
   for pos, wu, norm, init in extra:
