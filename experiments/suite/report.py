@@ -24,6 +24,7 @@ tables; this module adds the claims list and the raw-data line after it.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pathlib
 from typing import Any
@@ -223,8 +224,10 @@ def _limitations(state: dict) -> list[str]:
   batch, seq = tr.get("batch_size"), tr.get("seq_len")
   eval_bytes = (tr.get("eval_batches") or 0) * (batch or 0) * (seq or 0)
   wd = tr.get("weight_decay")
-  wd_text = (f"weight decay {wd}" if wd is not None else
-             "weight decay at `TrainConfig`'s default (`experiments/harness/train_config.py`)")
+  if wd is None:
+    from experiments.harness.train_config import TrainConfig
+    wd = next(f.default for f in dataclasses.fields(TrainConfig) if f.name == "weight_decay")
+  wd_text = f"decoupled weight decay {wd} on matrices" + (" (so AdamW is Adam)" if not wd else "")
   corpus = (state.get("corpus") or {}).get("name", "?")
   steps = w.get("steps")
   tokens = f"{batch * seq * steps:,}" if batch and seq and steps else "?"
