@@ -31,6 +31,7 @@ import numpy as np
 
 from experiments.studies.depth_rules import PAST_PLATEAU, verdicts
 from experiments.studies.seeds import failed, format_finals, format_rises, largest_rise, point
+from experiments.suite.study import Unit, train_unit
 
 TITLE = "Depth: Post-LN, Pre-LN, Sandwich, DeepNorm (Liu et al. 2020; Wang et al. 2022)"
 RAW_DATA = ('runs.json', 'final.csv', 'update.json')  # files the report links under the claims
@@ -73,6 +74,17 @@ class Config:
 def study_lr(cfg: Config) -> tuple[float, str]:
   """The peak rate of every depth run and where it came from: the preset, fixed before running."""
   return float(cfg.lr), "the preset's rate, fixed before running (not the warm-up grid's telling rate)"
+
+
+def units(cfg: Config) -> list:
+  """The training runs, then the model-update probes of :func:`run`, in its order (for the planner).
+
+  A probe's train step is the depth runs' (the same compile key)."""
+  out = [train_unit("depth", f"depth-{pos}-L{L}-s{seed}", L, cfg.steps, pos)
+         for L in cfg.depths for pos in cfg.positions for seed in cfg.seeds]
+  out += [Unit("depth", f"update-{pos}-L{L}-s{seed}", L, cfg.update_steps, ("train", L, pos, "layer_norm", "jaxnorm"),
+               "update") for L in (cfg.update_depths or cfg.depths) for pos in cfg.positions for seed in cfg.seeds]
+  return out
 
 
 def run(ctx, cfg: Config) -> dict:

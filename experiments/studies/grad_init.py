@@ -32,6 +32,8 @@ import dataclasses
 
 import numpy as np
 
+from experiments.suite.study import Unit
+
 from experiments.studies.grad_init_rules import LEMMA2_INCREMENT, verdicts
 from jaxnorm.models import WEIGHT_GROUPS
 
@@ -305,6 +307,17 @@ def plot(ctx, results: dict, an: dict, cfg: Config) -> list[str]:
   """
   return [*_plot_per_layer(ctx, results, cfg), *_plot_init_comparison(ctx, results, cfg),
           _plot_depth_scaling_and_residuals(ctx, results, an, cfg)]
+
+
+def units(cfg: Config) -> list:
+  """The probe settings of :func:`run`, one per (setting, seed), in its order (for the planner)."""
+  out = []
+  for s in settings(cfg):
+    for seed in cfg.seeds:
+      program = "theory" if s["setting"] == "theory" else "xavier"  # small: the xavier program
+      out.append(Unit("grad_init", f"{key(s)}/s{seed}", s["n_layers"], 0,
+                      ("grad", s["n_layers"], program, s["norm_position"], s["norm_type"]), "grad"))
+  return out
 
 
 def run(ctx, cfg: Config) -> dict:

@@ -32,6 +32,7 @@ import numpy as np
 
 from experiments.studies.invariance_rules import BREAK_LEVEL, verdicts
 from experiments.suite.context import train_run
+from experiments.suite.study import Unit, train_unit
 
 TITLE = "RMSNorm invariance (source notes): scale, gradient and shift invariance; LN vs RMS gradient norms"
 RAW_DATA = ('data.json', 'scale_invariance.csv')  # files the report links under the claims
@@ -281,6 +282,15 @@ def plot(ctx, data: dict) -> list[str]:
     ax.legend(fontsize=8)
     files.append(ctx.save_figure(fig, "grad_norms_ln_vs_rms.png"))
   return files
+
+
+def units(cfg: Config) -> list:
+  """The probe settings (Pre-LN gradients at init) and training runs of :func:`run`, in its order."""
+  out = [Unit("invariance", f"init-{norm}", cfg.n_layers, 0, ("grad", cfg.n_layers, "xavier", "pre", norm), "grad")
+         for norm in ("layer_norm", "rms_norm")]
+  out += [train_unit("invariance", f"pre-{norm}-lr0.001-w0", cfg.n_layers, cfg.train_steps, "pre", norm)
+          for norm in ("layer_norm", "rms_norm")]
+  return out
 
 
 def run(ctx, cfg: Config) -> dict:

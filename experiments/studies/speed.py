@@ -21,6 +21,7 @@ import dataclasses
 import numpy as np
 
 from experiments.studies.speed_rules import OP_SPREAD, op_claim, paired_reductions, round_reductions, train_claim
+from experiments.suite.study import Unit
 
 TITLE = "Speed: RMSNorm vs LayerNorm, jaxnorm vs Flax (op level and training step)"
 RAW_DATA = ('data.json', 'op_timings.csv')  # files the report links under the claims
@@ -126,6 +127,15 @@ def training_level(ctx, cfg: Config) -> dict:
     if r["tokens_per_s"] >= max(best[k]["all_tokens_per_s"]):
       best[k].update({kk: v for kk, v in r.items() if kk != "all_tokens_per_s"})
   return best
+
+
+def units(cfg: Config) -> list:
+  """The op timings (one unit per shape) and the interleaved throughput repeats of :func:`run`."""
+  out = [Unit("speed", f"op-{shape[0]}x{shape[1]}", 0, 0, ("op", tuple(shape)), "op") for shape in cfg.op_shapes]
+  out += [Unit("speed", f"throughput-{norm}-{impl}-r{rep}", cfg.n_layers, cfg.steps,
+               ("train", cfg.n_layers, "pre", norm, impl), "throughput")
+          for rep in range(cfg.repeats) for norm in ("layer_norm", "rms_norm") for impl in ("jaxnorm", "flax")]
+  return out
 
 
 def run(ctx, cfg: Config) -> dict:

@@ -44,6 +44,7 @@ import numpy as np
 from experiments.studies.seeds import STALL_NATS, failed, format_finals, format_rises, largest_rise, point
 from experiments.studies.warmup_rules import MARGIN, describe, faster_claim, verdicts
 from experiments.suite.context import train_run
+from experiments.suite.study import train_unit
 
 TITLE = "Warm-up x learning-rate grid (Xiong et al. 2020, Sec. 3.2 / Fig. 2)"
 RAW_DATA = ('runs.json', 'final.csv')  # files the report links under the claims
@@ -228,6 +229,21 @@ def plot(ctx, runs: dict, grid: dict, lrs: list[float], cfg: Config, unigram: fl
   ax.legend(fontsize=7)
   files.append(ctx.save_figure(fig, "curves_telling_rate.png"))
   return files
+
+
+def units(cfg: Config) -> list:
+  """The training runs of :func:`run`, in its order (for the planner): the grid, then the
+  RMSNorm and small-init runs at the telling rate."""
+  out = [train_unit("warmup", f"{pos}-lr{i}-w{wu}-s{seed}", cfg.n_layers, cfg.steps, pos)
+         for i in range(len(cfg.lr_times_d)) for wu in cfg.warmups for pos in ("post", "pre") for seed in cfg.seeds]
+  extra = []
+  if cfg.rms_norm:
+    extra += [(pos, wu, "rms_norm", "xavier") for wu in (0, cfg.warmups[-1]) for pos in ("post", "pre")]
+  if cfg.small_init:
+    extra += [(pos, 0, "layer_norm", "small") for pos in ("post", "pre")]
+  out += [train_unit("warmup", f"{pos}-{norm}-{init}-telling-w{wu}-s{seed}", cfg.n_layers, cfg.steps, pos, norm)
+          for pos, wu, norm, init in extra for seed in cfg.seeds]
+  return out
 
 
 def run(ctx, cfg: Config) -> dict:

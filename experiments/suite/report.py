@@ -25,13 +25,12 @@ tables; this module adds the claims list and the raw-data line after it.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import pathlib
 from typing import Any
 
 from experiments.studies.seeds import SPIKE_NATS
 from experiments.suite import claims as claims_lib
-from experiments.suite import rule_changes
+from experiments.suite import rule_changes, study
 from experiments.suite.registry import EXPERIMENTS, read_json
 
 __all__ = ["claims_rows", "docs_block", "instabilities", "render", "render_text", "tally"]
@@ -120,7 +119,7 @@ def _first_screen(summaries: dict, rows: list[dict], counts: dict) -> list[str]:
   ``_FIRST_SCREEN_CHARS`` characters)."""
   figs = []
   for name, summary in summaries.items():
-    module = importlib.import_module(EXPERIMENTS[name])
+    module = study.load(EXPERIMENTS[name])
     figs += [f"{name}/{f}" for f in getattr(module, "HEADLINE", ()) if f in summary.get("files", [])]
   out = ["## At a glance", ""]
   if figs:
@@ -172,16 +171,16 @@ def instabilities(summaries: dict) -> list[str]:
   if "depth" in summaries:
     d = summaries["depth"]
     srcs += [("depth", "depth", k, p, d["config"]["steps"]) for k, p in d.get("points", {}).items()]
-  for study, name, key, p, steps in srcs:
+  for where, name, key, p, steps in srcs:
     seeds = summaries[name].get("seeds", [])
     for i, r in enumerate(p.get("rise") or []):
       if r is not None and r["rise"] > SPIKE_NATS:
-        lines.append(f"{study} `{key}` seed {seeds[i] if i < len(seeds) else i}: training loss spiked by "
+        lines.append(f"{where} `{key}` seed {seeds[i] if i < len(seeds) else i}: training loss spiked by "
                      f"{r['rise']:.2f} nats to {r['peak']:.2f} at step {r['step']}, final val loss "
                      f"{p['values'][i]:.3f}")
     for i, s in enumerate(p.get("left_plateau") or []):
       if s is not None and s > 2 * steps / 3:
-        lines.append(f"{study} `{key}` seed {seeds[i] if i < len(seeds) else i}: left the plateau late, at step {s} "
+        lines.append(f"{where} `{key}` seed {seeds[i] if i < len(seeds) else i}: left the plateau late, at step {s} "
                      f"of {steps} (a 'stalled' verdict at this length would be fragile)")
   return lines
 
@@ -292,7 +291,7 @@ def render_text(root: str | pathlib.Path) -> str:
   out += rule_changes.markdown()
 
   for i, name in enumerate(EXPERIMENTS, 1):
-    module = importlib.import_module(EXPERIMENTS[name])
+    module = study.load(EXPERIMENTS[name])
     out += [f"## {i}. {module.TITLE}", ""]
     if name in summaries:
       out.append(module.report_section(summaries[name], name).rstrip())

@@ -29,7 +29,6 @@ report with its plots and data, but not the training runs, to ``DIR`` (this is h
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import pathlib
 import shutil
@@ -39,7 +38,7 @@ import traceback
 from typing import Callable
 
 from experiments.suite import presets as presets_lib
-from experiments.suite import report
+from experiments.suite import report, study
 from experiments.suite import plan as plan_lib
 from experiments.suite.context import Context, OutOfBudget
 from experiments.suite.provenance import provenance
@@ -192,7 +191,7 @@ def run_suite(preset_name: str, out_dir: str | pathlib.Path, *, only: list[str] 
     from tqdm.auto import tqdm
     bar = tqdm(total=len(names), desc=f"suite[{preset_name}]", position=0)
   for i, name in enumerate(names):
-    module = importlib.import_module(EXPERIMENTS[name])
+    module = study.load(EXPERIMENTS[name])
     ctx.exp_dir, ctx.exp_name = root / name, name
     if (root / name / "done.json").exists() and name not in force_names:
       ctx.log(f"finished earlier, skipped ({i + 1}/{len(names)})")
@@ -271,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
 
   if args.list:
     for i, (name, mod) in enumerate(EXPERIMENTS.items(), 1):
-      title = importlib.import_module(mod).TITLE
+      title = study.load(mod).TITLE
       print(f"{i}. {name:11s} {title}")
     for name, preset in presets_lib.PRESETS.items():
       print(f"preset {name:6s} {preset['description']}")
