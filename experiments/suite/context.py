@@ -138,15 +138,11 @@ class Context:
 
   def iterate(self, items: Iterable, *, desc: str, total: int | None = None) -> Iterator:
     """Iterates over ``items`` with a tqdm bar on a TTY, or with one plain line per item."""
-    items = list(items)
-    total = len(items) if total is None else total
+    from experiments.harness import progress as progress_lib
     if self.progress:
-      from tqdm.auto import tqdm
-      yield from tqdm(items, desc=f"{self.exp_name}: {desc}", total=total, leave=False)
-      return
-    for i, item in enumerate(items):
-      self.log(f"{desc} {i + 1}/{total}")
-      yield item
+      yield from progress_lib.iterate(items, desc=f"{self.exp_name}: {desc}", bar=True, log=None, total=total)
+    else:
+      yield from progress_lib.iterate(items, desc=desc, bar=False, log=self.log, total=total)
 
   # ---------------------------------------------------------------- data and models
   def corpus(self):

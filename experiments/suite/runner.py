@@ -37,6 +37,7 @@ import time
 import traceback
 from typing import Callable
 
+from experiments.harness import progress as progress_lib
 from experiments.suite import presets as presets_lib
 from experiments.suite import report, study
 from experiments.suite import plan as plan_lib
@@ -186,10 +187,7 @@ def run_suite(preset_name: str, out_dir: str | pathlib.Path, *, only: list[str] 
 
   t_suite = time.perf_counter()
   failures, stopped = [], False
-  bar = None
-  if progress:
-    from tqdm.auto import tqdm
-    bar = tqdm(total=len(names), desc=f"suite[{preset_name}]", position=0)
+  bar = progress_lib.Progress(len(names), desc=f"suite[{preset_name}]", bar=bool(progress))
   for i, name in enumerate(names):
     module = study.load(EXPERIMENTS[name])
     ctx.exp_dir, ctx.exp_name = root / name, name
@@ -204,10 +202,8 @@ def run_suite(preset_name: str, out_dir: str | pathlib.Path, *, only: list[str] 
         failures.append(name)
       stopped = status == "partial"
       write_json(root / "suite.json", state)
-    if bar is not None:
-      bar.update(1)
-  if bar is not None:
-    bar.close()
+    bar.update(i + 1)
+  bar.close()
   ctx.exp_name = ""
   state["last_invocation_wall_s"] = time.perf_counter() - t_suite
   state["failed"] = failures
