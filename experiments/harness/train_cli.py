@@ -92,11 +92,14 @@ def _attribute_docs(cls) -> dict[str, str]:
     if text == "Attributes:":
       in_attrs = True
     elif in_attrs and line.startswith("    ") and not line.startswith("      ") and ":" in text \
-        and text.split(":", 1)[0].isidentifier():
-      name, doc = text.split(":", 1)
-      out[name] = doc.strip()
+        and all(n.strip().isidentifier() for n in text.split(":", 1)[0].split(",")):
+      names, doc = text.split(":", 1)
+      name = [n.strip() for n in names.split(",")]   # "b1, b2: AdamW betas." documents both
+      for n in name:
+        out[n] = doc.strip()
     elif in_attrs and name and line.startswith("      ") and text:
-      out[name] += " " + text
+      for n in name:
+        out[n] += " " + text
     elif in_attrs and not text:
       name = None
   clean = {}
