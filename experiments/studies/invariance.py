@@ -31,7 +31,7 @@ import math
 import numpy as np
 
 from experiments.studies.invariance_rules import BREAK_LEVEL, verdicts
-from experiments.suite.context import train_run
+from experiments.suite.runs import train_run
 from experiments.suite.study import Unit, train_unit
 
 TITLE = "RMSNorm invariance (source notes): scale, gradient and shift invariance; LN vs RMS gradient norms"

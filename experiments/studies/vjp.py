@@ -18,7 +18,7 @@ import dataclasses
 import numpy as np
 
 from experiments.studies.vjp_rules import claim, judge_pair
-from experiments.suite.context import train_run
+from experiments.suite.runs import train_run
 from experiments.suite.study import train_unit
 
 TITLE = "Custom VJP vs autodiff in training (jaxnorm vs Flax norms)"

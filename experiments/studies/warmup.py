@@ -43,7 +43,7 @@ import numpy as np
 
 from experiments.studies.seeds import STALL_NATS, failed, format_finals, format_rises, largest_rise, point
 from experiments.studies.warmup_rules import MARGIN, describe, faster_claim, verdicts
-from experiments.suite.context import train_run
+from experiments.suite.runs import train_run
 from experiments.suite.study import train_unit
 
 TITLE = "Warm-up x learning-rate grid (Xiong et al. 2020, Sec. 3.2 / Fig. 2)"
