@@ -338,6 +338,8 @@ def report_section(summary: dict, rel: str) -> str:
       "invariant; are LN and RMS weight-gradient norms close? (float32, jaxnorm custom-VJP ops, "
       "errors are maxima over rows, features and seeds.)", "",
       f"![scale invariance]({rel}/scale_invariance.png)", "",
+      "*RMSNorm's forward and gradient error against the input scale a (log-log), without epsilon (float32 "
+      "rounding) and with the default epsilon beside its closed-form prediction.*", "",
       "| variant | max fwd error, a in [1e-2, 1e2] | over [1e-3, 1e3] | max rel. grad error, [1e-2, 1e2] "
       "| over [1e-3, 1e3] |",
       "|---|---|---|---|---|",
@@ -355,7 +357,11 @@ def report_section(summary: dict, rel: str) -> str:
       "instead of eps / a^2, so it breaks later.",
       "",
       f"![shift invariance]({rel}/shift_invariance.png)", "",
+      "*Output change under a constant shift c of the input: LayerNorm (invariant up to the rounding of x + c) "
+      "and RMSNorm (not invariant).*", "",
   ]
   if "grad_norms_ln_vs_rms.png" in summary.get("files", []):
-    lines += [f"![LN vs RMS gradient norms]({rel}/grad_norms_ln_vs_rms.png)", ""]
+    lines += [f"![LN vs RMS gradient norms]({rel}/grad_norms_ln_vs_rms.png)", "",
+              "*Weight-gradient norms of LayerNorm and RMSNorm models: the op, a Pre-LN model at init and in "
+              "training (same seed).*", ""]
   return "\n".join(lines)

@@ -237,6 +237,8 @@ def report_section(summary: dict, rel: str) -> str:
       f"{cfg['repeats']} interleaved measurements of {cfg['steps']} steps of a {cfg['n_layers']}-layer Pre-LN "
       "model (the table shows each model's best).", "",
       f"![speed]({rel}/speed.png)", "",
+      "*Left: RMSNorm's time reduction against LayerNorm per op shape and implementation (ratio of medians). "
+      "Right: training throughput (tokens/s) of the four models. Measurements only on a CPU.*", "",
       "Two statistics of the same timings: *ratio of medians* is 1 - median(t_RMS) / median(t_LN); the claim "
       "uses the *per-round* reductions 1 - t_RMS / t_LN of each interleaved round (their median and q10-q90), "
       "which pair the two ops under the same background load; they differ where the load changes between rounds.",

@@ -193,6 +193,9 @@ def report_section(summary: dict, rel: str) -> str:
       "the same seed and batches; only the norm implementation differs. Chaos baseline: the Flax run again with "
       "its input scaled by 1 + 2^-23 (one float32 ulp).", "",
       f"![vjp vs autodiff]({rel}/vjp_vs_autodiff.png)", "",
+      "*Left: the training-loss curves of jaxnorm and Flax for every pair. Right: |loss(jaxnorm) - loss(Flax)| "
+      "per step (log "
+      "scale) beside the chaos baseline, a Flax run whose input differs by one float32 ulp.*", "",
       "| pair | step-1 diff | max diff (step) | chaos baseline max | max val diff | final val jaxnorm | "
       "final val Flax |", "|---|---|---|---|---|---|---|"]
   for r in summary["table"]:
