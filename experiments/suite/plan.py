@@ -43,7 +43,7 @@ from experiments.suite.study import Unit
 
 __all__ = ["CHUNK_S", "COSTS", "Unit", "chunks", "format_plan", "units"]
 
-CHUNK_S = 420.0  # 7 minutes: four chunks and their start-ups fit a 30-minute lease with margin
+CHUNK_S = 420.0  # 7 minutes: the gpu preset's chunks and their start-ups fit a 30-minute lease
 
 
 @dataclasses.dataclass(frozen=True)

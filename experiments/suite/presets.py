@@ -28,7 +28,7 @@ change with the preset. Three presets:
   runs with warm-ups 0/25/100, so the longest is a fifth of the run, 3 seeds; 5 training-step
   timing repeats); sized by a cost model (:mod:`experiments.suite.plan`, ``--list``) from the
   H100 speed experiment's 4.8 ms per 6-layer step (not measured end to end;
-  ``docs/experiments.md``), about 28 minutes run as ``--budget 7`` chunks of at most 7 minutes
+  ``docs/experiments.md``), about 29 minutes run as ``--budget 7`` chunks of at most 7 minutes
   (runs and probe settings are cached, so a cut chunk resumes).
 
 Each preset is a plain dict (so it is written verbatim into the results' provenance): ``model``
