@@ -494,5 +494,6 @@ def test_largest_rise_finds_a_spike_that_recovers():
   r = seeds.largest_rise(curve)
   assert r == {"rise": pytest.approx(5.94), "step": 40, "peak": 8.54}
   p = seeds.point([dict(_run(2.4), train_curve=curve), dict(_run(2.4), train_curve=[(1, 5.0), (2, 4.0)])], U)
-  assert "**spike** +5.94 to 8.54 at step 40" in seeds.format_rises(p) and "+0.00" in seeds.format_rises(p)
+  text = seeds.format_rises(p)
+  assert "**spike** +5.94 to 8.54 at step 40" in text and "+0.00 (never rises)" in text
   assert seeds.largest_rise([]) is None and seeds.seed_point(p, 0)["rise"] == [p["rise"][0]]

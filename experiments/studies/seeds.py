@@ -118,14 +118,17 @@ def format_finals(p: dict) -> str:
 
 
 def format_rises(p: dict) -> str:
-  """Each seed's largest training-loss rise of a :func:`point`: ``"+0.12"``, or ``"SPIKE +5.3 to 8.54
-  at step 40"`` beyond :data:`SPIKE_NATS`; ``"-"`` where not kept."""
+  """Each seed's largest training-loss rise of a :func:`point` with the loss it peaked at and its step
+  (``"+0.12 to 3.05 at step 37"``; ``"**spike** ..."`` beyond :data:`SPIKE_NATS`); ``"-"`` where
+  not kept."""
   out = []
   for r in p.get("rise") or []:
     if r is None:
       out.append("-")
+    elif r["step"] is None:
+      out.append("+0.00 (never rises)")
     elif r["rise"] > SPIKE_NATS:
       out.append(f"**spike** +{r['rise']:.2f} to {r['peak']:.2f} at step {r['step']}")
     else:
-      out.append(f"+{r['rise']:.2f}")
+      out.append(f"+{r['rise']:.2f} to {r['peak']:.2f} at step {r['step']}")
   return ", ".join(out) or "-"
