@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
       prog="python -m experiments run",
       description="Run the jaxnorm experiment suite and write its report.")
   parser.add_argument("--preset", default="cpu", choices=sorted(presets_lib.PRESETS),
-                      help="problem sizes: smoke (CI, ~1 min), cpu (~20 min on 2 cores), gpu (full size)")
+                      help="problem sizes: smoke (CI, ~1 min), cpu (<= 15 min on 2 cores), gpu (full size)")
   parser.add_argument("--only", action="append", default=None, metavar="NAME",
                       help=f"run only these experiments (repeatable or comma-separated; names "
                            f"{', '.join(EXPERIMENTS)} or numbers 1-{len(EXPERIMENTS)})")
