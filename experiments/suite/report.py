@@ -39,7 +39,7 @@ _NOT_RECHECKED = (" [not re-checked here: place and number as checked against th
                   "reviewer]")
 _FIRST_SCREEN_CHARS = 240  # longer "ours" texts are cut in the first screen's verdict table
 _VERDICT_TEXT = {"yes": "yes", "no": "**no**", "partly": "partly", "n/a": "n/a", "obs": "(observation)",
-                 claims_lib.NOT_TESTABLE: "not testable at this scale"}
+                 claims_lib.NOT_TESTABLE: "not testable at this scale", "not run": "not run by this preset"}
 _KIND_TITLE = {"training": "Verdicts on the papers' claims (models at init, in training, in time)",
                "check": "Verdicts of the implementation checks"}
 
