@@ -13,7 +13,7 @@ validation loss (seed mean and spread) or the divergence step, and, from a separ
 
 **Training length (rule).** ``steps`` must take Pre-LN at least :data:`PAST_PLATEAU` (0.5
 nats) below the unigram baseline at every depth; the experiment checks it and a depth where
-Pre-LN did not get there gets no verdict (``n/a``). The ``cpu`` length came from one probe run
+Pre-LN did not get there is not judged ("not testable" if no depth is). The ``cpu`` length came from one probe run
 (Pre-LN, 24 layers, the cpu grid's third rate, 40 warm-up steps; ``docs/experiments.md``).
 
 **Fails** means only: diverged, or stalled within ``STALL_NATS`` of the unigram baseline while
