@@ -80,8 +80,8 @@ def check_report_renders_with_plots_and_claims_table(smoke):
   assert len(images) >= len(runner.EXPERIMENTS)
   for rel in images:
     assert (root / rel).exists(), rel
-  table = text[text.index("## Claims"):]
-  assert "| claim | source | published | ours | holds? |" in table
+  table = text[text.index("\n## Claims\n"):]
+  assert "| claim | kind | source | published | ours | holds? |" in table
   rows = [l for l in table.splitlines() if l.startswith("| ") and not l.startswith("| claim")]
   assert len(rows) == len(claims_lib.CLAIMS)
   assert "sha256" in text and "smoke" in text
@@ -136,14 +136,23 @@ def check_grid_depth_and_first_screen(smoke):
   assert len(warm["grid"]) == 2 * len(cfg["lr_times_d"]) * len(cfg["warmups"])
   assert warm["telling_lr"] in warm["lrs"] and "tau 4" in warm["schedule"]
   assert all(len(p["values"]) == len(cfg["seeds"]) for p in warm["grid"].values())
+  assert all(len(p["rise"]) == len(cfg["seeds"]) and p["rise"][0]["peak"] > 0 for p in warm["grid"].values())
   depth = _done(root, "depth")
-  assert depth["lr"] == warm["telling_lr"] and depth["lr_source"].startswith("the warm-up grid")
+  # issue 24: the depth study runs at its preset's rate, not the grid's telling rate
+  assert depth["lr"] == presets.PRESETS["smoke"]["depth"].get("lr", 1e-3)
+  assert "not the warm-up grid" in depth["lr_source"]
   dcfg = presets.PRESETS["smoke"]["depth"]
   for u in depth["update"].values():
     assert len(u["mean"]) == dcfg["update_steps"] and all(v > 0 for v in u["mean"])
   text = (root / "report.md").read_text()
-  assert text.index("## At a glance") < text.index("## Provenance")
-  assert "| claim | criterion | ours | seeds | verdict |" in text
+  # issue 24: summary and limitations first, the tally by kind, the rule changes after the provenance
+  assert text.index("## Summary") < text.index("## Limitations") < text.index("## At a glance") < \
+      text.index("## Provenance") < text.index("## Rule changes") < text.index("## 1. ")
+  assert "**Implementation checks** (5" in text and "**Claims about models and training** (15" in text
+  assert "| claim | testable when | criterion | ours | seeds | verdict |" in text
+  # the smoke preset's single depth, single seed and CPU make several claims untestable, with reasons
+  assert "- **Not testable at this scale** (run `--preset gpu`):" in text and "*Why:*" in text
+  assert "| not testable at this scale |" in text
   assert "![warmup/heatmap.png](warmup/heatmap.png)" in text
 
 

@@ -1,7 +1,8 @@
-"""Every verdict rule can say yes, partly and no: each claim's rule fed small synthetic results.
+"""Every verdict rule can say yes, partly, no and not testable: each claim's rule fed small synthetic results.
 
 Pure Python on synthetic dicts and numbers (no training, no JAX): the rules live in the studies'
-``*_rules`` modules; one table per claim, one row per verdict. Where a verdict cannot occur
+``*_rules`` modules; one table per claim, one row per verdict, and for every claim with design
+conditions (``testable_when``) a case where they fail. Where a verdict cannot occur
 (``deepnet_constants``, scale and gradient invariance: exact properties, no partly) the rule's
 criterion says so.
 """
@@ -21,6 +22,8 @@ from jaxnorm.models import WEIGHT_GROUPS
 U = 3.0          # unigram baseline of the synthetic runs
 LO, HI = 1e-3, 1e-2
 STEPS = 120      # first third: step 40
+LONG = 20        # the long warm-up of the synthetic grid: 1/6 of the run (<= 1/5, testable)
+NT = claims_lib.NOT_TESTABLE
 
 
 def _run(final, val=None):
@@ -31,22 +34,24 @@ def _run(final, val=None):
           "val_curve": val or [(0, 5.0), (40, min(final, 2.8)), (STEPS, final)]}
 
 
-def _warm_grid(table):
+def _warm_grid(table, warmups=None):
   """``table[(pos, warmup)] = {lr: [final per seed]}``; missing entries train (2.0) in both seeds."""
   runs = {}
   for pos in ("post", "pre"):
-    for w in (0, 10, 40):
+    for w in warmups or CFG.warmups:
       for lr in (LO, HI):
         runs[(pos, lr, w)] = [_run(v) for v in table.get((pos, w), {}).get(lr, [2.0, 2.0])]
   return runs, {k: seeds.point(v, U) for k, v in runs.items()}
 
 
-CFG = warmup.Config(n_layers=2, steps=STEPS, lr_times_d=(0.1, 1.0), warmups=(0, 10, 40), seeds=(0, 1))
+CFG = warmup.Config(n_layers=2, steps=STEPS, lr_times_d=(0.1, 1.0), warmups=(0, 10, LONG), seeds=(0, 1))
 
 
-def _warm_verdicts(table):
-  _, grid = _warm_grid(table)
-  claims, _ = warmup_rules.verdicts(grid, [LO, HI], CFG, U)
+def _warm_verdicts(table, cfg=CFG, late=()):
+  _, grid = _warm_grid(table, cfg.warmups)
+  for key in late:                       # these points left the plateau only at step 100 of 120
+    grid[key]["left_plateau"] = [100, 100]
+  claims, _ = warmup_rules.verdicts(grid, [LO, HI], cfg, U)
   return {c["id"]: c for c in claims}
 
 
@@ -57,7 +62,7 @@ STALL = 2.95  # within 0.1 nats of U
     ({("post", 0): {HI: [STALL, None]}}, "yes"),                        # fails without, trains with, every seed
     ({("post", 0): {HI: [STALL, 2.0]}}, "partly"),                      # rescued in one seed only
     ({("post", 0): {HI: [2.03, 2.0]}}, "no"),                           # warm-up never helps beyond the margin
-    ({("pre", 0): {LO: [None, None], HI: [None, None]}}, "n/a"),        # Pre-LN fails too: nothing judged
+    ({("pre", 0): {LO: [None, None], HI: [None, None]}}, NT),           # Pre-LN fails too: nothing judged
 ])
 def test_needs_warmup(table, want):
   c = _warm_verdicts(table)["xiong_postln_needs_warmup"]
@@ -65,12 +70,31 @@ def test_needs_warmup(table, want):
 
 
 def test_needs_warmup_seeds_must_agree_and_stalled_losses_show():
-  c = _warm_verdicts({("post", 0): {HI: [3.16, None]}, ("post", 40): {HI: [2.0, 2.6]}})
+  c = _warm_verdicts({("post", 0): {HI: [3.16, None]}, ("post", LONG): {HI: [2.0, 2.6]}})
   c = c["xiong_postln_needs_warmup"]
   assert "3.160 stalled" in c["ours"] and "diverged at step 30" in c["ours"]
   assert c["per_seed"] == ["yes", "yes"] and c["holds"] == "yes"
-  c = _warm_verdicts({("post", 0): {HI: [STALL, STALL]}, ("post", 40): {HI: [2.0, STALL]}})["xiong_postln_needs_warmup"]
+  c = _warm_verdicts({("post", 0): {HI: [STALL, STALL]}, ("post", LONG): {HI: [2.0, STALL]}})
+  c = c["xiong_postln_needs_warmup"]
   assert c["per_seed"] == ["yes", "no"] and c["holds"] == "partly"
+
+
+def test_needs_warmup_not_testable_by_design_or_late_exits():
+  """A long warm-up of a third of the run, one seed, or Post-LN runs that left the plateau late: not testable."""
+  long_cfg = warmup.Config(n_layers=2, steps=STEPS, lr_times_d=(0.1, 1.0), warmups=(0, 40), seeds=(0, 1))
+  table = {("post", 0): {HI: [STALL, None]}}
+  c = _warm_verdicts({("post", 0): {HI: [STALL, None]}, ("post", 40): {}}, cfg=long_cfg)["xiong_postln_needs_warmup"]
+  assert c["holds"] == NT and "33%" in c["ours"] and "--preset gpu" in c["ours"] and "Measured:" in c["ours"]
+  assert any("paired comparison" in r for r in warmup_rules.design_reasons(CFG, 1, True))
+  assert warmup_rules.design_reasons(CFG, 2, True) == []
+  c = _warm_verdicts(table, late=[("post", LO, 0), ("post", HI, 0)])["xiong_postln_needs_warmup"]
+  assert c["holds"] == NT and "left the plateau late" in c["ours"]
+
+
+def test_needs_warmup_is_paired_and_says_where_warmup_hurts():
+  # seed means 2.0 vs 2.15 with a stalled-free spread: the paired gains (-0.1, -0.2) both hurt beyond 0.05
+  c = _warm_verdicts({("post", LONG): {LO: [2.1, 2.2]}})["xiong_postln_needs_warmup"]
+  assert "hurts in 2" in c["ours"] and "(-0.100, -0.200)" in c["ours"] and c["holds"] == "no"
 
 
 def test_grid_helpers_and_config_checks():
@@ -79,11 +103,16 @@ def test_grid_helpers_and_config_checks():
   assert grid[("post", HI, 0)]["failures"] == ["diverged", "stalled"] and grid[("post", HI, 0)]["fails"]
   _, extra = warmup_rules.verdicts(grid, [LO, HI], CFG, U)
   assert extra["max_surviving"]["post"]["0"] == LO and extra["max_surviving"]["post"]["10"] == HI
-  assert warmup.telling_rate(grid, [LO, HI], 40) == HI
+  assert warmup.telling_rate(grid, [LO, HI], LONG) == HI
+  text = warmup.telling_uncertainty(grid, [LO, HI], LONG, HI)
+  assert "per seed" in text and "runner-up 0.001" in text
   assert warmup.grid_lrs(CFG, 64) == [0.001563, 0.01562]
   assert warmup.GridKey.parse(warmup.label(("pre", HI, 40, "rms_norm"))) == ("pre", HI, 40, "rms_norm")
   with pytest.raises(ValueError, match="warmups must be"):
     warmup.Config(warmups=(5, 10, 20))
+  with pytest.raises(ValueError, match="warmups must be"):
+    warmup.Config(warmups=(0,))
+  assert warmup.Config(warmups=(0, 40)).warmups == (0, 40)
   with pytest.raises(ValueError, match="seeds must name"):
     warmup.Config(seeds=())
   with pytest.raises(ValueError, match="update_steps must be an int >= 1"):
@@ -95,17 +124,17 @@ def test_too_short_runs_get_no_verdict():
   for p in grid.values():
     p["left_plateau"] = [80, 80]            # nobody left the plateau by step 40
   claims, extra = warmup_rules.verdicts(grid, [LO, HI], CFG, U)
-  assert extra["judged_lrs"] == [] and all(c["holds"] == "n/a" and "too short" in c["ours"] for c in claims)
+  assert extra["judged_lrs"] == [] and all(c["holds"] == NT and "too short" in c["ours"] for c in claims)
 
 
-BREAK = {w: {HI: [None, None]} for w in (0, 10, 40)}
+BREAK = {w: {HI: [None, None]} for w in CFG.warmups}
 
 
 @pytest.mark.parametrize("table, want", [
     ({("post", w): v for w, v in BREAK.items()}, "yes"),                             # breaks at HI at every warm-up
     ({("post", 0): BREAK[0]}, "partly"),                                             # only without warm-up
     ({}, "no"),                                                                      # survives every rate
-    ({("post", w): {LO: [None, None], HI: [None, None]} for w in (0, 10, 40)}, "n/a"),  # fails outright
+    ({("post", w): {LO: [None, None], HI: [None, None]} for w in CFG.warmups}, "n/a"),  # fails outright
 ])
 def test_lr_sensitive(table, want):
   c = _warm_verdicts(table)["xiong_postln_lr_sensitive"]
@@ -123,32 +152,45 @@ def test_preln_no_warmup(table, want):
   assert _warm_verdicts(table)["xiong_preln_no_warmup"]["holds"] == want
 
 
-def _curve(reach_step):
-  """A val curve reaching 2.4 (below U - 0.5) first at ``reach_step`` (None: never)."""
-  pts = [(0, 5.0), (20, 2.8), (40, 2.7), (60, 2.6), (80, 2.6), (100, 2.6), (120, 2.6)]
-  return [(s, 2.4 if reach_step is not None and s >= reach_step else v) for s, v in pts]
+def test_preln_no_warmup_not_testable_when_post_ln_never_trains():
+  """Issue 24 item 9: no rate where Post-LN with warm-up trains was a "no"; it is not testable."""
+  c = _warm_verdicts({("post", LONG): {LO: [None, None], HI: [STALL, STALL]}})["xiong_preln_no_warmup"]
+  assert c["holds"] == NT and "trained in every seed at no judged rate" in c["ours"]
 
 
-@pytest.mark.parametrize("pre, post, want", [
-    ({LO: 20, HI: 20}, {LO: 100, HI: None}, "yes"),
-    ({LO: 20, HI: 100}, {LO: 100, HI: 40}, "partly"),
-    ({LO: 100, HI: 100}, {LO: 40, HI: 40}, "no"),
-    ({LO: None, HI: None}, {LO: None, HI: None}, "n/a"),
+def test_lr_sensitive_late_breaks_do_not_count():
+  c = _warm_verdicts({("post", 0): BREAK[0]}, late=[("post", HI, 0)])["xiong_postln_lr_sensitive"]
+  assert c["holds"] == "no" and "left the plateau late" in c["ours"]
+
+
+def _curve(reach_step, final=2.4):
+  """A val curve that first reaches ``final`` at ``reach_step`` (it leaves the plateau at step 20)."""
+  pts = [(0, 5.0), (20, 2.8), (40, 2.7), (60, 2.6), (80, 2.55), (100, 2.5), (120, 2.45)]
+  return [(s, final if s >= reach_step else v) for s, v in pts]
+
+
+@pytest.mark.parametrize("pre, post_final, want", [
+    ({LO: 20, HI: 20}, 2.4, "yes"),         # Pre-LN reaches Post-LN's final loss at step 20, Post-LN at 120
+    ({LO: 20, HI: 120}, 2.4, "partly"),     # at HI only at the same step
+    ({LO: 120, HI: 120}, 2.4, "no"),
+    ({LO: 20, HI: 20}, STALL, NT),          # Post-LN with warm-up never trains: no target
 ])
-def test_preln_faster(pre, post, want):
+def test_preln_faster(pre, post_final, want):
   runs, grid = _warm_grid({})
   for lr in (LO, HI):
-    runs[("pre", lr, 0)] = [_run(2.4 if pre[lr] else 2.6, _curve(pre[lr])) for _ in range(2)]
-    runs[("post", lr, 40)] = [_run(2.4 if post[lr] else 2.6, _curve(post[lr])) for _ in range(2)]
+    runs[("pre", lr, 0)] = [_run(2.4, _curve(pre[lr])) for _ in range(2)]
+    runs[("post", lr, LONG)] = [_run(post_final, _curve(120, post_final)) for _ in range(2)]
   grid = {k: seeds.point(v, U) for k, v in runs.items()}
   c = warmup_rules.faster_claim(runs, grid, [LO, HI], CFG, 20, U)
   assert c["holds"] == want, c["ours"]
+  if want != NT:
+    assert "Post-LN's final 2.400 reached by Pre-LN" in c["ours"]
 
 
 # ---------------------------------------------------------------- depth
 
 DCFG = depth.Config(depths=(6, 12), positions=("post", "pre", "deepnorm"), steps=STEPS, seeds=(0, 1),
-                        update_steps=2)
+                    update_depths=(6, 12, 24), update_steps=2)
 
 
 def _depth_points(post6, post12):
@@ -165,8 +207,8 @@ def _admin(points):
     ([2.0, 2.0], [None, STALL], "yes"),
     ([2.0, 2.0], [None, 2.3], "partly"),
     ([2.0, 2.0], [2.3, 2.3], "no"),
-    ([2.0, STALL], [None, STALL], "partly"),       # confounded with the rate: Post-LN fails at L=6 in one seed
-    ([STALL, STALL], [None, STALL], "n/a"),         # the rate alone breaks Post-LN
+    ([2.0, STALL], [None, STALL], NT),           # confounded with the rate: Post-LN fails at L=6 in one seed
+    ([STALL, STALL], [None, STALL], NT),         # the rate alone breaks Post-LN
 ])
 def test_admin_deep_postln_fails(post6, post12, want):
   c = _admin(_depth_points(post6, post12))
@@ -175,19 +217,32 @@ def test_admin_deep_postln_fails(post6, post12, want):
     assert "confound" in c["ours"]
 
 
+def test_admin_not_testable_by_design_or_late_exit():
+  small = depth.Config(depths=(1, 2), positions=("post", "pre"), steps=STEPS, seeds=(0, 1))
+  c = depth_rules.admin_claim({}, small, U)
+  assert c["holds"] == NT and "depth >= 12" in c["ours"]
+  points = _depth_points([2.0, 2.0], [STALL, STALL])
+  points["post/L12"]["left_plateau"] = [100, 100]
+  c = _admin(points)
+  assert c["holds"] == NT and "late" in c["ours"]
+  points = _depth_points([2.0, 2.0], [None, STALL])
+  points["deepnorm/L12"] = seeds.point([_run(2.0), _run(STALL)], U)
+  assert "DeepNorm fails at L=12 in 1/2 seeds" in _admin(points)["ours"]
+
+
 def test_admin_too_short():
   points = _depth_points([2.0, 2.0], [None, STALL])
   for p in points.values():
     p["left_plateau"] = [None if x is None else 60 for x in p["left_plateau"]]
   c = _admin(points)
-  assert c["holds"] == "n/a" and "too short" in c["ours"]
+  assert c["holds"] == NT and "too short" in c["ours"]
 
 
 def _update(post, deep):
-  """Updates at N = 6, 12 for two steps from growth exponents; Post-LN's step-2 update saturated."""
+  """Updates at N = 6, 12, 24 for two steps from growth exponents; Post-LN's step-2 update saturated."""
   out = {}
   for pos, e, base in (("post", post, 0.1), ("deepnorm", deep, 0.01), ("pre", 0.0, 0.05)):
-    for L in (6, 12):
+    for L in (6, 12, 24):
       m = [base * (L / 6) ** e, 2.0 if pos == "post" else base * (L / 6) ** e]
       out[f"{pos}/L{L}"] = {"mean": m, "per_seed": [m, m]}
   return out
@@ -197,15 +252,22 @@ def _update(post, deep):
 def test_deepnet_update(post, deep, want):
   c = depth_rules.update_claim(_update(post, deep), DCFG)
   assert c["holds"] == want, c["ours"]
-  assert "saturated: not judged" in c["ours"]
+  assert "saturated: not judged" in c["ours"] and "Pre-LN e = +0.00" in c["ours"]
+
+
+def test_deepnet_update_needs_three_depths():
+  two = depth.Config(depths=(6, 12), positions=("post", "deepnorm"), steps=STEPS, seeds=(0, 1), update_steps=2)
+  c = depth_rules.update_claim(_update(1.0, 0.0), two)
+  assert c["holds"] == NT and "factor >= 4" in c["ours"]
 
 
 def test_deepnet_update_saturated_everywhere_is_na():
   u = _update(1.0, 0.0)
-  for k in ("post/L6", "post/L12"):
+  for k in ("post/L6", "post/L12", "post/L24"):
     u[k]["mean"] = [1.5, 2.0]
   c = depth_rules.update_claim(u, DCFG)
-  assert c["holds"] == "n/a" and c["short"].startswith("Post-LN saturated at every early step"), c["short"]
+  assert c["holds"] == NT and c["short"].startswith("Post-LN saturated at every early step"), c["short"]
+  assert c["ours"].startswith("not testable at this scale")
 
 
 def test_deepnet_constants_yes_no_and_no_partly():
@@ -219,18 +281,20 @@ def test_deepnet_constants_yes_no_and_no_partly():
 
 # ---------------------------------------------------------------- gradient norms at init
 
-GCFG = grad_init.Config(depths=(4, 16), seeds=(0,), norm_types=("layer_norm",), small_init=False, theory=False)
+GCFG = grad_init.Config(depths=(4, 8, 16), seeds=(0, 1), norm_types=("layer_norm",), small_init=False,
+                        theory=False)
 
 
-def _gi(post_growth, pre_slope, post_slope=0.0, inc=(1.0, 1.0), ffn=(1.5, 1.5), attn=1.5):
+def _gi(post_growth, pre_slope, post_slope=0.0, inc=(1.0, 1.0, 1.0), ffn=(1.5, 1.5, 1.5), attn=1.5, pre_ratio=0.8,
+        cfg=GCFG):
   """Synthetic seed-averaged results: per-depth Post-LN last/first ratio, depth slopes, Pre-LN per-layer
   increment of E||x||^2/d and Post-LN FFN norm-input level, per depth."""
   results = {}
-  for i, L in enumerate(GCFG.depths):
+  for i, L in enumerate(cfg.depths):
     layers = np.arange(L, dtype=np.float64)
     for pos in ("post", "pre"):
       last = (L ** post_slope) if pos == "post" else L ** pre_slope
-      ratio = post_growth[i] if pos == "post" else 0.8
+      ratio = post_growth[i] if pos == "post" else pre_ratio
       g = last * ratio ** ((layers - (L - 1)) / (L - 1))
       if pos == "pre":  # norm inputs: attention adds inc/2, the FFN inc/2
         e = 1.0 + np.arange(2 * L + 1) * inc[i] / 2
@@ -240,32 +304,46 @@ def _gi(post_growth, pre_slope, post_slope=0.0, inc=(1.0, 1.0), ffn=(1.5, 1.5), 
           "setting": "xavier", "norm_position": pos, "norm_type": "layer_norm", "n_layers": L,
           **{k: g.tolist() for k in WEIGHT_GROUPS}, "residual_sq_norm": e.tolist(), "grad_norm": 1.0,
           "ratio_per_seed": [float(g[-1] / g[0])]}
-  an = grad_init.analyse(results, GCFG)
-  return {c["id"]: c for c in grad_init_rules.verdicts(an, GCFG)}
+  an = grad_init.analyse(results, cfg)
+  return {c["id"]: c for c in grad_init_rules.verdicts(an, cfg)}
 
 
-@pytest.mark.parametrize("growth, want", [((3.0, 4.0), "yes"), ((1.08, 4.0), "partly"), ((1.0, 1.1), "no")])
+@pytest.mark.parametrize("growth, want", [((3.0, 3.5, 4.0), "yes"), ((1.08, 3.5, 4.0), "partly"),
+                                          ((1.0, 1.1, 1.2), "no")])
 def test_grad_growth(growth, want):
   c = _gi(growth, -0.5)["xiong_grad_growth"]
   assert c["holds"] == want, c["ours"]
-  assert "decays with depth" in c["ours"]
+  assert "Pre-LN (LN) last/first 0.80 at L=4 -> 0.80 at L=16" in c["ours"]
+
+
+@pytest.mark.parametrize("pre_ratio, note", [(0.4, "Pre-LN decays towards the output"), (2.5, "Pre-LN grows too")])
+def test_grad_growth_pre_ln_must_stay_flat_both_ways(pre_ratio, note):
+  c = _gi((3.0, 3.5, 4.0), -0.5, pre_ratio=pre_ratio)["xiong_grad_growth"]
+  assert c["holds"] == "no" and note in c["ours"]
+
+
+def test_grad_claims_not_testable_without_depths_or_seeds():
+  one_seed = grad_init.Config(depths=(4, 8), seeds=(0,), norm_types=("layer_norm",), small_init=False, theory=False)
+  v = _gi((3.0, 4.0), -0.5, inc=(1.0, 1.0), ffn=(1.5, 1.5), cfg=one_seed)
+  assert v["xiong_grad_growth"]["holds"] == NT and v["xiong_grad_depth_scaling"]["holds"] == NT
+  assert "factor >= 4" in v["xiong_grad_depth_scaling"]["ours"]
 
 
 @pytest.mark.parametrize("pre_slope, post_slope, want", [(-0.5, 0.0, "yes"), (-0.2, 0.0, "partly"),
                                                          (0.3, 0.5, "no")])
 def test_grad_depth_scaling(pre_slope, post_slope, want):
-  assert _gi((3.0, 4.0), pre_slope, post_slope)["xiong_grad_depth_scaling"]["holds"] == want
+  assert _gi((3.0, 3.5, 4.0), pre_slope, post_slope)["xiong_grad_depth_scaling"]["holds"] == want
 
 
-@pytest.mark.parametrize("inc, want", [((0.9, 1.2), "yes"), ((0.9, 2.0), "partly"), ((0.3, 2.0), "no")])
+@pytest.mark.parametrize("inc, want", [((0.9, 1.0, 1.2), "yes"), ((0.9, 1.0, 2.0), "partly"), ((0.3, 2.0, 2.0), "no")])
 def test_lemma2_per_whole_layer(inc, want):
-  assert _gi((3.0, 4.0), -0.5, inc=inc)["xiong_lemma2_preln"]["holds"] == want
+  assert _gi((3.0, 3.5, 4.0), -0.5, inc=inc)["xiong_lemma2_preln"]["holds"] == want
 
 
-@pytest.mark.parametrize("ffn, attn, want", [((1.5, 1.5), 1.5, "yes"), ((1.5, 2.5), 3.0, "partly"),
-                                             ((2.5, 2.5), 3.0, "no")])
+@pytest.mark.parametrize("ffn, attn, want", [((1.5, 1.5, 1.5), 1.5, "yes"), ((1.5, 1.5, 2.5), 3.0, "partly"),
+                                             ((2.5, 2.5, 2.5), 3.0, "no")])
 def test_lemma_postln(ffn, attn, want):
-  assert _gi((3.0, 4.0), -0.5, ffn=ffn, attn=attn)["xiong_lemma_postln"]["holds"] == want
+  assert _gi((3.0, 3.5, 4.0), -0.5, ffn=ffn, attn=attn)["xiong_lemma_postln"]["holds"] == want
 
 
 # ---------------------------------------------------------------- VJP and speed
@@ -319,20 +397,35 @@ def _rounds(center, half_width, n=20):
     ({"a": _rounds(0.04, 0.02), "b": _rounds(0.06, 0.02)}, "partly"),   # faster, but below 10%
     ({"a": _rounds(-0.2, 0.05), "b": _rounds(0.0, 0.05)}, "no"),        # slower where measured
     ({"a": _rounds(0.05, 0.2), "b": _rounds(-0.02, 0.1)}, "n/a"),       # nothing beyond the spread
-    ({"a": [0.3, 0.3]}, "n/a"),                                         # fewer than MIN_REPEATS rounds
+    ({"a": [0.3, 0.3]}, NT),                                            # fewer than MIN_OP_ROUNDS rounds
 ])
 def test_op_speedup_needs_a_difference_beyond_the_spread(by_shape, want):
-  c = speed_rules.op_claim(by_shape, {k: v for k, v in by_shape.items()})
+  c = speed_rules.op_claim(by_shape, {k: v for k, v in by_shape.items()}, "gpu")
   assert c["holds"] == want, c["ours"]
   if want == "n/a":
     assert "n/a: not measured beyond the spread" in c["ours"]
 
 
+def test_timing_claims_not_testable_on_a_cpu_and_judged_with_flax():
+  """Issue 24 item 14: timing verdicts flipped between clean CPU runs; on a CPU they are not testable."""
+  fast = {"a": _rounds(0.20, 0.05)}
+  c = speed_rules.op_claim(fast, None, "cpu")
+  assert c["holds"] == NT and "accelerators" in c["ours"] and "Measured:" in c["ours"]
+  assert speed_rules.op_claim(fast, None, "gpu", {"a": _rounds(0.20, 0.05)})["holds"] == "yes"
+  c = speed_rules.op_claim(fast, None, "gpu", {"a": _rounds(0.0, 0.05)})   # Flax's ops show no difference
+  assert c["holds"] == "partly" and "Flax:" in c["ours"]
+  reds = [0.10, 0.12, 0.09, 0.11, 0.10]
+  assert speed_rules.train_claim(reds, reds, "x", "gpu")["holds"] == "yes"
+  assert speed_rules.train_claim(reds, reds, "x", "cpu")["holds"] == NT
+  c = speed_rules.train_claim(reds[:3], reds[:3], "x", "gpu")
+  assert c["holds"] == NT and "needs >= 5" in c["ours"]
+
+
 def test_op_speedup_spread_is_the_inner_quantiles():
   # One outlier round below 0 in 20 does not make the difference unmeasured (q10-q90), two wide ones do.
   rounds = _rounds(0.2, 0.02)
-  assert speed_rules.op_claim({"a": [-0.5] + rounds[1:]})["holds"] == "yes"
-  assert speed_rules.op_claim({"a": [-0.5] * 3 + rounds[3:]})["holds"] == "n/a"
+  assert speed_rules.op_claim({"a": [-0.5] + rounds[1:]}, backend="gpu")["holds"] == "yes"
+  assert speed_rules.op_claim({"a": [-0.5] * 3 + rounds[3:]}, backend="gpu")["holds"] == "n/a"
   assert speed_rules.round_reductions([2.0, 1.0], [1.0, 1.0]) == [0.5, 0.0]
 
 
@@ -391,3 +484,19 @@ def test_every_claim_id_has_a_rule_table_here():
   assert claims_lib.seeds_agree("yes", ["yes", "partly"]) == "partly"
   assert claims_lib.seeds_agree("no", ["yes", "yes"]) == "no"
   assert math.isfinite(depth_rules.SATURATED)
+  assert all(c.testable_when for c in claims_lib.CLAIMS.values())
+  assert {c.kind for c in claims_lib.CLAIMS.values()} == set(claims_lib.KINDS)
+  with pytest.raises(ValueError, match="at least one reason"):
+    claims_lib.not_testable([])
+  with pytest.raises(ValueError, match="testable_when"):
+    claims_lib.Claim("warmup", "s", "src", "pub")
+
+
+def test_largest_rise_finds_a_spike_that_recovers():
+  curve = [(1, 5.5), (10, 3.0), (20, 2.6), (40, 8.54), (60, 2.5), (120, 2.4)]
+  r = seeds.largest_rise(curve)
+  assert r == {"rise": pytest.approx(5.94), "step": 40, "peak": 8.54}
+  p = seeds.point([dict(_run(2.4), train_curve=curve), dict(_run(2.4), train_curve=[(1, 5.0), (2, 4.0)])], U)
+  text = seeds.format_rises(p)
+  assert "**spike** +5.94 to 8.54 at step 40" in text and "+0.00 (never rises)" in text
+  assert seeds.largest_rise([]) is None and seeds.seed_point(p, 0)["rise"] == [p["rise"][0]]

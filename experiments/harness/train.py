@@ -44,6 +44,7 @@ import optax
 from flax import nnx
 
 from experiments.harness import data as data_lib
+from experiments.harness import progress as progress_lib
 from experiments.harness.sharding import Placement
 from experiments.harness.train_config import TrainConfig, current_lr, make_optimizer
 from jaxnorm.models import WEIGHT_GROUPS, TransformerConfig, TransformerLM, block_weight_paths
@@ -247,39 +248,6 @@ class _MetricsWriter:
       self._f.close()
 
 
-class _Progress:
-  """tqdm bar on a terminal; plain log lines (about 20 per run) otherwise."""
-
-  def __init__(self, progress: bool | None, start: int, total: int):
-    tty = sys.stderr.isatty()
-    self.bar_on = tty if progress is None else bool(progress)
-    self.lines_on = (progress is None and not tty)
-    self.every = max(1, total // 20)
-    self.bar = None
-    if self.bar_on:
-      from tqdm.auto import tqdm
-      self.bar = tqdm(total=total, initial=start, desc="train", unit="step", file=sys.stderr,
-                      dynamic_ncols=True)
-
-  def update(self, step: int, total: int, loss: float, tokens_per_s: float) -> None:
-    if self.bar is not None:
-      self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
-      self.bar.update(1)
-    elif self.lines_on and (step % self.every == 0 or step == total):
-      print(f"step {step}/{total}  loss {loss:.4f}  tokens/s {tokens_per_s:,.0f}",
-            file=sys.stderr, flush=True)
-
-  def message(self, text: str) -> None:
-    if self.bar is not None:
-      self.bar.write(text, file=sys.stderr)
-    elif self.lines_on:
-      print(text, file=sys.stderr, flush=True)
-
-  def close(self) -> None:
-    if self.bar is not None:
-      self.bar.close()
-
-
 # ----------------------------------------------------------------------------------------------
 # Training.
 
@@ -355,7 +323,10 @@ def _train_loop(config: TrainConfig, corpus: data_lib.Corpus, mesh, placement: P
     writer.write(line)
     return val
 
-  bar = _Progress(progress, start, config.steps)
+  tty = sys.stderr.isatty()
+  bar = progress_lib.Progress(config.steps, desc="train", bar=tty if progress is None else bool(progress),
+                              log=progress_lib.stderr_line if (progress is None and not tty) else None,
+                              every=config.steps // 20, initial=start, unit="step")
   diverged_at, tokens, timed_s, val = None, 0, 0.0, None
   if start == 0:
     val = evaluate(0)
@@ -376,7 +347,8 @@ def _train_loop(config: TrainConfig, corpus: data_lib.Corpus, mesh, placement: P
       if step % config.log_every == 0 or step == end or _diverged(loss, config.divergence_loss):
         line = {"step": step, **{k: to_py(v) for k, v in metrics.items()}, "tokens_per_s": tps}
         writer.write(line)
-      bar.update(step, config.steps, loss, tps)
+      bar.update(step, text=f"step {step}/{config.steps}  loss {loss:.4f}  tokens/s {tps:,.0f}",
+                 postfix={"loss": f"{loss:.4f}", "tok_s": f"{tps:,.0f}"})
       if _diverged(loss, config.divergence_loss):
         diverged_at = step
         writer.write({"step": step, "event": "diverged", "loss": to_py(loss)})

@@ -8,8 +8,10 @@ Builds a :class:`~experiments.harness.train_config.TrainConfig` from the options
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
+import re
 import pathlib
 
 import jax
@@ -20,7 +22,9 @@ from experiments.harness.probes import compare_norm_impl
 from experiments.harness.sharding import make_mesh
 from experiments.harness.train import train
 from experiments.harness.train_config import SCHEDULES, TrainConfig
+from jaxnorm import CASTINGS
 from jaxnorm.models import (
+  ACTIVATIONS,
   DTYPES,
   INITS,
   NORM_IMPLS,
@@ -66,63 +70,104 @@ def _beta(text: str) -> float:
   return v
 
 
+# Option names that differ from their field's name (kept for the commands already in use).
+_NAMES = {"n_layers": "layers", "n_heads": "heads"}
+# Fields the command line does not expose: set by the command from other options.
+_SKIP = {"model", "vocab_size", "max_len"}
+# The options' allowed values, where the config module names them.
+_CHOICES = {"norm_position": NORM_POSITIONS, "norm_type": NORM_TYPES, "norm_impl": NORM_IMPLS, "init": INITS,
+            "positions": POSITIONS, "dtype": DTYPES, "activation": ACTIVATIONS, "casting": CASTINGS,
+            "schedule": SCHEDULES}
+# Numeric fields that may be 0 (every other int or float must be positive); the betas are in [0, 1).
+_NONNEG = {"steps", "warmup", "seed", "eval_every", "checkpoint_every", "epsilon", "weight_decay"}
+_BETAS = {"b1", "b2"}
+# The command's own defaults where they differ from the dataclasses'.
+_DEFAULTS = {"d_ff": None}
+_HELP = {"d_ff": "MLP width (default 4*d-model)", "data": "UTF-8 text file (default: stdlib sources)"}
+
+
+def _attribute_docs(cls) -> dict[str, str]:
+  """``{field: the first sentence of its description}`` from the ``Attributes:`` section of ``cls``."""
+  out, name, in_attrs = {}, None, False
+  for line in (cls.__doc__ or "").splitlines():
+    text = line.strip()
+    if text == "Attributes:":
+      in_attrs = True
+    elif in_attrs and line.startswith("    ") and not line.startswith("      ") and ":" in text \
+        and all(n.strip().isidentifier() for n in text.split(":", 1)[0].split(",")):
+      names, doc = text.split(":", 1)
+      name = [n.strip() for n in names.split(",")]   # "b1, b2: AdamW betas." documents both
+      for n in name:
+        out[n] = doc.strip()
+    elif in_attrs and name and line.startswith("      ") and text:
+      for n in name:
+        out[n] += " " + text
+    elif in_attrs and not text:
+      name = None
+  clean = {}
+  for k, v in out.items():
+    v = re.sub(r":\w+:`~?([^`]*)`", r"\1", v).replace("``", "")
+    v = "".join(c if c.isprintable() else " " for c in v)
+    clean[k] = (v.split(". ")[0].rstrip(".") + ".").replace("%", "%%")
+  return clean
+
+
+def _add_fields(group, cls) -> list[str]:
+  """One option per field of the dataclass ``cls`` (its type, default, choices and docstring line).
+
+  Returns:
+    The field names added (their ``dest``).
+  """
+  docs = _attribute_docs(cls)
+  added = []
+  for f in dataclasses.fields(cls):
+    if f.name in _SKIP:
+      continue
+    opt = "--" + _NAMES.get(f.name, f.name).replace("_", "-")
+    default = _DEFAULTS.get(f.name, f.default)
+    kw = {"dest": f.name, "help": _HELP.get(f.name, docs.get(f.name))}
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    if kind == "bool":
+      if default:
+        kw["help"] = "turn off (default on): " + (kw["help"] or f.name)
+        group.add_argument("--no-" + opt[2:], action="store_false", **kw)
+      else:
+        group.add_argument(opt, action="store_true", **kw)
+    elif f.name in _CHOICES:
+      group.add_argument(opt, choices=_CHOICES[f.name], default=default, **kw)
+    elif kind.startswith("int"):
+      group.add_argument(opt, type=_nonneg_int if f.name in _NONNEG else _positive_int, default=default, **kw)
+    elif kind.startswith("float"):
+      cast = _beta if f.name in _BETAS else (_nonneg_float if f.name in _NONNEG else _positive_float)
+      group.add_argument(opt, type=cast, default=default, **kw)
+    else:
+      group.add_argument(opt, default=default, **kw)
+    added.append(f.name)
+  return added
+
+
 def build_parser() -> argparse.ArgumentParser:
-  """The ``python -m experiments train`` argument parser (every option has a laptop default)."""
+  """The ``python -m experiments train`` argument parser.
+
+  The model and training options are built from the fields of
+  :class:`~jaxnorm.models.TransformerConfig` and
+  :class:`~experiments.harness.train_config.TrainConfig` (type, default, allowed values, the
+  first line of each field's docstring), so a new field becomes an option without being declared
+  twice; the parser records the field names in ``model_fields`` and ``train_fields``.
+  """
   p = argparse.ArgumentParser(
       prog="python -m experiments train",
       description="Train a byte-level Transformer LM (Pre-/Post-Norm study) on CPU/GPU/TPU.",
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  m = p.add_argument_group("model")
-  m.add_argument("--norm-position", choices=NORM_POSITIONS, default="pre")
-  m.add_argument("--norm-type", choices=NORM_TYPES, default="layer_norm")
-  m.add_argument("--norm-impl", choices=NORM_IMPLS, default="jaxnorm")
-  m.add_argument("--layers", type=_positive_int, default=4, help="number of blocks")
-  m.add_argument("--d-model", type=_positive_int, default=128)
-  m.add_argument("--heads", type=_positive_int, default=4)
-  m.add_argument("--d-ff", type=_positive_int, default=None, help="MLP width (default 4*d-model)")
-  m.add_argument("--init", choices=INITS, default="xavier")
-  m.add_argument("--qk-zero-init", action="store_true", help="start with W^Q = W^K = 0")
-  m.add_argument("--no-fuse-residual-norm", dest="fuse_residual_norm", action="store_false",
-                 help="set fuse_residual_norm off: each residual add and the norm after it "
-                      "run as two ops, not one fused add+norm op (jaxnorm modules)")
-  m.add_argument("--positions", choices=POSITIONS, default="learned")
-  m.add_argument("--epsilon", type=_nonneg_float, default=1e-6)
-  m.add_argument("--dtype", choices=DTYPES, default="float32", help="compute dtype")
-  m.add_argument("--qk-norm", choices=QK_NORMS, default="none",
-                 help="normalize queries and keys per head (after the projections, before RoPE)")
-  m.add_argument("--qk-norm-scale", choices=QK_NORM_SCALES, default="per_head",
-                 help="one QK-norm scale per head, or one shared by the heads")
-  m.add_argument("--norm-scaling", action="store_true",
-                 help="LayerNorm Scaling: the input norms of layer l output N(x)/sqrt(l)")
+  p.model_fields = _add_fields(p.add_argument_group("model"), TransformerConfig)
   t = p.add_argument_group("training")
-  t.add_argument("--steps", type=_nonneg_int, default=300)
-  t.add_argument("--batch-size", type=_positive_int, default=16)
-  t.add_argument("--seq-len", type=_positive_int, default=128)
-  t.add_argument("--lr", type=_positive_float, default=1e-3)
-  t.add_argument("--warmup", type=_nonneg_int, default=0)
-  t.add_argument("--schedule", choices=SCHEDULES, default="inverse_sqrt")
-  t.add_argument("--b1", type=_beta, default=0.9)
-  t.add_argument("--b2", type=_beta, default=0.98)
-  t.add_argument("--weight-decay", type=_nonneg_float, default=0.01)
-  t.add_argument("--clip-norm", type=_positive_float, default=None)
-  t.add_argument("--seed", type=_nonneg_int, default=0)
-  t.add_argument("--eval-every", type=_nonneg_int, default=50)
-  t.add_argument("--eval-batches", type=_positive_int, default=4)
-  t.add_argument("--checkpoint-every", type=_nonneg_int, default=0,
-                 help="orbax checkpoint interval (0: none); re-running resumes")
-  t.add_argument("--divergence-loss", type=_positive_float, default=20.0)
-  t.add_argument("--data", default=None, help="UTF-8 text file (default: stdlib sources)")
-  t.add_argument("--log-update-size", action="store_true")
-  t.add_argument("--log-residual-norms", action="store_true")
-  t.add_argument("--no-log-attention", dest="log_attention", action="store_false",
-                 help="do not log the per-layer largest attention logit and attention entropy")
+  p.train_fields = _add_fields(t, TrainConfig)
   t.add_argument("--out", default=None,
                  help="run folder (default results/train/<position>-<type>-<impl>-s<seed>)")
   t.add_argument("--no-progress", action="store_true", help="no bar and no log lines")
   s = p.add_argument_group("scale-out")
   s.add_argument("--devices", type=_nonneg_int, default=0,
                  help="data-parallel over this many devices (0: all; 1: no mesh)")
-  s.add_argument("--fsdp", action="store_true", help="shard parameters over the mesh too")
   s.add_argument("--coordinator-address", default=None,
                  help="multi-process: host:port of process 0 (or $JAX_COORDINATOR_ADDRESS)")
   s.add_argument("--num-processes", type=_positive_int, default=None,
@@ -142,22 +187,10 @@ def main(argv: list[str] | None = None) -> int:
   if args.data is not None and not pathlib.Path(args.data).is_file():
     parser.error(f"--data: file {args.data!r} does not exist or is not a file")
   try:
-    model = TransformerConfig(
-        max_len=args.seq_len, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-        d_ff=args.d_ff or 4 * args.d_model, norm_position=args.norm_position,
-        norm_type=args.norm_type, norm_impl=args.norm_impl, init=args.init,
-        qk_zero_init=args.qk_zero_init, positions=args.positions, epsilon=args.epsilon,
-        dtype=args.dtype, fuse_residual_norm=args.fuse_residual_norm, qk_norm=args.qk_norm,
-        qk_norm_scale=args.qk_norm_scale, norm_scaling=args.norm_scaling)
-    config = TrainConfig(
-        model=model, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
-        lr=args.lr, warmup=args.warmup, schedule=args.schedule, b1=args.b1, b2=args.b2,
-        weight_decay=args.weight_decay, clip_norm=args.clip_norm, seed=args.seed,
-        eval_every=args.eval_every, eval_batches=args.eval_batches,
-        checkpoint_every=args.checkpoint_every, divergence_loss=args.divergence_loss,
-        data=args.data, log_update_size=args.log_update_size,
-        log_residual_norms=args.log_residual_norms, log_attention=args.log_attention,
-        fsdp=args.fsdp)
+    fields = {name: getattr(args, name) for name in parser.model_fields}
+    fields["d_ff"] = fields["d_ff"] or 4 * args.d_model
+    model = TransformerConfig(max_len=args.seq_len, **fields)
+    config = TrainConfig(model=model, **{name: getattr(args, name) for name in parser.train_fields})
   except (TypeError, ValueError) as e:
     parser.error(str(e))
 
@@ -181,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
   mesh = make_mesh(jax.devices()[:n_dev]) if n_dev > 1 else None
   out = args.out or os.path.join(
       "results", "train",
-      f"{args.norm_position}-{args.norm_type}-{args.norm_impl}-L{args.layers}-s{args.seed}")
+      f"{args.norm_position}-{args.norm_type}-{args.norm_impl}-L{args.n_layers}-s{args.seed}")
   try:
     corpus = data_lib.load_corpus(args.data)
   except (OSError, ValueError) as e:

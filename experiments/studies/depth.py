@@ -1,11 +1,11 @@
 r"""Experiment 3: depth (Liu et al. 2020 "Admin"; Wang et al. 2022 "DeepNet").
 
 Post-LN, Pre-LN, Sandwich and DeepNorm LayerNorm models at increasing depth, trained with the
-same AdamW settings for several seeds, at the warm-up grid's *telling rate* (read from the
-``warmup`` experiment's results in the same folder; ``lr`` of the preset if that experiment has
-not run) with the grid's long warm-up (Admin's failing runs had a long warm-up too) and its decay
-timescale. Reported per layout and depth: the final validation loss (seed mean and spread) or
-the divergence step, and, from a separate short probe,
+same AdamW settings for several seeds, at the preset's ``lr`` (fixed in the preset before
+anything runs; since issue 24 the warm-up grid's telling rate is no longer read, since it was
+picked from a gap inside the seeds' spread) with a long warm-up (Admin's failing runs had a
+long warm-up too) and the grid's decay timescale. Reported per layout and depth: the final
+validation loss (seed mean and spread) or the divergence step, and, from a separate short probe,
 
 * DeepNet's model update :math:`\|F(x;\theta_t) - F(x;\theta_0)\| / \|F(x;\theta_0)\|` of the
   final hidden state (the head's input) on a fixed batch after each of the first
@@ -13,7 +13,7 @@ the divergence step, and, from a separate short probe,
 
 **Training length (rule).** ``steps`` must take Pre-LN at least :data:`PAST_PLATEAU` (0.5
 nats) below the unigram baseline at every depth; the experiment checks it and a depth where
-Pre-LN did not get there gets no verdict (``n/a``). The ``cpu`` length came from one probe run
+Pre-LN did not get there is not judged ("not testable" if no depth is). The ``cpu`` length came from one probe run
 (Pre-LN, 24 layers, the cpu grid's third rate, 40 warm-up steps; ``docs/experiments.md``).
 
 **Fails** means only: diverged, or stalled within ``STALL_NATS`` of the unigram baseline while
@@ -30,8 +30,8 @@ import dataclasses
 import numpy as np
 
 from experiments.studies.depth_rules import PAST_PLATEAU, verdicts
-from experiments.studies.seeds import failed, format_finals, point
-from experiments.suite.registry import read_json
+from experiments.studies.seeds import failed, format_finals, format_rises, largest_rise, point
+from experiments.suite.study import Unit, train_unit
 
 TITLE = "Depth: Post-LN, Pre-LN, Sandwich, DeepNorm (Liu et al. 2020; Wang et al. 2022)"
 RAW_DATA = ('runs.json', 'final.csv', 'update.json')  # files the report links under the claims
@@ -47,7 +47,7 @@ class Config:
     positions: norm layouts to compare.
     steps: optimizer updates per run.
     seeds: training seeds.
-    lr: peak learning rate if the warm-up grid's telling rate is not available.
+    lr: peak learning rate of every run (fixed in the preset, not read from another study).
     warmup: linear warm-up steps (the grid's long warm-up).
     decay_timescale: ``tau`` of the inverse-sqrt decay (the grid's).
     update_depths: depths of the model-update probe (default: ``depths``).
@@ -71,13 +71,20 @@ class Config:
       raise ValueError(f"update_steps must be an int >= 1, got {self.update_steps!r}.")
 
 
-def telling_lr(ctx, cfg: Config) -> tuple[float, str]:
-  """The warm-up grid's telling rate from ``<root>/warmup/done.json`` (else ``cfg.lr``) and
-  where it came from."""
-  done = ctx.root / "warmup" / "done.json"
-  if done.exists():
-    return float(read_json(done)["telling_lr"]), "the warm-up grid's telling rate"
-  return float(cfg.lr), "the preset's fallback (the warm-up grid has not run in this folder)"
+def study_lr(cfg: Config) -> tuple[float, str]:
+  """The peak rate of every depth run and where it came from: the preset, fixed before running."""
+  return float(cfg.lr), "the preset's rate, fixed before running (not the warm-up grid's telling rate)"
+
+
+def units(cfg: Config) -> list:
+  """The training runs, then the model-update probes of :func:`run`, in its order (for the planner).
+
+  A probe's train step is the depth runs' (the same compile key)."""
+  out = [train_unit("depth", f"depth-{pos}-L{L}-s{seed}", L, cfg.steps, pos)
+         for L in cfg.depths for pos in cfg.positions for seed in cfg.seeds]
+  out += [Unit("depth", f"update-{pos}-L{L}-s{seed}", L, cfg.update_steps, ("train", L, pos, "layer_norm", "jaxnorm"),
+               "update") for L in (cfg.update_depths or cfg.depths) for pos in cfg.positions for seed in cfg.seeds]
+  return out
 
 
 def run(ctx, cfg: Config) -> dict:
@@ -97,7 +104,7 @@ def run(ctx, cfg: Config) -> dict:
   from experiments.harness import probes
   from experiments.harness.train_config import describe_schedule
   unigram = data_lib.unigram_entropy_nats(ctx.corpus())
-  lr, lr_source = telling_lr(ctx, cfg)
+  lr, lr_source = study_lr(cfg)
   runs, points = {}, {}
   specs = [(pos, L, seed) for L in cfg.depths for pos in cfg.positions for seed in cfg.seeds]
   tc = None
@@ -108,7 +115,8 @@ def run(ctx, cfg: Config) -> dict:
     r = ctx.train(tc, f"depth-{pos}-L{L}-lr{lr:g}-w{cfg.warmup}-s{seed}")
     runs.setdefault(f"{pos}/L{L}", []).append({
         "position": pos, "n_layers": L, "seed": seed, "run": r.path.name,
-        **{k: r.summary.get(k) for k in ("final_val_loss", "diverged", "diverged_at", "val_curve")}})
+        **{k: r.summary.get(k) for k in ("final_val_loss", "diverged", "diverged_at", "val_curve")},
+        "rise": largest_rise(r.summary.get("train_curve"))})
   for k, v in runs.items():
     points[k] = point(v, unigram)
   update = {}
@@ -189,8 +197,20 @@ def plot(ctx, runs: dict, points: dict, update: dict, cfg: Config, unigram: floa
         if r["diverged"]:
           ax.axvline(r["diverged_at"], color=colors[pos], ls=styles[di % 4], lw=0.8)
   ax.axhline(unigram, color="k", ls=":", lw=1)
-  ax.set_ylim(unigram - 1.2, unigram + 1.0)
-  ax.set_title(f"Validation loss, every seed ({len(cfg.seeds)}; marker = seed, line style = depth)", fontsize=9)
+  top = unigram + 1.0
+  n_clip = 0
+  for pos in cfg.positions:
+    for L in cfg.depths:
+      for r in runs[f"{pos}/L{L}"]:
+        for s_, v in r["val_curve"] or []:
+          if float(v) > top:
+            n_clip += 1
+            ax.plot([s_], [top], marker="^", color=colors[pos], ms=6, clip_on=False)
+            ax.annotate(f"{float(v):.2f}", (s_, top), fontsize=6, color=colors[pos], textcoords="offset points",
+                        xytext=(3, -8))
+  ax.set_ylim(unigram - 1.2, top)
+  ax.set_title(f"Validation loss, every seed ({len(cfg.seeds)}; marker = seed, line style = depth)"
+               + (f"; ^ = value above {top:.2f}, clipped" if n_clip else ""), fontsize=8)
   ax.set_xlabel("step")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=6, ncol=2)
@@ -232,14 +252,23 @@ def report_section(summary: dict, rel: str) -> str:
       f"baseline ({summary['unigram_nats']:.3f}) in every seed. Admin's failures are 12-18-layer encoder-decoders "
       "on WMT14 (RAdam, 8000 warm-up steps, lr 1e-3, fp16); this is a small decoder-only model.", "",
       f"![final loss vs depth]({rel}/depth_final.png)", "",
+      "*Final validation loss against depth per layout: seed mean with min-max bars; 'fail k/n' marks failed "
+      "seeds; dotted: unigram baseline, dashed: the 'past the plateau' line.*", "",
       f"![curves]({rel}/depth_curves.png)", "",
+      "*Validation curves of every run (colour = layout, line style = depth, marker = seed); a value above the "
+      "axis is marked by a triangle at the top edge with its value.*", "",
       f"![update vs depth]({rel}/update_vs_depth.png)", "",
+      "*DeepNet's relative model update of the final hidden state after each of the first steps, against depth "
+      "(log-log, seed mean), every layout.*", "",
       "Mean ± half-range over seeds (a stalled run keeps its own loss, a diverged one counts at the unigram "
-      "baseline); per seed: each run's own final val loss (marked stalled) or the step where it diverged.", "",
-      "| layout / depth | final val loss (mean ± half-range) | per seed | failures |", "|---|---|---|---|"]
+      "baseline); per seed: each run's own final val loss (marked stalled) or the step where it diverged; "
+      "largest rise: each seed's largest training-loss rise above its running minimum (a **spike** above 1 nat).",
+      "", "| layout / depth | final val loss (mean ± half-range) | per seed | failures | largest rise per seed |",
+      "|---|---|---|---|---|"]
   for k, p in summary["points"].items():
     fails = ", ".join(f for f in p["failures"] if f) or "-"
-    lines.append(f"| {k} | {p['mean']:.3f} ± {p['spread'] / 2:.3f} | {format_finals(p)} | {fails} |")
+    lines.append(f"| {k} | {p['mean']:.3f} ± {p['spread'] / 2:.3f} | {format_finals(p)} | {fails} | "
+                 f"{format_rises(p)} |")
   lines += ["", f"Model update of the final hidden state (relative, seed mean) after steps 1..{cfg['update_steps']}:",
             "", "| layout / depth | " + " | ".join(f"step {s + 1}" for s in range(cfg["update_steps"])) + " |",
             "|---|" + "---|" * cfg["update_steps"]]

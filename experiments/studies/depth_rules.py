@@ -19,55 +19,71 @@ if TYPE_CHECKING:
   from experiments.studies.depth import Config
 
 DEEP = 12                # Admin's failing depth
+LATE_FRACTION = 2 / 3    # a run that leaves the plateau after this fraction of the run started late
+MIN_SPAN = 4             # the update probe's depths must span at least this factor
 PAST_PLATEAU = 0.5       # nats below unigram Pre-LN must reach for a depth to be judged
 SATURATED = 1.0          # a relative model update this large: the output moved by its own size
 FLAT_EXPONENT = 0.25     # |log-log slope| of the update vs N within this counts as "about constant"
+NAMES = {"pre": "Pre-LN", "sandwich": "Sandwich"}
 
 
 def _admin_core(points: dict, cfg: Config, unigram: float) -> tuple[str, str]:
   """``admin_deep_postln_fails`` on one seed's or all seeds' points (see :func:`verdicts`)."""
   first_third = cfg.steps // 3
   parts, oks, some = [], [], []
-  shallow = points[f"post/L{min(cfg.depths)}"]
+  L0 = min(cfg.depths)
+  shallow = points[f"post/L{L0}"]
+  n_shallow = sum(1 for f in shallow["failures"] if f)
+  if n_shallow:
+    return claims_lib.not_testable([
+        f"at this rate Post-LN fails at L={L0} too in {n_shallow}/{len(shallow['failures'])} seeds "
+        f"({format_finals(shallow)}): the rate, not the depth, breaks it (depth confounded with the rate)"])
   for L in [L for L in cfg.depths if L >= DEEP]:
     post, pre = points[f"post/L{L}"], points[f"pre/L{L}"]
     desc = f"L={L}: Post-LN {format_finals(post)} vs Pre-LN {format_finals(pre)}"
-    left = [p for k, p in points.items() if k.endswith(f"/L{L}") and left_plateau_by(p, first_third)]
-    if not left:
-      parts.append(desc + f" (too short: no layout left the plateau by step {first_third}; not judged)")
+    lt = [s for s in post.get("left_plateau", []) if s is not None and s > LATE_FRACTION * cfg.steps]
+    if not left_plateau_by(pre, first_third):
+      parts.append(desc + f" (too short: Pre-LN did not leave the plateau by step {first_third}; not judged)")
     elif not (pre["trains"] and max(pre["values"]) <= unigram - PAST_PLATEAU):
       parts.append(desc + " (Pre-LN not past the plateau: not judged)")
+    elif lt:
+      parts.append(desc + f" (Post-LN left the plateau late, step {max(lt)} of {cfg.steps}: not judged)")
     else:
       parts.append(desc)
       oks.append(post["fails"])
       some.append(any(post["failures"]))
-  n_shallow = sum(1 for f in shallow["failures"] if f)
-  conf = (f"; confound: at this rate Post-LN fails at L={min(cfg.depths)} too in {n_shallow}/"
-          f"{len(shallow['failures'])} seeds ({format_finals(shallow)})") if n_shallow else ""
   if not oks:
-    return "n/a", "; ".join(parts) + conf
-  if n_shallow == len(shallow["failures"]):
-    return "n/a", "; ".join(parts) + conf + ": the rate alone breaks Post-LN, depth is not shown"
+    return claims_lib.not_testable(["no depth >= 12 could be judged: " + "; ".join(parts)])
   holds = "yes" if all(oks) else ("partly" if any(oks) or any(some) else "no")
-  if holds == "yes" and n_shallow:
-    holds = "partly"
-  return holds, "; ".join(parts) + conf
+  return holds, "; ".join(parts)
 
 
 def admin_claim(points: dict, cfg: Config, unigram: float) -> dict:
   """``admin_deep_postln_fails`` with each seed alone beside it (see :func:`verdicts`)."""
-  crit = (f"judged at depths >= {DEEP} where Pre-LN ends >= {PAST_PLATEAU} nats below unigram in every seed and "
-          f"some layout left the plateau by step {cfg.steps // 3} (else too short); Post-LN fails = diverged or "
-          f"within {STALL_NATS} nats of unigram in every seed; yes at every judged depth, partly at some or in "
-          f"some seeds; at most partly if Post-LN also fails at L={min(cfg.depths)} in some seed (depth "
-          "confounded with the rate), n/a if in every seed")
-  if not ("post" in cfg.positions and "pre" in cfg.positions and any(L >= DEEP for L in cfg.depths)):
-    return {"id": "admin_deep_postln_fails", "criterion": crit, "holds": "n/a",
-            "ours": f"no depth >= {DEEP} with Post-LN and Pre-LN in this preset"}
+  crit = (f"judged at depths >= {DEEP} where Pre-LN left the plateau by step {cfg.steps // 3} and ends >= "
+          f"{PAST_PLATEAU} nats below unigram in every seed, and Post-LN did not leave it only in the last third; "
+          f"Post-LN fails = diverged or within {STALL_NATS} nats of unigram in every seed; yes at every judged "
+          "depth, partly at some or in some seeds, no at none")
+  reasons = []
+  if len(cfg.seeds) < 2:
+    reasons.append(f"{len(cfg.seeds)} seed(s), needs >= 2")
+  if not ("post" in cfg.positions and "pre" in cfg.positions and any(L >= DEEP for L in cfg.depths)
+          and min(cfg.depths) <= 6):
+    reasons.append(f"needs Post-LN and Pre-LN at a depth >= {DEEP} and at a shallowest depth <= 6; the preset has "
+                   f"depths {list(cfg.depths)}, layouts {list(cfg.positions)}")
+  if reasons:
+    holds, ours = claims_lib.not_testable(reasons)
+    return {"id": "admin_deep_postln_fails", "criterion": crit, "holds": holds, "ours": ours}
   holds, ours = _admin_core(points, cfg, unigram)
   per = [_admin_core(seed_points(points, i), cfg, unigram)[0] for i in range(len(cfg.seeds))]
-  return {"id": "admin_deep_postln_fails", "criterion": crit, "per_seed": per,
-          "ours": f"final val loss per seed; {ours}; each seed alone: {', '.join(per)}",
+  dn = [f"DeepNorm fails at L={L} in {sum(1 for f in points[f'deepnorm/L{L}']['failures'] if f)}/"
+        f"{len(cfg.seeds)} seeds ({format_finals(points[f'deepnorm/L{L}'])})"
+        for L in cfg.depths if f"deepnorm/L{L}" in points and any(points[f"deepnorm/L{L}"]["failures"])]
+  measured = (f"final val loss per seed; {ours.replace('not testable at this scale: ', '')}; each seed alone: "
+              f"{', '.join(per)}" + ("; not part of the claim: " + "; ".join(dn) if dn else ""))
+  if holds == claims_lib.NOT_TESTABLE:   # the reason first, then what was measured
+    measured = ours + ". Measured: " + measured
+  return {"id": "admin_deep_postln_fails", "criterion": crit, "per_seed": per, "ours": measured,
           "holds": claims_lib.seeds_agree(holds, per)}
 
 
@@ -83,9 +99,12 @@ def update_claim(update: dict, cfg: Config) -> dict:
           f"Post-LN saturates (its relative update < {SATURATED} at every depth): Post-LN grows if e > "
           f"{FLAT_EXPONENT}, DeepNorm is about constant if |e| <= {FLAT_EXPONENT}; yes/partly/no = both at every "
           "judged step / some of these / none")
-  if len(udepths) < 2 or "post" not in cfg.positions or "deepnorm" not in cfg.positions:
-    return {"id": "deepnet_update_constant", "criterion": crit, "holds": "n/a",
-            "ours": "needs >= 2 depths with post and deepnorm"}
+  if len(udepths) < 3 or udepths[-1] < MIN_SPAN * udepths[0] or "post" not in cfg.positions \
+      or "deepnorm" not in cfg.positions:
+    holds, ours = claims_lib.not_testable([
+        f"needs >= 3 probe depths spanning a factor >= {MIN_SPAN} with Post-LN and DeepNorm; the preset has "
+        f"depths {udepths}, layouts {list(cfg.positions)}"])
+    return {"id": "deepnet_update_constant", "criterion": crit, "holds": holds, "ours": ours}
   n_steps = len(update[f"post/L{udepths[0]}"]["mean"])
   judged = [s for s in range(n_steps) if all(update[f"post/L{L}"]["mean"][s] < SATURATED for L in udepths)]
   parts, oks = [], []
@@ -94,7 +113,10 @@ def update_claim(update: dict, cfg: Config) -> dict:
     ed = _exponent(udepths, [update[f"deepnorm/L{L}"]["mean"][s] for L in udepths])
     if s in judged:
       oks += [ep > FLAT_EXPONENT, abs(ed) <= FLAT_EXPONENT]
-    parts.append(f"step {s + 1}: Post-LN e = {ep:+.2f}, DeepNorm e = {ed:+.2f}"
+    others = "".join(f", {NAMES.get(pos, pos)} e = "
+                     f"{_exponent(udepths, [update[f'{pos}/L{L}']['mean'][s] for L in udepths]):+.2f}"
+                     for pos in cfg.positions if pos not in ("post", "deepnorm"))
+    parts.append(f"step {s + 1}: Post-LN e = {ep:+.2f}, DeepNorm e = {ed:+.2f}{others}"
                  + ("" if s in judged else " (Post-LN saturated: not judged)"))
   hi = udepths[-1]
   tail = (f"; update at N={hi}, step 1: DeepNorm {update[f'deepnorm/L{hi}']['mean'][0]:.3g} vs Post-LN "
@@ -102,7 +124,9 @@ def update_claim(update: dict, cfg: Config) -> dict:
   return {"id": "deepnet_update_constant", "criterion": crit, "ours": "; ".join(parts) + tail,
           "short": ("; ".join(p for i, p in enumerate(parts) if i in judged)
                     or "Post-LN saturated at every early step: not judged") + tail,
-          "holds": claims_lib.verdict(oks) if oks else "n/a"}
+          "holds": claims_lib.verdict(oks) if oks else claims_lib.NOT_TESTABLE,
+          **({} if oks else {"ours": "not testable at this scale: Post-LN's update saturated (>= "
+                             f"{SATURATED}) at every early step; measured: " + "; ".join(parts) + tail})}
 
 
 def verdicts(points: dict, update: dict, consts: dict, cfg: Config, unigram: float) -> list[dict]:
@@ -112,14 +136,19 @@ def verdicts(points: dict, update: dict, consts: dict, cfg: Config, unigram: flo
     which Pre-LN ended at least :data:`PAST_PLATEAU` below unigram in every seed and some layout
     left the plateau within the first third of the run (else *too short*); Post-LN *fails*
     there if it diverged or stalled in every seed. yes at every judged depth, partly at some (or
-    in only some seeds), no at none; n/a if no depth could be judged. Depth is confounded with
-    the rate if Post-LN fails at the shallowest depth too: then at most partly (some seeds) or
-    n/a (every seed). Each seed alone is judged too; ``yes`` needs every seed's ``yes``.
+    in only some seeds), no at none. Depth is confounded with the rate if Post-LN fails at the
+    shallowest depth too (in any seed): then
+    not testable (issue 24: a failure at the shallowest depth means the rate, not the depth,
+    breaks Post-LN). Not testable too with fewer than 2 seeds, without a depth >= 12 and one <= 6,
+    or where no depth could be judged. Each seed alone is judged too; ``yes`` needs every seed's
+    ``yes``. DeepNorm's failures are listed beside it.
   * ``deepnet_update_constant`` (:func:`update_claim`): the growth exponent (log-log slope of
     the model update against N) of Post-LN and DeepNorm at each early step before Post-LN's
     relative update reaches :data:`SATURATED` (1: the output moved by its own size) at some
     depth. Post-LN "grows" if its exponent exceeds :data:`FLAT_EXPONENT` (0.25, the flat band of
     the gradient-depth claim); DeepNorm is "about constant" if its exponent is within +-0.25.
+    Not testable with fewer than 3 probe depths spanning a factor :data:`MIN_SPAN`, or where
+    Post-LN saturated at every early step. Pre-LN's and Sandwich's exponents are shown beside.
   * ``deepnet_constants``: yes if every ``(alpha, beta)`` is ``((2N)^(1/4), (8N)^(-1/4))`` to 1e-12
     (no partly: one formula, checked exactly).
 

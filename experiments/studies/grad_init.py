@@ -32,6 +32,8 @@ import dataclasses
 
 import numpy as np
 
+from experiments.suite.study import Unit
+
 from experiments.studies.grad_init_rules import LEMMA2_INCREMENT, verdicts
 from jaxnorm.models import WEIGHT_GROUPS
 
@@ -249,7 +251,8 @@ def _plot_depth_scaling_and_residuals(ctx, results: dict, an: dict, cfg: Config)
   if len(cfg.depths) >= 2:
     d0 = np.asarray(cfg.depths, np.float64)
     ref = an["slopes"]["xavier/pre/layer_norm"]["last_layer"][0] if "xavier/pre/layer_norm" in an["slopes"] else 1.0
-    ax.loglog(d0, ref * (d0 / d0[0]) ** -0.5, "k:", lw=1, label="L^-1/2 (theory, Pre-LN)")
+    ax.loglog(d0, ref * (d0 / d0[0]) ** -0.5, "k:", lw=1,
+              label="L^-1/2 (slope of Theorem 1's upper bound, Pre-LN; not a prediction)")
   if len(cfg.depths) < 2:
     ax.text(0.5, 0.5, "one depth in this preset:\nno depth scaling", ha="center", va="center",
             transform=ax.transAxes)
@@ -306,6 +309,17 @@ def plot(ctx, results: dict, an: dict, cfg: Config) -> list[str]:
           _plot_depth_scaling_and_residuals(ctx, results, an, cfg)]
 
 
+def units(cfg: Config) -> list:
+  """The probe settings of :func:`run`, one per (setting, seed), in its order (for the planner)."""
+  out = []
+  for s in settings(cfg):
+    for seed in cfg.seeds:
+      program = "theory" if s["setting"] == "theory" else "xavier"  # small: the xavier program
+      out.append(Unit("grad_init", f"{key(s)}/s{seed}", s["n_layers"], 0,
+                      ("grad", s["n_layers"], program, s["norm_position"], s["norm_type"]), "grad"))
+  return out
+
+
 def run(ctx, cfg: Config) -> dict:
   """Runs the experiment; returns its summary."""
   results = measure(ctx, cfg)
@@ -340,11 +354,17 @@ def report_section(summary: dict, rel: str) -> str:
       f"{cfg['n_batches']} batches. Xiong et al. analyse Xavier init and (for the theory) "
       "W^Q = W^K = 0; GPT-2's small init is shown beside them.", "",
       f"![gradient norms per layer]({rel}/grad_norms_xavier.png)", "",
+      "*Per-layer gradient norm of each weight group at init (Xavier), Post-LN and Pre-LN, every depth: the "
+      "claim reads the ratio of the last layer's W2 gradient norm to the first's.*", "",
   ]
   if "grad_norms_init_comparison.png" in summary["files"]:
-    lines += [f"![init comparison]({rel}/grad_norms_init_comparison.png)", ""]
+    lines += [f"![init comparison]({rel}/grad_norms_init_comparison.png)", "",
+              "*The same per-layer norms under Xavier and GPT-2's small init, side by side.*", ""]
   lines += [f"![depth scaling and residual norms]({rel}/depth_scaling_and_residuals.png)", "",
-            "Last/first-layer gradient-norm ratio (seed-averaged norms; per-seed ratios of W2 in brackets):", "",
+            "*Left: the last layer's W2 gradient norm against depth (log-log); the dotted L^-1/2 line is the "
+            "slope of Theorem 1's upper bound for Pre-LN, not a prediction. Right: E||x||^2/d of the norm inputs "
+            "at the largest depth against Lemma 2's band.*", "",
+            "Last/first-layer gradient-norm ratio (seed-averaged norms; per-seed W2 ratios in the last column):", "",
             "| setting / position / norm / depth | W2 (mlp_out) | W^QKV | per seed |", "|---|---|---|---|"]
   for r in summary["ratio_table"]:
     lines.append(f"| {r['key']} | {r['mlp_out']:.2f} | {r['attn_qkv']:.2f} | "

@@ -12,6 +12,33 @@ from __future__ import annotations
 import numpy as np
 
 STALL_NATS = 0.1   # a final val loss within this of the unigram baseline counts as stalled
+SPIKE_NATS = 1.0   # a training loss this far above its running minimum is a spike
+
+
+def largest_rise(train_curve) -> dict | None:
+  r"""The largest rise of a training-loss curve above its running minimum: a loss spike's size.
+
+  .. math:: r = \max_t \big(\ell_t - \min_{s < t} \ell_s\big)
+
+  Args:
+    train_curve: ``[(step, loss), ...]`` in step order (non-finite losses are skipped).
+
+  Returns:
+    ``{"rise", "step", "peak"}`` (the rise in nats, the step and the loss there; for a curve
+    that never rises: rise 0, step None and its largest loss) or None for an empty curve.
+    A rise above :data:`SPIKE_NATS` is a spike.
+  """
+  best, lo, top = None, np.inf, -np.inf
+  for step, loss in train_curve or []:
+    loss = float(loss)
+    if not np.isfinite(loss):
+      continue
+    if lo < np.inf and loss - lo > (0.0 if best is None else best["rise"]):
+      best = {"rise": float(loss - lo), "step": int(step), "peak": loss}
+    lo, top = min(lo, loss), max(top, loss)
+  if best is None and lo < np.inf:
+    best = {"rise": 0.0, "step": None, "peak": float(top)}
+  return best
 
 
 def failed(run: dict, unigram: float) -> str | None:
@@ -38,7 +65,8 @@ def point(runs_by_seed: list[dict], unigram: float) -> dict:
   which has none, counts at the unigram baseline); ``mean`` and ``spread`` (max - min) of them;
   ``finals`` (``None`` where diverged) and ``diverged_at`` per seed, for display; ``failures``;
   ``trains`` (no seed failed), ``fails`` (every seed failed); ``left_plateau`` (per seed, the
-  first evaluation below ``unigram - STALL_NATS``, or None).
+  first evaluation below ``unigram - STALL_NATS``, or None); ``rise`` (per seed, the run's
+  :func:`largest_rise`, taken from its ``rise`` or its ``train_curve``; None where neither is kept).
   """
   fails = [failed(r, unigram) for r in runs_by_seed]
   vals = np.array([unigram if f == "diverged" else float(r["final_val_loss"]) for r, f in zip(runs_by_seed, fails)])
@@ -46,7 +74,8 @@ def point(runs_by_seed: list[dict], unigram: float) -> dict:
   return {"mean": float(vals.mean()), "spread": float(vals.max() - vals.min()), "values": vals.tolist(),
           "finals": finals, "diverged_at": [r.get("diverged_at") for r in runs_by_seed], "failures": fails,
           "trains": not any(fails), "fails": all(fails),
-          "left_plateau": [left_plateau_at(r, unigram) for r in runs_by_seed]}
+          "left_plateau": [left_plateau_at(r, unigram) for r in runs_by_seed],
+          "rise": [r["rise"] if "rise" in r else largest_rise(r.get("train_curve")) for r in runs_by_seed]}
 
 
 def seed_point(p: dict, i: int) -> dict:
@@ -55,8 +84,9 @@ def seed_point(p: dict, i: int) -> dict:
   one = {"mean": p["values"][i], "spread": 0.0, "values": [p["values"][i]], "finals": [p["finals"][i]],
          "diverged_at": [p.get("diverged_at", [None] * len(p["values"]))[i]], "failures": [f],
          "trains": not f, "fails": bool(f)}
-  if "left_plateau" in p:
-    one["left_plateau"] = [p["left_plateau"][i]]
+  for key in ("left_plateau", "rise"):
+    if key in p:
+      one[key] = [p[key][i]]
   return one
 
 
@@ -85,3 +115,20 @@ def format_finals(p: dict) -> str:
   """Each seed's own result of a :func:`point`: its final val loss (marked stalled), or the step
   where it diverged."""
   return ", ".join(_seed_text(p, i) for i in range(len(p["values"])))
+
+
+def format_rises(p: dict) -> str:
+  """Each seed's largest training-loss rise of a :func:`point` with the loss it peaked at and its step
+  (``"+0.12 to 3.05 at step 37"``; ``"**spike** ..."`` beyond :data:`SPIKE_NATS`); ``"-"`` where
+  not kept."""
+  out = []
+  for r in p.get("rise") or []:
+    if r is None:
+      out.append("-")
+    elif r["step"] is None:
+      out.append("+0.00 (never rises)")
+    elif r["rise"] > SPIKE_NATS:
+      out.append(f"**spike** +{r['rise']:.2f} to {r['peak']:.2f} at step {r['step']}")
+    else:
+      out.append(f"+{r['rise']:.2f} to {r['peak']:.2f} at step {r['step']}")
+  return ", ".join(out) or "-"

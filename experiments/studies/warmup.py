@@ -23,8 +23,15 @@ which Xiong et al. (Sec. 3.4) say Post-LN trains without warm-up. The report che
 **The telling rate (rule fixed before any verdict is read).** Among the grid rates at which
 Pre-LN without warm-up trains in every seed, the one with the largest seed-mean gap "Post-LN
 without warm-up minus Post-LN with the long warm-up" in final validation loss (a failed run
-counts at the unigram baseline); ties go to the smaller rate. RMSNorm, the small init and the
-depth experiment run at it.
+counts at the unigram baseline); ties go to the smaller rate. RMSNorm and the small init run at
+it (observations only). Its uncertainty is reported beside it: the paired (same-seed) gaps at
+the chosen rate and at the runner-up; since issue 24 the depth study does not reuse it (a rate
+picked from a gap inside the seeds' spread would carry that noise into another study).
+
+**Peaks and spikes.** Every run's largest training-loss rise above its running minimum
+(:func:`experiments.studies.seeds.largest_rise`) is kept and shown per seed in the tables; a rise
+above 1 nat is marked as a spike, so an instability that recovers is not hidden behind its final
+loss.
 """
 
 from __future__ import annotations
@@ -34,9 +41,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from experiments.studies.seeds import STALL_NATS, failed, format_finals, point
+from experiments.studies.seeds import STALL_NATS, failed, format_finals, format_rises, largest_rise, point
 from experiments.studies.warmup_rules import MARGIN, describe, faster_claim, verdicts
-from experiments.suite.context import train_run
+from experiments.suite.runs import train_run
+from experiments.suite.study import train_unit
 
 TITLE = "Warm-up x learning-rate grid (Xiong et al. 2020, Sec. 3.2 / Fig. 2)"
 RAW_DATA = ('runs.json', 'final.csv')  # files the report links under the claims
@@ -53,7 +61,8 @@ class Config:
     n_layers: depth of every model.
     steps: optimizer updates per run.
     lr_times_d: peak learning rates in units of ``1 / d_model`` (see the module docstring).
-    warmups: warm-up lengths ``(none, short, long)``; the first must be 0.
+    warmups: warm-up lengths, increasing, the first 0 (none) and the last the long one the
+      claims compare with none.
     decay_timescale: ``tau`` of the inverse-sqrt decay, the same for every run of the grid.
     seeds: training seeds (every grid point runs each).
     rms_norm: also run RMSNorm (Post/Pre, no and long warm-up) at the telling rate.
@@ -70,8 +79,9 @@ class Config:
   small_init: bool = True
 
   def __post_init__(self):
-    if len(self.warmups) != 3 or self.warmups[0] != 0 or not self.warmups[1] < self.warmups[2]:
-      raise ValueError(f"warmups must be (0, short, long) with short < long, got {self.warmups!r}.")
+    w = tuple(self.warmups)
+    if len(w) < 2 or w[0] != 0 or any(a >= b for a, b in zip(w, w[1:])):
+      raise ValueError(f"warmups must be (0, ..., long): >= 2 increasing lengths from 0, got {self.warmups!r}.")
     if not self.seeds:
       raise ValueError("seeds must name at least one seed.")
 
@@ -117,6 +127,29 @@ def telling_rate(grid: dict, lrs: list[float], long_w: int) -> float:
   return best if best is not None else lrs[0]
 
 
+def telling_uncertainty(grid: dict, lrs: list[float], long_w: int, telling: float) -> str:
+  r"""The telling rate's gap with its paired per-seed gaps, beside the runner-up's.
+
+  .. math:: g_i(\eta) = L_{\text{Post, no warm-up}}^{(i)}(\eta) - L_{\text{Post, warm-up}}^{(i)}(\eta)
+
+  The choice is *clear* only if every seed's gap at the telling rate exceeds every seed's gap at
+  the runner-up; otherwise it is within the seeds' spread.
+  """
+  def gaps(lr):
+    return [a - b for a, b in zip(grid[("post", lr, 0)]["values"], grid[("post", lr, long_w)]["values"])]
+  cands = [lr for lr in lrs if grid[("pre", lr, 0)]["trains"] and lr != telling]
+  g = gaps(telling)
+  text = (f"telling rate {telling:g}: gap {np.mean(g):+.3f} nats (per seed "
+          + ", ".join(f"{x:+.3f}" for x in g) + ")")
+  if not cands:
+    return text + "; no other rate where Pre-LN trains"
+  runner = max(cands, key=lambda lr: np.mean(gaps(lr)))
+  r = gaps(runner)
+  clear = min(g) > max(r)
+  return (text + f"; runner-up {runner:g}: {np.mean(r):+.3f} (per seed " + ", ".join(f"{x:+.3f}" for x in r)
+          + ") -> " + ("clear" if clear else "within the seeds' spread: the choice is not robust"))
+
+
 def plot(ctx, runs: dict, grid: dict, lrs: list[float], cfg: Config, unigram: float,
          telling: float, extra_points: dict) -> list[str]:
   """Draws the heat maps (one per layout) and the loss curves at the telling rate.
@@ -149,20 +182,24 @@ def plot(ctx, runs: dict, grid: dict, lrs: list[float], cfg: Config, unigram: fl
         text = f"{p['mean']:.2f}{tag}"
         ax.text(j, i, text, ha="center", va="center", fontsize=7,
                 color="white" if fails else "black", fontweight="bold" if fails else "normal")
-    ax.imshow(mat, cmap="viridis_r", vmin=vmin, vmax=vmax, aspect="auto")
+    im = ax.imshow(mat, cmap="viridis_r", vmin=vmin, vmax=vmax, aspect="auto")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04).set_label("final val loss (nats/byte)", fontsize=7)
     ax.set_xticks(range(len(lrs)), [f"{lr:.2g}" for lr in lrs], fontsize=7)
     ax.set_yticks(range(len(cfg.warmups)), [str(w) for w in cfg.warmups], fontsize=7)
     ax.set_xlabel("peak lr (red: telling rate)", fontsize=8)
     ax.set_ylabel("warm-up steps", fontsize=8)
     ax.set_title(title, fontsize=9)
-    ax.get_xticklabels()[lrs.index(telling)].set_color("red")
+    if telling in lrs:
+      ax.get_xticklabels()[lrs.index(telling)].set_color("red")
   fig.suptitle(f"Final val loss, mean of {len(cfg.seeds)} seeds (unigram {unigram:.2f}; "
                f"div = diverged, stall = within {STALL_NATS} of unigram; red tick = telling rate)", fontsize=8)
   files.append(ctx.save_figure(fig, "heatmap.png"))
 
   fig, ax = ctx.subplots(figsize=(6.5, 3.8))
+  top = unigram + 0.6
+  clipped = []
   for pos, color in (("post", "C3"), ("pre", "C0")):
-    for w, ls in zip(cfg.warmups, ("-", "--", ":")):
+    for w, ls in zip(cfg.warmups, ("-", "--", ":", "-.")):
       rs = runs[(pos, telling, w)]
       curves = [[(s, float(v)) for s, v in r["val_curve"]] for r in rs if r["val_curve"]]
       if not curves:
@@ -173,18 +210,40 @@ def plot(ctx, runs: dict, grid: dict, lrs: list[float], cfg: Config, unigram: fl
       name = f"{'Post' if pos == 'post' else 'Pre'}-LN, warm-up {w}"
       ax.plot(steps, np.nanmean(vals, axis=0), ls, color=color, marker="o", ms=2.5, label=name)
       ax.fill_between(steps, np.nanmin(vals, axis=0), np.nanmax(vals, axis=0), color=color, alpha=0.12)
+      for c in curves:
+        for s_, v in c:
+          if v > top:
+            clipped.append((s_, v))
+            ax.plot([s_], [top], marker="^", color=color, ms=6, clip_on=False)
+            ax.annotate(f"{v:.2f}", (s_, top), fontsize=6, color=color, textcoords="offset points", xytext=(3, -8))
       for r in rs:
         if r["diverged"]:
           ax.axvline(r["diverged_at"], color=color, ls=ls, lw=0.8)
   ax.axhline(unigram, color="k", lw=0.8, ls=":", label="unigram baseline")
-  ax.set_ylim(min(all_means) - 0.2, unigram + 0.6)
-  ax.set_title(f"Validation loss at the telling rate lr {telling:g} (seed mean, min-max band)", fontsize=9)
+  ax.set_ylim(min(all_means) - 0.2, top)
+  ax.set_title(f"Validation loss at the telling rate lr {telling:g} (seed mean, min-max band)"
+               + (f"; ^ = a seed's value above {top:.2f}, clipped (value written)" if clipped else ""), fontsize=8)
   ax.set_xlabel("step")
   ax.set_ylabel("validation loss (nats/byte)")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7)
   files.append(ctx.save_figure(fig, "curves_telling_rate.png"))
   return files
+
+
+def units(cfg: Config) -> list:
+  """The training runs of :func:`run`, in its order (for the planner): the grid, then the
+  RMSNorm and small-init runs at the telling rate."""
+  out = [train_unit("warmup", f"{pos}-lr{i}-w{wu}-s{seed}", cfg.n_layers, cfg.steps, pos)
+         for i in range(len(cfg.lr_times_d)) for wu in cfg.warmups for pos in ("post", "pre") for seed in cfg.seeds]
+  extra = []
+  if cfg.rms_norm:
+    extra += [(pos, wu, "rms_norm", "xavier") for wu in (0, cfg.warmups[-1]) for pos in ("post", "pre")]
+  if cfg.small_init:
+    extra += [(pos, 0, "layer_norm", "small") for pos in ("post", "pre")]
+  out += [train_unit("warmup", f"{pos}-{norm}-{init}-telling-w{wu}-s{seed}", cfg.n_layers, cfg.steps, pos, norm)
+          for pos, wu, norm, init in extra for seed in cfg.seeds]
+  return out
 
 
 def run(ctx, cfg: Config) -> dict:
@@ -213,18 +272,21 @@ def run(ctx, cfg: Config) -> dict:
       key = (spec["norm_position"], spec["lr"], spec["warmup"], spec["norm_type"], spec["init"])
       out.setdefault(key, []).append({
           "spec": spec, "seed": seed, "run": r.path.name,
-          **{k: r.summary.get(k) for k in ("final_val_loss", "diverged", "diverged_at", "val_curve")}})
+          **{k: r.summary.get(k) for k in ("final_val_loss", "diverged", "diverged_at", "val_curve")},
+          "rise": largest_rise(r.summary.get("train_curve"))})
     return out
 
   specs = [_spec(pos, lr, w) for lr in lrs for w in cfg.warmups for pos in ("post", "pre")]
   all_runs = train_points(specs)
   runs = {(k[0], k[1], k[2]): v for k, v in all_runs.items()}
   grid = {k: point(v, unigram) for k, v in runs.items()}
-  telling = telling_rate(grid, lrs, cfg.warmups[2])
-  ctx.log(f"telling rate: {telling:g}")
+  long_ = cfg.warmups[-1]
+  telling = telling_rate(grid, lrs, long_)
+  telling_text = telling_uncertainty(grid, lrs, long_, telling)
+  ctx.log(telling_text)
   extra_specs = []
   if cfg.rms_norm:
-    extra_specs += [_spec(pos, telling, w, norm="rms_norm") for w in (0, cfg.warmups[2]) for pos in ("post", "pre")]
+    extra_specs += [_spec(pos, telling, w, norm="rms_norm") for w in (0, long_) for pos in ("post", "pre")]
   if cfg.small_init:
     extra_specs += [_spec(pos, telling, 0, init="small") for pos in ("post", "pre")]
   extra_runs = train_points(extra_specs)
@@ -250,9 +312,9 @@ def run(ctx, cfg: Config) -> dict:
                    "ours": "; ".join(obs), "holds": "obs"})
 
   tc = ctx.train_config(ctx.model_config(n_layers=cfg.n_layers), steps=cfg.steps, lr=telling,
-                        warmup=cfg.warmups[2], **extra_kw)
+                        warmup=long_, **extra_kw)
   schedule = describe_schedule(tc).replace(f"peak {telling:g}", "peak lr").replace(
-      f"warm-up {cfg.warmups[2]}", f"warm-up {'/'.join(map(str, cfg.warmups))}")
+      f"warm-up {long_}", f"warm-up {'/'.join(map(str, cfg.warmups))}")
   ser = {label(k): v for k, v in all_runs.items()}
   ctx.save_json("runs.json", ser)
   rows = []
@@ -263,6 +325,7 @@ def run(ctx, cfg: Config) -> dict:
   ctx.save_csv("final.csv", ["point", "seed", "final_val_loss", "diverged_at", "failure"], rows)
   files = plot(ctx, runs, grid, lrs, cfg, unigram, telling, extra_points)
   return {"claims": claims, "files": files, "seeds": list(cfg.seeds), "lrs": lrs, "telling_lr": telling,
+          "telling_text": telling_text,
           "grid": {label(k): v for k, v in grid.items()},
           "extra_points": {label(k): v for k, v in extra_points.items()},
           **extra, "range_check": range_check, "schedule": schedule, "unigram_nats": unigram,
@@ -287,22 +350,33 @@ def report_section(summary: dict, rel: str) -> str:
       "about lr x d; top = the smallest power of two of c at which a probe Pre-LN run degraded). "
       f"A run fails if it diverges or ends within {STALL_NATS} nats of the unigram baseline "
       f"({summary['unigram_nats']:.3f} nats/byte). Telling rate (rule: largest seed-mean gap between "
-      f"Post-LN without and with the long warm-up where Pre-LN trains): **{summary['telling_lr']:g}**.", "",
+      f"Post-LN without and with the long warm-up where Pre-LN trains): **{summary['telling_lr']:g}**; "
+      f"{summary.get('telling_text', '')}. It picks where the curves and the RMSNorm / small-init "
+      "observations are shown; no other study reuses it.", "",
       f"Range check: every layout trains at the bottom rate: {'yes' if rc['bottom_every_layout_trains'] else 'no'}; "
       f"Pre-LN (no warm-up) degrades at the top rate: {'yes' if rc['top_pre_ln_degrades'] else 'no'} "
       f"({rc['pre_ln_top']:.3f} vs its best {rc['pre_ln_best']:.3f}).", "",
       f"![heat maps]({rel}/heatmap.png)", "",
+      "*Heat maps: final validation loss (seed mean; colour bar in nats/byte) of every grid point, one panel per "
+      "layout; a failed point is written in bold white with its failure and how many seeds failed.*", "",
       f"![curves at the telling rate]({rel}/curves_telling_rate.png)", "",
+      "*Validation curves at the telling rate: seed mean (line) and min-max band over seeds, per layout and "
+      "warm-up; a value above the axis is marked by a triangle at the top edge with its value written.*", "",
       "Mean ± half-range over seeds (a stalled run keeps its own loss, a diverged one counts at the unigram "
-      "baseline); per seed: each run's own final val loss (marked stalled) or the step where it diverged.", "",
-      "| layout | peak lr | warm-up | final val loss (mean ± half-range) | per seed | failures |",
-      "|---|---|---|---|---|---|"]
+      "baseline); per seed: each run's own final val loss (marked stalled) or the step where it diverged; "
+      "largest rise: each seed's largest training-loss rise above its running minimum (a **spike** if above "
+      "1 nat, with its peak and step); left plateau: each seed's first evaluation below unigram - "
+      f"{STALL_NATS}.", "",
+      "| layout | peak lr | warm-up | final val loss (mean ± half-range) | per seed | failures | largest rise "
+      "per seed | left plateau at |",
+      "|---|---|---|---|---|---|---|---|"]
   for src in ("grid", "extra_points"):
     for k, p in summary[src].items():
       key = GridKey.parse(k)
       fails = ", ".join(f for f in p["failures"] if f) or "-"
       lines.append(f"| {key.position} {key.variant} | {key.lr:g} | {key.warmup} | "
                    f"{p['mean']:.3f} ± {p['spread'] / 2:.3f} | "
-                   f"{format_finals(p)} | {fails} |")
+                   f"{format_finals(p)} | {fails} | {format_rises(p)} | "
+                   + ", ".join("never" if x is None else str(x) for x in p.get("left_plateau", [])) + " |")
   lines.append("")
   return "\n".join(lines)

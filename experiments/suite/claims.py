@@ -6,11 +6,21 @@ both into its final table "claim - source - published number - our number - hold
 criteria are written in the experiment modules, next to the measurement, and are the same for
 every preset.
 
-Verdicts: ``"yes"``, ``"no"``, ``"partly"`` (some of the configurations agree), ``"n/a"`` (not
-measurable by this preset, e.g. a single depth, a run too short to leave the plateau, or a timing
-difference inside its own spread), ``"obs"`` (an observation without a published counterpart).
-Every rule can give each of yes / partly / no on some input (``tests/test_verdicts.py`` feeds each
-one synthetic results for each verdict); where one of them cannot occur the criterion says why.
+Verdicts: ``"yes"``, ``"no"``, ``"partly"`` (some of the configurations agree), ``"not testable"``
+(the preset's design cannot test the claim: a condition of :attr:`Claim.testable_when` does not
+hold; the report prints "not testable at this scale" with the reason, never a bold no), ``"n/a"``
+(nothing was measured that the rule could judge, e.g. no depth with both layouts in ``smoke``),
+``"obs"`` (an observation without a published counterpart). Every rule can give each of yes /
+partly / no / not testable on some input (``tests/test_verdicts.py`` feeds each one synthetic
+results for each verdict); where one of them cannot occur the criterion says why.
+
+**Testability before verdicts.** Every claim states, in :attr:`Claim.testable_when`, the
+conditions under which a preset's design can test it; they were written before the run whose
+report uses them (issue 24) and each rule checks them before it judges anything. Every claim also
+has a :attr:`Claim.kind`: ``"training"`` for a claim about how models behave (at init, in
+training, in time) and ``"check"`` for a check of this implementation (a formula compared with
+itself, an identity at eps = 0, the derived backward against autodiff); the report tallies the
+two apart.
 
 How the published numbers were checked (issue 17): a claim is ``checked=True`` only where the
 number was read in a text found in this project, and ``checked_in`` names that text. Read here:
@@ -28,13 +38,28 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["CLAIMS", "Claim", "VERDICTS", "seeds_agree", "verdict"]
+__all__ = ["CLAIMS", "Claim", "KINDS", "NOT_TESTABLE", "VERDICTS", "not_testable", "seeds_agree", "verdict"]
 
-VERDICTS = ("yes", "no", "partly", "n/a", "obs")
+NOT_TESTABLE = "not testable"
+VERDICTS = ("yes", "no", "partly", NOT_TESTABLE, "n/a", "obs")
+KINDS = ("training", "check")
+
+
+def not_testable(reasons: list[str]) -> tuple[str, str]:
+  """``("not testable", text)`` naming the conditions of the design that do not hold.
+
+  Raises:
+    ValueError: ``reasons`` is empty (a claim is untestable for a stated reason or not at all).
+  """
+  if not reasons:
+    raise ValueError("not_testable needs at least one reason, got an empty list.")
+  return NOT_TESTABLE, "not testable at this scale: " + "; ".join(reasons)
 
 
 def verdict(oks) -> str:
-  """``"yes"`` if every configuration agrees, ``"partly"`` if some do, else ``"no"``.
+  r"""``"yes"`` if every configuration agrees, ``"partly"`` if some do, else ``"no"``.
+
+  .. math:: v = \text{yes if } \forall i\, ok_i;\ \text{partly if } \exists i\, ok_i;\ \text{no otherwise}
 
   An empty ``oks`` gives ``"yes"`` (as ``all([])``); callers for whom no judged configuration
   means "no" say so.
@@ -65,6 +90,10 @@ class Claim:
     published: the published number or qualitative result.
     checked: whether the published number was read in a text found in this project.
     checked_in: that text (required when ``checked``); the report prints it beside the source.
+    testable_when: the conditions under which a preset's design can test the claim, stated
+      before anything runs; a rule that finds one of them unmet says ``"not testable"``.
+    kind: ``"training"`` (a claim about models: at init, in training, in time) or ``"check"``
+      (a check of this implementation); the report's tally keeps them apart.
   """
 
   experiment: str
@@ -73,8 +102,14 @@ class Claim:
   published: str
   checked: bool = False
   checked_in: str = ""
+  testable_when: str = ""
+  kind: str = "training"
 
   def __post_init__(self):
+    if not self.testable_when:
+      raise ValueError(f"every claim states when the design can test it (testable_when), got {self!r}.")
+    if self.kind not in KINDS:
+      raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}.")
     if self.checked and not self.checked_in:
       raise ValueError(f"a checked claim must say where it was checked (checked_in), got {self!r}.")
 
@@ -102,112 +137,190 @@ CLAIMS: dict[str, Claim] = {
         "Pre-LN's does not.",
         f"{XIONG}, Fig. 3(a)/(b) (per-layer gradient norm at init) and the extended theory of Sec. 3.3 "
         "(Theorem 1 itself bounds the last layer only)",
-        "Post-LN grows towards the output layer; Pre-LN about flat (qualitative figure, no number)"),
+        "Post-LN grows towards the output layer; Pre-LN about flat (qualitative figure, no number)",
+        testable_when=(
+        "gradients at init (no training, so any width can test it) at >= 2 depths, one of them >= 12, "
+        "with >= 2 seeds"),
+        kind="training"),
     "xiong_grad_depth_scaling": Claim(
         "grad_init",
         "The last layer's gradient norm does not change with the depth L for Post-LN and decreases with L "
         "for Pre-LN.",
         f"{XIONG}, Fig. 3(c)/(d) (depth scaling); Theorem 1 (last layer only) gives upper bounds "
         "O(d sqrt(ln d)) for Post-LN and O(d sqrt(ln d / L)) for Pre-LN, not predicted slopes",
-        "Post-LN: independent of L; Pre-LN: decreasing (bound ~ L^-1/2)"),
+        "Post-LN: independent of L; Pre-LN: decreasing (bound ~ L^-1/2)",
+        testable_when=(
+        "gradients at init at >= 3 depths spanning at least a factor 4 (a log-log slope with a point to "
+        "check its form), >= 2 seeds"),
+        kind="training"),
     "xiong_lemma2_preln": Claim(
         "grad_init",
         "Pre-LN residual stream at init: (1 + l/2) d <= E||x_l||^2 <= (1 + 3l/2) d; per layer the FFN adds "
         "d/2 in expectation and attention between 0 and d, so the band is per whole layer.",
         f"{XIONG}, Lemma 2 (Pre-LN part; theory setting: ReLU, d_ff = d, W^Q = W^K = 0, unit-variance input)",
-        "increment of E||x||^2/d per whole layer in [0.5, 1.5]"),
+        "increment of E||x||^2/d per whole layer in [0.5, 1.5]",
+        testable_when=(
+        "the theory variant (ReLU, d_ff = d, W^Q = W^K = 0, unit-variance input) at >= 1 depth"),
+        kind="training"),
     "xiong_lemma_postln": Claim(
         "grad_init",
         "Post-LN FFN norm inputs have E||x||^2/d = 3/2; attention norm inputs are bounded in [1, 2].",
         f"{XIONG}, Lemma 2 (Post-LN part: 3d/2) and its proof in App. C (attention norm input in [d, 2d]); "
         "Lemma 1 (E||ReLU(X)||^2 = sigma^2 d / 2) gives the FFN's d/2",
-        "FFN: 3/2; attention: in [1, 2]"),
+        "FFN: 3/2; attention: in [1, 2]",
+        testable_when=(
+        "the theory variant (ReLU, d_ff = d, W^Q = W^K = 0, unit-variance input) at >= 1 depth"),
+        kind="training"),
     "init_changes_picture": Claim(
         "grad_init",
         "The Post-LN gradient growth at init depends on the initialization (Xiong's theory assumes Xavier).",
         f"{PROJECT} (issue: 'the init decides whether Post-LN is unstable at all')",
-        "- (observation)", checked=True, checked_in="the project issue"),
+        "- (observation)", checked=True, checked_in="the project issue",
+        testable_when=(
+        "Xavier and the small init at the same depths and seeds"),
+        kind="training"),
     # ---- 2. warm-up and learning rate
     "xiong_postln_needs_warmup": Claim(
         "warmup",
         "Post-LN trained with Adam without warm-up (T_warmup = 1) fails where it trains with warm-up "
         "and Pre-LN trains without.",
         f"{XIONG}, Sec. 3.2 and Fig. 2 (IWSLT14 De-En, Post-LN; 'no warm-up' there means T_warmup = 1)",
-        "BLEU 8.45 without warm-up vs about 34 with T_warmup = 4000"),
+        "BLEU 8.45 without warm-up vs about 34 with T_warmup = 4000",
+        testable_when=(
+        "the longest warm-up is at most 1/5 of the run (a small fraction of training, as in the paper); "
+        ">= 2 seeds, compared paired per seed (the same seed with and without warm-up); judged only at "
+        "rates where Pre-LN without warm-up left the plateau within the first third of the run in every "
+        "seed, and where no compared Post-LN run left the plateau in the last third (a late start makes "
+        "'stalled at the end' fragile)"),
+        kind="training"),
     "xiong_postln_lr_sensitive": Claim(
         "warmup",
         "Post-LN is sensitive to the peak learning rate: at a given warm-up a larger peak rate breaks it "
         "where a smaller one trains, and Pre-LN tolerates larger rates.",
         f"{XIONG}, Sec. 3.2 and Fig. 2 (IWSLT14 De-En; sensitive to T_warmup and to the peak rate)",
-        "BLEU 31.16 at lr 5e-4 vs 2.77 at lr 1e-3 (Post-LN, T_warmup = 500)"),
+        "BLEU 31.16 at lr 5e-4 vs 2.77 at lr 1e-3 (Post-LN, T_warmup = 500)",
+        testable_when=(
+        ">= 2 seeds and >= 2 grid rates at which Pre-LN without warm-up left the plateau within the first"
+        " third of the run; a Post-LN 'break' counts only where no Post-LN run at that rate and warm-up "
+        "left the plateau in the last third of the run"),
+        kind="training"),
     "xiong_preln_no_warmup": Claim(
         "warmup",
         "Pre-LN trained without warm-up does as well as Post-LN trained with warm-up (the paper "
         "compares these two, not Pre-LN with and without warm-up).",
         f"{XIONG}, Sec. 4 and Fig. 4 (IWSLT14 De-En and WMT14 En-De; BERT is Fig. 5(a))",
-        "Pre-LN without warm-up reaches BLEU comparable to Post-LN with warm-up"),
+        "Pre-LN without warm-up reaches BLEU comparable to Post-LN with warm-up",
+        testable_when=(
+        ">= 2 seeds, compared paired per seed; some judged rate (Pre-LN left the plateau within the first"
+        " third) at which Post-LN with the longest warm-up trains in every seed"),
+        kind="training"),
     "xiong_preln_faster": Claim(
         "warmup",
         "Pre-LN converges faster: it reaches Post-LN's validation loss in fewer updates.",
-        f"{XIONG}, Sec. 4.2 (same peak rate) and Fig. 5(a) (BERT-base pre-training, Pre-LN with a 3x larger lr)",
+        f"{XIONG}, Sec. 4.2 (same peak rate) and Fig. 5(a) (BERT-base pre-training, Pre-LN with a 3x larger lr); the "
+        "paper's sentence on Fig. 5(a) swaps Pre- and Post-LN (an evident typo: the figure shows Pre-LN faster), read "
+        "here as the figure shows",
         "Fig. 5(a): val loss 1.69 at about 500k updates (Pre-LN) vs about 700k (Post-LN), the '40% speed-up' "
-        "is 1.4x, i.e. about 29% fewer updates; Sec. 4.2: faster at the same rate"),
+        "is 1.4x, i.e. about 29% fewer updates; Sec. 4.2: faster at the same rate",
+        testable_when=(
+        ">= 2 seeds; some judged rate at which Post-LN with the longest warm-up trains in every seed (its"
+        " final loss is the target, the paper's definition of speed); >= 4 evaluations per run"),
+        kind="training"),
     "warmup_variants": Claim(
         "warmup",
         "RMSNorm and GPT-2's small init at the grid's telling rate, beside LayerNorm with Xavier init.",
         f"{PROJECT} (the grid's telling rate; no published counterpart at this scale)",
-        "- (observation)", checked=True, checked_in="the project issue"),
+        "- (observation)", checked=True, checked_in="the project issue",
+        testable_when=(
+        "the grid's rates include the observation's rate"),
+        kind="training"),
     # ---- 3. depth
     "admin_deep_postln_fails": Claim(
         "depth",
         "Deep Post-LN fails to train (diverges or stalls) while Pre-LN trains.",
-        f"{LIU}, Table 1 (WMT14 En-De; RAdam, 8000 warm-up steps, lr 1e-3, fp16)",
-        "12L-12L and 18L-18L Post-LN fail (diverge); Pre-LN trains"),
+        f"{LIU}, the main BLEU table (Table 2 in the arXiv version per the issue-24 referee; WMT14 En-De; RAdam, 8000 "
+        "warm-up steps, lr 1e-3, fp16)",
+        "12L-12L and 18L-18L Post-LN fail (diverge); Pre-LN trains",
+        testable_when=(
+        ">= 2 seeds; a depth >= 12 and a shallowest depth <= 6 with Post-LN and Pre-LN; at the study's "
+        "rate Post-LN trains at the shallowest depth in every seed (else the rate, not the depth, breaks "
+        "it); the judged depth's Pre-LN ends >= 0.5 nats below unigram and left the plateau within the "
+        "first third"),
+        kind="training"),
     "deepnet_update_constant": Claim(
         "depth",
         "Post-LN's model update ||F(x; theta_t) - F(x; theta_0)|| over the first steps grows with depth; "
         "DeepNorm's stays bounded, about constant in N.",
-        f"{DEEPNET}, Fig. 4(a) and Fig. 5 (model update over early training)",
-        "Post-LN update grows with depth (then stalls); DeepNorm bounded"),
+        f"{DEEPNET}, Fig. 5 (model update over early training at several depths); Fig. 4(a) shows the 18L-18L model "
+        "only",
+        "Post-LN update grows with depth (then stalls); DeepNorm bounded",
+        testable_when=(
+        ">= 3 depths spanning at least a factor 4 in the update probe, with Post-LN and DeepNorm; an "
+        "early step at which Post-LN's relative update is below 1 at every depth"),
+        kind="training"),
     "deepnet_constants": Claim(
         "depth",
         "DeepNorm constants for a decoder-only stack of N layers.",
         f"{DEEPNET}, Fig. 2(b) and Sec. 4.3 (decoder-only column; encoder-decoder differs)",
-        "alpha = (2N)^(1/4), beta = (8N)^(-1/4)"),
+        "alpha = (2N)^(1/4), beta = (8N)^(-1/4)",
+        testable_when=(
+        "always (a formula compared with the constants the model uses)"),
+        kind="check"),
     # ---- 4. invariance
     "notes_rms_scale_invariance": Claim(
         "invariance",
         "RMSNorm(a x) = RMSNorm(x) for every a > 0.",
         f"{SEED_000}, Sec. 3.1 (forward scale invariance)",
-        "exact (ignoring epsilon)", checked=True, checked_in="seed note 000, Sec. 3.1"),
+        "exact (ignoring epsilon)", checked=True, checked_in="seed note 000, Sec. 3.1",
+        testable_when=(
+        "always (an identity at eps = 0, checked in float32)"),
+        kind="check"),
     "notes_rms_grad_invariance": Claim(
         "invariance",
         "The gradient of RMSNorm(a x) with respect to x does not depend on a.",
         f"{SEED_000}, Sec. 3.2 (backward gradient invariance)",
-        "exact (ignoring epsilon)", checked=True, checked_in="seed note 000, Sec. 3.2"),
+        "exact (ignoring epsilon)", checked=True, checked_in="seed note 000, Sec. 3.2",
+        testable_when=(
+        "always (an identity at eps = 0, checked in float32)"),
+        kind="check"),
     "notes_ln_shift_invariance": Claim(
         "invariance",
         "LayerNorm(x + c) = LayerNorm(x) for a constant shift c; RMSNorm is not shift invariant.",
         f"{ZHANG}, Table 1 (invariance properties: LayerNorm is invariant to weight-matrix re-centering, "
         f"RMSNorm is not); {BA}, Table 1 (the same property for LayerNorm)",
-        "exact for LayerNorm; RMSNorm not re-centering invariant", checked=True, checked_in=ZHANG_README),
+        "exact for LayerNorm; RMSNorm not re-centering invariant", checked=True, checked_in=ZHANG_README,
+        testable_when=(
+        "always (an identity at eps = 0, checked in float32)"),
+        kind="check"),
     "notes_grad_norms_close": Claim(
         "invariance",
         "Weight-gradient norms of LayerNorm and RMSNorm layers are close.",
         f"{SEED_000}, Sec. 3.3",
-        "rms_w_gradient.norm() ~= ln_w_gradient.norm()", checked=True, checked_in="seed note 000, Sec. 3.3"),
+        "rms_w_gradient.norm() ~= ln_w_gradient.norm()", checked=True, checked_in="seed note 000, Sec. 3.3",
+        testable_when=(
+        "the op, a Pre-LN model at init and one in training, LN and RMS with the same seed"),
+        kind="training"),
     # ---- 5. speed
     "zhang_rms_speedup": Claim(
         "speed",
         "RMSNorm reduces the running time of a model compared with LayerNorm.",
         f"{ZHANG}, abstract (7%-64%, RMSNorm and pRMSNorm together; read here) and the per-task result tables "
         "(full RMSNorm: 6.9% to 40.8%)",
-        "full RMSNorm 6.9%-40.8% less running time (7%-64% including pRMSNorm)"),
+        "full RMSNorm 6.9%-40.8% less running time (7%-64% including pRMSNorm)",
+        testable_when=(
+        "an accelerator backend (GPU or TPU: the paper timed GPUs) and >= 5 interleaved repeats of the "
+        "training step"),
+        kind="training"),
     "notes_rms_op_speedup": Claim(
         "speed",
         "RMSNorm is faster than LayerNorm as an op (on GPUs and similar hardware).",
         f"{SEED_001}, Sec. 2 ('about 10%-40%' on GPUs and similar hardware)",
-        "10%-40%", checked=True, checked_in="seed note 001, Sec. 2 (advantages) and Sec. 3 (summary table)"),
+        "10%-40%", checked=True, checked_in="seed note 001, Sec. 2 (advantages) and Sec. 3 (summary table)",
+        testable_when=(
+        "an accelerator backend (the notes say 'on GPUs and similar hardware') and >= 10 interleaved "
+        "rounds per shape; jaxnorm's and Flax's ops both timed, so one implementation's slow op cannot "
+        "decide it"),
+        kind="training"),
     # ---- 6. custom VJP
     "vjp_matches_autodiff": Claim(
         "vjp",
@@ -215,7 +328,11 @@ CLAIMS: dict[str, Claim] = {
         "differentiated by autodiff.",
         f"{PROJECT} (the derived VJP in a real model, not only in unit tests)",
         "identical up to float rounding and its amplification by training", checked=True,
-        checked_in="the project issue"),
+        checked_in="the project issue",
+        testable_when=(
+        "the same runs with both implementations and a chaos baseline (one-ulp input change) in the same "
+        "invocation"),
+        kind="check"),
     # ---- 7. QK-norm (issue 25)
     "wortsman_qk_removes_logit_growth": Claim(
         "qk_norm",
@@ -223,19 +340,27 @@ CLAIMS: dict[str, Claim] = {
         "removes this growth.",
         f"{WORTSMAN}, abstract and Sec. 1 (read here); the qk-layernorm section and its figures (not read here)",
         "logit growth appears in small models at high rates; qk-layernorm is 'equally effective in this regime' "
-        "(qualitative)", checked=True, checked_in="the abstract and the opening of Sec. 1"),
+        "(qualitative)", checked=True, checked_in="the abstract and the opening of Sec. 1",
+        testable_when=(
+        "in a seed, Pre-LN without QK-norm at the top rate grows its largest attention logit at least "
+        "10x over training to at least 20 (the instability reproduced; qk_norm_rules, fixed before any "
+        "run)")),
     "wortsman_qk_lr_sensitivity": Claim(
         "qk_norm",
         "qk-layernorm lowers the sensitivity of the final loss to the learning rate (LR sensitivity: the mean "
         "excess of the final loss over its best value across rates, losses capped at the initial loss).",
         f"{WORTSMAN}, Sec. 1 (the LR-sensitivity definition in words, read here); the formula of Sec. 2 and "
         "the first figure (not read here)",
-        "'considerably lower LR sensitivity' with qk-layernorm (qualitative; as quoted in a reading note)"),
+        "'considerably lower LR sensitivity' with qk-layernorm (qualitative; as quoted in a reading note)",
+        testable_when=(
+        "in a seed, the logit-growth condition holds and Pre-LN's LR sensitivity without QK-norm is at "
+        "least 0.05 nats over at least two decades of rates")),
     "qk_norm_post_ln": Claim(
         "qk_norm",
         "QK-norm in a Post-LN model, beside the Pre-LN runs: LR sensitivity and top-rate logits.",
         f"{PROJECT} (the issue asks for Post-LN beside Pre-LN; the paper studies Pre-LN)",
-        "- (observation)", checked=True, checked_in="the project issue"),
+        "- (observation)", checked=True, checked_in="the project issue",
+        testable_when="an observation beside the Pre-LN runs (no verdict)"),
     # ---- 8. LayerNorm Scaling and Peri-LN (issue 25)
     "sun_lns_curbs_variance": Claim(
         "norm_scaling",
@@ -243,12 +368,16 @@ CLAIMS: dict[str, Claim] = {
         "curbs that growth.",
         f"{SUN}, abstract (read here; no figure or table read)",
         "Pre-LN output variance grows exponentially with depth; LNS mitigates the explosion (qualitative)",
-        checked=True, checked_in="the abstract"),
+        checked=True, checked_in="the abstract",
+        testable_when="Pre-LN's residual mean square grows at least 2x from the first block to the last "
+        "(per phase: at init, after training)"),
     "kim_periln_balanced_variance": Claim(
         "norm_scaling",
         "Peri-LN (norms around each sub-layer: this project's sandwich) has more balanced hidden-state "
         "variance growth than Pre-LN.",
         f"{KIM}, abstract (read here; no figure or table read)",
         "'consistently achieves more balanced variance growth' (qualitative)", checked=True,
-        checked_in="the abstract"),
+        checked_in="the abstract",
+        testable_when="Pre-LN's residual mean square grows at least 2x from the first block to the last "
+        "(per phase: at init, after training)"),
 }

@@ -2,8 +2,9 @@ r"""The chunk plan of a preset: its units (training runs, probe settings) with e
 
 ``python -m experiments run --preset gpu --list`` prints it. A *unit* is what the suite caches
 (:mod:`experiments.suite.context`): one training run or one probe setting. The plan lists them in
-the order the suite computes them (the studies' own loops, mirrored here; the smoke test checks
-that the counts agree) and packs them greedily, in that order, into chunks of at most
+the order the suite computes them, as each study declares them (``units(cfg)`` of the study
+protocol, :mod:`experiments.suite.study`; the smoke test checks that the counts agree with what
+the suite cached) and packs them greedily, in that order, into chunks of at most
 :data:`CHUNK_S` seconds. Each chunk is one invocation of
 
 .. code-block:: bash
@@ -34,14 +35,15 @@ The ``cpu`` constants come from the last clean 2-core ``cpu`` run and the CPU co
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
 from experiments.suite import presets as presets_lib
+from experiments.suite import study
 from experiments.suite.registry import EXPERIMENTS
+from experiments.suite.study import Unit
 
 __all__ = ["CHUNK_S", "COSTS", "Unit", "chunks", "format_plan", "units"]
 
-CHUNK_S = 420.0  # 7 minutes: four chunks and their start-ups fit a 30-minute lease with margin
+CHUNK_S = 420.0  # 7 minutes: the gpu preset's chunks and their start-ups fit a 30-minute lease
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,96 +84,19 @@ COSTS = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Unit:
-  """One cached piece of work: a training run or a probe setting."""
-
-  experiment: str
-  label: str
-  n_layers: int
-  steps: int            # training steps (0 for a probe without training)
-  compile_key: tuple    # units with equal keys share compilations
-  kind: str = "train"   # "train", "grad" (gradients at init), "update", "throughput", "op"
-
-
 def _config(preset: dict, name: str):
-  module = importlib.import_module(EXPERIMENTS[name])
-  return module.Config(**preset.get(name, {}))
+  module = study.load(EXPERIMENTS[name])
+  return module, module.Config(**preset.get(name, {}))
 
 
 def units(preset_name: str) -> list[Unit]:
-  """Every unit of a preset, in the order the suite computes them (duplicates removed)."""
+  """Every unit of a preset, in the order the suite computes them: each study's own
+  ``units(cfg)`` (:mod:`experiments.suite.study`), in the order of the report."""
   preset = presets_lib.get_preset(preset_name)
   out: list[Unit] = []
-
-  # Compile keys leave out the init: it changes the parameters, not the program (JAX's
-  # persistent compilation cache, on in the suite, then finds the compiled program).
-  def train(exp, label, L, steps, pos, norm="layer_norm", init="xavier", impl="jaxnorm"):
-    out.append(Unit(exp, label, L, steps, ("train", L, pos, norm, impl)))
-
-  g = _config(preset, "grad_init")
-  from experiments.studies import grad_init
-  for s in grad_init.settings(g):
-    for seed in g.seeds:
-      program = "theory" if s["setting"] == "theory" else "xavier"  # small: the xavier program
-      out.append(Unit("grad_init", f"{grad_init.key(s)}/s{seed}", s["n_layers"], 0,
-                      ("grad", s["n_layers"], program, s["norm_position"], s["norm_type"]),
-                      "grad"))
-  w = _config(preset, "warmup")
-  for pos_lr_w in [(pos, i, wu) for i in range(len(w.lr_times_d)) for wu in w.warmups
-                   for pos in ("post", "pre")]:
-    for seed in w.seeds:
-      pos, i, wu = pos_lr_w
-      train("warmup", f"{pos}-lr{i}-w{wu}-s{seed}", w.n_layers, w.steps, pos)
-  extra = []
-  if w.rms_norm:
-    extra += [(pos, wu, "rms_norm", "xavier") for wu in (0, w.warmups[2]) for pos in ("post", "pre")]
-  if w.small_init:
-    extra += [(pos, 0, "layer_norm", "small") for pos in ("post", "pre")]
-  for pos, wu, norm, init in extra:
-    for seed in w.seeds:
-      train("warmup", f"{pos}-{norm}-{init}-telling-w{wu}-s{seed}", w.n_layers, w.steps, pos, norm, init)
-  d = _config(preset, "depth")
-  for L in d.depths:
-    for pos in d.positions:
-      for seed in d.seeds:
-        train("depth", f"depth-{pos}-L{L}-s{seed}", L, d.steps, pos)
-  for L in d.update_depths or d.depths:
-    for pos in d.positions:
-      for seed in d.seeds:  # the train step is the depth runs' (same compile key)
-        out.append(Unit("depth", f"update-{pos}-L{L}-s{seed}", L, d.update_steps,
-                        ("train", L, pos, "layer_norm", "jaxnorm"), "update"))
-  inv = _config(preset, "invariance")
-  for norm in ("layer_norm", "rms_norm"):
-    out.append(Unit("invariance", f"init-{norm}", inv.n_layers, 0,
-                    ("grad", inv.n_layers, "xavier", "pre", norm), "grad"))
-  for norm in ("layer_norm", "rms_norm"):
-    train("invariance", f"pre-{norm}-lr0.001-w0", inv.n_layers, inv.train_steps, "pre", norm)
-  sp = _config(preset, "speed")
-  for shape in sp.op_shapes:
-    out.append(Unit("speed", f"op-{shape[0]}x{shape[1]}", 0, 0, ("op", tuple(shape)), "op"))
-  for rep in range(sp.repeats):
-    for norm in ("layer_norm", "rms_norm"):
-      for impl in ("jaxnorm", "flax"):
-        out.append(Unit("speed", f"throughput-{norm}-{impl}-r{rep}", sp.n_layers, sp.steps,
-                        ("train", sp.n_layers, "pre", norm, impl), "throughput"))
-  v = _config(preset, "vjp")
-  for norm in v.norm_types:
-    for pos in v.positions:
-      for impl in ("jaxnorm", "flax"):
-        train("vjp", f"{pos}-{norm}-{impl}", v.n_layers, v.steps, pos, norm, impl=impl)
-      # The chaos baseline: the Flax run again with the input scaled by 1 + 2^-23.
-      train("vjp", f"chaos-{pos}-{norm}", v.n_layers, v.steps, pos, norm, impl="flax")
-  from experiments.studies import norm_scaling, qk_norm
-  q = _config(preset, "qk_norm")
-  for pos, qk, lr, seed in qk_norm.units(q):
-    out.append(Unit("qk_norm", qk_norm.label(pos, qk, lr, seed, q.n_layers), q.n_layers, q.steps,
-                    ("train", q.n_layers, pos, "layer_norm", "jaxnorm", "qk" if qk else "")))
-  ns = _config(preset, "norm_scaling")
-  for variant, seed in norm_scaling.units(ns):
-    pos = norm_scaling.VARIANTS[variant][0]
-    out.append(Unit("norm_scaling", norm_scaling.label(variant, seed, ns), ns.n_layers, ns.steps,
-                    ("train", ns.n_layers, pos, "layer_norm", "jaxnorm", variant)))
+  for name in EXPERIMENTS:
+    module, cfg = _config(preset, name)
+    out += module.units(cfg)
   return out
 
 

@@ -8,17 +8,30 @@ change with the preset. Three presets:
   steps: it checks that every experiment produces its files and the report renders, and the
   structural facts that hold at any scale (the Post-LN/Pre-LN gradient ratio at init, the
   invariance errors, jaxnorm-vs-Flax agreement).
-* ``cpu``: the README's main job; at most 20 minutes on a 2-core laptop CPU with the default
-  corpus. Small models (width 64), 6/12/24 layers at init and in training, a 4 x 3 lr x
-  warm-up grid with 2 seeds. (Run sharing: the VJP experiment's jaxnorm runs are grid points,
-  lr 0.2 / d without warm-up, so their sizes and the decay timescale are kept equal.)
+* ``cpu``: the README's main job; at most 15 minutes on a 2-core laptop CPU with the default
+  corpus, install included. Small models (width 64), 6/12/24 layers at init and in the
+  model-update probe, 6/12 in training, a 4 x 2 lr x warm-up grid with 2 seeds. (Run sharing:
+  the VJP experiment's jaxnorm runs are grid points, lr 0.2 / d without warm-up, so their sizes
+  and the decay timescale are kept equal.)
+
+  **Issue 24: cut by cost, decided before running.** The main job took 23 minutes; the cost
+  model (``--list``) put it at 21 min. The cuts, cheapest information first, each with its
+  estimated saving: the grid's short warm-up (10 steps; its only use was the rate-sensitivity
+  check at a warm-up where Post-LN survived no rate), about 2.5 min; the RMSNorm and small-init
+  observations at the telling rate (no published counterpart), about 1.6 min; the depth study's
+  24-layer and Sandwich training runs (no claim judges Sandwich; the 24-layer depth stays in the
+  gradient-at-init and model-update probes), about 4 min; op timing rounds 20 -> 10 (timing
+  claims are not testable on a CPU), about 0.3 min. Estimated 12.3 min of experiments. The
+  claims that this leaves untestable (the warm-up claim: its longest warm-up is a third of the
+  run) say so and name ``--preset gpu``.
 * ``gpu``: the larger version for one H100 (width 256, 6/12/24 layers in training, 500-step
-  runs, 3 seeds); sized by a cost model (:mod:`experiments.suite.plan`, ``--list``) from the
+  runs with warm-ups 0/25/100, so the longest is a fifth of the run, 3 seeds; 5 training-step
+  timing repeats); sized by a cost model (:mod:`experiments.suite.plan`, ``--list``) from the
   H100 speed experiment's 4.8 ms per 6-layer step (not measured end to end;
-  ``docs/experiments.md``), about 28 minutes run as ``--budget 7`` chunks of at most 7 minutes
-  (runs and probe settings are cached, so a cut chunk resumes). The issue-25 studies (``qk_norm``,
-  ``norm_scaling``) add about 11 minutes by the same cost model (``--list``): run them in a
-  session of their own with ``--only qk_norm,norm_scaling``.
+  ``docs/experiments.md``), about 29 minutes run as ``--budget 7`` chunks of at most 7 minutes
+  (runs and probe settings are cached, so a cut chunk resumes). The issue-25 studies
+  (``qk_norm``, ``norm_scaling``) add about 11 minutes by the same cost model (``--list``): run
+  them in a session of their own with ``--only qk_norm,norm_scaling``.
 
 Each preset is a plain dict (so it is written verbatim into the results' provenance): ``model``
 holds :class:`jaxnorm.models.TransformerConfig` fields shared by every experiment, ``train``
@@ -54,7 +67,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "norm_scaling": {"n_layers": 2, "steps": 4, "warmup": 1, "seeds": (0,)},
     },
     "cpu": {
-        "description": "the README's main job: small models on a laptop CPU (about 20 minutes on 2 cores)",
+        "description": "the README's main job: small models on a laptop CPU (at most 15 minutes on 2 cores, "
+                       "install included)",
         "model": {"d_model": 64, "n_heads": 4, "d_ff": 256, "max_len": 64},
         "train": {"batch_size": 16, "seq_len": 64, "eval_every": 20, "eval_batches": 4,
                   "decay_timescale": 40},
@@ -62,15 +76,15 @@ PRESETS: dict[str, dict[str, Any]] = {
                       "norm_types": ("layer_norm", "rms_norm"), "small_init": True, "theory": True,
                       "variant_depths": (6, 24)},
         "warmup": {"n_layers": 6, "steps": 120, "lr_times_d": (0.0632, 0.2, 0.632, 2.0),
-                   "warmups": (0, 10, 40), "decay_timescale": 40, "seeds": (0, 1),
-                   "rms_norm": True, "small_init": True},
-        "depth": {"depths": (6, 12, 24), "positions": ("post", "pre", "sandwich", "deepnorm"),
+                   "warmups": (0, 40), "decay_timescale": 40, "seeds": (0, 1),
+                   "rms_norm": False, "small_init": False},
+        "depth": {"depths": (6, 12), "positions": ("post", "pre", "deepnorm"),
                   "steps": 120, "seeds": (0, 1), "lr": 0.003125, "warmup": 40,
-                  "decay_timescale": 40, "update_steps": 4},
+                  "decay_timescale": 40, "update_depths": (6, 12, 24), "update_steps": 4},
         "invariance": {"n_rows": 64, "d": 256, "n_points": 25, "seeds": (0, 1, 2),
                        "train_steps": 120, "n_layers": 6},
         "speed": {"n_layers": 6, "steps": 30, "repeats": 3,
-                  "op_shapes": ((1024, 64), (4096, 256), (8192, 1024)), "op_repeats": 20},
+                  "op_shapes": ((1024, 64), (4096, 256), (8192, 1024)), "op_repeats": 10},
         "vjp": {"n_layers": 6, "steps": 120, "positions": ("pre", "post"),
                 "norm_types": ("layer_norm", "rms_norm"), "lr": 0.003125},
         # Issue 25, about 2 minutes on 2 cores: 24 two-layer runs of 80 steps.
@@ -87,14 +101,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         "grad_init": {"depths": (6, 12, 24, 48), "seeds": (0, 1, 2, 3), "n_batches": 4,
                       "norm_types": ("layer_norm", "rms_norm"), "small_init": True, "theory": True},
         "warmup": {"n_layers": 6, "steps": 500, "lr_times_d": (0.0632, 0.2, 0.632, 2.0),
-                   "warmups": (0, 40, 160), "decay_timescale": 160, "seeds": (0, 1, 2),
+                   "warmups": (0, 25, 100), "decay_timescale": 160, "seeds": (0, 1, 2),
                    "rms_norm": True, "small_init": True},
         "depth": {"depths": (6, 12, 24), "positions": ("post", "pre", "sandwich", "deepnorm"),
                   "steps": 500, "seeds": (0, 1, 2), "lr": 7.813e-4, "warmup": 160,
                   "decay_timescale": 160, "update_steps": 5},
         "invariance": {"n_rows": 256, "d": 1024, "n_points": 49, "seeds": (0, 1, 2, 3),
                        "train_steps": 500, "n_layers": 6},
-        "speed": {"n_layers": 6, "steps": 100, "repeats": 3,
+        "speed": {"n_layers": 6, "steps": 100, "repeats": 5,
                   "op_shapes": ((8192, 1024), (16384, 4096), (32768, 8192)), "op_repeats": 100},
         "vjp": {"n_layers": 6, "steps": 500, "positions": ("pre", "post"),
                 "norm_types": ("layer_norm", "rms_norm"), "lr": 7.813e-4},

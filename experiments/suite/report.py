@@ -1,8 +1,12 @@
 """Renders ``report.md`` from a results folder written by :mod:`experiments.suite.runner`.
 
-The report opens with one screen (a grid of each experiment's ``HEADLINE`` figures and the
-verdict table: claim, criterion, our numbers, seeds, verdict), then the provenance (preset,
-command, device, versions, corpus hash, git commit), then one section per experiment (written by the
+The report opens with a summary a reader can trust in one minute (the tally, implementation
+checks apart from claims about training; what held, what did not, what this preset cannot test
+and why; every instability) and the limitations of the scale, then one screen (a grid of each
+experiment's ``HEADLINE`` figures and two verdict tables, claims about training and
+implementation checks: claim, when the design can test it, criterion, our numbers, seeds,
+verdict), then the provenance (preset, command, device, versions, corpus hash, git commit), the
+"Rule changes" section (:mod:`experiments.suite.rule_changes`), then one section per experiment (written by the
 experiment module's ``report_section``, embedding its PNGs by relative path, followed by its
 claims and the links to its ``RAW_DATA`` files), and ends with
 the table "claim - source - published number - our number - holds?" built from
@@ -20,19 +24,24 @@ tables; this module adds the claims list and the raw-data line after it.
 
 from __future__ import annotations
 
-import importlib
+import dataclasses
 import pathlib
 from typing import Any
 
+from experiments.studies.seeds import SPIKE_NATS
 from experiments.suite import claims as claims_lib
+from experiments.suite import rule_changes, study
 from experiments.suite.registry import EXPERIMENTS, read_json
 
-__all__ = ["claims_rows", "render", "render_text"]
+__all__ = ["claims_rows", "docs_block", "instabilities", "render", "render_text", "tally"]
 
 _NOT_RECHECKED = (" [not re-checked here: place and number as checked against the full text by the issue-17 "
                   "reviewer]")
 _FIRST_SCREEN_CHARS = 240  # longer "ours" texts are cut in the first screen's verdict table
-_VERDICT_TEXT = {"yes": "yes", "no": "**no**", "partly": "partly", "n/a": "n/a", "obs": "(observation)"}
+_VERDICT_TEXT = {"yes": "yes", "no": "**no**", "partly": "partly", "n/a": "n/a", "obs": "(observation)",
+                 claims_lib.NOT_TESTABLE: "not testable at this scale", "not run": "not run by this preset"}
+_KIND_TITLE = {"training": "Verdicts on the papers' claims (models at init, in training, in time)",
+               "check": "Verdicts of the implementation checks"}
 
 
 def _escape(text: Any) -> str:
@@ -62,6 +71,8 @@ def claims_rows(summaries: dict[str, dict]) -> list[dict]:
         "published": claim.published,
         "ours": m["ours"] if m else "-",
         "holds": m["holds"] if m else "not run",
+        "kind": claim.kind,
+        "testable_when": claim.testable_when,
         "note": (m or {}).get("note", ""),
     })
   return rows
@@ -108,7 +119,7 @@ def _first_screen(summaries: dict, rows: list[dict], counts: dict) -> list[str]:
   ``_FIRST_SCREEN_CHARS`` characters)."""
   figs = []
   for name, summary in summaries.items():
-    module = importlib.import_module(EXPERIMENTS[name])
+    module = study.load(EXPERIMENTS[name])
     figs += [f"{name}/{f}" for f in getattr(module, "HEADLINE", ()) if f in summary.get("files", [])]
   out = ["## At a glance", ""]
   if figs:
@@ -117,21 +128,122 @@ def _first_screen(summaries: dict, rows: list[dict], counts: dict) -> list[str]:
       cells = [f"![{f}]({f})" for f in figs[i:i + 2]] + [""] * (2 - len(figs[i:i + 2]))
       out.append(f"| {cells[0]} | {cells[1]} |")
     out.append("")
-  out += [", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) + " (full claims table at the end).", "",
-          "| claim | criterion | ours | seeds | verdict |", "|---|---|---|---|---|"]
+  out += [", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) + " (full claims table at the end).", ""]
   measured = {c["id"]: (c, summaries[n].get("seeds", "")) for n in summaries for c in summaries[n].get("claims", [])}
-  for r in rows:
-    if r["holds"] not in ("yes", "no", "partly", "obs", "n/a"):
-      continue
-    c, seeds = measured[r["id"]]
-    crit = c.get("criterion") or c.get("note") or "-"
-    ours = c.get("short") or r["ours"]
-    if len(ours) > _FIRST_SCREEN_CHARS:
-      ours = ours[:_FIRST_SCREEN_CHARS].rsplit(" ", 1)[0] + " ... (full numbers in the section)"
-    out.append(f"| {_escape(r['statement'])} | {_escape(crit)} | {_escape(ours)} | {_escape(seeds)} | "
-               f"{_VERDICT_TEXT.get(r['holds'], r['holds'])} |")
-  out.append("")
+  for kind, title in _KIND_TITLE.items():
+    kind_rows = [r for r in rows if r["kind"] == kind and r["holds"] in claims_lib.VERDICTS]
+    out += [f"### {title}", "", "| claim | testable when | criterion | ours | seeds | verdict |",
+            "|---|---|---|---|---|---|"]
+    for r in kind_rows:
+      c, seeds = measured[r["id"]]
+      crit = c.get("criterion") or c.get("note") or "-"
+      ours = c.get("short") or r["ours"]
+      if len(ours) > _FIRST_SCREEN_CHARS:
+        ours = ours[:_FIRST_SCREEN_CHARS].rsplit(" ", 1)[0] + " ... (full numbers in the section)"
+      out.append(f"| {_escape(r['statement'])} | {_escape(r['testable_when'])} | {_escape(crit)} | {_escape(ours)} | "
+                 f"{_escape(seeds)} | {_VERDICT_TEXT.get(r['holds'], r['holds'])} |")
+    out.append("")
   return out
+
+
+def tally(rows: list[dict]) -> dict[str, dict[str, int]]:
+  """Verdict counts per claim kind (``"training"``, ``"check"``) from :func:`claims_rows`."""
+  out: dict[str, dict[str, int]] = {k: {} for k in claims_lib.KINDS}
+  for r in rows:
+    out[r["kind"]][r["holds"]] = out[r["kind"]].get(r["holds"], 0) + 1
+  return out
+
+
+def _tally_text(counts: dict[str, int]) -> str:
+  order = ["yes", "partly", "no", claims_lib.NOT_TESTABLE, "n/a", "obs", "not run"]
+  return ", ".join(f"{_VERDICT_TEXT.get(k, k).replace('**', '')}: {counts[k]}" for k in order if counts.get(k))
+
+
+def instabilities(summaries: dict) -> list[str]:
+  """Every training run's spike (a training-loss rise above ``SPIKE_NATS``) and every late plateau
+  exit (after 2/3 of the run) in the warm-up grid and the depth study, one line each."""
+  lines = []
+  srcs = []
+  if "warmup" in summaries:
+    w = summaries["warmup"]
+    srcs += [("warm-up grid", "warmup", k, p, w["config"]["steps"]) for src in ("grid", "extra_points")
+             for k, p in w.get(src, {}).items()]
+  if "depth" in summaries:
+    d = summaries["depth"]
+    srcs += [("depth", "depth", k, p, d["config"]["steps"]) for k, p in d.get("points", {}).items()]
+  for where, name, key, p, steps in srcs:
+    seeds = summaries[name].get("seeds", [])
+    for i, r in enumerate(p.get("rise") or []):
+      if r is not None and r["rise"] > SPIKE_NATS:
+        lines.append(f"{where} `{key}` seed {seeds[i] if i < len(seeds) else i}: training loss spiked by "
+                     f"{r['rise']:.2f} nats to {r['peak']:.2f} at step {r['step']}, final val loss "
+                     f"{p['values'][i]:.3f}")
+    for i, s in enumerate(p.get("left_plateau") or []):
+      if s is not None and s > 2 * steps / 3:
+        lines.append(f"{where} `{key}` seed {seeds[i] if i < len(seeds) else i}: left the plateau late, at step {s} "
+                     f"of {steps} (a 'stalled' verdict at this length would be fragile)")
+  return lines
+
+
+def _reason(ours: str) -> str:
+  """The reason of a "not testable" text, without the measured numbers after it."""
+  return ours.split(". Measured:")[0].replace("not testable at this scale: ", "")
+
+
+def _summary(state: dict, rows: list[dict], summaries: dict) -> list[str]:
+  """The report's opening: the tally per kind, the verdicts by name, what needs a larger preset, instabilities."""
+  t = tally(rows)
+  out = ["## Summary", "",
+         f"- **Claims about models and training** ({sum(t['training'].values())}): {_tally_text(t['training'])}.",
+         f"- **Implementation checks** ({sum(t['check'].values())}, checks of this code, not of the papers): "
+         f"{_tally_text(t['check'])}."]
+  for verdict, title in (("yes", "Held"), ("partly", "Held in part"), ("no", "Did not hold")):
+    names = [r["statement"] for r in rows if r["kind"] == "training" and r["holds"] == verdict]
+    if names:
+      out.append(f"- {title}: " + " / ".join(names))
+  nt = [r for r in rows if r["holds"] == claims_lib.NOT_TESTABLE]
+  if nt:
+    out.append("- **Not testable at this scale**" + (" (run `--preset gpu`)" if state.get("preset") != "gpu" else "")
+               + ":")
+    out += [f"  - {r['statement']} *Why:* {_reason(r['ours'])}" for r in nt]
+  inst = instabilities(summaries)
+  out.append(f"- Instabilities (every training-loss spike above {SPIKE_NATS:g} nat and every late plateau exit): "
+             + ("none" if not inst else ""))
+  out += [f"  - {x}" for x in inst]
+  out += ["", "Verdicts are computed by the rules printed beside them; the section \"Rule changes\" lists every rule "
+          "changed after its data had been seen.", ""]
+  return out
+
+
+def _limitations(state: dict) -> list[str]:
+  """What the scale of this preset cannot say, with its sizes."""
+  pc = state.get("preset_config", {})
+  m, tr = pc.get("model", {}), pc.get("train", {})
+  w = pc.get("warmup", {})
+  batch, seq = tr.get("batch_size"), tr.get("seq_len")
+  eval_bytes = (tr.get("eval_batches") or 0) * (batch or 0) * (seq or 0)
+  wd = tr.get("weight_decay")
+  if wd is None:
+    from experiments.harness.train_config import TrainConfig
+    wd = next(f.default for f in dataclasses.fields(TrainConfig) if f.name == "weight_decay")
+  wd_text = f"decoupled weight decay {wd} on matrices" + (" (so AdamW is Adam)" if not wd else "")
+  corpus = (state.get("corpus") or {}).get("name", "?")
+  steps = w.get("steps")
+  tokens = f"{batch * seq * steps:,}" if batch and seq and steps else "?"
+  return ["## Limitations", "",
+          f"- Scale: width {m.get('d_model')}, {m.get('n_heads')} heads, d_ff {m.get('d_ff')}; batch {batch} x "
+          f"sequence {seq} bytes; a warm-up-grid run is {steps} steps, about {tokens} training tokens. The papers "
+          "train translation and BERT models for 10^4-10^6 steps; a claim that needs their regime is marked not "
+          "testable here rather than judged.",
+          f"- Data: a byte-level corpus ({corpus}), not IWSLT/WMT/BERT text; losses are nats per byte.",
+          f"- Evaluation on {eval_bytes:,} bytes per point: with a per-byte loss s.d. of about 2 nats, about "
+          f"{2 / max(eval_bytes, 1) ** 0.5:.2f} nat of noise per evaluation (an estimate, not measured).",
+          f"- Optimizer: AdamW(0.9, 0.98), {wd_text}; DeepNet's constants and bound are derived for SGD-like "
+          "updates, Xiong et al.'s theory for Xavier init with W^Q = W^K = 0.",
+          f"- Seeds: {w.get('seeds')} per training point; spreads are min-max over them (half-range shown), not "
+          "confidence intervals.",
+          "- Timings: taken on the device in the provenance; on a shared CPU they carry several percent of noise and "
+          "say nothing about GPUs, so the timing claims are not testable on a CPU.", ""]
 
 
 def render_text(root: str | pathlib.Path) -> str:
@@ -157,6 +269,8 @@ def render_text(root: str | pathlib.Path) -> str:
     counts[r["holds"]] = counts.get(r["holds"], 0) + 1
 
   out = [f"# jaxnorm experiment report (preset `{state.get('preset')}`)", ""]
+  out += _summary(state, rows, summaries)
+  out += _limitations(state)
   out += _first_screen(summaries, rows, counts)
   out += [
       "Every number below was measured by `python -m experiments run` on the machine described "
@@ -174,9 +288,10 @@ def render_text(root: str | pathlib.Path) -> str:
     seeds = summaries.get(name, {}).get("seeds", "")
     out.append(f"| {name} | {status} | {'' if wall is None else f'{float(wall):.0f}'} | {seeds} |")
   out.append("")
+  out += rule_changes.markdown()
 
   for i, name in enumerate(EXPERIMENTS, 1):
-    module = importlib.import_module(EXPERIMENTS[name])
+    module = study.load(EXPERIMENTS[name])
     out += [f"## {i}. {module.TITLE}", ""]
     if name in summaries:
       out.append(module.report_section(summaries[name], name).rstrip())
@@ -188,10 +303,10 @@ def render_text(root: str | pathlib.Path) -> str:
     out.append("")
 
   out += ["## Claims", "",
-          "| claim | source | published | ours | holds? |", "|---|---|---|---|---|"]
+          "| claim | kind | source | published | ours | holds? |", "|---|---|---|---|---|---|"]
   for r in rows:
     ours = r["ours"] + (f" ({r['note']})" if r["note"] else "")
-    out.append(f"| {_escape(r['statement'])} | {_escape(r['source'])} | {_escape(r['published'])} | "
+    out.append(f"| {_escape(r['statement'])} | {r['kind']} | {_escape(r['source'])} | {_escape(r['published'])} | "
                f"{_escape(ours)} | {_VERDICT_TEXT.get(r['holds'], r['holds'])} |")
   out.append("")
   return "\n".join(out)
@@ -203,3 +318,33 @@ def render(root: str | pathlib.Path) -> pathlib.Path:
   path = root / "report.md"
   path.write_text(render_text(root))
   return path
+
+
+DOCS_BEGIN = "<!-- generated from the committed cpu report by experiments.suite.report.docs_block: do not edit -->"
+DOCS_END = "<!-- end of the generated block -->"
+
+
+def docs_block(root: str | pathlib.Path) -> str:
+  """The block of ``docs/experiments.md`` that names the committed report's verdicts.
+
+  The docs restate no verdict by hand: this block is rendered from the results folder ``root``
+  (``experiments/results/cpu``), and ``tests/test_docs_report.py`` fails if the docs' copy differs.
+  ``python -m experiments.suite.docs_sync`` rewrites it.
+  """
+  root = pathlib.Path(root)
+  state = read_json(root / "suite.json")
+  summaries = {name: read_json(root / name / "done.json") for name in EXPERIMENTS
+               if (root / name / "done.json").exists()}
+  rows = claims_rows(summaries)
+  t = tally(rows)
+  git = (state.get("git") or {}).get("commit", "?")
+  preset = state.get("preset")
+  lines = [DOCS_BEGIN, "",
+           f"The committed `{preset}` report ([experiments/results/{preset}/report.md]"
+           f"(../experiments/results/{preset}/report.md), git `{str(git)[:7]}`, {state.get('created')}):", "",
+           f"- claims about models and training: {_tally_text(t['training'])}",
+           f"- implementation checks: {_tally_text(t['check'])}", "",
+           "| claim | verdict |", "|---|---|"]
+  lines += [f"| `{r['id']}` | {_VERDICT_TEXT.get(r['holds'], r['holds'])} |" for r in rows]
+  lines += ["", DOCS_END]
+  return "\n".join(lines)

@@ -29,7 +29,6 @@ report with its plots and data, but not the training runs, to ``DIR`` (this is h
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import pathlib
 import shutil
@@ -38,8 +37,9 @@ import time
 import traceback
 from typing import Callable
 
+from experiments.harness import progress as progress_lib
 from experiments.suite import presets as presets_lib
-from experiments.suite import report
+from experiments.suite import report, study
 from experiments.suite import plan as plan_lib
 from experiments.suite.context import Context, OutOfBudget
 from experiments.suite.provenance import provenance
@@ -187,12 +187,9 @@ def run_suite(preset_name: str, out_dir: str | pathlib.Path, *, only: list[str] 
 
   t_suite = time.perf_counter()
   failures, stopped = [], False
-  bar = None
-  if progress:
-    from tqdm.auto import tqdm
-    bar = tqdm(total=len(names), desc=f"suite[{preset_name}]", position=0)
+  bar = progress_lib.Progress(len(names), desc=f"suite[{preset_name}]", bar=bool(progress))
   for i, name in enumerate(names):
-    module = importlib.import_module(EXPERIMENTS[name])
+    module = study.load(EXPERIMENTS[name])
     ctx.exp_dir, ctx.exp_name = root / name, name
     if (root / name / "done.json").exists() and name not in force_names:
       ctx.log(f"finished earlier, skipped ({i + 1}/{len(names)})")
@@ -205,10 +202,8 @@ def run_suite(preset_name: str, out_dir: str | pathlib.Path, *, only: list[str] 
         failures.append(name)
       stopped = status == "partial"
       write_json(root / "suite.json", state)
-    if bar is not None:
-      bar.update(1)
-  if bar is not None:
-    bar.close()
+    bar.update(i + 1)
+  bar.close()
   ctx.exp_name = ""
   state["last_invocation_wall_s"] = time.perf_counter() - t_suite
   state["failed"] = failures
@@ -244,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
       prog="python -m experiments run",
       description="Run the jaxnorm experiment suite and write its report.")
   parser.add_argument("--preset", default="cpu", choices=sorted(presets_lib.PRESETS),
-                      help="problem sizes: smoke (CI, ~1 min), cpu (~20 min on 2 cores), gpu (full size)")
+                      help="problem sizes: smoke (CI, ~1 min), cpu (<= 15 min on 2 cores), gpu (full size)")
   parser.add_argument("--only", action="append", default=None, metavar="NAME",
                       help=f"run only these experiments (repeatable or comma-separated; names "
                            f"{', '.join(EXPERIMENTS)} or numbers 1-{len(EXPERIMENTS)})")
@@ -271,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
 
   if args.list:
     for i, (name, mod) in enumerate(EXPERIMENTS.items(), 1):
-      title = importlib.import_module(mod).TITLE
+      title = study.load(mod).TITLE
       print(f"{i}. {name:11s} {title}")
     for name, preset in presets_lib.PRESETS.items():
       print(f"preset {name:6s} {preset['description']}")

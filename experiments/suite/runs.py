@@ -1,0 +1,164 @@
+"""Training runs of the suite: :class:`RunResult`, the cached :meth:`RunsMixin.train` and the
+shared helpers :func:`run_label` / :func:`train_run` of the warm-up, invariance and VJP studies."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import shutil
+from typing import Any
+
+import numpy as np
+
+from experiments.suite.registry import from_json_float, read_json, to_jsonable, write_json
+from experiments.suite.units import unit_hash
+
+__all__ = ["RunResult", "RunsMixin", "run_label", "train_run"]
+
+RUN_CACHE_VERSION = 1
+
+
+@dataclasses.dataclass
+class RunResult:
+  """One finished training run: ``summary`` is what ``train()`` returned, ``metrics`` the
+  parsed lines of its ``metrics.jsonl`` (train lines carry ``loss``, eval lines ``val_loss``)."""
+
+  label: str
+  path: pathlib.Path
+  summary: dict
+  metrics: list[dict]
+  cached: bool
+
+  def train_curve(self, key: str = "loss") -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of ``key`` over the train lines that have it."""
+    rows = [m for m in self.metrics if key in m and "step" in m]
+    steps = np.array([m["step"] for m in rows], dtype=np.int64)
+    values = np.array([from_json_float(m[key]) for m in rows], dtype=np.float64)
+    return steps, values
+
+  def val_curve(self) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, val_loss) from the summary's ``val_curve``."""
+    curve = self.summary.get("val_curve") or []
+    steps = np.array([s for s, _ in curve], dtype=np.int64)
+    values = np.array([from_json_float(v) for _, v in curve], dtype=np.float64)
+    return steps, values
+
+
+class RunsMixin:
+  """The corpus, configs and cached training runs of :class:`~experiments.suite.context.Context`
+  (``root``, ``preset``, ``progress`` and ``_corpus`` are set by its ``__init__``; it also
+  provides ``_start_unit``/``_end_unit`` and ``log``)."""
+
+  def corpus(self):
+    """The corpus of the preset (``experiments.harness.data.load_corpus``), loaded once."""
+    if self._corpus is None:
+      from experiments.harness import data
+      self._corpus = data.load_corpus(self.preset.get("data"))
+    return self._corpus
+
+  def model_config(self, **overrides):
+    """A ``TransformerConfig`` with the preset's shared model fields and ``overrides``."""
+    from jaxnorm.models import TransformerConfig
+    fields = dict(self.preset.get("model", {}))
+    fields.update(overrides)
+    return TransformerConfig(**fields)
+
+  def train_config(self, model, **overrides):
+    """A ``TrainConfig`` for ``model`` with the preset's shared train fields and ``overrides``.
+
+    Checkpointing is off (the suite caches whole runs instead) unless overridden.
+    """
+    from experiments.harness.train_config import TrainConfig
+    fields = dict(self.preset.get("train", {}))
+    fields.setdefault("checkpoint_every", 0)
+    if self.preset.get("data") is not None:
+      fields.setdefault("data", self.preset["data"])
+    fields.update(overrides)
+    return TrainConfig(model=model, **fields)
+
+  def train(self, config, label: str) -> RunResult:
+    """Runs ``train(config)`` once per distinct config and caches it under ``root/runs``.
+
+    Experiments that need the same run (the Pre-LN baseline of the warm-up, invariance,
+    speed and VJP experiments) share it. A run whose ``run.json`` exists is loaded, not
+    recomputed.
+    """
+    key = unit_hash({"v": RUN_CACHE_VERSION, "config": config})
+    run_dir = self.root / "runs" / f"{label}-{key}"
+    # The hash decides: a run cached under another label is the same run.
+    for other in sorted((self.root / "runs").glob(f"*-{key}")):
+      if (other / "run.json").exists():
+        run_dir = other
+        break
+    done = run_dir / "run.json"
+    if done.exists():
+      summary = read_json(done)["summary"]
+      return RunResult(label, run_dir, summary, _read_metrics(run_dir), cached=True)
+    from experiments.harness import train as train_lib
+    if run_dir.exists():  # an interrupted run: start it again from scratch
+      shutil.rmtree(run_dir)
+    t0 = self._start_unit(label)
+    run_dir.mkdir(parents=True)
+    self.log(f"train {label} ({config.steps} steps)")
+    summary = train_lib.train(config, run_dir, progress=self.progress, corpus=self.corpus())
+    wall = self._end_unit(t0)
+    summary = dict(summary)
+    summary["wall_s"] = wall
+    write_json(done, {"label": label, "summary": summary, "config": config})
+    final = summary.get("final_val_loss")
+    self.log(f"  {label}: val_loss={_fmt(final)} diverged={summary.get('diverged')} "
+             f"({wall:.0f} s)")
+    return RunResult(label, run_dir, to_jsonable(summary), _read_metrics(run_dir), cached=False)
+
+
+def _fmt(x: Any) -> str:
+  try:
+    return f"{float(x):.4f}"
+  except (TypeError, ValueError):
+    return str(x)
+
+
+def _read_metrics(run_dir: pathlib.Path) -> list[dict]:
+  path = run_dir / "metrics.jsonl"
+  if not path.exists():
+    return []
+  rows = []
+  for line in path.read_text().splitlines():
+    line = line.strip()
+    if line:
+      rows.append(json.loads(line))
+  return rows
+
+
+# -------------------------------------------------------------------- shared run helpers
+def run_label(spec: dict, n_layers: int) -> str:
+  """The label of a run spec (the warm-up experiment's key of its runs).
+
+  ``"<position>-<norm>[-small]-L<n_layers>-lr<lr>-w<warmup>"`` (``-small`` for a non-Xavier
+  init), e.g. ``"post-layer_norm-L6-lr0.001-w0"``.
+  """
+  init = "" if spec["init"] == "xavier" else "-small"
+  return f"{spec['norm_position']}-{spec['norm_type']}{init}-L{n_layers}-lr{spec['lr']:g}-w{spec['warmup']}"
+
+
+def train_run(ctx: RunsMixin, spec: dict, n_layers: int, steps: int, seed: int = 0, **extra) -> RunResult:
+  """One (cached) training run of a spec; shared by the warm-up, invariance and VJP experiments.
+
+  Args:
+    ctx: the suite context (its preset supplies the shared model and train fields).
+    spec: ``norm_position``, ``norm_type``, ``lr``, ``warmup`` and optionally ``init``
+      (default ``"xavier"``) and ``norm_impl`` (then appended to the label).
+    n_layers: model depth.
+    steps: optimizer updates.
+    seed: the training seed.
+    **extra: further :class:`~experiments.harness.train_config.TrainConfig` fields.
+
+  Returns:
+    The :class:`RunResult` of :meth:`Context.train`, labelled :func:`run_label`.
+  """
+  mc = ctx.model_config(n_layers=n_layers, norm_position=spec["norm_position"],
+                        norm_type=spec["norm_type"], init=spec.get("init", "xavier"),
+                        **({"norm_impl": spec["norm_impl"]} if "norm_impl" in spec else {}))
+  tc = ctx.train_config(mc, steps=steps, lr=spec["lr"], warmup=spec["warmup"], seed=seed, **extra)
+  return ctx.train(tc, run_label(spec, n_layers) + (f"-{spec['norm_impl']}" if "norm_impl" in spec else ""))

@@ -1,0 +1,87 @@
+"""The protocol every study module follows, and the unit of work the planner counts.
+
+A study is a module of :mod:`experiments.studies` registered in
+:data:`experiments.suite.registry.EXPERIMENTS`. It declares, once:
+
+* ``TITLE`` (its report section's heading), ``RAW_DATA`` (the data files the report links) and
+  optionally ``HEADLINE`` (figures for the report's first screen);
+* ``Config``: a frozen dataclass of its sizes (the preset's entry of the same name);
+* ``units(cfg) -> list[Unit]``: every cached piece of work (training run, probe setting) in the
+  order its ``run`` computes them; :mod:`experiments.suite.plan` derives the cost plan from these,
+  so the planner never mirrors a study's loops;
+* ``run(ctx, cfg) -> dict``: the summary (``claims`` included), written to ``done.json``;
+* ``report_section(summary, rel) -> str``: its report section.
+
+A new study (for example a QK-norm learning-rate study) adds its module with these six names,
+one ``EXPERIMENTS`` entry, one preset entry per preset and its claims in
+:mod:`experiments.suite.claims`; :func:`load` checks the protocol when the suite imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from types import ModuleType
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["REQUIRED", "Study", "Unit", "load"]
+
+REQUIRED = ("TITLE", "RAW_DATA", "Config", "units", "run", "report_section")
+
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+  """One cached piece of work: a training run or a probe setting.
+
+  Attributes:
+    experiment: the study's name.
+    label: unique within the study.
+    n_layers: depth of the model it builds (0 for an op timing).
+    steps: training steps (0 for a probe without training).
+    compile_key: units with equal keys share their compilations.
+    kind: ``"train"``, ``"grad"`` (gradients at init), ``"update"``, ``"throughput"`` or ``"op"``.
+  """
+
+  experiment: str
+  label: str
+  n_layers: int
+  steps: int
+  compile_key: tuple
+  kind: str = "train"
+
+
+def train_unit(experiment: str, label: str, n_layers: int, steps: int, position: str, norm: str = "layer_norm",
+               impl: str = "jaxnorm") -> Unit:
+  """A training run's unit; its compile key leaves out the init (it changes the parameters, not
+  the program, and JAX's persistent compilation cache finds the compiled program)."""
+  return Unit(experiment, label, n_layers, steps, ("train", n_layers, position, norm, impl))
+
+
+@runtime_checkable
+class Study(Protocol):
+  """The module protocol of a study (see the module docstring)."""
+
+  TITLE: str
+  RAW_DATA: tuple
+  Config: type
+
+  def units(self, cfg: Any) -> list[Unit]: ...
+
+  def run(self, ctx: Any, cfg: Any) -> dict: ...
+
+  def report_section(self, summary: dict, rel: str) -> str: ...
+
+
+def load(module_name: str) -> ModuleType:
+  """Imports a study module and checks that it follows the protocol.
+
+  Raises:
+    TypeError: the module lacks one of :data:`REQUIRED`, or its ``Config`` is not a dataclass.
+  """
+  module = importlib.import_module(module_name)
+  missing = [n for n in REQUIRED if not hasattr(module, n)]
+  if missing:
+    raise TypeError(f"study module {module_name!r} must define {list(REQUIRED)}; missing {missing}.")
+  if not dataclasses.is_dataclass(module.Config):
+    raise TypeError(f"{module_name}.Config must be a dataclass, got {module.Config!r}.")
+  return module

@@ -1,0 +1,43 @@
+"""The report's summary pieces on synthetic summaries: instabilities, the tally by kind, rule changes."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments.suite import claims as claims_lib
+from experiments.suite import report, rule_changes
+
+
+def _point(values, rises, left):
+  return {"values": values, "rise": rises, "left_plateau": left}
+
+
+def test_instabilities_list_every_spike_and_late_exit():
+  spike = {"rise": 5.94, "step": 40, "peak": 8.54}
+  small = {"rise": 0.2, "step": 10, "peak": 3.0}
+  summaries = {
+      "warmup": {"config": {"steps": 120}, "seeds": [0, 1],
+                 "grid": {"post|0.003125|10": _point([2.5, 2.6], [spike, small], [20, 110])}},
+      "depth": {"config": {"steps": 120}, "seeds": [0, 1],
+                "points": {"deepnorm/L24": _point([2.4, 3.05], [small, None], [40, None])}},
+  }
+  lines = report.instabilities(summaries)
+  assert lines == [
+      "warm-up grid `post|0.003125|10` seed 0: training loss spiked by 5.94 nats to 8.54 at step 40, "
+      "final val loss 2.500",
+      "warm-up grid `post|0.003125|10` seed 1: left the plateau late, at step 110 of 120 (a 'stalled' verdict at "
+      "this length would be fragile)"]
+
+
+def test_tally_keeps_checks_apart():
+  rows = [{"kind": "training", "holds": "yes"}, {"kind": "training", "holds": claims_lib.NOT_TESTABLE},
+          {"kind": "check", "holds": "yes"}]
+  assert report.tally(rows) == {"training": {"yes": 1, claims_lib.NOT_TESTABLE: 1}, "check": {"yes": 1}}
+
+
+def test_rule_changes_render_and_refuse_empty_entries():
+  md = "\n".join(rule_changes.markdown())
+  assert "## Rule changes" in md and "fab34dd" in md and "9bd691d" in md
+  assert md.count("\n| issue") == len(rule_changes.RULE_CHANGES)
+  with pytest.raises(ValueError, match="names when, which claims, what and why"):
+    rule_changes.RuleChange("", ("x",), "what", "why", True)

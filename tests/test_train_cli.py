@@ -1,0 +1,26 @@
+"""The training command line is built from the config dataclasses: one option per field."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from experiments.harness import train_cli
+from experiments.harness.train_config import TrainConfig
+from jaxnorm.models import TransformerConfig
+
+
+def test_every_config_field_is_an_option_with_the_dataclass_default():
+  p = train_cli.build_parser()
+  dests = {a.dest: a for a in p._actions}
+  for cls in (TransformerConfig, TrainConfig):
+    for f in dataclasses.fields(cls):
+      if f.name in train_cli._SKIP:
+        continue
+      assert f.name in dests, f"{cls.__name__}.{f.name} has no option"
+      want = train_cli._DEFAULTS.get(f.name, f.default)
+      assert dests[f.name].default == want, f.name
+      assert dests[f.name].help, f.name
+  args = p.parse_args(["--layers", "3", "--no-scan-layers", "--decay-timescale", "40", "--activation", "relu"])
+  assert (args.n_layers, args.scan_layers, args.decay_timescale, args.activation) == (3, False, 40, "relu")
+  assert set(p.model_fields) | set(p.train_fields) | train_cli._SKIP >= {
+      f.name for cls in (TransformerConfig, TrainConfig) for f in dataclasses.fields(cls)}
