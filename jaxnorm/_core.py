@@ -178,9 +178,8 @@ def _norm(cfg: NormConfig, x, scale, bias, mask):
   if cfg.impl == "pallas":
     y, _ = forward(cfg, x, scale, bias, mask)
   else:
-    # Not differentiated: no residuals, so the forward compiles to one fusion that may share
-    # x - shift between its sums (decoupling them would only recompute it).
-    y, _ = _xla.forward(cfg, x, scale, bias, mask, decouple=False)
+    # Not differentiated: nothing kept for a backward (one level of row sums, see forward_only).
+    y = _xla.forward_only(cfg, x, scale, bias, mask)
   return y
 
 

@@ -159,6 +159,43 @@ def statistics(cfg: NormConfig, x, mask, *, decouple: bool = True):
   return shift, delta, _normalizer(cfg, var)
 
 
+def first_pivot(x):
+  """The row's first element, ``(..., 1)`` in the compute dtype: a pivot with no reduction.
+
+  Sliced from an :func:`_fresh` view of ``x``: XLA:CPU cannot put a slice into the fused loop
+  of the row sums, and without the barrier it hoists the float32 convert of a bfloat16 ``x``
+  out of that loop for the slice to share (a full-size float32 copy). With it, the slice is a
+  small fusion of its own that reads one element per row, and the sums' loop reads ``x``.
+  """
+  (xv,) = _fresh(x)
+  return xv[..., :1].astype(compute_dtype(x.dtype))
+
+
+def _one_pass_statistics(cfg: NormConfig, x):
+  r"""LayerNorm's statistics in one level of row sums, shifted by the row's first element.
+
+  .. math::
+
+     K = x_0, \qquad \delta = \tfrac1d \sum_i (x_i - K), \qquad
+     v = \tfrac1d \sum_i (x_i - K)^2 - \delta^2,
+
+  the two sums independent of each other (one loop over ``x``), where :func:`statistics` first
+  reduces for its pivot and then sums again. Because :math:`x_i - K` is exact wherever it is
+  small (Sterbenz) and :math:`\delta` is of the order of the spread of the row, the accuracy is
+  that of the two-pass formula, as with the mean as pivot (the Pallas kernels' pivot too). For
+  an unmasked, unsharded row only: a masked-out first element may be garbage, and the shards of
+  a split feature axis would disagree on it.
+  """
+  ct = compute_dtype(x.dtype)
+  shift = first_pivot(x)
+  xs = x.astype(ct) - shift
+  s1, s2 = _row_sums(xs, xs * xs)
+  n = x.shape[-1]
+  delta = s1 / n
+  var = jnp.maximum(s2 / n - delta * delta, 0.0)
+  return shift, delta, _normalizer(cfg, var)
+
+
 def x_hat(cfg: NormConfig, xf, shift, delta, rstd):
   """The normalized row, (x - shift - delta) * rstd or x * rstd, in the compute dtype."""
   if cfg.center:
@@ -202,6 +239,33 @@ def forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True):
   plan = cfg.plan(x.dtype)  # the order of casts of the affine stage (jaxnorm._casting)
   _, y = plan.affine_of(y, _plan_gamma(cfg, plan, scale, x.ndim), _row(bias, x.ndim))
   return y.astype(cfg.out_dtype), stats
+
+
+def forward_only(cfg: NormConfig, x, scale, bias, mask):
+  r"""``y`` alone, for a call that is not differentiated: nothing is kept for a backward.
+
+  .. math::
+
+     y = \gamma \odot (x - K - \delta)\, r + \beta
+
+  LayerNorm without a mask or a sharded feature axis takes its statistics from
+  :func:`_one_pass_statistics` (pivot ``K`` = the row's first element, one level of row sums);
+  otherwise from :func:`statistics` (pivot = the plain mean). The output map reads ``x`` and the
+  pivot through their own :func:`_fresh` view, so that XLA:CPU recomputes ``x - K`` in its
+  loop rather than keeping it from the sums (at small ``d``, where the sums and the map are
+  separate fusions, it would otherwise write ``x - K`` to memory in float32). RMSNorm's is the
+  one reduction and one map of :func:`forward`. Returned in ``cfg.out_dtype``; the JVP rule
+  (which reverse mode linearizes) calls :func:`forward` instead, for the statistics.
+  """
+  if cfg.center and mask is None and cfg.axis_name is None:
+    shift, delta, rstd = _one_pass_statistics(cfg, x)
+    x, shift = _fresh(x, shift)
+  else:
+    shift, delta, rstd = statistics(cfg, x, mask, decouple=False)
+  y = x_hat(cfg, x.astype(rstd.dtype), shift, delta, rstd)
+  plan = cfg.plan(x.dtype)  # the order of casts of the affine stage (jaxnorm._casting)
+  _, y = plan.affine_of(y, _plan_gamma(cfg, plan, scale, x.ndim), _row(bias, x.ndim))
+  return y.astype(cfg.out_dtype)
 
 
 def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None):
@@ -278,38 +342,61 @@ def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None):
 def tangent(cfg: NormConfig, x, scale, mask, stats, tx, tscale, tbias):
   r"""``dot y`` of the plain op at ``x`` for the tangents ``tx, tscale, tbias`` (None = zero).
 
-  ``dot y = gamma * (rstd * (tx - mean_m(tx)) + A * x_c) + x_hat * tscale + tbias`` with the
-  per-row ``A = -c rstd^3 sum(m x_c tx) / n`` (``x_c = x - mean``): the closed form of
-  ``docs/derivations.md`` ("Forward mode") arranged like :func:`backward`, so that the
-  ``(..., d)`` quantities are inputs and ``x_c``, recomputed, is never stored. Returned in
+  .. math::
+
+     \dot y = \gamma \odot \big(r (\dot x - \overline{\dot x}) + A\, x_c\big)
+              + x_c\, r \odot \dot s + \dot\beta, \qquad
+     A = -c\, r^3\, \tfrac1n {\textstyle\sum_i} m_i x_{c,i} \dot x_i,
+
+  with ``x_c = x - shift - delta`` (``x`` for RMSNorm) and the bar the masked row mean (absent
+  for RMSNorm): the closed form of ``docs/derivations.md`` ("Forward mode") arranged like
+  :func:`backward`, so that the ``(..., d)`` quantities are inputs and ``x_c``, recomputed, is
+  never stored. For LayerNorm the row sum behind ``A`` is taken about the pivot,
+  :math:`\sum m (x - K)\dot x - \delta \sum m \dot x`, so that it does not wait for
+  ``delta``: with the statistics' pivot a slice of ``x``, every row sum of the forward and of the
+  tangent is one level over the inputs (as in autodiff of a one-pass variance). The two row sums
+  and the final map each read the inputs through their own :func:`_fresh` view, so that XLA:CPU
+  keeps no float32 copy of ``x`` or broadcast statistic in memory between them. Returned in
   ``cfg.out_dtype``.
   """
   ct = compute_dtype(x.dtype)
   shift, delta, rstd = stats
-  xf = x.astype(ct)
-  xc = ((xf - shift) - delta) if cfg.center else xf  # (..., d)
-  ty = jnp.zeros(x.shape, ct)
+  coef = mean_t = None
   if tx is not None:
-    txf = tx.astype(ct)
     n = _count(cfg, mask, x.shape, ct)  # (..., 1)
-    (s_xt,) = _row_sums(xc * txf, mask=mask)  # (..., 1)
+    txv, xv, shiftv, maskv = _fresh(tx, x, shift, mask)
+    xk = xv.astype(ct) - shiftv if cfg.center else xv.astype(ct)  # (..., d): x - K, or x
+    (s_kt,) = _row_sums(xk * txv.astype(ct), mask=maskv)  # (..., 1)
     if cfg.center:
-      (s_t,) = _row_sums(txf, mask=mask)  # (..., 1)
+      maskv, txv = _fresh(mask, tx)
+      (s_t,) = _row_sums(txv.astype(ct), mask=maskv)  # (..., 1)
       if cfg.axis_name is not None:
-        s_t, s_xt = _psum(cfg, jnp.stack([s_t, s_xt]))
-      txf = txf - s_t / n
+        s_t, s_kt = _psum(cfg, jnp.stack([s_t, s_kt]))
+      mean_t = s_t / n
+      s_xt = s_kt - delta * s_t  # sum(m x_c tx)
     else:
-      s_xt = _psum(cfg, s_xt)
+      s_xt = _psum(cfg, s_kt)
     coef = -(rstd * rstd * rstd) * (s_xt / n)  # variance (RMS) path, per row
     c = variance_path_factor(cfg, rstd)
     if c is not None:
       coef = coef * c
-    ty = rstd * txf + coef * xc
-    gam = gamma(cfg, scale, x.ndim, ct)
+  # The final map: its own view of the inputs and of every per-row value it broadcasts.
+  txv, statsv, xv, scalev, tscalev, tbiasv, coefv, mean_tv = _fresh(
+      tx, stats, x, scale, tscale, tbias, coef, mean_t)
+  shiftv, deltav, rstdv = statsv
+  xf = xv.astype(ct)
+  xc = ((xf - shiftv) - deltav) if cfg.center else xf  # (..., d)
+  ty = jnp.zeros(x.shape, ct)
+  if txv is not None:
+    txf = txv.astype(ct)
+    if mean_tv is not None:
+      txf = txf - mean_tv
+    ty = rstdv * txf + coefv * xc
+    gam = gamma(cfg, scalev, x.ndim, ct)
     if gam is not None:
       ty = ty * gam
-  if tscale is not None:
-    ty = ty + (xc * rstd) * _as_row(tscale, x.ndim, ct)
-  if tbias is not None:
-    ty = ty + _as_row(tbias, x.ndim, ct)
+  if tscalev is not None:
+    ty = ty + (xc * rstdv) * _as_row(tscalev, x.ndim, ct)
+  if tbiasv is not None:
+    ty = ty + _as_row(tbiasv, x.ndim, ct)
   return ty.astype(cfg.out_dtype)
