@@ -122,11 +122,27 @@ def _fresh(*arrays):
 
 
 def statistics(cfg: NormConfig, x, mask, *, decouple: bool = True):
-  """Row statistics of ``x: (..., d)`` in the compute dtype.
+  r"""Row statistics of ``x: (..., d)`` in the compute dtype, from shifted data.
+
+  .. math::
+
+     \delta = \tfrac1n \sum_i m_i (x_i - K), \qquad
+     v = \tfrac1n \sum_i m_i (x_i - K)^2 - \delta^2, \qquad \mu = K + \delta.
+
+  The pivot ``K`` is the row's first element (:func:`first_pivot`, as in the Pallas kernels)
+  for a row without a mask or a sharded feature axis: the two sums then depend on nothing but
+  ``x`` and are the only passes over it. Otherwise it is the plain (rounded) mean, a reduction
+  first, which every shard agrees on and which ignores masked-out entries. Either way ``x - K``
+  is exact wherever it is small (Sterbenz), so the variance does not lose the digits that
+  ``E[x^2] - E[x]^2`` loses at a large mean/std ratio. The price of the first element: when it
+  lies ``k`` standard deviations from the row's mean, ``v`` comes out of a difference of two
+  terms of size about ``k^2 v`` and loses about ``2 log2(k)`` bits (3 bits at ``k = 3``; a row
+  whose first feature is an outlier channel 100 standard deviations out keeps about 10 of
+  float32's 24); the mean pivot loses nothing there.
 
   ``decouple``: the two shifted sums read ``x`` through separate :func:`_fresh` views (for when
   the statistics are outputs of the jitted program, e.g. residuals); False lets them share
-  ``x - shift`` (for when everything fuses into one loop anyway: the forward alone).
+  ``x - shift`` (for the forward alone, :func:`forward_only`).
 
   Returns ``(shift, delta, rstd)`` (each ``(..., 1)``) for LayerNorm, where the row mean is
   ``shift + delta``, or ``(None, None, rstd)`` for RMSNorm.
@@ -138,12 +154,13 @@ def statistics(cfg: NormConfig, x, mask, *, decouple: bool = True):
     (ss,) = _row_sums(xf * xf, mask=mask)
     ms = _psum(cfg, ss) / n
     return None, None, _normalizer(cfg, ms)
-  # The pivot: the plain (rounded) mean. Every shard agrees on it, it ignores masked-out
-  # (possibly garbage) entries, and x - shift is exact wherever it matters. (Slicing x[..., :1]
-  # as the pivot instead measured 3-4x slower forward on XLA:CPU for bfloat16: the slice
-  # breaks the fusion and forces a float32 copy of x.)
-  (s0,) = _row_sums(xf, mask=mask)
-  shift = _psum(cfg, s0) / n
+  if mask is None and cfg.axis_name is None:
+    shift = first_pivot(x)  # no reduction to wait for
+  else:
+    # The plain (rounded) mean: every shard agrees on it, and it ignores masked-out (possibly
+    # garbage) entries, which a masked-out first element could be.
+    (s0,) = _row_sums(xf, mask=mask)
+    shift = _psum(cfg, s0) / n
   # The two shifted sums each see their own view of x (see _fresh): when the statistics are
   # residuals, XLA:CPU computes each in its own fusion, and would otherwise write x - shift (in
   # float32) to memory once for both to read.
@@ -169,31 +186,6 @@ def first_pivot(x):
   """
   (xv,) = _fresh(x)
   return xv[..., :1].astype(compute_dtype(x.dtype))
-
-
-def _one_pass_statistics(cfg: NormConfig, x):
-  r"""LayerNorm's statistics in one level of row sums, shifted by the row's first element.
-
-  .. math::
-
-     K = x_0, \qquad \delta = \tfrac1d \sum_i (x_i - K), \qquad
-     v = \tfrac1d \sum_i (x_i - K)^2 - \delta^2,
-
-  the two sums independent of each other (one loop over ``x``), where :func:`statistics` first
-  reduces for its pivot and then sums again. Because :math:`x_i - K` is exact wherever it is
-  small (Sterbenz) and :math:`\delta` is of the order of the spread of the row, the accuracy is
-  that of the two-pass formula, as with the mean as pivot (the Pallas kernels' pivot too). For
-  an unmasked, unsharded row only: a masked-out first element may be garbage, and the shards of
-  a split feature axis would disagree on it.
-  """
-  ct = compute_dtype(x.dtype)
-  shift = first_pivot(x)
-  xs = x.astype(ct) - shift
-  s1, s2 = _row_sums(xs, xs * xs)
-  n = x.shape[-1]
-  delta = s1 / n
-  var = jnp.maximum(s2 / n - delta * delta, 0.0)
-  return shift, delta, _normalizer(cfg, var)
 
 
 def x_hat(cfg: NormConfig, xf, shift, delta, rstd):
@@ -227,7 +219,11 @@ def gamma(cfg: NormConfig, scale, ndim, dtype):
 
 
 def forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True):
-  """``(y, (shift, delta, rstd))``; ``decouple=False`` when only ``y`` is used (see _fresh)."""
+  """``(y, (shift, delta, rstd))``: what the JVP rule computes (reverse mode keeps the stats).
+
+  ``decouple`` as in :func:`statistics`; the undifferentiated call goes through
+  :func:`forward_only`.
+  """
   stats = statistics(cfg, x, mask, decouple=decouple)
   if decouple:
     # y's map sees its own view of x and of the statistics (see _fresh), so that XLA does not
@@ -248,24 +244,18 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask):
 
      y = \gamma \odot (x - K - \delta)\, r + \beta
 
-  LayerNorm without a mask or a sharded feature axis takes its statistics from
-  :func:`_one_pass_statistics` (pivot ``K`` = the row's first element, one level of row sums);
-  otherwise from :func:`statistics` (pivot = the plain mean). The output map reads ``x`` and the
-  pivot through their own :func:`_fresh` view, so that XLA:CPU recomputes ``x - K`` in its
-  loop rather than keeping it from the sums (at small ``d``, where the sums and the map are
-  separate fusions, it would otherwise write ``x - K`` to memory in float32). RMSNorm's is the
-  one reduction and one map of :func:`forward`. Returned in ``cfg.out_dtype``; the JVP rule
-  (which reverse mode linearizes) calls :func:`forward` instead, for the statistics.
+  :func:`forward` without the statistics as outputs and without the :func:`_fresh` views that
+  keep them cheap to save: the row sums share ``x - K`` with each other and with the output
+  map. For unmasked, unsharded LayerNorm (pivot ``K`` = the first element, see
+  :func:`statistics`) XLA:CPU compiles that to the pivot's slice and one loop over ``x`` (two
+  row sums, then the map) at large ``d``; at small ``d`` to two row-sum loops over a stored
+  ``x - K`` and the map. Separate views would add a convert and a subtraction per element and
+  per view to the one loop (1.1-1.3x the time at 4096x256, measured; no gain at small ``d``).
+  Returned in ``cfg.out_dtype``. The JVP rule, which reverse mode linearizes, calls
+  :func:`forward` instead.
   """
-  if cfg.center and mask is None and cfg.axis_name is None:
-    shift, delta, rstd = _one_pass_statistics(cfg, x)
-    x, shift = _fresh(x, shift)
-  else:
-    shift, delta, rstd = statistics(cfg, x, mask, decouple=False)
-  y = x_hat(cfg, x.astype(rstd.dtype), shift, delta, rstd)
-  plan = cfg.plan(x.dtype)  # the order of casts of the affine stage (jaxnorm._casting)
-  _, y = plan.affine_of(y, _plan_gamma(cfg, plan, scale, x.ndim), _row(bias, x.ndim))
-  return y.astype(cfg.out_dtype)
+  y, _ = forward(cfg, x, scale, bias, mask, decouple=False)
+  return y
 
 
 def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None):

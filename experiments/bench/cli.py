@@ -59,7 +59,7 @@ from experiments.bench.timing import (ALL_MODES, MODES, copy_bandwidth, make_inp
                                       time_interleaved)
 
 GPU_SHAPES = ((8192, 1024), (4096, 4096), (16384, 4096), (32768, 8192))
-CPU_SHAPES = ((8192, 1024), (4096, 4096))
+CPU_SHAPES = ((1024, 64), (4096, 256), (8192, 1024))
 DTYPES = ("float32", "bfloat16")
 
 
@@ -191,6 +191,19 @@ def _fused_table(results: list[dict]) -> list[dict]:
   return rows
 
 
+def _by_mode(vs_flax: list[dict], modes) -> tuple[list[str], list[tuple[tuple, dict]]]:
+  """The ratios to Flax as one row per (op, impl, shape, dtype) and one column per mode.
+
+  Returns ``(modes, rows)``: the modes that have a ratio, in ``modes`` order, and
+  ``[((op, impl, shape, dtype), {mode: ratio})]`` in measuring order.
+  """
+  rows: dict[tuple, dict] = {}
+  for r in vs_flax:
+    rows.setdefault((r["op"], r["impl"], r["shape"], r["dtype"]), {})[r["mode"]] = r["time_over_flax"]
+  present = [m for m in modes if any(m in v for v in rows.values())]
+  return present, list(rows.items())
+
+
 def _markdown(report: dict) -> str:
   lines = [f"# jaxnorm benchmark — {report['device']} ({report['backend']})", "",
            f"date {report['date']}, versions {report['versions']}", "",
@@ -212,6 +225,14 @@ def _markdown(report: dict) -> str:
   for r in report["ln_over_rms"]:
     lines.append(f"| {r['impl']} | {r['shape']} | {r['dtype']} | {r['mode']} | "
                  f"{r['ln_over_rms']:.2f} |")
+  modes, by_mode = _by_mode(report["vs_flax"], ALL_MODES)
+  lines += ["", "## Time relative to flax-linen, side by side (< 1 is faster)", "",
+            "Each ratio is jaxnorm's median over Flax's, both sampled interleaved in this run.", "",
+            "| op | impl | shape | dtype | " + " | ".join(modes) + " |",
+            "|---|---|---|---|" + "---|" * len(modes)]
+  for (op, impl, shape, dtype), ratios in by_mode:
+    cells = " | ".join("n/a" if m not in ratios else f"{ratios[m]:.2f}" for m in modes)
+    lines.append(f"| {op} | {impl} | {shape} | {dtype} | {cells} |")
   lines += ["", "## Time relative to flax-linen (< 1 is faster)", "",
             "| op | impl | shape | dtype | mode | time / flax |", "|---|---|---|---|---|---|"]
   for r in report["vs_flax"]:
@@ -310,10 +331,12 @@ def _print_ratios(rms_ln: list[dict], vs_flax: list[dict], fused_rows: list[dict
   for r in rms_ln:
     print(f"  {r['impl']:14s} {r['shape']:11s} {r['dtype']:9s} {r['mode']:8s} "
           f"{r['ln_over_rms']:.2f}")
+  modes, by_mode = _by_mode(vs_flax, ALL_MODES)
   print("\n# time / flax-linen (< 1: faster than Flax)")
-  for r in vs_flax:
-    print(f"  {r['op']:10s} {r['impl']:14s} {r['shape']:11s} {r['dtype']:9s} {r['mode']:8s} "
-          f"{r['time_over_flax']:.2f}")
+  print(f"  {'op':10s} {'impl':14s} {'shape':11s} {'dtype':9s} " + " ".join(f"{m:>8s}" for m in modes))
+  for (op, impl, shape, dtype), ratios in by_mode:
+    print(f"  {op:10s} {impl:14s} {shape:11s} {dtype:9s} " +
+          " ".join(f"{ratios[m]:8.2f}" if m in ratios else f"{'n/a':>8s}" for m in modes))
   if fused_rows:
     print("\n# fused add+norm: time / (add + plain op), time / (add + Flax) (< 1: fused is faster)")
     f2 = lambda v: "  n/a" if v is None else f"{v:5.2f}"  # noqa: E731
