@@ -55,8 +55,8 @@ import jaxnorm
 
 from experiments.bench.impls import (ALL_OPS, EPSILON, FUSED_IMPLEMENTATIONS, FUSED_OPS, IMPLEMENTATIONS,
                                      NotApplicable, fused_implementations, implementations)
-from experiments.bench.timing import (ALL_MODES, MODES, copy_bandwidth, make_inputs, must_move_bytes, prepare_entry,
-                                      time_interleaved)
+from experiments.bench.timing import (ALL_MODES, CLOCKS, MODES, copy_bandwidth, make_inputs, must_move_bytes,
+                                      prepare_entry, time_interleaved)
 
 GPU_SHAPES = ((8192, 1024), (4096, 4096), (16384, 4096), (32768, 8192))
 CPU_SHAPES = ((1024, 64), (4096, 256), (8192, 1024))
@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
                  help="timed samples per entry (default: 50 on GPU, 10 on CPU)")
   p.add_argument("--sample-ms", type=float, default=None,
                  help="target duration of one sample (default: 5 on GPU, 1 on CPU)")
+  p.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                 help="what a sample measures: wall (elapsed time, default) or cpu (the process's "
+                      "CPU time, all threads: steadier on a machine shared with other jobs)")
   p.add_argument("--out", default=os.path.join("results", "bench"),
                  help="output directory for bench.json and bench.md")
   p.add_argument("--interpret", action="store_true",
@@ -207,6 +210,8 @@ def _by_mode(vs_flax: list[dict], modes) -> tuple[list[str], list[tuple[tuple, d
 def _markdown(report: dict) -> str:
   lines = [f"# jaxnorm benchmark — {report['device']} ({report['backend']})", "",
            f"date {report['date']}, versions {report['versions']}", "",
+           f"command: `python -m experiments bench {' '.join(report['argv'])}`; clock "
+           f"{report.get('clock', 'wall')} ({report['repeats']} interleaved rounds)", "",
            "## Copy bandwidth (x * 2)", "", "| shape | dtype | GB/s |", "|---|---|---|"]
   for c in report["copy"]:
     lines.append(f"| {c['shape']} | {c['dtype']} | {c['gbps']:.1f} |")
@@ -311,7 +316,7 @@ def _time_op(prepared: dict, inp, base: dict, copy: dict, args, repeats: int, sa
   out = []
   for mode in args.modes:
     timed = time_interleaved({impl: calls[mode] for impl, (calls, _) in prepared.items()},
-                             repeats=repeats, sample_ms=sample_ms)
+                             repeats=repeats, sample_ms=sample_ms, clock=args.clock)
     for impl, t in timed.items():
       nbytes = must_move_bytes(base["op"], mode, rows, d, inp.x.dtype.itemsize, inp.scale.dtype.itemsize)
       gbps = nbytes / t["median_s"] / 1e9
@@ -380,6 +385,7 @@ def _run(args, shapes, repeats, sample_ms, argv) -> int:
       "epsilon": EPSILON,
       "repeats": repeats,
       "sample_ms": sample_ms,
+      "clock": args.clock,
       "copy": copies,
       "results": results,
       "ln_over_rms": rms_ln,
