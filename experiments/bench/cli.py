@@ -35,8 +35,11 @@ The bytes that must move and the timing method (samples of ``k`` calls, implemen
 :mod:`experiments.bench.timing`; the compared implementations (``--impls``, ``--fused-impls``) in
 :mod:`experiments.bench.impls`.
 
-Outputs: a table on stdout, ``bench.json`` (device, versions, date, every entry) and
-``bench.md`` (markdown tables) under ``--out`` (default ``results/bench``, ignored by git).
+Outputs: a table on stdout, ``bench.json`` (device, versions, date, command, every entry) and
+``bench.md`` (markdown tables, among them the ratios to Flax side by side, one column per mode)
+under ``--out`` (default ``results/bench``, ignored by git). ``--clock cpu`` times the process's
+CPU time instead of elapsed time: on a machine shared with other jobs its ratios move less (the
+bandwidth columns then count CPU seconds of all threads, not elapsed ones).
 """
 
 from __future__ import annotations
