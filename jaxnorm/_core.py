@@ -39,11 +39,13 @@ where the middle (mean-path) term is absent for RMSNorm and :math:`c = 1` ("insi
 term set to zero on a zero-variance row (its limit).
 
 Numerics. Statistics and the backward's row reductions run in ``promote_types(x.dtype,
-float32)``. LayerNorm's variance uses *shifted data*: with the pivot :math:`K` = the row's
-plain floating-point mean (rounded, so not exact), :math:`\delta = \tfrac1n\sum (x - K)` and
+float32)``. LayerNorm's variance uses *shifted data*: with a pivot :math:`K` close to the row
+(its first element for unmasked, unsharded rows, as in the kernels: one level of row sums; the
+plain floating-point mean otherwise), :math:`\delta = \tfrac1n\sum (x - K)` and
 :math:`v = \tfrac1n\sum (x-K)^2 - \delta^2`. Because :math:`x - K` is exact in floating point
-when both are close (Sterbenz) and :math:`\delta` is only the rounding error of :math:`K`, this
-is as accurate as an exact two-pass formula for any mean/std ratio; the single-pass
+when both are close (Sterbenz), this keeps float32 accuracy at any mean/std ratio (a first
+element :math:`k` standard deviations from the mean costs about :math:`2\log_2 k` bits of the
+variance: see ``docs/derivations.md``); the single-pass
 ``E[x^2] - E[x]^2`` that Flax uses by default loses every digit at a ratio of ``1e4`` in
 float32. The pivot and :math:`\delta` are kept separately as residuals (``mean = K + delta`` is
 never rounded to one float), so the backward rebuilds :math:`x - \mu` exactly as the forward did.
@@ -217,9 +219,8 @@ def on_platform(cfg: NormConfig, fn, *args):
 def _forward_only(cfg: NormConfig, x, scale, bias, mask):
   if cfg.impl == "pallas":
     return _pallas_forward_call(cfg, x, scale, bias)[0]
-  # Not differentiated: no residuals, so the forward compiles to one fusion that may share
-  # x - shift between its sums (decoupling them would only recompute it).
-  return _xla.forward(cfg, x, scale, bias, mask, decouple=False)[0]
+  # Not differentiated: nothing kept for a backward (one level of row sums).
+  return _xla.forward_only(cfg, x, scale, bias, mask)
 
 
 def forward_only(cfg: NormConfig, x, scale, bias, mask):

@@ -105,11 +105,27 @@ def _fresh(*arrays):
 
 
 def statistics(cfg: NormConfig, x, mask, *, decouple: bool = True):
-  """Row statistics of ``x: (..., d)`` in the compute dtype.
+  r"""Row statistics of ``x: (..., d)`` in the compute dtype, from shifted data.
+
+  .. math::
+
+     \delta = \tfrac1n \sum_i m_i (x_i - K), \qquad
+     v = \tfrac1n \sum_i m_i (x_i - K)^2 - \delta^2, \qquad \mu = K + \delta.
+
+  The pivot ``K`` is the row's first element (:func:`first_pivot`, as in the Pallas kernels)
+  for a row without a mask or a sharded feature axis: the two sums then depend on nothing but
+  ``x`` and are the only passes over it. Otherwise it is the plain (rounded) mean, a reduction
+  first, which every shard agrees on and which ignores masked-out entries. Either way ``x - K``
+  is exact wherever it is small (Sterbenz), so the variance does not lose the digits that
+  ``E[x^2] - E[x]^2`` loses at a large mean/std ratio. The price of the first element: when it
+  lies ``k`` standard deviations from the row's mean, ``v`` comes out of a difference of two
+  terms of size about ``k^2 v`` and loses about ``2 log2(k)`` bits (3 bits at ``k = 3``; a row
+  whose first feature is an outlier channel 100 standard deviations out keeps about 10 of
+  float32's 24); the mean pivot loses nothing there.
 
   ``decouple``: the two shifted sums read ``x`` through separate :func:`_fresh` views (for when
   the statistics are outputs of the jitted program, e.g. residuals); False lets them share
-  ``x - shift`` (for when everything fuses into one loop anyway: the forward alone).
+  ``x - shift`` (for the forward alone, :func:`forward_only`).
 
   Returns ``(shift, delta, rstd)`` (each ``(..., 1)``) for LayerNorm, where the row mean is
   ``shift + delta``, or ``(None, None, rstd)`` for RMSNorm.
@@ -121,12 +137,13 @@ def statistics(cfg: NormConfig, x, mask, *, decouple: bool = True):
     (ss,) = _row_sums(xf * xf, mask=mask)
     ms = _psum(cfg, ss) / n
     return None, None, _normalizer(cfg, ms)
-  # The pivot: the plain (rounded) mean. Every shard agrees on it, it ignores masked-out
-  # (possibly garbage) entries, and x - shift is exact wherever it matters. (Slicing x[..., :1]
-  # as the pivot instead measured 3-4x slower forward on XLA:CPU for bfloat16: the slice
-  # breaks the fusion and forces a float32 copy of x.)
-  (s0,) = _row_sums(xf, mask=mask)
-  shift = _psum(cfg, s0) / n
+  if mask is None and cfg.axis_name is None:
+    shift = first_pivot(x)  # no reduction to wait for
+  else:
+    # The plain (rounded) mean: every shard agrees on it, and it ignores masked-out (possibly
+    # garbage) entries, which a masked-out first element could be.
+    (s0,) = _row_sums(xf, mask=mask)
+    shift = _psum(cfg, s0) / n
   # The two shifted sums each see their own view of x (see _fresh): when the statistics are
   # residuals, XLA:CPU computes each in its own fusion, and would otherwise write x - shift (in
   # float32) to memory once for both to read.
@@ -140,6 +157,18 @@ def statistics(cfg: NormConfig, x, mask, *, decouple: bool = True):
   delta = s1 / n
   var = jnp.maximum(s2 / n - delta * delta, 0.0)
   return shift, delta, _normalizer(cfg, var)
+
+
+def first_pivot(x):
+  """The row's first element, ``(..., 1)`` in the compute dtype: a pivot with no reduction.
+
+  Sliced from an :func:`_fresh` view of ``x``: XLA:CPU cannot put a slice into the fused loop
+  of the row sums, and without the barrier it hoists the float32 convert of a bfloat16 ``x``
+  out of that loop for the slice to share (a full-size float32 copy). With it, the slice is a
+  small fusion of its own that reads one element per row, and the sums' loop reads ``x``.
+  """
+  (xv,) = _fresh(x)
+  return xv[..., :1].astype(compute_dtype(x.dtype))
 
 
 def x_hat(cfg: NormConfig, xf, shift, delta, rstd):
@@ -182,7 +211,11 @@ def gamma(cfg: NormConfig, scale, ndim, dtype=None):
 
 
 def forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True):
-  """``(y, (shift, delta, rstd))``; ``decouple=False`` when only ``y`` is used (see _fresh)."""
+  """``(y, (shift, delta, rstd))``: what the JVP rule computes (reverse mode keeps the stats).
+
+  ``decouple`` as in :func:`statistics`; the undifferentiated call goes through
+  :func:`forward_only`.
+  """
   stats = statistics(cfg, x, mask, decouple=decouple)
   if decouple:
     # y's map sees its own view of x and of the statistics (see _fresh), so that XLA does not
@@ -194,6 +227,27 @@ def forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True):
   plan = cfg.plan(x.dtype)  # the order of casts of the affine stage (jaxnorm._casting)
   _, y = plan.affine_of(y, gamma(cfg, scale, x.ndim, x.dtype), _row(bias, x.ndim))
   return y.astype(cfg.out_dtype), stats
+
+
+def forward_only(cfg: NormConfig, x, scale, bias, mask):
+  r"""``y`` alone, for a call that is not differentiated: nothing is kept for a backward.
+
+  .. math::
+
+     y = \gamma \odot (x - K - \delta)\, r + \beta
+
+  :func:`forward` without the statistics as outputs and without the :func:`_fresh` views that
+  keep them cheap to save: the row sums share ``x - K`` with each other and with the output
+  map. For unmasked, unsharded LayerNorm (pivot ``K`` = the first element, see
+  :func:`statistics`) XLA:CPU compiles that to the pivot's slice and one loop over ``x`` (two
+  row sums, then the map) at large ``d``; at small ``d`` to two row-sum loops over a stored
+  ``x - K`` and the map. Separate views would add a convert and a subtraction per element and
+  per view to the one loop (1.1-1.3x the time at 4096x256, measured; no gain at small ``d``).
+  Returned in ``cfg.out_dtype``. The JVP rule, which reverse mode linearizes, calls
+  :func:`forward` instead.
+  """
+  y, _ = forward(cfg, x, scale, bias, mask, decouple=False)
+  return y
 
 
 def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None):
@@ -270,38 +324,61 @@ def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None):
 def tangent(cfg: NormConfig, x, scale, mask, stats, tx, tscale, tbias):
   r"""``dot y`` of the plain op at ``x`` for the tangents ``tx, tscale, tbias`` (None = zero).
 
-  ``dot y = gamma * (rstd * (tx - mean_m(tx)) + A * x_c) + x_hat * tscale + tbias`` with the
-  per-row ``A = -c rstd^3 sum(m x_c tx) / n`` (``x_c = x - mean``): the closed form of
-  ``docs/derivations.md`` ("Forward mode") arranged like :func:`backward`, so that the
-  ``(..., d)`` quantities are inputs and ``x_c``, recomputed, is never stored. Returned in
+  .. math::
+
+     \dot y = \gamma \odot \big(r (\dot x - \overline{\dot x}) + A\, x_c\big)
+              + x_c\, r \odot \dot s + \dot\beta, \qquad
+     A = -c\, r^3\, \tfrac1n {\textstyle\sum_i} m_i x_{c,i} \dot x_i,
+
+  with ``x_c = x - shift - delta`` (``x`` for RMSNorm) and the bar the masked row mean (absent
+  for RMSNorm): the closed form of ``docs/derivations.md`` ("Forward mode") arranged like
+  :func:`backward`, so that the ``(..., d)`` quantities are inputs and ``x_c``, recomputed, is
+  never stored. For LayerNorm the row sum behind ``A`` is taken about the pivot,
+  :math:`\sum m (x - K)\dot x - \delta \sum m \dot x`, so that it does not wait for
+  ``delta``: with the statistics' pivot a slice of ``x``, every row sum of the forward and of the
+  tangent is one level over the inputs (as in autodiff of a one-pass variance). The two row sums
+  and the final map each read the inputs through their own :func:`_fresh` view, so that XLA:CPU
+  keeps no float32 copy of ``x`` or broadcast statistic in memory between them. Returned in
   ``cfg.out_dtype``.
   """
   ct = compute_dtype(x.dtype)
   shift, delta, rstd = stats
-  xf = x.astype(ct)
-  xc = ((xf - shift) - delta) if cfg.center else xf  # (..., d)
-  ty = jnp.zeros(x.shape, ct)
+  coef = mean_t = None
   if tx is not None:
-    txf = tx.astype(ct)
     n = _count(cfg, mask, x.shape, ct)  # (..., 1)
-    (s_xt,) = _row_sums(xc * txf, mask=mask)  # (..., 1)
+    txv, xv, shiftv, maskv = _fresh(tx, x, shift, mask)
+    xk = xv.astype(ct) - shiftv if cfg.center else xv.astype(ct)  # (..., d): x - K, or x
+    (s_kt,) = _row_sums(xk * txv.astype(ct), mask=maskv)  # (..., 1)
     if cfg.center:
-      (s_t,) = _row_sums(txf, mask=mask)  # (..., 1)
+      maskv, txv = _fresh(mask, tx)
+      (s_t,) = _row_sums(txv.astype(ct), mask=maskv)  # (..., 1)
       if cfg.axis_name is not None:
-        s_t, s_xt = _psum(cfg, jnp.stack([s_t, s_xt]))
-      txf = txf - s_t / n
+        s_t, s_kt = _psum(cfg, jnp.stack([s_t, s_kt]))
+      mean_t = s_t / n
+      s_xt = s_kt - delta * s_t  # sum(m x_c tx)
     else:
-      s_xt = _psum(cfg, s_xt)
+      s_xt = _psum(cfg, s_kt)
     coef = -(rstd * rstd * rstd) * (s_xt / n)  # variance (RMS) path, per row
     c = variance_path_factor(cfg, rstd)
     if c is not None:
       coef = coef * c
-    ty = rstd * txf + coef * xc
-    gam = gamma(cfg, scale, x.ndim, x.dtype)
+  # The final map: its own view of the inputs and of every per-row value it broadcasts.
+  txv, statsv, xv, scalev, tscalev, tbiasv, coefv, mean_tv = _fresh(
+      tx, stats, x, scale, tscale, tbias, coef, mean_t)
+  shiftv, deltav, rstdv = statsv
+  xf = xv.astype(ct)
+  xc = ((xf - shiftv) - deltav) if cfg.center else xf  # (..., d)
+  ty = jnp.zeros(x.shape, ct)
+  if txv is not None:
+    txf = txv.astype(ct)
+    if mean_tv is not None:
+      txf = txf - mean_tv
+    ty = rstdv * txf + coefv * xc
+    gam = gamma(cfg, scalev, x.ndim, x.dtype)
     if gam is not None:
       ty = ty * gam
-  if tscale is not None:
-    ty = ty + (xc * rstd) * _as_row(tscale, x.ndim, ct)
-  if tbias is not None:
-    ty = ty + _as_row(tbias, x.ndim, ct)
+  if tscalev is not None:
+    ty = ty + (xc * rstdv) * _as_row(tscalev, x.ndim, ct)
+  if tbiasv is not None:
+    ty = ty + _as_row(tbiasv, x.ndim, ct)
   return ty.astype(cfg.out_dtype)

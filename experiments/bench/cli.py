@@ -35,8 +35,11 @@ The bytes that must move and the timing method (samples of ``k`` calls, implemen
 :mod:`experiments.bench.timing`; the compared implementations (``--impls``, ``--fused-impls``) in
 :mod:`experiments.bench.impls`.
 
-Outputs: a table on stdout, ``bench.json`` (device, versions, date, every entry) and
-``bench.md`` (markdown tables) under ``--out`` (default ``results/bench``, ignored by git).
+Outputs: a table on stdout, ``bench.json`` (device, versions, date, command, every entry) and
+``bench.md`` (markdown tables, among them the ratios to Flax side by side, one column per mode)
+under ``--out`` (default ``results/bench``, ignored by git). ``--clock cpu`` times the process's
+CPU time instead of elapsed time: on a machine shared with other jobs its ratios move less (the
+bandwidth columns then count CPU seconds of all threads, not elapsed ones).
 """
 
 from __future__ import annotations
@@ -55,11 +58,11 @@ import jaxnorm
 
 from experiments.bench.impls import (ALL_OPS, EPSILON, FUSED_IMPLEMENTATIONS, FUSED_OPS, IMPLEMENTATIONS,
                                      NotApplicable, fused_implementations, implementations)
-from experiments.bench.timing import (ALL_MODES, MODES, copy_bandwidth, make_inputs, must_move_bytes, prepare_entry,
-                                      time_interleaved)
+from experiments.bench.timing import (ALL_MODES, CLOCKS, MODES, copy_bandwidth, make_inputs, must_move_bytes,
+                                      prepare_entry, time_interleaved)
 
 GPU_SHAPES = ((8192, 1024), (4096, 4096), (16384, 4096), (32768, 8192))
-CPU_SHAPES = ((8192, 1024), (4096, 4096))
+CPU_SHAPES = ((1024, 64), (4096, 256), (8192, 1024))
 DTYPES = ("float32", "bfloat16")
 
 
@@ -144,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
                  help="timed samples per entry (default: 50 on GPU, 10 on CPU)")
   p.add_argument("--sample-ms", type=float, default=None,
                  help="target duration of one sample (default: 5 on GPU, 1 on CPU)")
+  p.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                 help="what a sample measures: wall (elapsed time, default) or cpu (the process's "
+                      "CPU time, all threads: steadier on a machine shared with other jobs)")
   p.add_argument("--out", default=os.path.join("results", "bench"),
                  help="output directory for bench.json and bench.md")
   p.add_argument("--interpret", action="store_true",
@@ -191,9 +197,24 @@ def _fused_table(results: list[dict]) -> list[dict]:
   return rows
 
 
+def _by_mode(vs_flax: list[dict], modes) -> tuple[list[str], list[tuple[tuple, dict]]]:
+  """The ratios to Flax as one row per (op, impl, shape, dtype) and one column per mode.
+
+  Returns ``(modes, rows)``: the modes that have a ratio, in ``modes`` order, and
+  ``[((op, impl, shape, dtype), {mode: ratio})]`` in measuring order.
+  """
+  rows: dict[tuple, dict] = {}
+  for r in vs_flax:
+    rows.setdefault((r["op"], r["impl"], r["shape"], r["dtype"]), {})[r["mode"]] = r["time_over_flax"]
+  present = [m for m in modes if any(m in v for v in rows.values())]
+  return present, list(rows.items())
+
+
 def _markdown(report: dict) -> str:
   lines = [f"# jaxnorm benchmark — {report['device']} ({report['backend']})", "",
            f"date {report['date']}, versions {report['versions']}", "",
+           f"command: `python -m experiments bench {' '.join(report['argv'])}`; clock "
+           f"{report.get('clock', 'wall')} ({report['repeats']} interleaved rounds)", "",
            "## Copy bandwidth (x * 2)", "", "| shape | dtype | GB/s |", "|---|---|---|"]
   for c in report["copy"]:
     lines.append(f"| {c['shape']} | {c['dtype']} | {c['gbps']:.1f} |")
@@ -212,6 +233,14 @@ def _markdown(report: dict) -> str:
   for r in report["ln_over_rms"]:
     lines.append(f"| {r['impl']} | {r['shape']} | {r['dtype']} | {r['mode']} | "
                  f"{r['ln_over_rms']:.2f} |")
+  modes, by_mode = _by_mode(report["vs_flax"], ALL_MODES)
+  lines += ["", "## Time relative to flax-linen, side by side (< 1 is faster)", "",
+            "Each ratio is jaxnorm's median over Flax's, both sampled interleaved in this run.", "",
+            "| op | impl | shape | dtype | " + " | ".join(modes) + " |",
+            "|---|---|---|---|" + "---|" * len(modes)]
+  for (op, impl, shape, dtype), ratios in by_mode:
+    cells = " | ".join("n/a" if m not in ratios else f"{ratios[m]:.2f}" for m in modes)
+    lines.append(f"| {op} | {impl} | {shape} | {dtype} | {cells} |")
   lines += ["", "## Time relative to flax-linen (< 1 is faster)", "",
             "| op | impl | shape | dtype | mode | time / flax |", "|---|---|---|---|---|---|"]
   for r in report["vs_flax"]:
@@ -290,7 +319,7 @@ def _time_op(prepared: dict, inp, base: dict, copy: dict, args, repeats: int, sa
   out = []
   for mode in args.modes:
     timed = time_interleaved({impl: calls[mode] for impl, (calls, _) in prepared.items()},
-                             repeats=repeats, sample_ms=sample_ms)
+                             repeats=repeats, sample_ms=sample_ms, clock=args.clock)
     for impl, t in timed.items():
       nbytes = must_move_bytes(base["op"], mode, rows, d, inp.x.dtype.itemsize, inp.scale.dtype.itemsize)
       gbps = nbytes / t["median_s"] / 1e9
@@ -310,10 +339,12 @@ def _print_ratios(rms_ln: list[dict], vs_flax: list[dict], fused_rows: list[dict
   for r in rms_ln:
     print(f"  {r['impl']:14s} {r['shape']:11s} {r['dtype']:9s} {r['mode']:8s} "
           f"{r['ln_over_rms']:.2f}")
+  modes, by_mode = _by_mode(vs_flax, ALL_MODES)
   print("\n# time / flax-linen (< 1: faster than Flax)")
-  for r in vs_flax:
-    print(f"  {r['op']:10s} {r['impl']:14s} {r['shape']:11s} {r['dtype']:9s} {r['mode']:8s} "
-          f"{r['time_over_flax']:.2f}")
+  print(f"  {'op':10s} {'impl':14s} {'shape':11s} {'dtype':9s} " + " ".join(f"{m:>8s}" for m in modes))
+  for (op, impl, shape, dtype), ratios in by_mode:
+    print(f"  {op:10s} {impl:14s} {shape:11s} {dtype:9s} " +
+          " ".join(f"{ratios[m]:8.2f}" if m in ratios else f"{'n/a':>8s}" for m in modes))
   if fused_rows:
     print("\n# fused add+norm: time / (add + plain op), time / (add + Flax) (< 1: fused is faster)")
     f2 = lambda v: "  n/a" if v is None else f"{v:5.2f}"  # noqa: E731
@@ -357,6 +388,7 @@ def _run(args, shapes, repeats, sample_ms, argv) -> int:
       "epsilon": EPSILON,
       "repeats": repeats,
       "sample_ms": sample_ms,
+      "clock": args.clock,
       "copy": copies,
       "results": results,
       "ln_over_rms": rms_ln,

@@ -52,42 +52,60 @@ MODES = ("fwd", "bwd", "fwd+bwd")
 ALL_MODES = MODES + ("jvp",)
 
 
-def _calls_per_sample(fn: Callable, args: tuple, sample_ms: float) -> int:
-  """``k`` such that ``k`` calls of ``fn(*args)`` last about ``sample_ms`` (1 to 1000)."""
-  t0 = time.perf_counter()
-  jax.block_until_ready(fn(*args))
-  single = max(time.perf_counter() - t0, 1e-7)
-  return max(1, min(1000, int(math.ceil(sample_ms * 1e-3 / single))))
+def _calls_per_sample(fn: Callable, args: tuple, sample_ms: float, tries: int = 5) -> int:
+  """``k`` such that ``k`` calls of ``fn(*args)`` last about ``sample_ms`` (1 to 1000).
+
+  From the fastest of ``tries`` single calls: on a loaded machine one call can take 10x its
+  usual time, and a ``k`` of 1 for a microsecond call measures the per-sample overhead.
+  """
+  single = math.inf
+  for _ in range(tries):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    single = min(single, time.perf_counter() - t0)
+  return max(1, min(1000, int(math.ceil(sample_ms * 1e-3 / max(single, 1e-7)))))
 
 
-def _sample(fn: Callable, args: tuple, k: int) -> float:
-  """Seconds per call of ``k`` calls of ``fn(*args)`` enqueued back to back."""
-  t0 = time.perf_counter()
+CLOCKS = {
+    # Elapsed time: what a caller waits for.
+    "wall": time.perf_counter,
+    # CPU time of this process, every thread summed: the work done, which other jobs on a
+    # shared machine delay but do not add to (the threads of one call wait, they do not spin).
+    "cpu": time.process_time,
+}
+
+
+def _sample(fn: Callable, args: tuple, k: int, clock: Callable[[], float] = time.perf_counter) -> float:
+  """Seconds (of ``clock``) per call of ``k`` calls of ``fn(*args)`` enqueued back to back."""
+  t0 = clock()
   out = None
   for _ in range(k):
     out = fn(*args)
   jax.block_until_ready(out)
-  return (time.perf_counter() - t0) / k
+  return (clock() - t0) / k
 
 
 def time_interleaved(calls: dict[str, tuple[Callable, tuple]], *, repeats: int,
-                     sample_ms: float) -> dict[str, dict[str, float]]:
+                     sample_ms: float, clock: str = "wall") -> dict[str, dict[str, float]]:
   """Median seconds per call of several functions, their samples interleaved.
 
   ``calls`` maps a name to ``(fn, args)`` (already compiled and warmed up). Each function gets
   its own ``k`` calls per sample, chosen so a sample lasts about ``sample_ms``; round ``r`` takes
   sample ``r`` of every function in turn, so slow phases of a shared machine hit all of them.
+  ``clock``: a key of :data:`CLOCKS`, ``"wall"`` (elapsed) or ``"cpu"`` (the process's CPU time,
+  all threads: steadier than elapsed time on a loaded machine, blind to idle waiting).
 
   Returns:
     Per name: ``median_s``, ``min_s``, ``max_s``, ``calls_per_sample``, ``samples`` and
     ``times_s`` (every sample, in round order: sample ``r`` of two names was taken in the same
     round, so their ratio per round pairs timings that saw the same load).
   """
+  tick = CLOCKS[clock]
   ks = {name: _calls_per_sample(fn, args, sample_ms) for name, (fn, args) in calls.items()}
   samples: dict[str, list[float]] = {name: [] for name in calls}
   for _ in range(repeats):
     for name, (fn, args) in calls.items():
-      samples[name].append(_sample(fn, args, ks[name]))
+      samples[name].append(_sample(fn, args, ks[name], tick))
   return {name: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v),
                  "calls_per_sample": ks[name], "samples": len(v), "times_s": v}
           for name, v in samples.items()}
