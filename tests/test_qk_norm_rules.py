@@ -1,6 +1,6 @@
 """The verdict rules of the QK-norm and LayerNorm-Scaling studies on synthetic numbers.
 
-Each rule gives yes, partly, no and n/a (not testable) on some input, and the measurements under
+Each rule gives yes, partly, no and "not testable" on some input, and the measurements under
 them (LR sensitivity, logit growth, the block-input profile) match hand-computed values.
 """
 
@@ -10,6 +10,9 @@ import pytest
 
 from experiments.studies import norm_scaling_rules as ns
 from experiments.studies import qk_norm_rules as qk
+from experiments.suite import claims as claims_lib
+
+NT = claims_lib.NOT_TESTABLE
 
 
 def test_lr_sensitivity_caps_diverged_runs_at_the_initial_loss():
@@ -36,21 +39,22 @@ GROWS, FLAT = _g(200.0, 40.0), _g(8.0, 2.0)
     ({0: {"noqk": GROWS, "qk": FLAT}, 1: {"noqk": GROWS, "qk": FLAT}}, "yes"),
     ({0: {"noqk": GROWS, "qk": FLAT}, 1: {"noqk": GROWS, "qk": _g(100.0, 30.0)}}, "partly"),
     ({0: {"noqk": GROWS, "qk": _g(50.0, 5.0)}}, "no"),              # peak not 10x lower
-    ({0: {"noqk": _g(15.0, 20.0), "qk": FLAT}}, "n/a"),             # no growth to remove
-    ({0: {"noqk": _g(60.0, 3.0), "qk": FLAT}}, "n/a"),
+    ({0: {"noqk": _g(15.0, 20.0), "qk": FLAT}}, NT),                # no growth to remove
+    ({0: {"noqk": _g(60.0, 3.0), "qk": FLAT}}, NT),
 ])
 def test_claim_logit_growth(seeds, want):
   c = qk.claim_logit_growth(seeds)
   assert c["holds"] == want and c["id"] == "wortsman_qk_removes_logit_growth"
-  assert (qk.NOT_TESTABLE in c["ours"]) is (want == "n/a")
+  assert c["ours"].startswith("not testable at this scale: ") is (want == NT)
+  assert (qk.NEEDS in c["ours"]) is (want == NT)
 
 
 @pytest.mark.parametrize("seeds, want", [
     ({0: dict(lrs_noqk=0.5, lrs_qk=0.1, noqk_top=GROWS)}, "yes"),
     ({0: dict(lrs_noqk=0.5, lrs_qk=0.1, noqk_top=GROWS), 1: dict(lrs_noqk=0.5, lrs_qk=0.4, noqk_top=GROWS)},
      "partly"),
-    ({0: dict(lrs_noqk=0.03, lrs_qk=0.0, noqk_top=GROWS)}, "n/a"),   # too little sensitivity to remove
-    ({0: dict(lrs_noqk=0.5, lrs_qk=0.1, noqk_top=FLAT)}, "n/a"),     # instability not reproduced
+    ({0: dict(lrs_noqk=0.03, lrs_qk=0.0, noqk_top=GROWS)}, NT),      # too little sensitivity to remove
+    ({0: dict(lrs_noqk=0.5, lrs_qk=0.1, noqk_top=FLAT)}, NT),        # instability not reproduced
     ({0: dict(lrs_noqk=0.06, lrs_qk=0.05, noqk_top=GROWS)}, "no"),
 ])
 def test_claim_lr_sensitivity(seeds, want):
@@ -80,9 +84,10 @@ def test_block_input_profile():
     ({(0, "init"): dict(pre=10.0, lns=2.0, sandwich=9.0), (0, "trained"): dict(pre=20.0, lns=19.0, sandwich=4.0)},
      ("partly", "partly")),
     ({(0, "init"): dict(pre=10.0, lns=9.0, sandwich=12.0)}, ("no", "no")),
-    ({(0, "init"): dict(pre=1.5, lns=1.0, sandwich=1.0)}, ("n/a", "n/a")),
+    ({(0, "init"): dict(pre=1.5, lns=1.0, sandwich=1.0)}, (NT, NT)),
 ])
 def test_norm_scaling_claims(per, want):
   got = ns.claims(per)
   assert [c["id"] for c in got] == ["sun_lns_curbs_variance", "kim_periln_balanced_variance"]
   assert tuple(c["holds"] for c in got) == want
+  assert all(c["ours"].startswith("not testable at this scale: ") is (c["holds"] == NT) for c in got)

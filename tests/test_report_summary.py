@@ -41,3 +41,24 @@ def test_rule_changes_render_and_refuse_empty_entries():
   assert md.count("\n| issue") == len(rule_changes.RULE_CHANGES)
   with pytest.raises(ValueError, match="names when, which claims, what and why"):
     rule_changes.RuleChange("", ("x",), "what", "why", True)
+
+
+def test_qk_and_lns_claims_are_tallied_and_summarized_like_the_others():
+  from experiments.studies import norm_scaling_rules, qk_norm_rules
+  flat = {"first": 4.0, "peak": 8.0, "growth": 2.0}   # no logit growth: the instability not reproduced
+  qk = [qk_norm_rules.claim_logit_growth({0: {"noqk": flat, "qk": flat}}),
+        qk_norm_rules.claim_lr_sensitivity({0: dict(lrs_noqk=0.5, lrs_qk=0.1, noqk_top=flat)}),
+        qk_norm_rules.claim_post_ln({0: dict(lrs_noqk=0.5, lrs_qk=0.1, noqk_top=flat, qk_top=flat)})]
+  lns = norm_scaling_rules.claims({(0, "init"): dict(pre=10.0, lns=2.0, sandwich=9.0)})
+  rows = report.claims_rows({"qk_norm": {"claims": qk}, "norm_scaling": {"claims": lns}})
+  holds = {r["id"]: r["holds"] for r in rows if r["experiment"] in ("qk_norm", "norm_scaling")}
+  assert holds == {"wortsman_qk_removes_logit_growth": claims_lib.NOT_TESTABLE,
+                   "wortsman_qk_lr_sensitivity": claims_lib.NOT_TESTABLE, "qk_norm_post_ln": "obs",
+                   "sun_lns_curbs_variance": "yes", "kim_periln_balanced_variance": "no"}
+  t = report.tally(rows)["training"]
+  assert t[claims_lib.NOT_TESTABLE] == 2 and t["yes"] == 1 and t["no"] == 1 and t["obs"] == 1
+  text = "\n".join(report._summary({"preset": "cpu"}, rows, {}))
+  assert "- **Claims about models and training** (" in text and "not testable at this scale: 2" in text
+  assert "Did not hold: " in text and "Held: " in text
+  why = [line for line in text.splitlines() if line.startswith("  - Attention logits grow")]
+  assert len(why) == 1 and "*Why:* in no seed did Pre-LN without QK-norm" in why[0] and "Measured" not in why[0]

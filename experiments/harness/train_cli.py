@@ -77,7 +77,7 @@ _SKIP = {"model", "vocab_size", "max_len"}
 # The options' allowed values, where the config module names them.
 _CHOICES = {"norm_position": NORM_POSITIONS, "norm_type": NORM_TYPES, "norm_impl": NORM_IMPLS, "init": INITS,
             "positions": POSITIONS, "dtype": DTYPES, "activation": ACTIVATIONS, "casting": CASTINGS,
-            "schedule": SCHEDULES}
+            "schedule": SCHEDULES, "qk_norm": QK_NORMS, "qk_norm_scale": QK_NORM_SCALES}
 # Numeric fields that may be 0 (every other int or float must be positive); the betas are in [0, 1).
 _NONNEG = {"steps", "warmup", "seed", "eval_every", "checkpoint_every", "epsilon", "weight_decay"}
 _BETAS = {"b1", "b2"}

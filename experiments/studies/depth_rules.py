@@ -8,15 +8,24 @@ dicts (``id``, ``criterion``, ``ours``, ``holds``, ``per_seed``); none trains, s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from experiments.studies.seeds import STALL_NATS, format_finals, left_plateau_by, seed_points
 from experiments.suite import claims as claims_lib
 
-if TYPE_CHECKING:
-  from experiments.studies.depth import Config
+
+class Design(Protocol):
+  """The sizes of the depth study that the rules read: :class:`experiments.studies.depth.Config` is one
+  (the rules do not import the study, which imports them)."""
+
+  depths: tuple
+  positions: tuple
+  steps: int
+  seeds: tuple
+  update_depths: tuple | None
+
 
 DEEP = 12                # Admin's failing depth
 LATE_FRACTION = 2 / 3    # a run that leaves the plateau after this fraction of the run started late
@@ -27,7 +36,7 @@ FLAT_EXPONENT = 0.25     # |log-log slope| of the update vs N within this counts
 NAMES = {"pre": "Pre-LN", "sandwich": "Sandwich"}
 
 
-def _admin_core(points: dict, cfg: Config, unigram: float) -> tuple[str, str]:
+def _admin_core(points: dict, cfg: Design, unigram: float) -> tuple[str, str]:
   """``admin_deep_postln_fails`` on one seed's or all seeds' points (see :func:`verdicts`)."""
   first_third = cfg.steps // 3
   parts, oks, some = [], [], []
@@ -58,7 +67,7 @@ def _admin_core(points: dict, cfg: Config, unigram: float) -> tuple[str, str]:
   return holds, "; ".join(parts)
 
 
-def admin_claim(points: dict, cfg: Config, unigram: float) -> dict:
+def admin_claim(points: dict, cfg: Design, unigram: float) -> dict:
   """``admin_deep_postln_fails`` with each seed alone beside it (see :func:`verdicts`)."""
   crit = (f"judged at depths >= {DEEP} where Pre-LN left the plateau by step {cfg.steps // 3} and ends >= "
           f"{PAST_PLATEAU} nats below unigram in every seed, and Post-LN did not leave it only in the last third; "
@@ -92,7 +101,7 @@ def _exponent(depths, values) -> float:
   return float(np.polyfit(np.log(np.asarray(depths, np.float64)), np.log(np.asarray(values, np.float64)), 1)[0])
 
 
-def update_claim(update: dict, cfg: Config) -> dict:
+def update_claim(update: dict, cfg: Design) -> dict:
   """``deepnet_update_constant`` from the growth exponents (see :func:`verdicts`)."""
   udepths = sorted(cfg.update_depths or cfg.depths)
   crit = (f"growth exponent e = slope of log(update) vs log(N) over N = {udepths}, at each early step before "
@@ -129,7 +138,7 @@ def update_claim(update: dict, cfg: Config) -> dict:
                              f"{SATURATED}) at every early step; measured: " + "; ".join(parts) + tail})}
 
 
-def verdicts(points: dict, update: dict, consts: dict, cfg: Config, unigram: float) -> list[dict]:
+def verdicts(points: dict, update: dict, consts: dict, cfg: Design, unigram: float) -> list[dict]:
   """The claims of the depth experiment.
 
   * ``admin_deep_postln_fails`` (:func:`admin_claim`): judged at each depth ``>= DEEP`` (12) at

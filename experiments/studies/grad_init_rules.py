@@ -8,12 +8,22 @@ for yes, partly and no. The criteria are the same for every preset.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from experiments.suite import claims as claims_lib
 
-if TYPE_CHECKING:
-  from experiments.studies.grad_init import Config
+
+class Design(Protocol):
+  """The sizes of the gradient-at-init study that the rules read: :class:`experiments.studies.grad_init.Config` is one
+  (the rules do not import the study, which imports them)."""
+
+  depths: tuple
+  seeds: tuple
+  norm_types: tuple
+  small_init: bool
+  theory: bool
+  variant_depths: tuple | None
+
 
 # Verdict criteria (the same for every preset).
 GROWTH_FACTOR = 1.5          # Post-LN "grows" at a depth: its last/first ratio is at least this
@@ -28,7 +38,7 @@ def _fmt_ratio(x):
   return f"{x:.2f}"
 
 
-def _growth_claim(an: dict, cfg: Config) -> dict:
+def _growth_claim(an: dict, cfg: Design) -> dict:
   """``xiong_grad_growth``, judged per (norm, depth) (see :func:`verdicts`)."""
   crit = (f"per (norm, depth): Post-LN's last/first W2 ratio >= {GROWTH_FACTOR} (it grows) and Pre-LN's in "
           f"[{FLAT_BAND[0]:.2f}, {FLAT_BAND[1]:.2f}] (about flat, the same factor either way); yes/partly/no = "
@@ -58,7 +68,7 @@ def _growth_claim(an: dict, cfg: Config) -> dict:
           "holds": claims_lib.verdict(oks)}
 
 
-def _scaling_claim(an: dict, cfg: Config) -> dict:
+def _scaling_claim(an: dict, cfg: Design) -> dict:
   """``xiong_grad_depth_scaling`` from the log-log slopes (see :func:`verdicts`)."""
   crit = (f"log-log slope of the last-layer W2 gradient norm vs L, per norm type: Post-LN flat (|slope| <= "
           f"{SLOPE_POST_ABS}), Pre-LN decreasing (slope < -{SLOPE_POST_ABS}, below the flat band); Theorem 1's "
@@ -79,7 +89,7 @@ def _scaling_claim(an: dict, cfg: Config) -> dict:
           + "; ".join(parts) + " (bound: -0.5 for Pre-LN)", "holds": claims_lib.verdict(oks)}
 
 
-def verdicts(an: dict, cfg: Config) -> list[dict]:
+def verdicts(an: dict, cfg: Design) -> list[dict]:
   """The claims of the gradient-norm experiment, from the analysis ``an``.
 
   Ratios are last/first-layer ``mlp_out`` (W2) gradient-norm ratios; "yes/partly/no" means at
@@ -156,7 +166,7 @@ def _lemma_postln_claim(an: dict, setting: str, vdepths) -> dict:
   }
 
 
-def _init_claim(an: dict, cfg: Config) -> dict:
+def _init_claim(an: dict, cfg: Design) -> dict:
   """``init_changes_picture``: Xavier vs small init ratios, an observation (see :func:`verdicts`)."""
   parts = []
   for L in (cfg.variant_depths or cfg.depths):

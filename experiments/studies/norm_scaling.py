@@ -20,9 +20,11 @@ import dataclasses
 import numpy as np
 
 from experiments.studies import norm_scaling_rules as rules
+from experiments.suite.study import Unit
 
 TITLE = "LayerNorm Scaling and Peri-LN: hidden-state variance over depth"
-RAW_DATA = ("profiles.json", "profiles.csv")
+RAW_DATA = ("profiles.json", "profiles.csv")  # files the report links under the claims
+HEADLINE = ("norm_scaling.png",)              # figures of the report's first screen
 
 VARIANTS = {"pre": ("pre", False), "lns": ("pre", True), "sandwich": ("sandwich", False)}
 NAMES = {"pre": "Pre-LN", "lns": "Pre-LN + LayerNorm Scaling", "sandwich": "Peri-LN (sandwich)"}
@@ -52,9 +54,18 @@ def label(variant: str, seed: int, cfg: Config) -> str:
   return f"lns-{variant}-L{cfg.n_layers}-s{seed}"
 
 
-def units(cfg: Config) -> list[tuple]:
-  """Every run as ``(variant, seed)``."""
+def grid(cfg: Config) -> list[tuple]:
+  """Every run as ``(variant, seed)``, in the order :func:`run` trains them."""
   return [(v, s) for v in VARIANTS for s in cfg.seeds]
+
+
+def units(cfg: Config) -> list[Unit]:
+  """The training runs of :func:`run` (one per :func:`grid` point), in its order (for the planner).
+
+  Each variant is its own program (layout, LayerNorm Scaling); seeds share it.
+  """
+  return [Unit("norm_scaling", label(v, s, cfg), cfg.n_layers, cfg.steps,
+               ("train", cfg.n_layers, VARIANTS[v][0], "layer_norm", "jaxnorm", v)) for v, s in grid(cfg)]
 
 
 def _profiles(ctx, cfg: Config, variant: str, seed: int) -> dict:
@@ -73,7 +84,7 @@ def _profiles(ctx, cfg: Config, variant: str, seed: int) -> dict:
 def run(ctx, cfg: Config) -> dict:
   """Trains the three layouts per seed; returns the summary (claims, files, seeds, table)."""
   prof = {}
-  for variant, seed in ctx.iterate(units(cfg), desc="runs"):
+  for variant, seed in ctx.iterate(grid(cfg), desc="runs"):
     prof[(variant, seed)] = _profiles(ctx, cfg, variant, seed)
   per = {(seed, phase): {v: rules.growth(prof[(v, seed)][phase]) for v in VARIANTS}
          for seed in cfg.seeds for phase in ("init", "trained")}

@@ -19,7 +19,8 @@ initialization and after training. The growth over depth is :math:`g = m_{L+1} /
 
 **Testability.** In one phase (init or trained) of one seed the claims are judged only if Pre-LN's
 growth is at least ``MIN_GROWTH`` (2: there is a variance growth to curb); otherwise that phase is
-not judged, and with no judged phase the verdict is ``n/a``.
+not judged, and with no judged phase the verdict is "not testable"
+(:data:`experiments.suite.claims.NOT_TESTABLE`, the reason first, then the measured growths).
 
 **Verdicts.** Per judged (seed, phase): ``sun_lns_curbs_variance`` is ok if the Pre-LN model with
 LayerNorm Scaling has :math:`g \le g_\text{Pre-LN} / ` ``RATIO`` (1.5); ``kim_periln_balanced_variance``
@@ -62,7 +63,7 @@ def growth(profile: list[float]) -> float:
 
 def _claim(cid: str, other: str, per: dict, label: str) -> dict:
   crit = (f"per (seed, phase), judged if Pre-LN's growth m_(L+1)/m_1 >= {MIN_GROWTH:g}: {label} growth <= "
-          f"Pre-LN's / {RATIO:g}; yes/partly/no = every/some/no judged (seed, phase), n/a if none")
+          f"Pre-LN's / {RATIO:g}; yes/partly/no = every/some/no judged (seed, phase), not testable if none")
   oks, parts = [], []
   for (seed, phase), g in per.items():
     text = f"s{seed} {phase}: growth Pre-LN {g['pre']:.3g}, {label} {g[other]:.3g}"
@@ -72,8 +73,12 @@ def _claim(cid: str, other: str, per: dict, label: str) -> dict:
     ok = g[other] <= g["pre"] / RATIO
     oks.append(ok)
     parts.append(text + (" [ok]" if ok else " [fails]"))
-  return {"id": cid, "criterion": crit, "ours": "; ".join(parts),
-          "holds": claims_lib.verdict(oks) if oks else "n/a", "per_seed": parts}
+  holds, ours = claims_lib.verdict(oks), "; ".join(parts)
+  if not oks:
+    holds, why = claims_lib.not_testable([f"Pre-LN's growth m_(L+1)/m_1 is below {MIN_GROWTH:g} in every (seed, "
+                                          "phase): no variance growth to curb at this depth"])
+    ours = why + ". Measured: " + ours
+  return {"id": cid, "criterion": crit, "ours": ours, "holds": holds, "per_seed": parts}
 
 
 def claims(per: dict) -> list[dict]:

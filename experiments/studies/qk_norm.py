@@ -42,10 +42,11 @@ import math
 import numpy as np
 
 from experiments.studies import qk_norm_rules as rules
+from experiments.suite.study import Unit
 
 TITLE = "QK-norm and attention-logit growth (Wortsman et al. 2023)"
-RAW_DATA = ("runs.json", "lr_sweep.csv")
-HEADLINE = ("qk_norm.png",)
+RAW_DATA = ("runs.json", "lr_sweep.csv")  # files the report links under the claims
+HEADLINE = ("qk_norm.png",)               # figures of the report's first screen
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,10 +98,20 @@ def label(pos: str, qk: bool, lr: float, seed: int, n_layers: int) -> str:
   return f"qk-{pos}-{'qkln' if qk else 'noqk'}-L{n_layers}-lr{lr:g}-s{seed}"
 
 
-def units(cfg: Config) -> list[tuple]:
-  """Every run of the study as ``(position, qk, lr, seed)``, in the order it runs them."""
+def grid(cfg: Config) -> list[tuple]:
+  """Every run of the study as ``(position, qk, lr, seed)``, in the order :func:`run` trains them."""
   return [(pos, qk, lr, seed) for pos in cfg.positions for qk in (False, True) for lr in cfg.lrs
           for seed in cfg.seeds]
+
+
+def units(cfg: Config) -> list[Unit]:
+  """The training runs of :func:`run` (one per :func:`grid` point), in its order (for the planner).
+
+  Runs that differ only in the rate or the seed share a compiled step; QK-norm changes the program.
+  """
+  return [Unit("qk_norm", label(pos, qk, lr, seed, cfg.n_layers), cfg.n_layers, cfg.steps,
+               ("train", cfg.n_layers, pos, "layer_norm", "jaxnorm", "qk" if qk else ""))
+          for pos, qk, lr, seed in grid(cfg)]
 
 
 def _train(ctx, cfg: Config, pos: str, qk: bool, lr: float, seed: int):
@@ -113,7 +124,7 @@ def _train(ctx, cfg: Config, pos: str, qk: bool, lr: float, seed: int):
 
 
 def summarize_run(run) -> dict:
-  """What the study keeps of one :class:`~experiments.suite.context.RunResult`."""
+  """What the study keeps of one :class:`~experiments.suite.runs.RunResult`."""
   s = run.summary
   rows = [m for m in run.metrics if "attn_max_logit" in m and "loss" in m]
   curve = [(int(m["step"]), [float(v) for v in m["attn_max_logit"]]) for m in rows]
@@ -158,12 +169,12 @@ def judge(runs: dict, cfg: Config) -> tuple[list[dict], dict]:
 def run(ctx, cfg: Config) -> dict:
   """Runs the QK-norm study; returns its summary (claims, files, seeds, table, sensitivity).
 
-  Every (position, QK-norm or not, rate, seed) is one cached training run (:func:`units`); the
-  claims are judged by :mod:`experiments.studies.qk_norm_rules`.
+  Every (position, QK-norm or not, rate, seed) is one cached training run (:func:`grid`,
+  :func:`units`); the claims are judged by :mod:`experiments.studies.qk_norm_rules`.
   """
   runs = {}
-  for unit in ctx.iterate(units(cfg), desc="runs"):
-    runs[unit] = summarize_run(_train(ctx, cfg, *unit))
+  for key in ctx.iterate(grid(cfg), desc="runs"):
+    runs[key] = summarize_run(_train(ctx, cfg, *key))
   claims, sens = judge(runs, cfg)
   flat = [{"position": p, "qk_norm": qk, "lr": lr, "seed": s, **r} for (p, qk, lr, s), r in runs.items()]
   ctx.save_json("runs.json", flat)

@@ -29,8 +29,9 @@ rate of the grid must show attention-logit growth, its largest logit over traini
 ``GROWTH_FACTOR`` (10) times its largest logit at step 1 and at least ``MIN_PEAK_LOGIT`` (20: a
 logit gap of 20 already makes the softmax one-hot to 2e-9). For the LR-sensitivity claim the
 no-QK-norm Pre-LN LRS must also be at least ``MIN_SENSITIVITY`` (0.05 nats: there is sensitivity to
-remove). A seed that fails is not judged; if no seed is judged the verdict is ``n/a`` with "not
-testable at this scale -- needs --preset gpu".
+remove). A seed that fails is not judged; if no seed is judged the verdict is "not testable"
+(:data:`experiments.suite.claims.NOT_TESTABLE`: "not testable at this scale", the reason, then
+the measured numbers; it needs ``--preset gpu``).
 
 **Verdicts (fixed before running).** Per judged seed, Pre-LN (the paper's setting, Sec. 2):
 
@@ -58,7 +59,7 @@ LOGIT_RATIO = 10.0       # QK-norm's peak logit must be this many times smaller
 MIN_SENSITIVITY = 0.05   # nats: the no-QK-norm LRS that makes the sensitivity claim testable
 SENS_RATIO = 0.5         # QK-norm's LRS at most this fraction of the no-QK-norm LRS
 SENS_MARGIN = 0.02       # nats: and lower by at least this much
-NOT_TESTABLE = "not testable at this scale -- needs --preset gpu"
+NEEDS = "needs --preset gpu"  # where no seed reproduces the instability
 
 
 def lr_sensitivity(finals: list, init_loss: float) -> float:
@@ -106,7 +107,7 @@ def claim_logit_growth(per_seed: dict) -> dict:
   crit = (f"testable in a seed if Pre-LN without QK-norm at the top rate grows its largest attention logit "
           f">= {GROWTH_FACTOR:g}x over training and to >= {MIN_PEAK_LOGIT:g}; judged: with QK-norm the growth "
           f"stays < {GROWTH_FACTOR:g}x and the peak <= 1/{LOGIT_RATIO:g} of the run without; yes/partly/no = "
-          "every/some/no judged seed, n/a if none is testable")
+          "every/some/no judged seed, not testable if none is")
   oks, parts = [], []
   for seed, r in per_seed.items():
     n, q = r["noqk"], r["qk"]
@@ -118,8 +119,12 @@ def claim_logit_growth(per_seed: dict) -> dict:
     ok = q["growth"] < GROWTH_FACTOR and q["peak"] <= n["peak"] / LOGIT_RATIO
     oks.append(ok)
     parts.append(text + (" [ok]" if ok else " [fails]"))
-  holds = claims_lib.verdict(oks) if oks else "n/a"
-  ours = "; ".join(parts) + ("" if oks else f" -- {NOT_TESTABLE}")
+  holds, ours = claims_lib.verdict(oks), "; ".join(parts)
+  if not oks:
+    holds, why = claims_lib.not_testable([
+        f"in no seed did Pre-LN without QK-norm at the top rate grow its largest attention logit >= "
+        f"{GROWTH_FACTOR:g}x to >= {MIN_PEAK_LOGIT:g} (the instability was not reproduced); {NEEDS}"])
+    ours = why + ". Measured: " + ours
   return {"id": "wortsman_qk_removes_logit_growth", "criterion": crit, "ours": ours, "holds": holds,
           "per_seed": parts}
 
@@ -131,7 +136,7 @@ def claim_lr_sensitivity(per_seed: dict) -> dict:
   """
   crit = (f"testable in a seed if the logit-growth condition holds and Pre-LN's LR sensitivity without QK-norm "
           f"is >= {MIN_SENSITIVITY:g} nats; judged: LRS with QK-norm <= {SENS_RATIO:g} x LRS without and lower by "
-          f">= {SENS_MARGIN:g} nats; yes/partly/no = every/some/no judged seed, n/a if none is testable")
+          f">= {SENS_MARGIN:g} nats; yes/partly/no = every/some/no judged seed, not testable if none is")
   oks, parts = [], []
   for seed, r in per_seed.items():
     a, b = r["lrs_noqk"], r["lrs_qk"]
@@ -145,8 +150,12 @@ def claim_lr_sensitivity(per_seed: dict) -> dict:
   vals = np.array([[r["lrs_noqk"], r["lrs_qk"]] for r in per_seed.values()])
   spread = (f"; seed spread (max - min) {np.ptp(vals[:, 0]):.3f} / {np.ptp(vals[:, 1]):.3f}"
             if len(vals) > 1 else "; one seed")
-  holds = claims_lib.verdict(oks) if oks else "n/a"
-  ours = "; ".join(parts) + spread + ("" if oks else f" -- {NOT_TESTABLE}")
+  holds, ours = claims_lib.verdict(oks), "; ".join(parts) + spread
+  if not oks:
+    holds, why = claims_lib.not_testable([
+        f"in no seed did Pre-LN without QK-norm both reproduce the logit growth and have an LR sensitivity >= "
+        f"{MIN_SENSITIVITY:g} nats; {NEEDS}"])
+    ours = why + ". Measured: " + ours
   return {"id": "wortsman_qk_lr_sensitivity", "criterion": crit, "ours": ours, "holds": holds,
           "per_seed": parts}
 

@@ -17,15 +17,22 @@ report's "Rule changes" section (:mod:`experiments.suite.rule_changes`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from experiments.studies.seeds import STALL_NATS, format_finals, left_plateau_by, seed_points
 from experiments.suite import claims as claims_lib
 
-if TYPE_CHECKING:
-  from experiments.studies.warmup import Config
+
+class Design(Protocol):
+  """The sizes of the warm-up grid that the rules read: :class:`experiments.studies.warmup.Config` is one
+  (the rules do not import the study, which imports them)."""
+
+  steps: int
+  warmups: tuple
+  seeds: tuple
+
 
 MARGIN = 0.05              # nats: a paired (same-seed) difference beyond this holds (eval noise ~0.03 nat)
 FASTER = 0.9               # Pre-LN is "faster" if it needs <= this fraction of Post-LN's steps
@@ -68,7 +75,7 @@ def _fmt_diffs(d: list[float]) -> str:
   return "(" + ", ".join(f"{x:+.3f}" for x in d) + ")"
 
 
-def design_reasons(cfg: Config, n_seeds: int, warmup_fraction: bool) -> list[str]:
+def design_reasons(cfg: Design, n_seeds: int, warmup_fraction: bool) -> list[str]:
   """The design conditions of the grid's claims that the preset does not meet (empty: all met)."""
   reasons = []
   if n_seeds < MIN_SEEDS:
@@ -162,7 +169,7 @@ def judged_rates(grid: dict, lrs: list[float], steps: int) -> list[float]:
   return [lr for lr in lrs if plateau_ok(grid, lr, steps // 3)]
 
 
-def verdicts(grid: dict, lrs: list[float], cfg: Config, unigram: float) -> tuple[list[dict], dict]:
+def verdicts(grid: dict, lrs: list[float], cfg: Design, unigram: float) -> tuple[list[dict], dict]:
   """The claims of the grid (LayerNorm, Xavier).
 
   ``grid[(pos, lr, warmup)]`` is a :func:`~experiments.studies.seeds.point`.
@@ -298,7 +305,7 @@ def _faster_core(runs, grid, lrs, long_, seed=None):
   return claims_lib.verdict(oks), "; ".join(parts)
 
 
-def faster_claim(runs: dict, grid: dict, lrs: list[float], cfg: Config, eval_every: int, unigram: float) -> dict:
+def faster_claim(runs: dict, grid: dict, lrs: list[float], cfg: Design, eval_every: int, unigram: float) -> dict:
   """``xiong_preln_faster``: Pre-LN without warm-up vs Post-LN with the long warm-up.
 
   The paper's definition: Pre-LN reaches Post-LN's validation loss in fewer updates. The target
