@@ -354,9 +354,16 @@ def test_model_train_step_exports_per_platform(platform, kernels):
 
 
 def test_auto_on_this_cpu_runs_xla():
+  """On a CPU, impl="auto" compiles to exactly the XLA program (the GPU branch is dropped at
+  lowering), forward, JVP and gradient: the per-platform choice costs nothing at run time."""
   x, s, b = _rand(0, (8, 64)), _rand(1, (64,), loc=1.0), _rand(2, (64,))
   np.testing.assert_array_equal(jaxnorm.layer_norm(x, s, b),
                                 jaxnorm.layer_norm(x, s, b, impl="xla"))
+  for f in (lambda impl: lambda x: jaxnorm.layer_norm(x, s, b, impl=impl),
+            lambda impl: jax.grad(lambda x: jnp.sum(jaxnorm.layer_norm(x, s, b, impl=impl) ** 2)),
+            lambda impl: lambda x: jax.jvp(lambda x: jaxnorm.rms_norm(x, s, impl=impl), (x,),
+                                           (x,))[1]):
+    assert _optimized(f("auto"), x) == _optimized(f("xla"), x)
   cfg = _prepare(True, x, s, b, "xla")[0]
   assert dataclasses.replace(cfg, impl="platform").impl == "platform"
 
