@@ -14,7 +14,7 @@ and the mean attention entropy of every layer (:mod:`experiments.harness.train`)
 The verdict and testability rules are in :mod:`experiments.studies.qk_norm_rules` (fixed before
 the first run; the sources read and not read are listed there).
 
-The recipe, theirs (Sec. 2, as quoted in a reading note, p. 2) beside ours:
+The recipe, theirs (Sec. 2.1) beside ours:
 
 =====================  ==========================================  ===========================================
                        Wortsman et al.                              here
@@ -257,7 +257,7 @@ def report_section(summary: dict, rel: str) -> str:
       f"Setup: {cfg['n_layers']}-layer byte-level LMs (LayerNorm, Xavier init), {cfg['steps']} steps, peak rates "
       f"{', '.join(f'{v:g}' for v in lrs)} ({lrs[-1] / lrs[0]:.0f}x), seeds {', '.join(map(str, cfg['seeds']))}; "
       f"with and without QK-norm ({cfg['qk_norm']}, {cfg['qk_norm_scale'].replace('_', '-')} scale).", "",
-      "| recipe | Wortsman et al. (Sec. 2, as quoted, p. 2) | here |", "|---|---|---|",
+      "| recipe | Wortsman et al. (Sec. 2.1; C4, batch 256 x 512 tokens, 1e5 steps) | here |", "|---|---|---|",
       f"| optimizer | AdamW b1 0.9, b2 0.95, eps 1e-8 | AdamW b1 0.9, b2 {cfg['b2']:g}, eps 1e-8 |",
       f"| clipping | global norm 1 | global norm {cfg['clip_norm']:g} |",
       f"| warm-up | linear, 5e3 of 1e5 steps | linear, {warm} of {cfg['steps']} steps |",

@@ -1,19 +1,22 @@
 r"""The verdict rules of the QK-norm study (:mod:`experiments.studies.qk_norm`), fixed before any run.
 
 Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer training instabilities"
-(arXiv:2309.14322). What was read here: the abstract and the opening of Sec. 1 (arXiv/ar5iv
-text), the recipe of Sec. 2 as quoted, with its page, in a reading note (p. 2), and a second note
-quoting the attention-logit definition and the qk-layernorm result. The full text itself was not
-reachable, so no figure number is cited as read; the places below are marked "(not read here)".
+(arXiv:2309.14322). When these rules were fixed (commit d9acc84) only the abstract, the opening of
+Sec. 1 and reading notes quoting Sec. 2 had been read. The full text (an ar5iv rendering: Secs.
+1-5, the appendices and every figure caption; the figure images not seen) was read afterwards, in
+the same session, before the claims' citations were written; it confirmed the formula below
+(Sec. 2.2, the rates 3e-4 to 3e-1), the recipe (Sec. 2.1) and the claims (Sec. 3.1.1, Figs. 1-2:
+"The max attention logit is reported for layer 0"; we take the largest over all layers). No rule
+changed.
 
 * The instability (abstract; Sec. 1): "the growth of logits in attention layers" appears "in small
   models when training at high learning rates", and qk-layernorm, the mitigation used at large
   scale, "is equally effective in this regime"; models with qk-layernorm show "considerably lower LR
-  sensitivity" (the qk-layernorm section and the paper's first figure, not read here). The attention
+  sensitivity" (Sec. 3.1.1, Fig. 1). The attention
   logit is :math:`z_{ij} = \langle q_i, k_j\rangle / \sqrt{d_h}`; the instability makes attention
   weights almost one-hot, with near-zero entropy.
-* LR sensitivity (Sec. 1: it "measures the deviation from optimal performance when varying LR
-  across orders of magnitude"; its formula, in Sec. 2 of the paper, is not read here). We use
+* LR sensitivity (Sec. 2.2; Sec. 1: it "measures the deviation from optimal performance when
+  varying LR across orders of magnitude"). We use, as the paper does
 
   .. math::
 

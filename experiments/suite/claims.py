@@ -338,9 +338,12 @@ CLAIMS: dict[str, Claim] = {
         "qk_norm",
         "Attention logits grow without bound at high learning rates even in small models; qk-layernorm "
         "removes this growth.",
-        f"{WORTSMAN}, abstract and Sec. 1 (read here); the qk-layernorm section and its figures (not read here)",
-        "logit growth appears in small models at high rates; qk-layernorm is 'equally effective in this regime' "
-        "(qualitative)", checked=True, checked_in="the abstract and the opening of Sec. 1",
+        f"{WORTSMAN}, Sec. 3.1.1, Fig. 1 (LR vs final loss with and without qk-layernorm) and Fig. 2 (max "
+        "attention logit of layer 0 over training at two scales); text and captions read, figure images not seen",
+        "logit growth 'appears in small models at high learning rates' (Fig. 2 caption); qk-layernorm 'enables "
+        "stable training across three orders of magnitude' of LR (Sec. 3.1.1; qualitative, no numbers in the "
+        "text)", checked=True,
+        checked_in="the full text (ar5iv rendering of arXiv:2309.14322: Secs. 1-5, appendices, figure captions)",
         testable_when=(
         "in a seed, Pre-LN without QK-norm at the top rate grows its largest attention logit at least "
         "10x over training to at least 20 (the instability reproduced; qk_norm_rules, fixed before any "
@@ -349,9 +352,11 @@ CLAIMS: dict[str, Claim] = {
         "qk_norm",
         "qk-layernorm lowers the sensitivity of the final loss to the learning rate (LR sensitivity: the mean "
         "excess of the final loss over its best value across rates, losses capped at the initial loss).",
-        f"{WORTSMAN}, Sec. 1 (the LR-sensitivity definition in words, read here); the formula of Sec. 2 and "
-        "the first figure (not read here)",
-        "'considerably lower LR sensitivity' with qk-layernorm (qualitative; as quoted in a reading note)",
+        f"{WORTSMAN}, Sec. 2.2 (the LR-sensitivity formula, over peak rates 3e-4 to 3e-1) and Sec. 3.1.1 / "
+        "Fig. 1 bottom panel; text and captions read, figure images not seen",
+        "'considerably lower LR sensitivity' with qk-layernorm (Sec. 3.1.1; the values are only in the figure, "
+        "none in the text); 'LR sensitivity increases with scale' with and without it", checked=True,
+        checked_in="the full text (ar5iv rendering of arXiv:2309.14322: Secs. 1-5, appendices, figure captions)",
         testable_when=(
         "in a seed, the logit-growth condition holds and Pre-LN's LR sensitivity without QK-norm is at "
         "least 0.05 nats over at least two decades of rates")),

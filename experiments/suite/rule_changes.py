@@ -102,6 +102,14 @@ RULE_CHANGES: tuple[RuleChange, ...] = (
                "on jaxnorm's and Flax's ops together (yes or no only where they agree)",
                "both timing verdicts flipped between two clean runs of one commit on 2-core CPUs; the claims are "
                "about GPUs; jaxnorm's slow LayerNorm forward inflated its op speed-up", True),
+    RuleChange("issue 25: after the first qk_norm/norm_scaling runs (rules fixed in d9acc84; the label changed "
+               "when the studies were ported to the study protocol)",
+               ("wortsman_qk_removes_logit_growth", "wortsman_qk_lr_sensitivity", "sun_lns_curbs_variance",
+                "kim_periln_balanced_variance"),
+               "the verdict where no seed (or phase) can be judged: 'n/a' -> 'not testable at this scale' with the "
+               "reason first, then the measured numbers; the conditions and thresholds are unchanged",
+               "one label for an untestable design across the suite (issue 24); the logic and every threshold of "
+               "the rules are as committed before the first run", True),
 )
 
 
