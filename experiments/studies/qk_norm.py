@@ -187,8 +187,11 @@ def run(ctx, cfg: Config) -> dict:
             "peak_logits": [runs[(p, qk, lr, s)]["growth"]["peak"] for lr in cfg.lrs]}
            for (p, qk, s), v in sens.items()]
   files = plot(ctx, runs, cfg)
+  # Every run that crossed the harness's divergence threshold, for the report's instability list.
+  diverged = [{"position": p, "qk_norm": qk, "lr": lr, "seed": s, "step": r["diverged_at"]}
+              for (p, qk, lr, s), r in runs.items() if r["diverged"]]
   return {"claims": claims, "files": files, "seeds": list(cfg.seeds), "table": table,
-          "model": dict(ctx.preset["model"])}
+          "diverged": diverged, "model": dict(ctx.preset["model"])}
 
 
 def _style(pos: str, qk: bool) -> dict:

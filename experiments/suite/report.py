@@ -161,8 +161,13 @@ def _tally_text(counts: dict[str, int]) -> str:
 
 def instabilities(summaries: dict) -> list[str]:
   """Every training run's spike (a training-loss rise above ``SPIKE_NATS``) and every late plateau
-  exit (after 2/3 of the run) in the warm-up grid and the depth study, one line each."""
+  exit (after 2/3 of the run) in the warm-up grid and the depth study, and every diverged run of
+  the QK-norm sweep, one line each."""
   lines = []
+  for r in summaries.get("qk_norm", {}).get("diverged", []):
+    layout = f"{'Pre' if r['position'] == 'pre' else 'Post'}-LN {'+ QK-norm' if r['qk_norm'] else 'no QK-norm'}"
+    lines.append(f"QK-norm sweep `{layout}, lr {r['lr']:g}` seed {r['seed']}: diverged (training loss above the "
+                 f"harness's threshold) at step {r['step']}; it counts as the initial loss in the LR sensitivity")
   srcs = []
   if "warmup" in summaries:
     w = summaries["warmup"]
