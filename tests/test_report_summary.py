@@ -62,3 +62,11 @@ def test_qk_and_lns_claims_are_tallied_and_summarized_like_the_others():
   assert "Did not hold: " in text and "Held: " in text
   why = [line for line in text.splitlines() if line.startswith("  - Attention logits grow")]
   assert len(why) == 1 and "*Why:* in no seed did Pre-LN without QK-norm" in why[0] and "Measured" not in why[0]
+
+
+def test_diverged_qk_norm_runs_are_listed_as_instabilities():
+  lines = report.instabilities({"qk_norm": {"diverged": [
+      {"position": "pre", "qk_norm": True, "lr": 0.3, "seed": 0, "step": 8}]}})
+  assert lines == ["QK-norm sweep `Pre-LN + QK-norm, lr 0.3` seed 0: diverged (training loss above the "
+                   "harness's threshold) at step 8; it counts as the initial loss in the LR sensitivity"]
+  assert report.instabilities({"qk_norm": {"diverged": []}}) == []
