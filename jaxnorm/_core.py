@@ -350,6 +350,8 @@ def prepare(x, scale, bias, *, center, epsilon, axis, mask, epsilon_placement,
     dtype = jnp.dtype(dtype)
     if not jnp.issubdtype(dtype, jnp.floating):
       raise TypeError(f"dtype must be a floating dtype or None, got {dtype}.")
+  if isinstance(axis_name, list):  # hashable: the config is a static argument
+    axis_name = tuple(axis_name)
   if axis_index_groups is not None:
     if axis_name is None:
       raise ValueError("axis_index_groups needs axis_name (the mesh axis they group).")

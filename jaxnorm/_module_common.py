@@ -200,9 +200,10 @@ def normalize(kind: str, x: Any, scale: Any, bias: Any, *, reduction_axes: Any, 
 def _in_op_param_shape(x, red, feat):
   """The shape the op takes the parameters in, or None when only an affine map after it fits.
 
-  ``(d,)`` when the feature axes are the reduction axes; ``(heads..., d)`` when they extend them
-  by axes that come, in ``x``'s order, right before the reduction axes once those are moved to
-  the end (per-head parameters: one weight per head and feature). Otherwise None.
+  ``(d,)`` when the feature axes are the reduction axes; ``(heads..., *normalized_shape)`` when
+  they extend them by axes that come, in ``x``'s order, right before the reduction axes once
+  those are moved to the end (per-head parameters: one weight per head and feature; the op
+  flattens the normalized axes itself). Otherwise None.
   """
   d = math.prod(int(x.shape[a]) for a in red)
   if feat == red:
@@ -213,7 +214,7 @@ def _in_op_param_shape(x, red, feat):
   kept = [a for a in range(x.ndim) if a not in red]
   if tuple(kept[len(kept) - len(extra):]) != extra or max(extra) > min(red):
     return None
-  return tuple(int(x.shape[a]) for a in extra) + (d,)
+  return tuple(int(x.shape[a]) for a in extra) + tuple(int(x.shape[a]) for a in red)
 
 
 def _check_call(kind, x, scale, bias, reduction_axes, feature_axes, residual, residual_scale,

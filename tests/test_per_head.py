@@ -191,3 +191,40 @@ def test_layers_pass_per_head_parameters_into_the_op(cls):
   glf = jax.grad(lambda v: jnp.sum(lin_flax.apply(v, x) * dy))(variables)
   for a, e in zip(jax.tree.leaves(gl), jax.tree.leaves(glf)):
     assert_close(a, e, jnp.float32, floor=1.0)
+
+
+@pytest.mark.parametrize("cls", ["LayerNorm", "RMSNorm"])
+def test_layers_per_head_over_several_reduction_axes(cls):
+  """Heads before two reduction axes (feature_axes=(-3, -2, -1), reduction_axes=(-2, -1)): the
+  parameters go into the op as (heads, *normalized_shape), values and gradients as Flax's."""
+  from flax import nnx
+
+  from jaxnorm import nnx as jnn
+
+  rng = np.random.default_rng(9)
+  x = jnp.asarray(host_random(rng, (2, 3, 4, 5), jnp.float32, loc=0.5))
+  dy = jnp.asarray(host_random(rng, x.shape, jnp.float32))
+  axes = dict(reduction_axes=(-2, -1), feature_axes=(-3, -2, -1))
+  ours, theirs = (getattr(m, cls)(60, **axes, rngs=nnx.Rngs(0)) for m in (jnn, nnx))
+  graphdef, state = nnx.split(ours)
+  state = jax.tree.map(lambda p: p + jnp.asarray(host_random(rng, p.shape, p.dtype)), state)
+  f_graphdef, _ = nnx.split(theirs)
+  loss = lambda g: lambda st, x: jnp.sum(nnx.merge(g, st)(x) * dy)  # noqa: E731
+  for a, e in zip(jax.tree.leaves(jax.grad(loss(graphdef), (0, 1))(state, x)),
+                  jax.tree.leaves(jax.grad(loss(f_graphdef), (0, 1))(state, x))):
+    assert_close(a, e, jnp.float32, floor=1.0)
+  assert_close(loss(graphdef)(state, x), loss(f_graphdef)(state, x), jnp.float32, floor=1.0)
+
+
+def test_list_axis_name_is_hashable_under_jit_and_grad():
+  """A list ``axis_name`` works like a tuple under differentiation (the config is static)."""
+  from jax.sharding import Mesh, PartitionSpec as P
+  if len(jax.devices()) < 2:
+    pytest.skip("needs 2 (host) devices")
+  mesh = Mesh(np.array(jax.devices()[:2]), ("i",))
+  x = jnp.asarray(host_random(np.random.default_rng(1), (4, 16), jnp.float32))
+  f = jax.shard_map(lambda x: jaxnorm.layer_norm(x, axis_name=["i"]), mesh=mesh,
+                    in_specs=P(None, "i"), out_specs=P(None, "i"))
+  g = jax.jit(jax.grad(lambda x: jnp.sum(f(x) ** 3)))(x)
+  want = jax.grad(lambda x: jnp.sum(reference.layer_norm(x) ** 3))(x)
+  assert_close(g, want, jnp.float32, floor=1.0)
