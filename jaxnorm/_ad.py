@@ -188,13 +188,23 @@ def _jvp(primals, tangents, *, cfg, spec, groups):
 jc.register_jvp(norm_tangent_p, _jvp)
 
 
-def _batch(args, dims, *, cfg, spec, groups):
+def _batch(args, dims, *, vmap_axis_name, cfg, spec, groups):
   """Batching that keeps the primitive (and so the derived transpose) for every operand.
 
   No parameter batched: the batch axis of the row-like operands is more rows, placed right
   after the ``groups`` leading group axes. A parameter batched: the batch axis becomes a new
   leading group axis of every operand (unbatched ones are broadcast along it).
   """
+  names = cfg.axis_name if isinstance(cfg.axis_name, tuple) else (cfg.axis_name,)
+  if vmap_axis_name is not None and vmap_axis_name in names:
+    raise NotImplementedError(
+        f"axis_name={cfg.axis_name!r} names the jax.vmap axis being batched: the normalized "
+        f"features are split over a vmap axis. The value works, but jaxnorm's derivative rules "
+        f"do not support it (they support axis_name inside shard_map); use shard_map, or vmap "
+        f"over rows and normalize the whole feature axis in each call.")
+  if all(dm is None for dm in dims):  # nothing batched here
+    out = norm_tangent_p.bind(*args, cfg=cfg, spec=spec, groups=groups)
+    return out, [None] * len(out)
   size = next(a.shape[dm] for a, dm in zip(args, dims) if dm is not None)
   if not any(dm is not None for k, dm in zip(spec, dims) if k in _PARAMS):
     new = []

@@ -93,8 +93,13 @@ def register_jvp(prim: Primitive, rule) -> None:
 
 
 def register_batching(prim: Primitive, rule) -> None:
-  """``rule(args, dims, **params) -> (out, out_dims)`` is ``prim``'s batching rule."""
-  _batching.primitive_batchers[prim] = rule
+  """``rule(args, dims, *, vmap_axis_name, **params) -> (out, out_dims)`` is ``prim``'s batching
+  rule; ``vmap_axis_name`` is the name of the ``jax.vmap`` axis being batched (None if unnamed)."""
+
+  def fancy(axis_data, args, dims, **params):
+    return rule(args, dims, vmap_axis_name=getattr(axis_data, "name", None), **params)
+
+  _batching.fancy_primitive_batchers[prim] = fancy
 
 
 def register_lowering(prim: Primitive, fn) -> None:

@@ -90,7 +90,11 @@ def _jvp(primals, tangents, *, cfg, fn, tree, out_tree, groups):
   return out, [t.reshape(o.shape).astype(o.dtype) for t, o in zip(t_out, out)]
 
 
-def _batch(args, dims, *, cfg, fn, tree, out_tree, groups):
+def _batch(args, dims, *, vmap_axis_name, cfg, fn, tree, out_tree, groups):
+  del vmap_axis_name  # the kernels take no axis_name
+  if all(dm is None for dm in dims):  # nothing batched here (e.g. only a closed-over value)
+    out = kernel_call_p.bind(*args, cfg=cfg, fn=fn, tree=tree, out_tree=out_tree, groups=groups)
+    return out, [None] * len(out)
   size = next(a.shape[dm] for a, dm in zip(args, dims) if dm is not None)
   new = [jnp.broadcast_to(a, (size,) + a.shape) if dm is None else jnp.moveaxis(a, dm, 0)
          for a, dm in zip(args, dims)]

@@ -462,3 +462,16 @@ def test_tangent_varies_over_the_union_of_its_operands_axes():
                        for j in range(2)], axis=1)
       for xa in (x[:2], x[2:])], axis=0)
   np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+def test_axis_name_of_a_vmap_axis_is_refused_by_the_derivative_rules():
+  """Features split over a *vmap* axis (axis_name naming it): the value works (psum under
+  vmap), a derivative raises a clear NotImplementedError instead of an unbound-axis error."""
+  x, s = _rand(0, (4, 3, 8)), jnp.ones((3, 8))
+  f = jax.vmap(lambda x, s: jaxnorm.layer_norm(x, s, axis_name="i"), in_axes=(1, 0), out_axes=1,
+               axis_name="i")
+  xt = jnp.moveaxis(x, 1, 2).reshape(4, 24)  # the whole feature axis, for the reference
+  want = jaxnorm.reference.layer_norm(xt).reshape(4, 8, 3)
+  np.testing.assert_allclose(f(x, s), jnp.moveaxis(want, 2, 1), rtol=1e-5, atol=1e-5)
+  with pytest.raises(NotImplementedError, match="names the jax.vmap axis being batched"):
+    jax.grad(lambda x: jnp.sum(f(x, s) ** 2))(x)
