@@ -1,0 +1,100 @@
+"""jaxnorm at an earlier commit vs now vs Flax, interleaved in one process (process CPU time).
+
+Prepare the earlier version as a package of another name, then run (from the repository root)::
+
+  mkdir -p /tmp/old && git archive 9bd691d jaxnorm | tar -x -C /tmp/old && cd /tmp/old \
+    && mv jaxnorm jaxnorm_old && grep -rl jaxnorm jaxnorm_old | xargs sed -i -E \
+       's/(from|import) jaxnorm([. ])/\1 jaxnorm_old\2/g' && cd -
+  PYTHONPATH=/tmp/old:. python experiments/bench/versions.py OUT.json
+
+Per op (LayerNorm, RMSNorm), shape, dtype and mode (forward, ``jax.jvp``, forward+backward as one
+jitted gradient), the three implementations run in 15 interleaved rounds; the printed ratios are
+the medians of the per-round time ratios to Flax's (below 1: faster than Flax). ``impl="auto"``.
+"""
+
+import json
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+import jaxnorm
+import jaxnorm_old  # noqa: F401  (the earlier version, see the docstring)
+
+
+def flax_fn(kind):
+  m = nn.LayerNorm() if kind == "layer_norm" else nn.RMSNorm()
+
+  def f(x, s, b):
+    v = {"params": {"scale": s, "bias": b}} if kind == "layer_norm" else {"params": {"scale": s}}
+    return m.apply(v, x)
+
+  return f
+
+
+def impls(kind):
+  new = (
+    (lambda x, s, b: jaxnorm.layer_norm(x, s, b)) if kind == "layer_norm" else (lambda x, s, b: jaxnorm.rms_norm(x, s))
+  )
+  old = (
+    (lambda x, s, b: jaxnorm_old.layer_norm(x, s, b))
+    if kind == "layer_norm"
+    else (lambda x, s, b: jaxnorm_old.rms_norm(x, s))
+  )
+  return {"before": old, "after": new, "flax": flax_fn(kind)}
+
+
+def modes(f):
+  return {
+    "fwd": jax.jit(f),
+    "jvp": jax.jit(lambda x, s, b, t: jax.jvp(lambda x: f(x, s, b), (x,), (t,))[1]),
+    "fwd+bwd": jax.jit(jax.grad(lambda x, s, b, t: jnp.sum(f(x, s, b).astype(jnp.float32) * t), (0, 1, 2))),
+  }
+
+
+def clock(fn, args, k):
+  t0 = time.process_time()
+  for _ in range(k):
+    out = fn(*args)
+  jax.block_until_ready(out)
+  return (time.process_time() - t0) / k
+
+
+rows = []
+for shape in [(1024, 64), (4096, 256), (8192, 1024)]:
+  for dtype in (jnp.float32, jnp.bfloat16):
+    key = jax.random.split(jax.random.key(0), 3)
+    x = (jax.random.normal(key[0], shape) + 2).astype(dtype)
+    t = jax.random.normal(key[1], shape).astype(dtype)
+    s = jnp.ones(shape[-1], dtype) * 1.1
+    b = jnp.zeros(shape[-1], dtype) + 0.1
+    for kind in ("layer_norm", "rms_norm"):
+      imp = impls(kind)
+      for mode in ("fwd", "jvp", "fwd+bwd"):
+        fns = {n: modes(f)[mode] for n, f in imp.items()}
+        args = (x, s, b) if mode == "fwd" else (x, s, b, t)
+        for fn in fns.values():
+          jax.block_until_ready(fn(*args))
+        one = min(clock(fn, args, 1) for fn in fns.values())
+        k = max(1, int(0.01 / max(one, 1e-6)))
+        samples = {n: [] for n in fns}
+        for _ in range(15):  # interleaved rounds
+          for n, fn in fns.items():
+            samples[n].append(clock(fn, args, k))
+        med = {n: float(np.median(v)) for n, v in samples.items()}
+        paired = {n: float(np.median(np.array(samples[n]) / np.array(samples["flax"]))) for n in ("before", "after")}
+        rows.append(
+          dict(
+            shape=shape,
+            dtype=jnp.dtype(dtype).name,
+            op=kind,
+            mode=mode,
+            us={n: 1e6 * v for n, v in med.items()},
+            ratio_vs_flax=paired,
+          )
+        )
+        print(f"{kind:10s} {shape[0]}x{shape[1]:<5d} {jnp.dtype(dtype).name:8s} {mode:7s} "
+              f"before/flax {paired['before']:.2f}  after/flax {paired['after']:.2f}", flush=True)
+json.dump(rows, open(sys.argv[1], "w"), indent=1)
