@@ -86,15 +86,11 @@ def add_layer_norm(x, residual, scale=None, bias=None, *, residual_scale=1.0, re
     >>> bool(jnp.allclose(h, x + r)), bool(jnp.allclose(y, y_plain))
     (True, True)
   """
-  cfg, x2, r2, mask2, restore = _fused.prepare(
-      x, residual, scale, bias, center=True, residual_scale=residual_scale,
-      residual_dtype=residual_dtype, epsilon=epsilon, axis=axis, mask=mask,
-      epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
-      axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,
-      pallas=pallas, casting=casting)
-  scale, bias = _core.flat_params(x, x2, scale, bias)
-  y, h = _ad.add_norm(cfg, x2, r2, scale, bias, mask2)
-  return restore(y), restore(h)
+  return _call(x, residual, scale, bias, center=True, residual_scale=residual_scale,
+               residual_dtype=residual_dtype, epsilon=epsilon, axis=axis, mask=mask,
+               epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
+               axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,
+               pallas=pallas, casting=casting)
 
 
 def add_rms_norm(x, residual, scale=None, *, residual_scale=1.0, residual_dtype=None,
@@ -133,12 +129,16 @@ def add_rms_norm(x, residual, scale=None, *, residual_scale=1.0, residual_dtype=
     >>> y.dtype, h.dtype
     (dtype(bfloat16), dtype('float32'))
   """
-  cfg, x2, r2, mask2, restore = _fused.prepare(
-      x, residual, scale, None, center=False, residual_scale=residual_scale,
-      residual_dtype=residual_dtype, epsilon=epsilon, axis=axis, mask=mask,
-      epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
-      axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,
-      pallas=pallas, casting=casting)
-  (scale,) = _core.flat_params(x, x2, scale)
-  y, h = _ad.add_norm(cfg, x2, r2, scale, None, mask2)
+  return _call(x, residual, scale, None, center=False, residual_scale=residual_scale,
+               residual_dtype=residual_dtype, epsilon=epsilon, axis=axis, mask=mask,
+               epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
+               axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,
+               pallas=pallas, casting=casting)
+
+
+def _call(x, residual, scale, bias, **kw):
+  """Both public ops: prepare once, the parameters as the op takes them, ``(y, h)`` reshaped."""
+  cfg, x2, r2, mask2, restore = _fused.prepare(x, residual, scale, bias, **kw)
+  scale, bias = _core.flat_params(x, x2, scale, bias)
+  y, h = _ad.add_norm(cfg, x2, r2, scale, bias, mask2)
   return restore(y), restore(h)
