@@ -44,8 +44,7 @@ def _flat_fn(cfg: NormConfig, fn, tree, groups: int):
   return f
 
 
-def _impl(*leaves, cfg, fn, tree, out_tree, groups):
-  del out_tree
+def _impl(*leaves, cfg, fn, tree, groups):
   return _flat_fn(cfg, fn, tree, groups)(*leaves)
 
 
@@ -64,8 +63,7 @@ def _out_types(cfg: NormConfig, fn, tree, groups: int, in_types):
   return jax.tree.structure(outs), tuple((o.shape, o.dtype) for o in jax.tree.leaves(outs))
 
 
-def _abstract_eval(*avals, cfg, fn, tree, out_tree, groups):
-  del out_tree
+def _abstract_eval(*avals, cfg, fn, tree, groups):
   in_types = tuple((tuple(a.shape), a.dtype) for a in avals)
   _, outs = _out_types(cfg, fn, tree, groups, in_types)
   axes = frozenset().union(*(jc.aval_varying_axes(a) for a in avals))
@@ -74,9 +72,8 @@ def _abstract_eval(*avals, cfg, fn, tree, out_tree, groups):
           for shape, dtype in outs]
 
 
-def _jvp(primals, tangents, *, cfg, fn, tree, out_tree, groups):
-  out = kernel_call_p.bind(*primals, cfg=cfg, fn=fn, tree=tree, out_tree=out_tree,
-                           groups=groups)
+def _jvp(primals, tangents, *, cfg, fn, tree, groups):
+  out = kernel_call_p.bind(*primals, cfg=cfg, fn=fn, tree=tree, groups=groups)
   live = [i for i, t in enumerate(tangents) if not isinstance(t, jc.Zero)]
   xla = _flat_fn(dataclasses.replace(cfg, impl="xla"), fn, tree, groups)
 
@@ -90,16 +87,15 @@ def _jvp(primals, tangents, *, cfg, fn, tree, out_tree, groups):
   return out, [t.reshape(o.shape).astype(o.dtype) for t, o in zip(t_out, out)]
 
 
-def _batch(args, dims, *, vmap_axis_name, cfg, fn, tree, out_tree, groups):
+def _batch(args, dims, *, vmap_axis_name, cfg, fn, tree, groups):
   del vmap_axis_name  # the kernels take no axis_name
   if all(dm is None for dm in dims):  # nothing batched here (e.g. only a closed-over value)
-    out = kernel_call_p.bind(*args, cfg=cfg, fn=fn, tree=tree, out_tree=out_tree, groups=groups)
+    out = kernel_call_p.bind(*args, cfg=cfg, fn=fn, tree=tree, groups=groups)
     return out, [None] * len(out)
   size = next(a.shape[dm] for a, dm in zip(args, dims) if dm is not None)
   new = [jnp.broadcast_to(a, (size,) + a.shape) if dm is None else jnp.moveaxis(a, dm, 0)
          for a, dm in zip(args, dims)]
-  out = kernel_call_p.bind(*new, cfg=cfg, fn=fn, tree=tree, out_tree=out_tree,
-                           groups=groups + 1)
+  out = kernel_call_p.bind(*new, cfg=cfg, fn=fn, tree=tree, groups=groups + 1)
   return out, [0] * len(out)
 
 
@@ -121,5 +117,5 @@ def kernel_call(cfg: NormConfig, fn, *args):
   # would build a pallas_call, which shard_map refuses to type without the kernels' vma).
   in_types = tuple((tuple(jnp.shape(a)), jnp.result_type(a)) for a in leaves)
   out_tree, _ = _out_types(cfg, fn, tree, 0, in_types)
-  out = kernel_call_p.bind(*leaves, cfg=cfg, fn=fn, tree=tree, out_tree=out_tree, groups=0)
+  out = kernel_call_p.bind(*leaves, cfg=cfg, fn=fn, tree=tree, groups=0)
   return jax.tree.unflatten(out_tree, out)
