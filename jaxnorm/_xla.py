@@ -171,11 +171,15 @@ def first_pivot(x):
   return xv[..., :1].astype(compute_dtype(x.dtype))
 
 
+def centered(cfg: NormConfig, xf, shift, delta):
+  """``x_c = (x - shift) - delta`` (exact where ``x`` is near the pivot), or ``x`` for RMSNorm;
+  ``xf`` in the compute dtype."""
+  return ((xf - shift) - delta) if cfg.center else xf
+
+
 def x_hat(cfg: NormConfig, xf, shift, delta, rstd):
-  """The normalized row, (x - shift - delta) * rstd or x * rstd, in the compute dtype."""
-  if cfg.center:
-    return ((xf - shift) - delta) * rstd
-  return xf * rstd
+  """The normalized row, ``x_c * rstd`` (:func:`centered`), in the compute dtype."""
+  return centered(cfg, xf, shift, delta) * rstd
 
 
 def _as_row(p, ndim, dtype):
@@ -222,10 +226,9 @@ def forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True):
     # share x's float32 copy or x - shift between the statistics' fusions and this one.
     x, stats, scale, bias = _fresh(x, stats, scale, bias)
   shift, delta, rstd = stats
-  ct = rstd.dtype
-  y = x_hat(cfg, x.astype(ct), shift, delta, rstd)
+  xc = centered(cfg, x.astype(rstd.dtype), shift, delta)
   plan = cfg.plan(x.dtype)  # the order of casts of the affine stage (jaxnorm._casting)
-  _, y = plan.affine_of(y, gamma(cfg, scale, x.ndim, x.dtype), _row(bias, x.ndim))
+  _, y = plan.affine_of(xc * rstd, gamma(cfg, scale, x.ndim, x.dtype), _row(bias, x.ndim))
   return y.astype(cfg.out_dtype), stats
 
 
@@ -266,10 +269,9 @@ def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None):
   ct = compute_dtype(x.dtype)
   plan = cfg.plan(x.dtype)  # each cast's transpose rounds the cotangent (docs/derivations.md)
 
-  def centered(xv, statsv):  # (..., d): x - mean (x for RMSNorm), in the compute dtype
+  def centered_of(xv, statsv):  # (..., d): x - mean (x for RMSNorm), in the compute dtype
     shift, delta, _ = statsv
-    xf = xv.astype(ct)
-    return ((xf - shift) - delta) if cfg.center else xf
+    return centered(cfg, xv.astype(ct), shift, delta)
 
   def g_of(dyv, scalev):  # (..., d): rd_A(rd_P(gamma * dy)), in the compute dtype
     return plan.cotangents(dyv, gamma(cfg, scalev, x.ndim, x.dtype))[2]
@@ -277,7 +279,7 @@ def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None):
   dscale = dbias = None
   if scale is not None:
     xv, dyv, statsv = _fresh(x, dy, stats)
-    u, _ = plan.affine_of(centered(xv, statsv) * statsv[2], None, None)  # rd_A(x_hat)
+    u, _ = plan.affine_of(centered_of(xv, statsv) * statsv[2], None, None)  # rd_A(x_hat)
     dscale = jnp.sum(plan.cotangents(dyv, None)[1] * u, axis=_rows_axes(scale, x.ndim))
     dscale = dscale.reshape(scale.shape).astype(scale.dtype)
   if cfg.bias_dtype is not None:
@@ -290,7 +292,7 @@ def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None):
   xv, dyv, statsv, scalev = _fresh(x, dy, stats, scale)
   rstd = statsv[2]  # (..., 1)
   c = variance_path_factor(cfg, rstd)  # (..., 1) or None
-  (sum_gxc,) = _row_sums(g_of(dyv, scalev) * centered(xv, statsv))  # (..., 1)
+  (sum_gxc,) = _row_sums(g_of(dyv, scalev) * centered_of(xv, statsv))  # (..., 1)
   if cfg.center:
     dyv, _, scalev = _fresh(dy, rstd, scale)
     (sum_g,) = _row_sums(g_of(dyv, scalev))  # (..., 1)
@@ -304,7 +306,7 @@ def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None):
   mean_g = rstd * (sum_g / n) if cfg.center else None  # mean path, per row
 
   dyv, xv, statsv, scalev, maskv = _fresh(dy, x, stats, scale, mask)
-  xc = centered(xv, statsv)  # (..., d)
+  xc = centered_of(xv, statsv)  # (..., d)
   g = g_of(dyv, scalev)  # (..., d)
   if maskv is not None:
     m = maskv.astype(ct)
