@@ -285,7 +285,8 @@ def _resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, pallas: PallasCon
   non-manual axes, a supported shape and dtype) is "platform": the kernels where the program is
   lowered for a GPU and XLA elsewhere, decided per lowering platform (:func:`on_platform`), not
   from the default backend at trace time; any other call is "xla". It never fails where "xla"
-  works. "pallas" raises a ``ValueError`` saying why when the kernels cannot run the call.
+  works. "pallas" raises a ``ValueError`` saying why when the kernels cannot take the call, and
+  lowering it for a platform they cannot be compiled for raises the same error there.
   """
   v.check_choice("impl", impl, v.IMPLS)
   if impl == "xla":
@@ -304,11 +305,11 @@ def _resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, pallas: PallasCon
       why_not = reason
   if impl == "auto":
     return "xla" if why_not is not None else "platform"
-  backend = jax.default_backend()
-  if why_not is None and not pallas.interpret:
-    why_not = v.kernel_problem(backend=backend)
   if why_not is not None:
-    raise ValueError(f"impl='pallas' cannot run this call: {why_not}. Use impl='xla' or 'auto'.")
+    raise ValueError(v.pallas_refusal(why_not))
+  # Whether the platform can compile the kernels is asked where the program is lowered
+  # (jaxnorm._kernel_call), for each platform it is lowered for: not here, from the default
+  # backend at trace time, which need not be the platform the program runs on.
   return "pallas"
 
 
@@ -346,10 +347,7 @@ def prepare(x, scale, bias, *, center, epsilon, axis, mask, epsilon_placement,
   scale_heads = v.check_param("scale", scale, x.shape, axes[0])
   bias_heads = v.check_param("bias", bias, x.shape, axes[0])
   v.check_mask(mask, x.shape)
-  if dtype is not None:
-    dtype = jnp.dtype(dtype)
-    if not jnp.issubdtype(dtype, jnp.floating):
-      raise TypeError(f"dtype must be a floating dtype or None, got {dtype}.")
+  dtype = v.check_out_dtype("dtype", dtype)
   if isinstance(axis_name, list):  # hashable: the config is a static argument
     axis_name = tuple(axis_name)
   if axis_index_groups is not None:

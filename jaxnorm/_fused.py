@@ -77,7 +77,7 @@ def _pallas_ok(cfg: NormConfig, dtypes, impl: str) -> NormConfig:
     return cfg
   if impl == "auto":
     return dataclasses.replace(cfg, impl="xla")
-  raise ValueError(f"impl='pallas' cannot run this call: {reason}. Use impl='xla' or 'auto'.")
+  raise ValueError(v.pallas_refusal(reason))
 
 
 def prepare(x, residual, scale, bias, *, center, residual_scale, residual_dtype, **kw):

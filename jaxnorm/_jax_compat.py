@@ -102,9 +102,27 @@ def register_batching(prim: Primitive, rule) -> None:
   _batching.fancy_primitive_batchers[prim] = fancy
 
 
-def register_lowering(prim: Primitive, fn) -> None:
-  """Lowers ``prim`` (multiple results) by tracing ``fn(*args, **params)``, plain JAX ops."""
-  _mlir.register_lowering(prim, _mlir.lower_fun(fn, multiple_results=True))
+def register_lowering(prim: Primitive, fn, refuse=None) -> None:
+  """Lowers ``prim`` (multiple results) by tracing ``fn(*args, **params)``, plain JAX ops.
+
+  ``refuse(platform, **params)``, if given, is asked first for every platform the program is
+  lowered for ("cpu", "cuda", "rocm", "tpu"): a message it returns is raised as a
+  ``ValueError`` (a call that cannot run where it is compiled fails there, not at trace time,
+  so that a program can be traced on one host and lowered for another).
+  """
+  lowered = _mlir.lower_fun(fn, multiple_results=True)
+  if refuse is None:
+    _mlir.register_lowering(prim, lowered)
+    return
+
+  def rule(ctx, *args, **params):
+    for platform in ctx.module_context.platforms:
+      why = refuse(platform, **params)
+      if why is not None:
+        raise ValueError(why)
+    return lowered(ctx, *args, **params)
+
+  _mlir.register_lowering(prim, rule)
 
 
 def with_varying_axes(aval, axes: frozenset):

@@ -8,7 +8,9 @@ on a CPU host where it is never compiled. A ``jax.custom_jvp`` wrapper would not
 evaluation inlines a ``custom_jvp`` whose inputs are known, so after one linearization the
 bare ``pallas_call`` is left. ``kernel_call_p`` is never inlined:
 
-* value and lowering: ``fn`` on the kernels (``cfg.impl == "pallas"``);
+* value and lowering: ``fn`` on the kernels (``cfg.impl == "pallas"``); lowering for a platform
+  the kernels cannot be compiled for (Triton kernels for a CPU or TPU) raises the op's
+  ``impl='pallas'`` error there, so a program traced on a CPU host lowers for a GPU;
 * JVP: the value from the primitive again (so that a higher order meets this rule too), the
   tangent from ``jax.jvp`` of the same ``fn`` on the XLA path, which computes the same values;
 * batching: a batch axis of any operand becomes a leading group axis of all of them, mapped
@@ -25,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxnorm import _jax_compat as jc
+from jaxnorm import _validation as v
 from jaxnorm._spec import NormConfig
 
 __all__ = ["kernel_call"]
@@ -44,8 +47,20 @@ def _flat_fn(cfg: NormConfig, fn, tree, groups: int):
   return f
 
 
-def _impl(*leaves, cfg, fn, tree, groups):
+def _run(*leaves, cfg, fn, tree, groups):
+  """What the primitive lowers to: ``fn`` on the kernels, on flat leaves."""
   return _flat_fn(cfg, fn, tree, groups)(*leaves)
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(cfg: NormConfig, fn, tree, groups: int):
+  return jax.jit(functools.partial(kernel_call_p.bind, cfg=cfg, fn=fn, tree=tree, groups=groups))
+
+
+def _impl(*leaves, cfg, fn, tree, groups):
+  """Eager evaluation: the primitive compiled on its own, like any jitted call (so that it
+  meets the same platform check as in a jitted program)."""
+  return _compiled(cfg, fn, tree, groups)(*leaves)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -99,9 +114,16 @@ def _batch(args, dims, *, vmap_axis_name, cfg, fn, tree, groups):
   return out, [0] * len(out)
 
 
+def _refuse(platform, *, cfg, fn, tree, groups):
+  """Why the kernels cannot be compiled for ``platform`` (Triton: a GPU; interpret mode: any)."""
+  del fn, tree, groups
+  why = None if cfg.pallas.interpret else v.kernel_problem(backend=platform)
+  return None if why is None else v.pallas_refusal(why)
+
+
 kernel_call_p.def_impl(_impl)
 kernel_call_p.def_abstract_eval(_abstract_eval)
-jc.register_lowering(kernel_call_p, _impl)
+jc.register_lowering(kernel_call_p, _run, refuse=_refuse)
 jc.register_jvp(kernel_call_p, _jvp)
 jc.register_batching(kernel_call_p, _batch)
 

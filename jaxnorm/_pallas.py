@@ -30,8 +30,10 @@ variance is taken with two passes over the row held in registers; the residuals 
 ``delta``, ``rstd`` mean the same thing as on the XLA path, so either backward can consume them.
 
 This module is the boundary of the kernels used on their own (tests, benchmarks): every function
-checks its arguments, then calls the unchecked launches that :mod:`jaxnorm._core` and
-:mod:`jaxnorm._fused` call directly with arguments they have checked already. Block sizes come
+describes its call with the ops' own :func:`jaxnorm._core.prepare` (one check per rule, the
+same messages as the ops), checks what only this API takes (2-D ``x``, per-row statistics,
+cotangents), and launches the kernels from the launch spec the ops derive
+(:func:`jaxnorm._core.pallas_spec`). Block sizes come
 from :func:`jaxnorm._pallas_config.default_block_config`. On a CPU the kernels run in Pallas
 interpret mode (``interpret=True``; the public ops take it as
 ``pallas=jaxnorm.PallasConfig(interpret=True)``).
@@ -41,10 +43,10 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from jaxnorm import _core
 from jaxnorm import _validation as v
 from jaxnorm._pallas_backward import add_norm_backward, norm_backward
-from jaxnorm._pallas_common import kernel_spec
-from jaxnorm._pallas_config import supported
+from jaxnorm._pallas_config import PallasConfig
 from jaxnorm._pallas_forward import add_norm_forward, norm_forward
 
 __all__ = [
@@ -59,48 +61,58 @@ __all__ = [
 ]
 
 
+def _spec(x, scale, bias, *, center, epsilon, epsilon_placement, zero_centered_scale, interpret,
+          has_bias=None, residual_scale=1.0, x_name="x"):
+  """The launch spec of a kernel-API call, from the ops' own :func:`jaxnorm._core.prepare`.
 
-def _check_x(x) -> tuple[int, int]:
-  v.check_floating("x", x)
+  One description of a call and one check per rule: ``prepare`` (with ``impl="pallas"``) checks
+  ``x``, ``scale``, ``bias``, ``epsilon``, the choices, the kernels' dtypes and backend exactly
+  as for the public ops, and builds the :class:`~jaxnorm._spec.NormConfig` that
+  :func:`jaxnorm._core.pallas_spec` turns into the launch spec, as the ops do. What is the
+  kernel API's own contract is checked here on top: ``x`` is 2-D and non-empty, and the
+  parameters are one ``(d,)`` row (no per-head parameters: map the kernels over heads yourself).
+  ``has_bias``: whether the spec has a bias (a backward's ``dbias``); default ``bias is not
+  None``. ``x_name``: what the messages call ``x`` (``h`` in the fused backward).
+  """
+  v.check_bool("interpret", interpret)
+  cfg, _, _, _ = _core.prepare(
+      x, scale, bias, center=center, epsilon=epsilon, axis=-1, mask=None,
+      epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
+      axis_name=None, axis_index_groups=None, dtype=None, impl="pallas",
+      pallas=PallasConfig(interpret=interpret))
   if x.ndim != 2:
-    raise ValueError(f"x must be 2-D (rows, d) for the Pallas kernels, got shape {x.shape}; "
-                     f"reshape it to (-1, d) first.")
-  ok, reason = supported(x.shape, x.dtype)
-  if not ok:
-    raise ValueError(f"x of shape {x.shape} and dtype {x.dtype} is not supported: {reason}.")
-  return x.shape
+    raise ValueError(f"{x_name} must be 2-D (rows, d) for the Pallas kernels, got shape "
+                     f"{tuple(x.shape)}; reshape it to (-1, d) first.")
+  if cfg.heads:
+    raise ValueError(f"scale and bias of the kernel functions must have shape ({x.shape[1]},) "
+                     f"(one row shared by every row of {x_name}), got "
+                     f"{[None if p is None else tuple(p.shape) for p in (scale, bias)]}; map "
+                     f"the kernels over the heads for per-head parameters.")
+  return _core.pallas_spec(cfg, x, scale, has_bias=bias is not None if has_bias is None
+                           else v.check_bool("has_bias", has_bias),
+                           residual_scale=residual_scale)
 
 
-def _check_vector(name: str, p, n: int, what: str) -> None:
-  if p is None:
-    return
-  v.check_floating(name, p)
-  if tuple(p.shape) != (n,):
-    raise ValueError(f"{name} must have shape ({n},) ({what}), got shape {tuple(p.shape)}.")
+def _check_rows(name: str, stat, rows: int, x_name: str = "x") -> None:
+  """A per-row statistic: floating, shape ``(rows,)``."""
+  v.check_floating(name, stat)
+  if tuple(stat.shape) != (rows,):
+    raise ValueError(f"{name} must have shape ({rows},) (one value per row of {x_name}), got "
+                     f"shape {tuple(stat.shape)}.")
 
 
-def _check_like(name: str, a, x) -> None:
+def _check_like(name: str, a, x, x_name: str = "x") -> None:
+  """A cotangent: floating, the shape of ``x``."""
   v.check_floating(name, a)
   if tuple(a.shape) != tuple(x.shape):
-    raise ValueError(f"{name} must have the shape of x {tuple(x.shape)}, got {tuple(a.shape)}.")
-
-
-def _spec(x, *, center, has_scale, has_bias, epsilon, epsilon_placement, zero_centered_scale,
-          residual_scale=1.0):
-  rows, d = x.shape
-  epsilon = v.check_epsilon(epsilon)
-  v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
-  v.check_bool("zero_centered_scale", zero_centered_scale)
-  return kernel_spec(rows, d, x.dtype, center=center, has_scale=has_scale, has_bias=has_bias,
-                     epsilon=epsilon, epsilon_placement=epsilon_placement,
-                     zero_centered_scale=zero_centered_scale, residual_scale=residual_scale)
+    raise ValueError(f"{name} must have the shape of {x_name} {tuple(x.shape)}, got "
+                     f"{tuple(a.shape)}.")
 
 
 def _out_dtype(out_dtype, x):
-  dt = jnp.dtype(out_dtype if out_dtype is not None else x.dtype)
-  if not jnp.issubdtype(dt, jnp.floating):
-    raise TypeError(f"out_dtype must be a floating dtype, got {dt}.")
-  return dt
+  """``y``'s dtype: ``out_dtype`` checked, default ``x.dtype``."""
+  dt = v.check_out_dtype("out_dtype", out_dtype)
+  return jnp.dtype(x.dtype) if dt is None else dt
 
 
 def layer_norm_fwd(x, scale, bias, *, epsilon, epsilon_placement="inside",
@@ -127,14 +139,10 @@ def layer_norm_fwd(x, scale, bias, *, epsilon, epsilon_placement="inside",
     ``x[:, 0]``), ``delta`` (mean of ``x - shift``) and ``rstd``, each float32 ``(rows,)``. The
     row mean is ``shift + delta``.
   """
-  rows, d = _check_x(x)
-  _check_vector("scale", scale, d, "the feature size of x")
-  _check_vector("bias", bias, d, "the feature size of x")
-  spec = _spec(x, center=True, has_scale=scale is not None, has_bias=bias is not None,
-               epsilon=epsilon, epsilon_placement=epsilon_placement,
-               zero_centered_scale=zero_centered_scale)
+  spec = _spec(x, scale, bias, center=True, epsilon=epsilon, epsilon_placement=epsilon_placement,
+               zero_centered_scale=zero_centered_scale, interpret=interpret)
   return norm_forward(x, scale, bias, spec=spec, out_dtype=_out_dtype(out_dtype, x),
-                      interpret=bool(interpret))
+                      interpret=interpret)
 
 
 def rms_norm_fwd(x, scale, *, epsilon, epsilon_placement="inside", zero_centered_scale=False,
@@ -158,12 +166,10 @@ def rms_norm_fwd(x, scale, *, epsilon, epsilon_placement="inside", zero_centered
   Returns:
     ``(y, rstd)``: ``y: (rows, d)`` in ``out_dtype``, ``rstd`` float32 ``(rows,)``.
   """
-  rows, d = _check_x(x)
-  _check_vector("scale", scale, d, "the feature size of x")
-  spec = _spec(x, center=False, has_scale=scale is not None, has_bias=False, epsilon=epsilon,
-               epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale)
+  spec = _spec(x, scale, None, center=False, epsilon=epsilon, epsilon_placement=epsilon_placement,
+               zero_centered_scale=zero_centered_scale, interpret=interpret)
   return norm_forward(x, scale, None, spec=spec, out_dtype=_out_dtype(out_dtype, x),
-                      interpret=bool(interpret))
+                      interpret=interpret)
 
 
 def layer_norm_bwd(x, scale, shift, delta, rstd, dy, *, epsilon, epsilon_placement="inside",
@@ -193,17 +199,14 @@ def layer_norm_bwd(x, scale, shift, delta, rstd, dy, *, epsilon, epsilon_placeme
     ``(dx, dscale, dbias)``: ``dx`` in ``x.dtype``; ``dscale`` in ``scale.dtype`` or None;
     ``dbias`` float32 ``(d,)`` (the bias is not an input; the caller casts it) or None.
   """
-  rows, d = _check_x(x)
-  _check_vector("scale", scale, d, "the feature size of x")
+  spec = _spec(x, scale, None, center=True, epsilon=epsilon, epsilon_placement=epsilon_placement,
+               zero_centered_scale=zero_centered_scale, interpret=interpret, has_bias=has_bias)
   for name, stat in (("shift", shift), ("delta", delta), ("rstd", rstd)):
-    _check_vector(name, stat, rows, "one value per row of x")
+    _check_rows(name, stat, spec.rows)
   _check_like("dy", dy, x)
-  spec = _spec(x, center=True, has_scale=scale is not None, has_bias=bool(has_bias),
-               epsilon=epsilon, epsilon_placement=epsilon_placement,
-               zero_centered_scale=zero_centered_scale)
   f32 = lambda a: a.astype(jnp.float32)  # noqa: E731
   return norm_backward(x, dy, scale, f32(shift), f32(delta), f32(rstd), spec=spec,
-                       interpret=bool(interpret))
+                       interpret=interpret)
 
 
 def rms_norm_bwd(x, scale, rstd, dy, *, epsilon, epsilon_placement="inside",
@@ -227,35 +230,34 @@ def rms_norm_bwd(x, scale, rstd, dy, *, epsilon, epsilon_placement="inside",
   Returns:
     ``(dx, dscale)``: ``dx`` in ``x.dtype``; ``dscale`` in ``scale.dtype`` or None.
   """
-  rows, d = _check_x(x)
-  _check_vector("scale", scale, d, "the feature size of x")
-  _check_vector("rstd", rstd, rows, "one value per row of x")
+  spec = _spec(x, scale, None, center=False, epsilon=epsilon, epsilon_placement=epsilon_placement,
+               zero_centered_scale=zero_centered_scale, interpret=interpret)
+  _check_rows("rstd", rstd, spec.rows)
   _check_like("dy", dy, x)
-  spec = _spec(x, center=False, has_scale=scale is not None, has_bias=False, epsilon=epsilon,
-               epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale)
   dx, dscale, _ = norm_backward(x, dy, scale, None, None, rstd.astype(jnp.float32), spec=spec,
-                                interpret=bool(interpret))
+                                interpret=interpret)
   return dx, dscale
 
 
 
 def _check_dtype(name: str, dtype) -> jnp.dtype:
+  """A dtype the kernels store (``h_dtype``, the cotangents' dtypes)."""
   reason = v.kernel_problem(dtypes=((name, dtype),))
   if reason is not None:
     raise ValueError(f"{reason}.")
   return jnp.dtype(dtype)
 
 
-def _add_spec(x, residual, scale, bias, *, center, has_bias, residual_scale, epsilon,
-              epsilon_placement, zero_centered_scale):
-  rows, d = _check_x(x)
-  _check_like("residual", residual, x)
-  _check_dtype("residual", residual.dtype)
-  _check_vector("scale", scale, d, "the feature size of x")
-  _check_vector("bias", bias, d, "the feature size of x")
-  return _spec(x, center=center, has_scale=scale is not None, has_bias=has_bias, epsilon=epsilon,
+def _add_spec(x, residual, scale, bias, *, center, residual_scale, epsilon, epsilon_placement,
+              zero_centered_scale, interpret):
+  """:func:`_spec` of a residual add + norm forward, ``residual`` checked as the fused ops do."""
+  spec = _spec(x, scale, bias, center=center, epsilon=epsilon,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
-               residual_scale=v.check_residual_scale(residual_scale))
+               interpret=interpret, residual_scale=v.check_residual_scale(residual_scale))
+  v.check_floating("residual", residual)
+  v.check_residual_shape(residual.shape, x.shape)
+  _check_dtype("residual", residual.dtype)
+  return spec
 
 
 def add_layer_norm_fwd(x, residual, scale, bias, *, epsilon, residual_scale=1.0, h_dtype=None,
@@ -288,12 +290,12 @@ def add_layer_norm_fwd(x, residual, scale, bias, *, epsilon, residual_scale=1.0,
     ``(y, h, shift, delta, rstd)``: ``y`` in ``out_dtype``, ``h`` in ``h_dtype``, and the float32
     ``(rows,)`` statistics of ``h`` as in :func:`layer_norm_fwd`.
   """
-  spec = _add_spec(x, residual, scale, bias, center=True, has_bias=bias is not None,
-                   residual_scale=residual_scale, epsilon=epsilon,
-                   epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale)
+  spec = _add_spec(x, residual, scale, bias, center=True, residual_scale=residual_scale,
+                   epsilon=epsilon, epsilon_placement=epsilon_placement,
+                   zero_centered_scale=zero_centered_scale, interpret=interpret)
   h_dtype = _check_dtype("h_dtype", h_dtype or jnp.promote_types(x.dtype, residual.dtype))
   return add_norm_forward(x, residual, scale, bias, spec=spec, out_dtype=_out_dtype(out_dtype, x),
-                          h_dtype=h_dtype, interpret=bool(interpret))
+                          h_dtype=h_dtype, interpret=interpret)
 
 
 def add_rms_norm_fwd(x, residual, scale, *, epsilon, residual_scale=1.0, h_dtype=None,
@@ -308,33 +310,33 @@ def add_rms_norm_fwd(x, residual, scale, *, epsilon, residual_scale=1.0, h_dtype
   Returns:
     ``(y, h, rstd)``.
   """
-  spec = _add_spec(x, residual, scale, None, center=False, has_bias=False,
-                   residual_scale=residual_scale, epsilon=epsilon,
-                   epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale)
+  spec = _add_spec(x, residual, scale, None, center=False, residual_scale=residual_scale,
+                   epsilon=epsilon, epsilon_placement=epsilon_placement,
+                   zero_centered_scale=zero_centered_scale, interpret=interpret)
   h_dtype = _check_dtype("h_dtype", h_dtype or jnp.promote_types(x.dtype, residual.dtype))
   return add_norm_forward(x, residual, scale, None, spec=spec, out_dtype=_out_dtype(out_dtype, x),
-                          h_dtype=h_dtype, interpret=bool(interpret))
+                          h_dtype=h_dtype, interpret=interpret)
 
 
 def _add_bwd(h, scale, stats, dy, dh, *, center, has_bias, residual_scale, x_dtype,
              residual_dtype, epsilon, epsilon_placement, zero_centered_scale, interpret):
-  rows, d = _check_x(h)
-  _check_vector("scale", scale, d, "the feature size of h")
+  """The checks and the launch of both fused backwards (``h`` in the role of ``x``)."""
+  v.check_floating("h", h)
+  spec = _spec(h, scale, None, center=center, epsilon=epsilon,
+               epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
+               interpret=interpret, has_bias=has_bias,
+               residual_scale=v.check_residual_scale(residual_scale), x_name="h")
   for name, stat in zip(("shift", "delta", "rstd") if center else ("rstd",), stats):
-    _check_vector(name, stat, rows, "one value per row of h")
-  _check_like("dy", dy, h)
+    _check_rows(name, stat, spec.rows, "h")
+  _check_like("dy", dy, h, "h")
   if dh is not None:
-    _check_like("dh", dh, h)
+    _check_like("dh", dh, h, "h")
   x_dtype = _check_dtype("x_dtype", x_dtype or h.dtype)
   residual_dtype = _check_dtype("residual_dtype", residual_dtype or h.dtype)
-  residual_scale = v.check_residual_scale(residual_scale)
-  spec = _spec(h, center=center, has_scale=scale is not None, has_bias=bool(has_bias),
-               epsilon=epsilon, epsilon_placement=epsilon_placement,
-               zero_centered_scale=zero_centered_scale, residual_scale=residual_scale)
   f32 = [s.astype(jnp.float32) for s in stats]
   shift, delta, rstd = f32 if center else (None, None, f32[0])
   return add_norm_backward(h, dy, dh, scale, shift, delta, rstd, spec=spec, x_dtype=x_dtype,
-                           residual_dtype=residual_dtype, interpret=bool(interpret))
+                           residual_dtype=residual_dtype, interpret=interpret)
 
 
 def add_layer_norm_bwd(h, scale, shift, delta, rstd, dy, dh, *, epsilon, residual_scale=1.0,

@@ -171,6 +171,16 @@ def normalized_axes(ndim: int, axis: Any) -> tuple[int, ...]:
   return canon
 
 
+def check_out_dtype(name: str, dtype: Any):
+  """``dtype`` (None or a floating dtype) as a NumPy dtype or None; ``TypeError`` otherwise."""
+  if dtype is None:
+    return None
+  dt = jnp.dtype(dtype)
+  if not jnp.issubdtype(dt, jnp.floating):
+    raise TypeError(f"{name} must be a floating dtype or None, got {dt}.")
+  return dt
+
+
 def check_residual_shape(residual_shape: Any, x_shape: Any) -> None:
   """Raises ``ValueError`` unless ``residual`` has exactly the shape of ``x`` (no broadcasting)."""
   if tuple(residual_shape) != tuple(x_shape):
@@ -203,6 +213,11 @@ def kernel_problem(*, dtypes: Sequence[tuple[str, Any]] = (), backend: str | Non
             f"pallas=jaxnorm.PallasConfig(interpret=True) for the ops and layers, "
             f"interpret=True for the kernel functions")
   return None
+
+
+def pallas_refusal(why: str) -> str:
+  """The message of ``impl='pallas'`` on a call the kernels cannot run, ``why`` a phrase."""
+  return f"impl='pallas' cannot run this call: {why}. Use impl='xla' or 'auto'."
 
 
 def check_param(name: str, p: Any, x_shape: tuple[int, ...], first_axis: int) -> tuple[int, ...]:

@@ -26,7 +26,7 @@ def _expand(jaxpr, out):
   for eqn in jaxpr.eqns:
     if eqn.primitive is _kernel_call.kernel_call_p:
       types = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars]
-      inner = jax.make_jaxpr(functools.partial(_kernel_call._impl, **eqn.params))(*types)
+      inner = jax.make_jaxpr(functools.partial(_kernel_call._run, **eqn.params))(*types)
       out.append(str(inner))
       _expand(inner.jaxpr, out)
     for sub in _sub_jaxprs(eqn.params):

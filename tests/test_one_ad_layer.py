@@ -359,6 +359,30 @@ def test_model_train_step_exports_per_platform(platform, kernels):
   assert (TRITON in text) == kernels
 
 
+def test_explicit_pallas_is_checked_where_it_is_lowered():
+  """impl="pallas" asks the platform the program is lowered for, not the tracing host's
+  backend: from this CPU host a gradient lowers for a GPU with its kernels, and lowering it for
+  a CPU (jit, eager or an export) raises the op's own error, while interpret mode runs here."""
+  x, s, b = _rand(0, (16, 128)), _rand(1, (128,), loc=1.0), _rand(2, (128,))
+
+  def grad(pallas=None):
+    return jax.grad(lambda x, s: jnp.sum(jaxnorm.layer_norm(x, s, b, impl="pallas",
+                                                            pallas=pallas) ** 2),
+                    argnums=(0, 1))
+
+  assert _export(grad(), "cuda", x, s).count(TRITON) == 3
+  for run in (lambda: _export(grad(), "cpu", x, s), lambda: jax.jit(grad())(x, s),
+              lambda: grad()(x, s), lambda: jaxnorm.rms_norm(x, s, impl="pallas")):
+    with pytest.raises(ValueError, match="impl='pallas' cannot run this call: the Pallas "
+                                         "kernels need a GPU .* the backend is 'cpu'"):
+      run()
+  got = grad(jaxnorm.PallasConfig(interpret=True))(x, s)
+  want = jax.grad(lambda x, s: jnp.sum(jaxnorm.layer_norm(x, s, b, impl="xla") ** 2),
+                  argnums=(0, 1))(x, s)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
 def test_auto_on_this_cpu_runs_xla():
   """On a CPU, impl="auto" compiles to exactly the XLA program (the GPU branch is dropped at
   lowering), forward, JVP and gradient: the per-platform choice costs nothing at run time."""

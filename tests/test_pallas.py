@@ -265,8 +265,20 @@ def test_bad_arguments_raise_clear_errors():
   kw = dict(epsilon=1e-5, interpret=INTERPRET)
   with pytest.raises(ValueError, match=r"x must be 2-D .*\(2, 2, 16\)"):
     _pallas.layer_norm_fwd(x.reshape(2, 2, 16), scale, bias, **kw)
-  with pytest.raises(ValueError, match=r"scale must have shape \(16,\).*\(15,\)"):
+  with pytest.raises(ValueError, match=r"scale must have the normalized shape \(16,\).*got "
+                                       r"shape \(15,\)"):
     _pallas.rms_norm_fwd(x, scale[:15], **kw)
+  with pytest.raises(ValueError, match=r"scale and bias of the kernel functions must have shape "
+                                       r"\(16,\).*\[\(4, 16\), None\]"):
+    _pallas.rms_norm_fwd(x, jnp.ones((4, 16)), **kw)
+  with pytest.raises(TypeError, match="out_dtype must be a floating dtype or None, got int32"):
+    _pallas.rms_norm_fwd(x, None, out_dtype=jnp.int32, **kw)
+  with pytest.raises(TypeError, match="interpret must be a bool, got 1"):
+    _pallas.rms_norm_fwd(x, None, epsilon=1e-5, interpret=1)
+  with pytest.raises(ValueError, match=r"residual must have the shape of x \(4, 16\)"):
+    _pallas.add_rms_norm_fwd(x, x[:3], None, **kw)
+  with pytest.raises(ValueError, match=r"dh must have the shape of h \(4, 16\)"):
+    _pallas.add_rms_norm_bwd(x, None, jnp.ones(4), dy, dy[:3], **kw)
   with pytest.raises(TypeError, match="x must have a floating dtype"):
     _pallas.rms_norm_fwd(x.astype(jnp.int32), None, **kw)
   with pytest.raises(ValueError, match="epsilon_placement must be one of"):
@@ -277,6 +289,33 @@ def test_bad_arguments_raise_clear_errors():
     _pallas.layer_norm_bwd(x, None, jnp.ones(4), jnp.ones(4), jnp.ones(5), dy, **kw)
   with pytest.raises(ValueError, match="epsilon must be finite"):
     _pallas.layer_norm_fwd(x, None, None, epsilon=-1.0, interpret=INTERPRET)
+
+
+def test_kernel_api_checks_through_the_ops_prepare():
+  """The kernel functions and the ops describe a call once (``_core.prepare``): each bad value
+  gets the same message from both."""
+  x, scale, bias, _ = _inputs(4, 16, jnp.float32)
+  cases = [dict(epsilon=float("nan")), dict(epsilon=1e-5, epsilon_placement="middle"),
+           dict(epsilon=1e-5, zero_centered_scale=1)]
+  for kw in cases:
+    msgs = []
+    for call in (lambda: _pallas.layer_norm_fwd(x, scale, bias, interpret=INTERPRET, **kw),
+                 lambda: jaxnorm.layer_norm(x, scale, bias, impl="pallas",
+                                            pallas=jaxnorm.PallasConfig(interpret=INTERPRET),
+                                            **kw)):
+      with pytest.raises((ValueError, TypeError)) as err:
+        call()
+      msgs.append(str(err.value))
+    assert msgs[0] == msgs[1], msgs
+  for bad in (scale[:15], scale.astype(jnp.int32)):
+    msgs = []
+    for call in (lambda: _pallas.rms_norm_fwd(x, bad, epsilon=1e-5, interpret=INTERPRET),
+                 lambda: jaxnorm.rms_norm(x, bad, impl="pallas",
+                                          pallas=jaxnorm.PallasConfig(interpret=INTERPRET))):
+      with pytest.raises((ValueError, TypeError)) as err:
+        call()
+      msgs.append(str(err.value))
+    assert msgs[0] == msgs[1], msgs
 
 
 @pytest.mark.parametrize("d", [1, 7, 96, 300, 1024, 8192, 8193, 50000])
