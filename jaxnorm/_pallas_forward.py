@@ -43,7 +43,7 @@ def _row_statistics(spec: KernelSpec, load_x, x0, mask0):
     var = jnp.sum(col_loop(spec, sq_body, jnp.zeros_like(x0)), axis=1) / d
     return None, None, rstd(spec, var)
   # Pivot K = x[:, 0] (column 0 is always in the first block).
-  first = jnp.arange(spec.block.block_d)[None, :] == 0
+  first = jnp.arange(spec.block.block_d, dtype=jnp.int32)[None, :] == 0
   shift = jnp.sum(jnp.where(first, x0, 0.0), axis=1)  # (br,)
 
   def sum_body(col0, acc):

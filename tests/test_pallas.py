@@ -358,3 +358,24 @@ def test_bench_command_on_cpu(tmp_path):
   if jax.default_backend() == "cpu":
     assert all(m["impl"] == "jaxnorm-xla" for m in report["memory"])
   assert "| layer_norm | jaxnorm-xla |" in (tmp_path / "bench.md").read_text()
+
+
+@pytest.mark.parametrize("d", [96, D_LOOP])
+def test_kernels_run_under_x64(x64, d):
+  """With ``jax_enable_x64`` on, float32 calls still run the kernels (every index int32), and
+  give the values they give without it: forward, gradient, plain and fused."""
+  x, scale, bias, dy = _inputs(5, d, jnp.float32)
+
+  def run():
+    def loss(x, s, b):
+      y1 = jaxnorm.layer_norm(x, s, b, impl="pallas", pallas=PALLAS)
+      y2, h = jaxnorm.add_rms_norm(x, 0.5 * x, s, impl="pallas", pallas=PALLAS)
+      return jnp.sum(y1 * dy) + jnp.sum(y2 * dy) + jnp.sum(h)
+    return jax.value_and_grad(loss, argnums=(0, 1, 2))(x, scale, bias)
+
+  got = run()
+  with jax.enable_x64(False):
+    want = run()
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    assert g.dtype == w.dtype == jnp.float32
+    np.testing.assert_array_equal(g, w)
