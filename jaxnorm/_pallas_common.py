@@ -52,15 +52,15 @@ def kernel_spec(rows: int, d: int, dtype, *, center: bool, has_scale: bool, has_
                 cast=None) -> KernelSpec:
   """The :class:`KernelSpec` of a ``(rows, d)`` input; ``block`` None: the default heuristic.
 
-  ``cast``: the call's :class:`jaxnorm._casting.CastPlan`; one that rounds nothing (the
-  "float32" mode) is stored as None, so the kernels compile exactly as without one.
+  ``cast``: the call's :class:`jaxnorm._casting.CastPlan`; the "float32" mode's is stored as
+  None (one spec, and one compiled kernel, for a call with and without it).
   """
   return KernelSpec(rows=rows, d=d, center=center, has_scale=has_scale, has_bias=has_bias,
                     epsilon=epsilon, outside=epsilon_placement == "outside",
                     zero_centered_scale=zero_centered_scale,
                     block=block if block is not None else default_block_config(rows, d, dtype),
                     residual_scale=residual_scale,
-                    cast=cast if cast is not None and cast.rounds else None)
+                    cast=None if cast == _F32_PLAN else cast)
 
 
 def ds(start, size: int):
@@ -91,8 +91,12 @@ def gamma_row(spec: KernelSpec, scale_ref, cols, col_ok):
   s = load(scale_ref, (cols,), col_ok)
   # Formed (and rounded) as the casting mode forms it, by the one rule of jaxnorm._casting
   # (the "float32" mode: in float32, 1 + s where the scale is zero-centred).
-  plan = spec.cast if spec.cast is not None else _F32_PLAN
-  return plan.gamma_of(s, spec.zero_centered_scale)[None, :]
+  return plan_of(spec).gamma_of(s, spec.zero_centered_scale)[None, :]
+
+
+def plan_of(spec: KernelSpec):
+  """The launch's :class:`jaxnorm._casting.CastPlan` (the all-float32 one for "float32")."""
+  return spec.cast if spec.cast is not None else _F32_PLAN
 
 
 def rstd(spec: KernelSpec, var):

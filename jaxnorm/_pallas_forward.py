@@ -26,7 +26,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxnorm._pallas_common import KernelSpec, col_loop, compiler_params, gamma_row, load, rstd
-from jaxnorm._pallas_common import tile
+from jaxnorm._pallas_common import plan_of, tile
 
 
 def _row_statistics(spec: KernelSpec, load_x, x0, mask0):
@@ -77,16 +77,11 @@ def _normalize_tile(spec: KernelSpec, load_x, scale_ref, bias_ref, y_ref, stat_r
   def out_body(col0, carry):
     x, _ = (x0, mask0) if single else load_x(col0)
     rds, cds, _, col_ok, mask = tile(spec, row0, col0)
-    xh = ((x - shift[:, None]) - delta[:, None]) if spec.center else x
-    xh = xh * r[:, None]
+    xc = ((x - shift[:, None]) - delta[:, None]) if spec.center else x
     gam = gamma_row(spec, scale_ref, cds, col_ok)
-    if spec.cast is not None:  # the casting mode's roundings (jaxnorm._casting)
-      b = load(bias_ref, (cds,), col_ok)[None, :] if spec.has_bias else None
-      _, y = spec.cast.affine_of(xh, gam, b)
-    else:
-      y = xh if gam is None else xh * gam
-      if spec.has_bias:
-        y = y + load(bias_ref, (cds,), col_ok)[None, :]
+    b = load(bias_ref, (cds,), col_ok)[None, :] if spec.has_bias else None
+    # The casting mode's output map (jaxnorm._casting), the XLA path's own rule.
+    y = plan_of(spec).normalized_affine(xc, r[:, None], gam, b)
     plgpu.store(y_ref.at[rds, cds], y.astype(y_ref.dtype), mask=mask)
     if h_ref is not None:
       plgpu.store(h_ref.at[rds, cds], x.astype(h_ref.dtype), mask=mask)

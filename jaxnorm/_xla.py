@@ -228,7 +228,7 @@ def forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True):
   shift, delta, rstd = stats
   xc = centered(cfg, x.astype(rstd.dtype), shift, delta)
   plan = cfg.plan(x.dtype)  # the order of casts of the affine stage (jaxnorm._casting)
-  _, y = plan.affine_of(xc * rstd, gamma(cfg, scale, x.ndim, x.dtype), _row(bias, x.ndim))
+  y = plan.normalized_affine(xc, rstd, gamma(cfg, scale, x.ndim, x.dtype), _row(bias, x.ndim))
   return y.astype(cfg.out_dtype), stats
 
 

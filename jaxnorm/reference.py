@@ -34,11 +34,13 @@ affine stage rounds, written here in the published order with ``jax.numpy``'s ow
 
 .. math::
 
-   \text{float32: } y = \mathrm{rd}_O(\hat x\,\gamma + \beta), \qquad
+   \text{float32: } y = \mathrm{rd}_O\big((x - \mu)\,(r\,\gamma) + \beta\big), \qquad
    \text{llama: } y = \mathrm{rd}_O(\mathrm{rd}_{x}(\hat x) \cdot \gamma + \beta), \qquad
    \text{t5: } y = \mathrm{rd}_O(\mathrm{rd}_{s}(\hat x) \cdot \gamma + \beta)
 
-where in "llama" and "t5" :math:`\gamma` (``scale`` or ``1 + scale``) stays in the scale's
+("float32" multiplies the two per-row and per-feature factors first, as Flax's layers do, which
+in float32 is one rounding away from :math:`\hat x\,\gamma`; ``x`` for :math:`x - \mu` in
+RMSNorm), where in "llama" and "t5" :math:`\gamma` (``scale`` or ``1 + scale``) stays in the scale's
 dtype and the product and the add are computed in the promoted dtype of their operands
 (``rd_x``: round to ``x.dtype``; ``rd_s``: to ``scale.dtype``; "t5" without a scale is
 "float32").
@@ -96,21 +98,24 @@ def _as_x(p, xhat, axes):
   return p.reshape((1,) * axes[0] + tuple(xhat.shape[axes[0]:]))
 
 
-def _affine(xhat, scale, bias, axes, zero_centered_scale, casting, x_dtype):
-  """``xhat * gamma + beta`` in the order of casts of ``casting`` (module docstring)."""
-  scale, bias = _as_x(scale, xhat, axes), _as_x(bias, xhat, axes)
+def _affine(xc, r, scale, bias, axes, zero_centered_scale, casting, x_dtype):
+  """``x_hat * gamma + beta`` from ``x_c`` and ``r``, in the order of casts of ``casting``
+  (module docstring); in "float32", ``x_c * (r * gamma) + beta``."""
+  scale, bias = _as_x(scale, xc, axes), _as_x(bias, xc, axes)
   if casting != "float32" and not (casting == "t5" and scale is None):
-    xhat = xhat.astype(x_dtype if casting == "llama" else scale.dtype)  # the one early rounding
+    xhat = (xc * r).astype(x_dtype if casting == "llama" else scale.dtype)  # the early rounding
     if scale is not None:
       s = scale  # in its own dtype; 1 + s rounds there too
       xhat = xhat * ((1 + s) if zero_centered_scale else s)
     return xhat if bias is None else xhat + bias
-  if scale is not None:
-    s = scale.astype(xhat.dtype)
-    xhat = xhat * ((1.0 + s) if zero_centered_scale else s)
+  if scale is None:
+    y = xc * r
+  else:
+    s = scale.astype(xc.dtype)
+    y = xc * (r * ((1.0 + s) if zero_centered_scale else s))
   if bias is not None:
-    xhat = xhat + bias.astype(xhat.dtype)
-  return xhat
+    y = y + bias.astype(y.dtype)
+  return y
 
 
 def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
@@ -143,8 +148,8 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
   axes, xf = _options(x, axis, epsilon_placement, casting)
   mean = jnp.mean(xf, axis=axes, keepdims=True, where=mask)
   var = jnp.mean(jnp.square(xf - mean), axis=axes, keepdims=True, where=mask)
-  xhat = (xf - mean) * _rstd(var, epsilon, epsilon_placement)
-  y = _affine(xhat, scale, bias, axes, zero_centered_scale, casting, x.dtype)
+  r = _rstd(var, epsilon, epsilon_placement)
+  y = _affine(xf - mean, r, scale, bias, axes, zero_centered_scale, casting, x.dtype)
   return y.astype(dtype or x.dtype)
 
 
@@ -165,6 +170,6 @@ def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None,
   """
   axes, xf = _options(x, axis, epsilon_placement, casting)
   ms = jnp.mean(jnp.square(xf), axis=axes, keepdims=True, where=mask)
-  xhat = xf * _rstd(ms, epsilon, epsilon_placement)
-  y = _affine(xhat, scale, None, axes, zero_centered_scale, casting, x.dtype)
+  r = _rstd(ms, epsilon, epsilon_placement)
+  y = _affine(xf, r, scale, None, axes, zero_centered_scale, casting, x.dtype)
   return y.astype(dtype or x.dtype)

@@ -80,8 +80,32 @@ def test_forward_is_the_published_formula(name, x_dtype, s_dtype):
   want = jax.jit(fn, static_argnums=2)(x, s, EPS)
   op = lambda x, s: jaxnorm.rms_norm(x, s, epsilon=EPS, casting=casting,  # noqa: E731
                                      zero_centered_scale=zc, dtype=want.dtype)
+  if casting == "float32":
+    # The float32 mode forms x (r gamma) (Flax's order, test_float32_mode_is_flax_bitwise), the
+    # published formula (x r) gamma: each rounds twice, so they are at most two units in the
+    # last place of the output's dtype apart.
+    ulp = 2.0 * 2.0 ** -jnp.finfo(want.dtype).nmant
+    for got, ref in ((jax.jit(op)(x, s), want), (op(x, s), fn(x, s, EPS))):
+      assert got.dtype == ref.dtype
+      np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref, np.float32),
+                                 rtol=ulp, atol=0)
+    return
   _assert_bitwise(jax.jit(op)(x, s), want, f"{name} x={x_dtype} scale={s_dtype} (jit)")
   _assert_bitwise(op(x, s), fn(x, s, EPS), f"{name} x={x_dtype} scale={s_dtype} (eager)")
+
+
+@pytest.mark.parametrize("x_dtype,p_dtype", [("float32", "float32"), ("bfloat16", "bfloat16"),
+                                             ("float16", "float16"), ("bfloat16", "float32")])
+def test_float32_mode_is_flax_bitwise(x_dtype, p_dtype):
+  """The default ("float32") RMSNorm is Flax's ``RMSNorm`` bit for bit, op and layer, jitted:
+  the same statistics and the same order, ``x * (rsqrt(ms + eps) * scale)``."""
+  from flax import linen as nn
+  x, s, _, _ = _inputs(3, (6, 40), x_dtype, p_dtype)
+  flax = jax.jit(lambda x, s: nn.RMSNorm(epsilon=EPS).apply({"params": {"scale": s}}, x))(x, s)
+  ours = jax.jit(lambda x, s: jaxnorm.rms_norm(x, s, epsilon=EPS, dtype=flax.dtype))(x, s)
+  _assert_bitwise(ours, flax, f"rms_norm x={x_dtype} scale={p_dtype}")
+  layer = jax.jit(lambda x, s: jln.RMSNorm(epsilon=EPS).apply({"params": {"scale": s}}, x))(x, s)
+  _assert_bitwise(layer, flax, f"jaxnorm.linen.RMSNorm x={x_dtype} scale={p_dtype}")
 
 
 @settings(max_examples=4)
