@@ -35,7 +35,9 @@ parameters) becomes a *group* axis, the static ``groups`` count of leading axes 
 every operand, parameters included, has its own values. Each rule then maps the ungrouped rule
 over the groups with ``jax.vmap``: the transpose is still the derived backward (a
 ``pallas_call`` under ``vmap`` is one launch with one more grid axis), never autodiff of the
-formula.
+formula. A ``jax.vmap`` axis that ``axis_name`` names (the features split over it, as over a
+mesh axis in ``shard_map``) becomes a group axis too, mapped by a ``jax.vmap`` of the same
+name (``group_names``), so that the rules' ``psum`` over ``axis_name`` sums over that group.
 """
 
 from __future__ import annotations
@@ -75,10 +77,16 @@ def _pack(**named):
   return spec, [named[k] for k in spec]
 
 
-def _over_groups(fn, groups: int):
-  """``fn`` mapped over ``groups`` leading axes of every argument and result (``jax.vmap``)."""
-  for _ in range(groups):
-    fn = jax.vmap(fn)
+def _over_groups(fn, groups: int, names: tuple = ()):
+  """``fn`` mapped over ``groups`` leading axes of every argument and result (``jax.vmap``).
+
+  ``names``: the ``jax.vmap`` axis name of each group axis (axis 0 first; None: unnamed, and
+  absent names are None). A named group is a ``jax.vmap`` axis that ``cfg.axis_name`` names:
+  the collectives inside ``fn`` then sum over that group, as they did over the user's axis.
+  """
+  names = tuple(names) + (None,) * (groups - len(names))
+  for name in reversed(names):  # the last wrap is the outermost: group axis 0
+    fn = jax.vmap(fn, axis_name=name)
   return fn
 
 
@@ -107,8 +115,9 @@ def _formula_one(*args, cfg: NormConfig, spec):
   return [ty, th]
 
 
-def _formula(*args, cfg, spec, groups):
-  return _over_groups(functools.partial(_formula_one, cfg=cfg, spec=spec), groups)(*args)
+def _formula(*args, cfg, spec, groups, group_names=()):
+  return _over_groups(functools.partial(_formula_one, cfg=cfg, spec=spec), groups,
+                      group_names)(*args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,9 +129,9 @@ norm_tangent_p.def_impl(_formula)
 jc.register_lowering(norm_tangent_p, _formula)
 
 
-def _abstract_eval(*avals, cfg, spec, groups):
+def _abstract_eval(*avals, cfg, spec, groups, group_names=()):
   """Outputs shaped like ``x``, varying over the union of every operand's mesh axes."""
-  del groups
+  del groups, group_names
   axes = frozenset().union(*(jc.aval_varying_axes(av) for av in avals))
   base = jc.with_varying_axes(_named(spec, avals)["x"], axes)
   dtypes = [cfg.out_dtype] + ([cfg.h_dtype] if cfg.fused else [])
@@ -143,7 +152,7 @@ def _cotangents_one(x, scale, mask, shift, delta, rstd, dy, dh, *, cfg: NormConf
                   _fused.backward(cfg, x, scale, mask, stats, dy, dh)))
 
 
-def _transpose(cts, *args, cfg: NormConfig, spec, groups):
+def _transpose(cts, *args, cfg: NormConfig, spec, groups, group_names=()):
   """The hand-derived VJP (:func:`jaxnorm._core.backward`, fused: ``_fused.backward``)."""
   a = _named(spec, args)
   for k in _RESIDUALS:
@@ -158,8 +167,8 @@ def _transpose(cts, *args, cfg: NormConfig, spec, groups):
   dy = jnp.zeros(x.shape, cfg.out_dtype) if isinstance(dy, jc.Zero) else dy
   dh = None if not cfg.fused or isinstance(cts[1], jc.Zero) else cts[1]  # h unused: skipped
   body = functools.partial(_cotangents_one, cfg=cfg, spec=spec)
-  d = _over_groups(body, groups)(x, a["scale"], a["mask"], a["shift"], a["delta"], a["rstd"],
-                                 dy, dh)
+  d = _over_groups(body, groups, group_names)(x, a["scale"], a["mask"], a["shift"], a["delta"],
+                                              a["rstd"], dy, dh)
   return [d.get(k) if k in _TANGENTS else None for k in spec]
 
 
@@ -170,7 +179,7 @@ def _replace_bias(cfg: NormConfig) -> NormConfig:
 jc.register_transpose(norm_tangent_p, _transpose)
 
 
-def _jvp(primals, tangents, *, cfg, spec, groups):
+def _jvp(primals, tangents, *, cfg, spec, groups, group_names=()):
   """Second order: the primitive again for the value, autodiff of the formula for the tangent."""
   live = [i for i, t in enumerate(tangents) if not isinstance(t, jc.Zero)]
 
@@ -178,9 +187,10 @@ def _jvp(primals, tangents, *, cfg, spec, groups):
     args = list(primals)
     for i, val in zip(live, vals):
       args[i] = val
-    return _formula(*args, cfg=cfg, spec=spec, groups=groups)
+    return _formula(*args, cfg=cfg, spec=spec, groups=groups, group_names=group_names)
 
-  out = norm_tangent_p.bind(*primals, cfg=cfg, spec=spec, groups=groups)
+  out = norm_tangent_p.bind(*primals, cfg=cfg, spec=spec, groups=groups,
+                            group_names=group_names)
   _, tout = jax.jvp(f, [primals[i] for i in live], [tangents[i] for i in live])
   return out, tout
 
@@ -188,25 +198,23 @@ def _jvp(primals, tangents, *, cfg, spec, groups):
 jc.register_jvp(norm_tangent_p, _jvp)
 
 
-def _batch(args, dims, *, vmap_axis_name, cfg, spec, groups):
+def _batch(args, dims, *, vmap_axis_name, cfg, spec, groups, group_names=()):
   """Batching that keeps the primitive (and so the derived transpose) for every operand.
 
   No parameter batched: the batch axis of the row-like operands is more rows, placed right
-  after the ``groups`` leading group axes. A parameter batched: the batch axis becomes a new
-  leading group axis of every operand (unbatched ones are broadcast along it).
+  after the ``groups`` leading group axes. A parameter batched, or a ``jax.vmap`` axis that
+  ``cfg.axis_name`` names (the normalized features split over the vmap axis, as over a mesh
+  axis in ``shard_map``): the batch axis becomes a new leading group axis of every operand
+  (unbatched ones are broadcast along it), named after the vmap axis in the second case, so
+  that the rules' collectives over ``axis_name`` sum over it.
   """
   names = cfg.axis_name if isinstance(cfg.axis_name, tuple) else (cfg.axis_name,)
-  if vmap_axis_name is not None and vmap_axis_name in names:
-    raise NotImplementedError(
-        f"axis_name={cfg.axis_name!r} names the jax.vmap axis being batched: the normalized "
-        f"features are split over a vmap axis. The value works, but jaxnorm's derivative rules "
-        f"do not support it (they support axis_name inside shard_map); use shard_map, or vmap "
-        f"over rows and normalize the whole feature axis in each call.")
-  if all(dm is None for dm in dims):  # nothing batched here
-    out = norm_tangent_p.bind(*args, cfg=cfg, spec=spec, groups=groups)
+  split = vmap_axis_name is not None and vmap_axis_name in names
+  if all(dm is None for dm in dims) and not split:  # nothing batched here
+    out = norm_tangent_p.bind(*args, cfg=cfg, spec=spec, groups=groups, group_names=group_names)
     return out, [None] * len(out)
-  size = next(a.shape[dm] for a, dm in zip(args, dims) if dm is not None)
-  if not any(dm is not None for k, dm in zip(spec, dims) if k in _PARAMS):
+  size = next((a.shape[dm] for a, dm in zip(args, dims) if dm is not None), None)
+  if not split and not any(dm is not None for k, dm in zip(spec, dims) if k in _PARAMS):
     new = []
     for k, a, dm in zip(spec, args, dims):
       if k not in _PARAMS:
@@ -216,11 +224,18 @@ def _batch(args, dims, *, vmap_axis_name, cfg, spec, groups):
         else:
           a = jnp.moveaxis(a, dm, groups)
       new.append(a)
-    out = norm_tangent_p.bind(*new, cfg=cfg, spec=spec, groups=groups)
+    out = norm_tangent_p.bind(*new, cfg=cfg, spec=spec, groups=groups, group_names=group_names)
     return out, [groups] * len(out)
+  if size is None:  # features split over a vmap axis none of the operands is mapped over
+    raise NotImplementedError(
+        f"axis_name={cfg.axis_name!r} names the jax.vmap axis {vmap_axis_name!r}, but neither "
+        f"x nor any other operand of the norm is mapped over it; map x over that axis (its "
+        f"features split over it), or leave it out of axis_name.")
   new = [jnp.broadcast_to(a, (size,) + a.shape) if dm is None else jnp.moveaxis(a, dm, 0)
          for a, dm in zip(args, dims)]
-  out = norm_tangent_p.bind(*new, cfg=cfg, spec=spec, groups=groups + 1)
+  inner = tuple(group_names) + (None,) * (groups - len(group_names))
+  out = norm_tangent_p.bind(*new, cfg=cfg, spec=spec, groups=groups + 1,
+                            group_names=((vmap_axis_name if split else None),) + inner)
   return out, [0] * len(out)
 
 

@@ -51,7 +51,8 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
       (:math:`1/(\sigma + \epsilon)`).
     zero_centered_scale: if True the multiplier is :math:`1 + \gamma` (parameters stored as
       offsets from one, Gemma style).
-    axis_name: mesh axis name (inside ``shard_map``) over which the normalized axis is split;
+    axis_name: the axis name over which the normalized axis is split: a mesh axis inside
+      ``shard_map``, or a named ``jax.vmap`` axis (derivatives included);
       statistics and the backward's two row reductions are summed over it with ``psum``.
     axis_index_groups: optional groups of indices of ``axis_name`` (as in ``lax.psum``).
     dtype: dtype of ``y``; default ``x.dtype``.

@@ -17,6 +17,7 @@ from typing import Any
 
 from jax import lax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
@@ -67,7 +68,7 @@ def ds(start, size: int):
   """``pl.ds(start, size)`` with an int32 start, whatever ``jax_enable_x64`` says: every index
   of one load or store then has the same dtype (program ids are int32, and a Python ``0`` would
   be int64 under x64), which interpret mode's ``dynamic_slice`` requires."""
-  return pl.ds(jnp.asarray(start, jnp.int32), size)
+  return pl.ds(np.int32(start) if isinstance(start, int) else start.astype(jnp.int32), size)
 
 
 def tile(spec: KernelSpec, row0, col0):

@@ -43,7 +43,8 @@ def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None, epsilon_placeme
       elements only; every element is still normalized.
     epsilon_placement: "inside" or "outside" (see above).
     zero_centered_scale: if True the multiplier is :math:`1 + \gamma`.
-    axis_name: mesh axis name (inside ``shard_map``) over which the normalized axis is split.
+    axis_name: the axis name over which the normalized axis is split: a mesh axis inside
+      ``shard_map``, or a named ``jax.vmap`` axis (derivatives included).
     axis_index_groups: optional groups of indices of ``axis_name``.
     dtype: dtype of ``y``; default ``x.dtype``.
     impl: "auto", "xla" or "pallas" (see :func:`jaxnorm.layer_norm`).

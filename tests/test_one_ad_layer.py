@@ -30,6 +30,7 @@ from jaxnorm import _ad
 from jaxnorm import _core
 from jaxnorm import _fused
 from jaxnorm import _xla
+from jaxnorm import reference
 from jaxnorm.models import TransformerConfig, TransformerLM
 from _kernels import count_pallas_calls
 
@@ -494,14 +495,80 @@ def test_tangent_varies_over_the_union_of_its_operands_axes():
   np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
 
 
-def test_axis_name_of_a_vmap_axis_is_refused_by_the_derivative_rules():
-  """Features split over a *vmap* axis (axis_name naming it): the value works (psum under
-  vmap), a derivative raises a clear NotImplementedError instead of an unbound-axis error."""
-  x, s = _rand(0, (4, 3, 8)), jnp.ones((3, 8))
-  f = jax.vmap(lambda x, s: jaxnorm.layer_norm(x, s, axis_name="i"), in_axes=(1, 0), out_axes=1,
-               axis_name="i")
-  xt = jnp.moveaxis(x, 1, 2).reshape(4, 24)  # the whole feature axis, for the reference
-  want = jaxnorm.reference.layer_norm(xt).reshape(4, 8, 3)
-  np.testing.assert_allclose(f(x, s), jnp.moveaxis(want, 2, 1), rtol=1e-5, atol=1e-5)
-  with pytest.raises(NotImplementedError, match="names the jax.vmap axis being batched"):
-    jax.grad(lambda x: jnp.sum(f(x, s) ** 2))(x)
+def _split_and_whole(name, shared_scale):
+  """``name`` with its features split over a named vmap axis (axis_name="i": 4 slices of 8),
+  and the same op on the whole feature axis (32) of jaxnorm.reference, for ``(x, s, b, r)``
+  given as ``(4, rows, 8)`` slices (``s``, ``b``: ``(4, 8)``, or ``(8,)`` when shared)."""
+  ref = {"layer_norm": lambda x, s, b, r: reference.layer_norm(x, s, b),
+         "rms_norm": lambda x, s, b, r: reference.rms_norm(x, s),
+         "add_layer_norm": lambda x, s, b, r: reference.layer_norm(x + 0.5 * r, s, b),
+         "add_rms_norm": lambda x, s, b, r: reference.rms_norm(x + 0.5 * r, s)}[name]
+  ops = {"layer_norm": lambda x, s, b, r: jaxnorm.layer_norm(x, s, b, axis_name="i"),
+         "rms_norm": lambda x, s, b, r: jaxnorm.rms_norm(x, s, axis_name="i"),
+         "add_layer_norm": lambda x, s, b, r: jaxnorm.add_layer_norm(
+             x, r, s, b, residual_scale=0.5, axis_name="i")[0],
+         "add_rms_norm": lambda x, s, b, r: jaxnorm.add_rms_norm(
+             x, r, s, residual_scale=0.5, axis_name="i")[0]}
+  p_axis = None if shared_scale else 0
+  split = jax.vmap(ops[name], in_axes=(0, p_axis, p_axis, 0), axis_name="i")
+
+  def whole(x, s, b, r):
+    rows = x.shape[1]
+    flat = lambda a: jnp.moveaxis(a, 0, 1).reshape(rows, -1)  # noqa: E731
+    par = (lambda p: jnp.tile(p, 4)) if shared_scale else (lambda p: p.reshape(-1))
+    y = ref(flat(x), par(s), par(b), flat(r))
+    return jnp.moveaxis(y.reshape(rows, 4, -1), 1, 0)
+
+  return split, whole, ops[name]
+
+
+@pytest.mark.parametrize("shared_scale", [False, True], ids=["per-slice-params", "shared"])
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
+def test_features_split_over_a_vmap_axis(name, shared_scale, monkeypatch):
+  """axis_name naming a jax.vmap axis (the features split over it, as over a mesh axis in
+  shard_map): value, grad(vmap), vmap(grad), JVP and a Hessian-vector product equal the whole
+  feature axis's (autodiff of the reference), and the gradient runs the derived backward."""
+  x, r, ct = _rand(0, (4, 5, 8), loc=1.0), _rand(1, (4, 5, 8)), _rand(4, (4, 5, 8))
+  pshape = (8,) if shared_scale else (4, 8)
+  s, b = _rand(2, pshape, loc=1.0), _rand(3, pshape)
+  split, whole, op = _split_and_whole(name, shared_scale)
+  tol = dict(rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(split(x, s, b, r), whole(x, s, b, r), **tol)
+
+  def loss(f):
+    return lambda x, s, b, r: jnp.sum(f(x, s, b, r) * ct)
+
+  calls = _count_backward_calls(monkeypatch)
+  got = jax.jit(jax.grad(loss(split), argnums=(0, 1, 2, 3)))(x, s, b, r)
+  assert len(calls) == 1, "the gradient must run the derived XLA backward once"
+  monkeypatch.undo()
+  want = jax.grad(loss(whole), argnums=(0, 1, 2, 3))(x, s, b, r)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, **tol)
+  if not shared_scale:  # vmap(grad): the transpose meets the user's vmap axis directly
+    per = jax.vmap(jax.grad(lambda x, s, b, r, c: jnp.sum(op(x, s, b, r) * c)),
+                   axis_name="i")(x, s, b, r, ct)
+    np.testing.assert_allclose(per, want[0], **tol)
+  t = jax.jvp(lambda x: split(x, s, b, r), (x,), (ct,))[1]
+  np.testing.assert_allclose(t, jax.jvp(lambda x: whole(x, s, b, r), (x,), (ct,))[1], **tol)
+  hvp = lambda f: jax.jvp(jax.grad(lambda x: jnp.sum(f(x, s, b, r) ** 3)), (x,), (ct,))[1]  # noqa: E731
+  np.testing.assert_allclose(hvp(split), hvp(whole), rtol=1e-3, atol=1e-4)
+
+
+def test_split_axis_with_x_not_mapped_is_the_tiled_row():
+  """axis_name naming a vmap axis that x is not mapped over (only the scale is): by JAX's
+  semantics every slice holds the same x, so the whole row is x tiled 4 times; values and
+  gradients are those of that row."""
+  x, s, ct = _rand(0, (5, 8), loc=1.0), _rand(1, (4, 8), loc=1.0), _rand(2, (4, 5, 8))
+  split = jax.vmap(lambda x, s: jaxnorm.layer_norm(x, s, axis_name="i"), in_axes=(None, 0),
+                   axis_name="i")
+
+  def whole(x, s):
+    y = reference.layer_norm(jnp.tile(x, 4), s.reshape(-1))
+    return jnp.moveaxis(y.reshape(5, 4, 8), 1, 0)
+
+  np.testing.assert_allclose(split(x, s), whole(x, s), rtol=1e-5, atol=1e-5)
+  got = jax.grad(lambda x, s: jnp.sum(split(x, s) * ct), argnums=(0, 1))(x, s)
+  want = jax.grad(lambda x, s: jnp.sum(whole(x, s) * ct), argnums=(0, 1))(x, s)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
