@@ -110,7 +110,8 @@ def col_loop(spec: KernelSpec, body, init):
   bd = spec.block.block_d
   if spec.block.num_col_blocks == 1:
     return body(0, init)
-  return lax.fori_loop(jnp.int32(0), jnp.int32(spec.block.num_col_blocks), lambda j, c: body(j * bd, c), init)
+  return lax.fori_loop(jnp.int32(0), jnp.int32(spec.block.num_col_blocks),
+                       lambda j, c: body(j * bd, c), init)
 
 
 def compiler_params(spec: KernelSpec):
