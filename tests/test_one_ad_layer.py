@@ -522,8 +522,13 @@ def _split_and_whole(name, shared_scale):
   return split, whole, ops[name]
 
 
-@pytest.mark.parametrize("shared_scale", [False, True], ids=["per-slice-params", "shared"])
-@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
+# Every op once; the parameter shared by the slices on LayerNorm and the fused RMSNorm (CI time).
+SPLIT_CASES = [("layer_norm", False), ("layer_norm", True), ("rms_norm", False),
+               ("add_layer_norm", False), ("add_rms_norm", True)]
+
+
+@pytest.mark.parametrize("name,shared_scale", SPLIT_CASES,
+                         ids=[f"{n}-{'shared' if sh else 'per-slice'}" for n, sh in SPLIT_CASES])
 def test_features_split_over_a_vmap_axis(name, shared_scale, monkeypatch):
   """axis_name naming a jax.vmap axis (the features split over it, as over a mesh axis in
   shard_map): value, grad(vmap), vmap(grad), JVP and a Hessian-vector product equal the whole
@@ -551,8 +556,9 @@ def test_features_split_over_a_vmap_axis(name, shared_scale, monkeypatch):
     np.testing.assert_allclose(per, want[0], **tol)
   t = jax.jvp(lambda x: split(x, s, b, r), (x,), (ct,))[1]
   np.testing.assert_allclose(t, jax.jvp(lambda x: whole(x, s, b, r), (x,), (ct,))[1], **tol)
-  hvp = lambda f: jax.jvp(jax.grad(lambda x: jnp.sum(f(x, s, b, r) ** 3)), (x,), (ct,))[1]  # noqa: E731
-  np.testing.assert_allclose(hvp(split), hvp(whole), rtol=1e-3, atol=1e-4)
+  if name == "layer_norm":  # second order (the primitive's own JVP over a named group)
+    hvp = lambda f: jax.jvp(jax.grad(lambda x: jnp.sum(f(x, s, b, r) ** 3)), (x,), (ct,))[1]  # noqa: E731
+    np.testing.assert_allclose(hvp(split), hvp(whole), rtol=1e-3, atol=1e-4)
 
 
 def test_split_axis_with_x_not_mapped_is_the_tiled_row():
