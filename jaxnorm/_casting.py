@@ -57,11 +57,6 @@ class CastPlan:
   # "t5", which follow their published order, x_hat * gamma, even where nothing rounds.
   factors_first: bool = False
 
-  @property
-  def rounds(self) -> bool:
-    """Whether a stage rounds (False for the float32 mode: every stage in the compute dtype)."""
-    return not (self.xhat == self.gamma == self.product == self.affine == self.compute)
-
   def gamma_of(self, scale, zero_centered_scale: bool):
     """``scale`` or ``1 + scale`` formed in G, returned in C (None stays None)."""
     if scale is None:

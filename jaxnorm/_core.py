@@ -208,10 +208,12 @@ def on_platform(cfg: NormConfig, fn, *args):
   if cfg.impl == "xla":
     return fn(cfg, *args)
   pal = dataclasses.replace(cfg, impl="pallas")
-  kernels = functools.partial(kernel_call, pal, fn)
   if cfg.impl == "pallas":
-    return kernels(*args)
+    return kernel_call(pal, fn, *args)
   xla = dataclasses.replace(cfg, impl="xla")
+  # A program lowered for several platforms lowers every branch for each of them: the kernels'
+  # branch then lowers to the XLA path where the kernels do not compile (elsewhere="xla").
+  kernels = functools.partial(kernel_call, pal, fn, elsewhere="xla")
   gpu = dict.fromkeys(_pallas_config.GPU_PLATFORMS, kernels)
   return lax.platform_dependent(*args, default=functools.partial(fn, xla), **gpu)
 
@@ -326,26 +328,27 @@ def check_pallas(pallas) -> PallasConfig:
 
 def prepare(x, scale, bias, *, center, epsilon, axis, mask, epsilon_placement,
             zero_centered_scale, axis_name, axis_index_groups, dtype, impl, pallas=None,
-            casting="float32"):
+            casting="float32", x_name="x"):
   """Validates the public arguments and returns ``(cfg, x2, mask2, restore)``.
 
   ``pallas``: a :class:`jaxnorm.PallasConfig` (how ``impl="pallas"`` runs the kernels) or None
   for the default one. ``casting``: one of :data:`jaxnorm._casting.CASTINGS`, checked here once
-  and carried as the call's :class:`~jaxnorm._casting.CastPlan`.
+  and carried as the call's :class:`~jaxnorm._casting.CastPlan`. ``x_name``: what the messages
+  call ``x`` (the kernel API's fused backward normalizes ``h``).
 
   ``x2`` is ``x`` with its normalized trailing axes flattened into one, ``mask2`` the mask
   broadcast and flattened the same way, and ``restore`` maps a ``(..., d)`` result back to the
   shape of ``x``.
   """
-  v.check_floating("x", x)
+  v.check_floating(x_name, x)
   epsilon = v.check_epsilon(epsilon)
   axes = v.normalized_axes(x.ndim, axis)
   v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
   v.check_bool("zero_centered_scale", zero_centered_scale)
   v.check_choice("casting", casting, CASTINGS)
   norm_shape = tuple(x.shape[axes[0]:])
-  scale_heads = v.check_param("scale", scale, x.shape, axes[0])
-  bias_heads = v.check_param("bias", bias, x.shape, axes[0])
+  scale_heads = v.check_param("scale", scale, x.shape, axes[0], x_name=x_name)
+  bias_heads = v.check_param("bias", bias, x.shape, axes[0], x_name=x_name)
   v.check_mask(mask, x.shape)
   dtype = v.check_out_dtype("dtype", dtype)
   if isinstance(axis_name, list):  # hashable: the config is a static argument

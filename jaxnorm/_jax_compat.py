@@ -15,6 +15,8 @@ the two known ones raises here, never falls back to "no mesh axes".
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -102,27 +104,27 @@ def register_batching(prim: Primitive, rule) -> None:
   _batching.fancy_primitive_batchers[prim] = fancy
 
 
-def register_lowering(prim: Primitive, fn, refuse=None) -> None:
+def register_lowering(prim: Primitive, fn, *, platform: str | None = None,
+                      with_platforms: bool = False) -> None:
   """Lowers ``prim`` (multiple results) by tracing ``fn(*args, **params)``, plain JAX ops.
 
-  ``refuse(platform, **params)``, if given, is asked first for every platform the program is
-  lowered for ("cpu", "cuda", "rocm", "tpu"): a message it returns is raised as a
-  ``ValueError`` (a call that cannot run where it is compiled fails there, not at trace time,
-  so that a program can be traced on one host and lowered for another).
+  ``platform``: register the rule for that platform only (JAX then lowers a program for
+  several platforms with a switch over them); None: for every platform without a rule of its
+  own. ``with_platforms``: also pass ``platforms=``, the tuple of platforms ("cpu", "cuda",
+  "rocm", "tpu") the rule is lowering for.
   """
-  lowered = _mlir.lower_fun(fn, multiple_results=True)
-  if refuse is None:
-    _mlir.register_lowering(prim, lowered)
+  if not with_platforms:
+    _mlir.register_lowering(prim, _mlir.lower_fun(fn, multiple_results=True), platform=platform)
     return
 
   def rule(ctx, *args, **params):
-    for platform in ctx.module_context.platforms:
-      why = refuse(platform, **params)
-      if why is not None:
-        raise ValueError(why)
-    return lowered(ctx, *args, **params)
+    platforms = tuple(ctx.module_context.platforms)
+    if ctx.platforms is not None:  # inside a per-platform branch: the platforms it serves
+      platforms = tuple(ctx.platforms)
+    f = functools.partial(fn, platforms=platforms)
+    return _mlir.lower_fun(f, multiple_results=True)(ctx, *args, **params)
 
-  _mlir.register_lowering(prim, rule)
+  _mlir.register_lowering(prim, rule, platform=platform)
 
 
 def with_varying_axes(aval, axes: frozenset):

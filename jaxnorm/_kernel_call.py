@@ -8,9 +8,11 @@ on a CPU host where it is never compiled. A ``jax.custom_jvp`` wrapper would not
 evaluation inlines a ``custom_jvp`` whose inputs are known, so after one linearization the
 bare ``pallas_call`` is left. ``kernel_call_p`` is never inlined:
 
-* value and lowering: ``fn`` on the kernels (``cfg.impl == "pallas"``); lowering for a platform
-  the kernels cannot be compiled for (Triton kernels for a CPU or TPU) raises the op's
-  ``impl='pallas'`` error there, so a program traced on a CPU host lowers for a GPU;
+* value and lowering: ``fn`` on the kernels (``cfg.impl == "pallas"``), lowered per platform:
+  the Triton kernels for cuda/rocm; elsewhere the kernels in interpret mode, or the op's
+  ``impl='pallas'`` error (raised where the program is lowered, so a program traced on a CPU
+  host lowers for a GPU), or, in ``impl="auto"``'s GPU branch, the XLA path (a program lowered
+  for several platforms lowers that branch for all of them);
 * JVP: the value from the primitive again (so that a higher order meets this rule too), the
   tangent from ``jax.jvp`` of the same ``fn`` on the XLA path, which computes the same values;
 * batching: a batch axis of any operand becomes a leading group axis of all of them, mapped
@@ -28,6 +30,7 @@ import jax.numpy as jnp
 
 from jaxnorm import _jax_compat as jc
 from jaxnorm import _validation as v
+from jaxnorm._pallas_config import GPU_PLATFORMS
 from jaxnorm._spec import NormConfig
 
 __all__ = ["kernel_call"]
@@ -47,20 +50,46 @@ def _flat_fn(cfg: NormConfig, fn, tree, groups: int):
   return f
 
 
-def _run(*leaves, cfg, fn, tree, groups):
-  """What the primitive lowers to: ``fn`` on the kernels, on flat leaves."""
+def _run(*leaves, cfg, fn, tree, groups, elsewhere):
+  """What the primitive lowers to for a GPU: ``fn`` on the kernels, on flat leaves."""
+  del elsewhere
   return _flat_fn(cfg, fn, tree, groups)(*leaves)
 
 
-@functools.lru_cache(maxsize=256)
-def _compiled(cfg: NormConfig, fn, tree, groups: int):
-  return jax.jit(functools.partial(kernel_call_p.bind, cfg=cfg, fn=fn, tree=tree, groups=groups))
+def _run_elsewhere(*leaves, cfg, fn, tree, groups, elsewhere, platforms):
+  """What the primitive lowers to for a platform the Triton kernels do not compile for.
+
+  The kernels in interpret mode (``cfg.pallas.interpret``); otherwise, for the GPU branch of
+  ``impl="auto"`` (``elsewhere="xla"``: a program lowered for several platforms lowers every
+  branch for every one of them, though each runs only where it belongs) the XLA path of the
+  same function; for ``impl="pallas"`` (``elsewhere="raise"``) the op's own error, raised
+  where the program is lowered, not from the tracing host's backend.
+  """
+  if cfg.pallas.interpret:
+    return _flat_fn(cfg, fn, tree, groups)(*leaves)
+  if elsewhere == "xla":
+    return _flat_fn(dataclasses.replace(cfg, impl="xla"), fn, tree, groups)(*leaves)
+  other = next(p for p in platforms if p not in v.GPU_BACKENDS)
+  raise ValueError(v.pallas_refusal(v.kernel_problem(backend=other)))
 
 
-def _impl(*leaves, cfg, fn, tree, groups):
+def _impl(*leaves, cfg, fn, tree, groups, elsewhere):
   """Eager evaluation: the primitive compiled on its own, like any jitted call (so that it
-  meets the same platform check as in a jitted program)."""
-  return _compiled(cfg, fn, tree, groups)(*leaves)
+  meets the same per-platform lowering as in a jitted program); under ``jax.disable_jit`` the
+  same choice, made for the default backend, runs op by op."""
+  params = dict(cfg=cfg, fn=fn, tree=tree, groups=groups, elsewhere=elsewhere)
+  if jax.config.jax_disable_jit:
+    backend = jax.default_backend()
+    if backend in v.GPU_BACKENDS:
+      return _run(*leaves, **params)
+    return _run_elsewhere(*leaves, platforms=(backend,), **params)
+  return _compiled(cfg, fn, tree, groups, elsewhere)(*leaves)
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(cfg: NormConfig, fn, tree, groups: int, elsewhere: str):
+  return jax.jit(functools.partial(kernel_call_p.bind, cfg=cfg, fn=fn, tree=tree, groups=groups,
+                                   elsewhere=elsewhere))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -78,7 +107,8 @@ def _out_types(cfg: NormConfig, fn, tree, groups: int, in_types):
   return jax.tree.structure(outs), tuple((o.shape, o.dtype) for o in jax.tree.leaves(outs))
 
 
-def _abstract_eval(*avals, cfg, fn, tree, groups):
+def _abstract_eval(*avals, cfg, fn, tree, groups, elsewhere):
+  del elsewhere
   in_types = tuple((tuple(a.shape), a.dtype) for a in avals)
   _, outs = _out_types(cfg, fn, tree, groups, in_types)
   axes = frozenset().union(*(jc.aval_varying_axes(a) for a in avals))
@@ -87,8 +117,9 @@ def _abstract_eval(*avals, cfg, fn, tree, groups):
           for shape, dtype in outs]
 
 
-def _jvp(primals, tangents, *, cfg, fn, tree, groups):
-  out = kernel_call_p.bind(*primals, cfg=cfg, fn=fn, tree=tree, groups=groups)
+def _jvp(primals, tangents, *, cfg, fn, tree, groups, elsewhere):
+  out = kernel_call_p.bind(*primals, cfg=cfg, fn=fn, tree=tree, groups=groups,
+                           elsewhere=elsewhere)
   live = [i for i, t in enumerate(tangents) if not isinstance(t, jc.Zero)]
   xla = _flat_fn(dataclasses.replace(cfg, impl="xla"), fn, tree, groups)
 
@@ -102,42 +133,40 @@ def _jvp(primals, tangents, *, cfg, fn, tree, groups):
   return out, [t.reshape(o.shape).astype(o.dtype) for t, o in zip(t_out, out)]
 
 
-def _batch(args, dims, *, vmap_axis_name, cfg, fn, tree, groups):
+def _batch(args, dims, *, vmap_axis_name, cfg, fn, tree, groups, elsewhere):
   del vmap_axis_name  # the kernels take no axis_name
+  params = dict(cfg=cfg, fn=fn, tree=tree, elsewhere=elsewhere)
   if all(dm is None for dm in dims):  # nothing batched here (e.g. only a closed-over value)
-    out = kernel_call_p.bind(*args, cfg=cfg, fn=fn, tree=tree, groups=groups)
+    out = kernel_call_p.bind(*args, groups=groups, **params)
     return out, [None] * len(out)
   size = next(a.shape[dm] for a, dm in zip(args, dims) if dm is not None)
   new = [jnp.broadcast_to(a, (size,) + a.shape) if dm is None else jnp.moveaxis(a, dm, 0)
          for a, dm in zip(args, dims)]
-  out = kernel_call_p.bind(*new, cfg=cfg, fn=fn, tree=tree, groups=groups + 1)
+  out = kernel_call_p.bind(*new, groups=groups + 1, **params)
   return out, [0] * len(out)
-
-
-def _refuse(platform, *, cfg, fn, tree, groups):
-  """Why the kernels cannot be compiled for ``platform`` (Triton: a GPU; interpret mode: any)."""
-  del fn, tree, groups
-  why = None if cfg.pallas.interpret else v.kernel_problem(backend=platform)
-  return None if why is None else v.pallas_refusal(why)
 
 
 kernel_call_p.def_impl(_impl)
 kernel_call_p.def_abstract_eval(_abstract_eval)
-jc.register_lowering(kernel_call_p, _run, refuse=_refuse)
+for _platform in GPU_PLATFORMS:
+  jc.register_lowering(kernel_call_p, _run, platform=_platform)
+jc.register_lowering(kernel_call_p, _run_elsewhere, with_platforms=True)
 jc.register_jvp(kernel_call_p, _jvp)
 jc.register_batching(kernel_call_p, _batch)
 
 
-def kernel_call(cfg: NormConfig, fn, *args):
+def kernel_call(cfg: NormConfig, fn, *args, elsewhere: str = "raise"):
   """``fn(cfg, *args)`` on the kernels (``cfg.impl == "pallas"``), behind ``kernel_call_p``.
 
   ``fn`` is a module-level function (hashable: it is a primitive parameter) taking the config
-  first; ``args`` may hold None. Returns what ``fn`` returns.
+  first; ``args`` may hold None. ``elsewhere``: what lowering for a platform the kernels do not
+  compile for gives (interpret mode aside): "raise" (``impl="pallas"``) or "xla" (the GPU
+  branch of ``impl="auto"``). Returns what ``fn`` returns.
   """
   leaves, tree = jax.tree.flatten(args)
   # The result's structure from the XLA path (the same function; tracing the kernels for it
   # would build a pallas_call, which shard_map refuses to type without the kernels' vma).
   in_types = tuple((tuple(jnp.shape(a)), jnp.result_type(a)) for a in leaves)
   out_tree, _ = _out_types(cfg, fn, tree, 0, in_types)
-  out = kernel_call_p.bind(*leaves, cfg=cfg, fn=fn, tree=tree, groups=0)
+  out = kernel_call_p.bind(*leaves, cfg=cfg, fn=fn, tree=tree, groups=0, elsewhere=elsewhere)
   return jax.tree.unflatten(out_tree, out)

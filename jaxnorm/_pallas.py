@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from jaxnorm import _core
 from jaxnorm import _validation as v
 from jaxnorm._pallas_backward import add_norm_backward, norm_backward
-from jaxnorm._pallas_config import PallasConfig
+from jaxnorm._pallas_config import supported
 from jaxnorm._pallas_forward import add_norm_forward, norm_forward
 
 __all__ = [
@@ -65,12 +65,14 @@ def _spec(x, scale, bias, *, center, epsilon, epsilon_placement, zero_centered_s
           has_bias=None, residual_scale=1.0, x_name="x"):
   """The launch spec of a kernel-API call, from the ops' own :func:`jaxnorm._core.prepare`.
 
-  One description of a call and one check per rule: ``prepare`` (with ``impl="pallas"``) checks
-  ``x``, ``scale``, ``bias``, ``epsilon``, the choices, the kernels' dtypes and backend exactly
-  as for the public ops, and builds the :class:`~jaxnorm._spec.NormConfig` that
-  :func:`jaxnorm._core.pallas_spec` turns into the launch spec, as the ops do. What is the
-  kernel API's own contract is checked here on top: ``x`` is 2-D and non-empty, and the
-  parameters are one ``(d,)`` row (no per-head parameters: map the kernels over heads yourself).
+  One description of a call and one check per rule: ``prepare`` checks ``x``, ``scale``,
+  ``bias``, ``epsilon`` and the choices exactly as for the public ops and builds the
+  :class:`~jaxnorm._spec.NormConfig` that :func:`jaxnorm._core.pallas_spec` turns into the
+  launch spec, as the ops do. What is the kernel API's own contract is checked here on top:
+  ``x`` is 2-D, non-empty and of a dtype the kernels take (:func:`jaxnorm._pallas_config.
+  supported`, the ops' own statement of it), and the parameters are one ``(d,)`` row (no
+  per-head parameters: map the kernels over heads yourself). Whether the platform compiles the
+  kernels is Pallas's to say when the call is lowered (``interpret=True`` runs anywhere).
   ``has_bias``: whether the spec has a bias (a backward's ``dbias``); default ``bias is not
   None``. ``x_name``: what the messages call ``x`` (``h`` in the fused backward).
   """
@@ -78,11 +80,14 @@ def _spec(x, scale, bias, *, center, epsilon, epsilon_placement, zero_centered_s
   cfg, _, _, _ = _core.prepare(
       x, scale, bias, center=center, epsilon=epsilon, axis=-1, mask=None,
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
-      axis_name=None, axis_index_groups=None, dtype=None, impl="pallas",
-      pallas=PallasConfig(interpret=interpret))
+      axis_name=None, axis_index_groups=None, dtype=None, impl="xla", x_name=x_name)
   if x.ndim != 2:
     raise ValueError(f"{x_name} must be 2-D (rows, d) for the Pallas kernels, got shape "
                      f"{tuple(x.shape)}; reshape it to (-1, d) first.")
+  ok, reason = supported(x.shape, x.dtype)
+  if not ok:
+    raise ValueError(f"{x_name} of shape {tuple(x.shape)} and dtype {x.dtype} is not supported "
+                     f"by the Pallas kernels: {reason}.")
   if cfg.heads:
     raise ValueError(f"scale and bias of the kernel functions must have shape ({x.shape[1]},) "
                      f"(one row shared by every row of {x_name}), got "
@@ -321,7 +326,6 @@ def add_rms_norm_fwd(x, residual, scale, *, epsilon, residual_scale=1.0, h_dtype
 def _add_bwd(h, scale, stats, dy, dh, *, center, has_bias, residual_scale, x_dtype,
              residual_dtype, epsilon, epsilon_placement, zero_centered_scale, interpret):
   """The checks and the launch of both fused backwards (``h`` in the role of ``x``)."""
-  v.check_floating("h", h)
   spec = _spec(h, scale, None, center=center, epsilon=epsilon,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                interpret=interpret, has_bias=has_bias,

@@ -220,7 +220,8 @@ def pallas_refusal(why: str) -> str:
   return f"impl='pallas' cannot run this call: {why}. Use impl='xla' or 'auto'."
 
 
-def check_param(name: str, p: Any, x_shape: tuple[int, ...], first_axis: int) -> tuple[int, ...]:
+def check_param(name: str, p: Any, x_shape: tuple[int, ...], first_axis: int, *,
+                x_name: str = "x") -> tuple[int, ...]:
   """Checks a scale/bias array; returns its per-head axes' sizes (``()`` for a shared one).
 
   With ``x_shape[first_axis:]`` the normalized shape and ``d`` its size, the parameter is
@@ -241,8 +242,8 @@ def check_param(name: str, p: Any, x_shape: tuple[int, ...], first_axis: int) ->
   if 0 <= k < first_axis and shape == tuple(x_shape[k:]):
     return tuple(x_shape[k:first_axis])
   raise ValueError(
-      f"{name} must have the normalized shape {norm} of x (or ({d},)), or a trailing block of "
-      f"x's shape {tuple(x_shape)} that extends it (one value per head, e.g. "
+      f"{name} must have the normalized shape {norm} of {x_name} (or ({d},)), or a trailing "
+      f"block of {x_name}'s shape {tuple(x_shape)} that extends it (one value per head, e.g. "
       f"{tuple(x_shape[first_axis - 1:]) if first_axis else norm}), got shape {shape}. Check "
       f"the feature size the parameter was created with.")
 

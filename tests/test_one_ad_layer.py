@@ -377,11 +377,32 @@ def test_explicit_pallas_is_checked_where_it_is_lowered():
     with pytest.raises(ValueError, match="impl='pallas' cannot run this call: the Pallas "
                                          "kernels need a GPU .* the backend is 'cpu'"):
       run()
+  with jax.disable_jit():  # op by op: the same choice, made for the default backend
+    with pytest.raises(ValueError, match="impl='pallas' cannot run this call"):
+      grad()(x, s)
+    got_eager = grad(jaxnorm.PallasConfig(interpret=True))(x, s)
   got = grad(jaxnorm.PallasConfig(interpret=True))(x, s)
+  for g, w in zip(got_eager, got):
+    np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
   want = jax.grad(lambda x, s: jnp.sum(jaxnorm.layer_norm(x, s, b, impl="xla") ** 2),
                   argnums=(0, 1))(x, s)
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_auto_exports_for_several_platforms_at_once():
+  """One artifact for cpu and cuda: JAX lowers every branch of the platform switch for each
+  platform, so impl="auto"'s kernel branch lowers to the XLA path for cpu (it never runs there)
+  and to the kernels for cuda; run here, the artifact gives the XLA path's gradients."""
+  x, r = _rand(0, (64, 256)), _rand(1, (64, 256))
+  s, b = _rand(2, (256,), loc=1.0), _rand(3, (256,))
+  checks = [jax.export.DisabledSafetyCheck.custom_call(TRITON)]
+  exp = jax.export.export(jax.jit(_op_step), platforms=["cpu", "cuda"],
+                          disabled_checks=checks)(x, r, s, b)
+  assert exp.mlir_module().count(TRITON) >= 6
+  want = jax.jit(_op_step)(x, r, s, b)
+  for g, w in zip(exp.call(x, r, s, b), want):
+    np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
 
 
 def test_auto_on_this_cpu_runs_xla():

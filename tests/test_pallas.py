@@ -279,6 +279,11 @@ def test_bad_arguments_raise_clear_errors():
     _pallas.add_rms_norm_fwd(x, x[:3], None, **kw)
   with pytest.raises(ValueError, match=r"dh must have the shape of h \(4, 16\)"):
     _pallas.add_rms_norm_bwd(x, None, jnp.ones(4), dy, dy[:3], **kw)
+  with pytest.raises(ValueError, match=r"scale must have the normalized shape \(16,\) of h"):
+    _pallas.add_rms_norm_bwd(x, scale[:15], jnp.ones(4), dy, None, **kw)
+  with pytest.raises(ValueError, match=r"x of shape \(0, 16\) and dtype float32 is not "
+                                       r"supported by the Pallas kernels: the input is empty"):
+    _pallas.rms_norm_fwd(x[:0], None, **kw)
   with pytest.raises(TypeError, match="x must have a floating dtype"):
     _pallas.rms_norm_fwd(x.astype(jnp.int32), None, **kw)
   with pytest.raises(ValueError, match="epsilon_placement must be one of"):
