@@ -62,6 +62,21 @@ def _probe_varying_field() -> str:
 _VARYING_FIELD = _probe_varying_field()
 
 
+def _probe_lowering_platforms() -> None:
+  """A lowering rule reads the platforms it lowers for from ``ctx.platforms`` (narrowed inside
+  a per-platform switch) and ``ctx.module_context.platforms``: both must exist."""
+  fields = getattr(_mlir.LoweringRuleContext, "__dataclass_fields__", {})
+  module_fields = getattr(_mlir.ModuleContext, "__dataclass_fields__", {})
+  if "platforms" not in fields or "platforms" not in module_fields:
+    raise RuntimeError(
+        f"jaxnorm does not know how JAX {jax.__version__} tells a lowering rule its platforms "
+        f"(no 'platforms' field on mlir.LoweringRuleContext or ModuleContext); install a JAX in "
+        f"the range pyproject.toml declares, or report this JAX version to jaxnorm.")
+
+
+_probe_lowering_platforms()
+
+
 def aval_varying_axes(aval) -> frozenset:
   """The manual mesh axes an abstract value varies over inside ``shard_map`` (empty outside)."""
   if _VARYING_FIELD == "manual_axis_type":

@@ -491,6 +491,18 @@ def test_unknown_aval_layout_raises(monkeypatch):
     _jax_compat._probe_varying_field()
 
 
+def test_unknown_lowering_context_raises(monkeypatch):
+  from jaxnorm import _jax_compat
+
+  class Bare:  # a lowering context that does not say which platforms it lowers for
+    pass
+
+  _jax_compat._probe_lowering_platforms()  # this JAX: known
+  monkeypatch.setattr(_jax_compat._mlir, "LoweringRuleContext", Bare)
+  with pytest.raises(RuntimeError, match="does not know how JAX .* tells a lowering rule"):
+    _jax_compat._probe_lowering_platforms()
+
+
 def test_tangent_varies_over_the_union_of_its_operands_axes():
   """Inside shard_map: x varies over "a", the scale tangent over "b"; the tangent over both."""
   if len(jax.devices()) < 4:
