@@ -198,22 +198,24 @@ def _jvp(primals, tangents, *, cfg, spec, groups, group_names=()):
 jc.register_jvp(norm_tangent_p, _jvp)
 
 
-def _batch(args, dims, *, vmap_axis_name, cfg, spec, groups, group_names=()):
+def _batch(args, dims, *, vmap_axis_name, vmap_axis_size, cfg, spec, groups, group_names=()):
   """Batching that keeps the primitive (and so the derived transpose) for every operand.
 
   No parameter batched: the batch axis of the row-like operands is more rows, placed right
   after the ``groups`` leading group axes. A parameter batched, or a ``jax.vmap`` axis that
   ``cfg.axis_name`` names (the normalized features split over the vmap axis, as over a mesh
   axis in ``shard_map``): the batch axis becomes a new leading group axis of every operand
-  (unbatched ones are broadcast along it), named after the vmap axis in the second case, so
-  that the rules' collectives over ``axis_name`` sum over it.
+  (unbatched ones are broadcast along it; all of them when none is mapped over a named axis:
+  every slice then holds the same values, as JAX's ``psum`` of an unmapped value assumes),
+  named after the vmap axis in the second case, so that the rules' collectives over
+  ``axis_name`` sum over it.
   """
   names = cfg.axis_name if isinstance(cfg.axis_name, tuple) else (cfg.axis_name,)
   split = vmap_axis_name is not None and vmap_axis_name in names
   if all(dm is None for dm in dims) and not split:  # nothing batched here
     out = norm_tangent_p.bind(*args, cfg=cfg, spec=spec, groups=groups, group_names=group_names)
     return out, [None] * len(out)
-  size = next((a.shape[dm] for a, dm in zip(args, dims) if dm is not None), None)
+  size = next((a.shape[dm] for a, dm in zip(args, dims) if dm is not None), vmap_axis_size)
   if not split and not any(dm is not None for k, dm in zip(spec, dims) if k in _PARAMS):
     new = []
     for k, a, dm in zip(spec, args, dims):
@@ -226,11 +228,6 @@ def _batch(args, dims, *, vmap_axis_name, cfg, spec, groups, group_names=()):
       new.append(a)
     out = norm_tangent_p.bind(*new, cfg=cfg, spec=spec, groups=groups, group_names=group_names)
     return out, [groups] * len(out)
-  if size is None:  # features split over a vmap axis none of the operands is mapped over
-    raise NotImplementedError(
-        f"axis_name={cfg.axis_name!r} names the jax.vmap axis {vmap_axis_name!r}, but neither "
-        f"x nor any other operand of the norm is mapped over it; map x over that axis (its "
-        f"features split over it), or leave it out of axis_name.")
   new = [jnp.broadcast_to(a, (size,) + a.shape) if dm is None else jnp.moveaxis(a, dm, 0)
          for a, dm in zip(args, dims)]
   inner = tuple(group_names) + (None,) * (groups - len(group_names))

@@ -110,11 +110,13 @@ def register_jvp(prim: Primitive, rule) -> None:
 
 
 def register_batching(prim: Primitive, rule) -> None:
-  """``rule(args, dims, *, vmap_axis_name, **params) -> (out, out_dims)`` is ``prim``'s batching
-  rule; ``vmap_axis_name`` is the name of the ``jax.vmap`` axis being batched (None if unnamed)."""
+  """``rule(args, dims, *, vmap_axis_name, vmap_axis_size, **params) -> (out, out_dims)`` is
+  ``prim``'s batching rule; ``vmap_axis_name`` is the name of the ``jax.vmap`` axis being
+  batched (None if unnamed), ``vmap_axis_size`` its size."""
 
   def fancy(axis_data, args, dims, **params):
-    return rule(args, dims, vmap_axis_name=getattr(axis_data, "name", None), **params)
+    return rule(args, dims, vmap_axis_name=axis_data.name, vmap_axis_size=axis_data.size,
+                **params)
 
   _batching.fancy_primitive_batchers[prim] = fancy
 

@@ -133,8 +133,8 @@ def _jvp(primals, tangents, *, cfg, fn, tree, groups, elsewhere):
   return out, [t.reshape(o.shape).astype(o.dtype) for t, o in zip(t_out, out)]
 
 
-def _batch(args, dims, *, vmap_axis_name, cfg, fn, tree, groups, elsewhere):
-  del vmap_axis_name  # the kernels take no axis_name
+def _batch(args, dims, *, vmap_axis_name, vmap_axis_size, cfg, fn, tree, groups, elsewhere):
+  del vmap_axis_name, vmap_axis_size  # the kernels take no axis_name
   params = dict(cfg=cfg, fn=fn, tree=tree, elsewhere=elsewhere)
   if all(dm is None for dm in dims):  # nothing batched here (e.g. only a closed-over value)
     out = kernel_call_p.bind(*args, groups=groups, **params)

@@ -611,3 +611,11 @@ def test_split_axis_with_x_not_mapped_is_the_tiled_row():
   want = jax.grad(lambda x, s: jnp.sum(whole(x, s) * ct), argnums=(0, 1))(x, s)
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+  # No operand of the norm mapped at all (the vmap maps only the cotangent): the same row.
+  s0 = s[0]
+  both = jax.vmap(lambda x, c: jnp.sum(jaxnorm.layer_norm(x, s0, axis_name="i") * c),
+                  in_axes=(None, 0), axis_name="i")
+  got = jax.grad(lambda x: jnp.sum(both(x, ct)))(x)
+  want = jax.grad(lambda x: jnp.sum(reference.layer_norm(jnp.tile(x, 4), jnp.tile(s0, 4))
+                                    * jnp.moveaxis(ct, 0, 1).reshape(5, 32)))(x)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
