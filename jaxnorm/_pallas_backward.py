@@ -30,14 +30,13 @@ import dataclasses
 import functools
 
 import jax
-from jax import lax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxnorm import _math
 from jaxnorm._pallas_common import KernelSpec, backward_config, col_loop, compiler_params
-from jaxnorm._pallas_common import ds, gamma_row, load, tile
+from jaxnorm._pallas_common import ds, fori, gamma_row, iota, load, tile
 
 
 def _tile_terms(spec: KernelSpec, x_ref, dy_ref, scale_ref, row0, col0, stats):
@@ -135,15 +134,15 @@ def _dx_program(spec: KernelSpec, x_ref, dy_ref, scale_ref, stat_refs, ds_ref, d
   if not single:
 
     def zero_body(col0, carry):
-      cds, col_ok = ds(col0, bd), col0 + jnp.arange(bd, dtype=jnp.int32) < spec.d
+      cds, col_ok = ds(col0, bd), col0 + iota(bd) < spec.d
       _store_partials(spec, ds_ref, db_ref, pid, cds, col_ok, zeros_col, zeros_col, add=False)
       return carry
 
     col_loop(spec, zero_body, 0)
   steps = pl.cdiv(pl.cdiv(spec.rows, br), blk.bwd_programs)
-  ds_acc, db_acc = lax.fori_loop(jnp.int32(0), jnp.int32(steps), row_tile, (zeros_col, zeros_col))
+  ds_acc, db_acc = fori(steps, row_tile, (zeros_col, zeros_col))
   if single:
-    cds, col_ok = ds(0, bd), jnp.arange(bd, dtype=jnp.int32) < spec.d
+    cds, col_ok = ds(0, bd), iota(bd) < spec.d
     _store_partials(spec, ds_ref, db_ref, pid, cds, col_ok, ds_acc, db_acc, add=False)
 
 
@@ -197,17 +196,17 @@ def backward_kernel_dscale_dbias(n_parts: int, rows: int, d: int, block_rows: in
   part_refs, out_refs = refs[:n_parts], refs[n_parts:]
   col0 = pl.program_id(0) * block_d
   cds = ds(col0, block_d)
-  col_ok = col0 + jnp.arange(block_d, dtype=jnp.int32) < d
+  col_ok = col0 + iota(block_d) < d
 
   def body(i, accs):
     row0 = i * block_rows
-    row_ok = row0 + jnp.arange(block_rows, dtype=jnp.int32) < rows
+    row_ok = row0 + iota(block_rows) < rows
     mask = row_ok[:, None] & col_ok[None, :]
     return tuple(acc + load(ref, (ds(row0, block_rows), cds), mask)
                  for acc, ref in zip(accs, part_refs))
 
   init = tuple(jnp.zeros((block_rows, block_d), jnp.float32) for _ in part_refs)
-  accs = lax.fori_loop(jnp.int32(0), jnp.int32(pl.cdiv(rows, block_rows)), body, init)
+  accs = fori(pl.cdiv(rows, block_rows), body, init)
   for acc, out_ref in zip(accs, out_refs):
     plgpu.store(out_ref.at[cds], jnp.sum(acc, axis=0).astype(out_ref.dtype), mask=col_ok)
 

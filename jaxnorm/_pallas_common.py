@@ -64,6 +64,16 @@ def kernel_spec(rows: int, d: int, dtype, *, center: bool, has_scale: bool, has_
                     cast=None if cast == _F32_PLAN else cast)
 
 
+def iota(n: int):
+  """``[0, n)`` as int32 (the kernels' one index dtype, see :func:`ds`)."""
+  return jnp.arange(n, dtype=jnp.int32)
+
+
+def fori(n, body, init):
+  """``lax.fori_loop(0, n, body, init)`` with an int32 loop index (see :func:`ds`)."""
+  return lax.fori_loop(jnp.int32(0), jnp.int32(n), body, init)
+
+
 def ds(start, size: int):
   """``pl.ds(start, size)`` with an int32 start, whatever ``jax_enable_x64`` says: every index
   of one load or store then has the same dtype (program ids are int32, and a Python ``0`` would
@@ -74,8 +84,8 @@ def ds(start, size: int):
 def tile(spec: KernelSpec, row0, col0):
   """Row/column slices of one tile and its masks: (rows_ds, cols_ds, row_ok, col_ok, mask)."""
   br, bd = spec.block.block_rows, spec.block.block_d
-  row_ok = row0 + jnp.arange(br, dtype=jnp.int32) < spec.rows  # (br,)
-  col_ok = col0 + jnp.arange(bd, dtype=jnp.int32) < spec.d  # (bd,)
+  row_ok = row0 + iota(br) < spec.rows  # (br,)
+  col_ok = col0 + iota(bd) < spec.d  # (bd,)
   mask = row_ok[:, None] & col_ok[None, :]  # (br, bd)
   return ds(row0, br), ds(col0, bd), row_ok, col_ok, mask
 
@@ -110,8 +120,7 @@ def col_loop(spec: KernelSpec, body, init):
   bd = spec.block.block_d
   if spec.block.num_col_blocks == 1:
     return body(0, init)
-  return lax.fori_loop(jnp.int32(0), jnp.int32(spec.block.num_col_blocks),
-                       lambda j, c: body(j * bd, c), init)
+  return fori(spec.block.num_col_blocks, lambda j, c: body(j * bd, c), init)
 
 
 def compiler_params(spec: KernelSpec):

@@ -26,7 +26,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxnorm._pallas_common import KernelSpec, col_loop, compiler_params, gamma_row, load, rstd
-from jaxnorm._pallas_common import plan_of, tile
+from jaxnorm._pallas_common import iota, plan_of, tile
 
 
 def _row_statistics(spec: KernelSpec, load_x, x0, mask0):
@@ -43,7 +43,7 @@ def _row_statistics(spec: KernelSpec, load_x, x0, mask0):
     var = jnp.sum(col_loop(spec, sq_body, jnp.zeros_like(x0)), axis=1) / d
     return None, None, rstd(spec, var)
   # Pivot K = x[:, 0] (column 0 is always in the first block).
-  first = jnp.arange(spec.block.block_d, dtype=jnp.int32)[None, :] == 0
+  first = iota(spec.block.block_d)[None, :] == 0
   shift = jnp.sum(jnp.where(first, x0, 0.0), axis=1)  # (br,)
 
   def sum_body(col0, acc):

@@ -369,7 +369,7 @@ def tangent(cfg: NormConfig, x, scale, mask, stats, tx, tscale, tbias):
       tx, stats, x, scale, tscale, tbias, coef, mean_t)
   shiftv, deltav, rstdv = statsv
   xf = xv.astype(ct)
-  xc = ((xf - shiftv) - deltav) if cfg.center else xf  # (..., d)
+  xc = centered(cfg, xf, shiftv, deltav)  # (..., d)
   ty = jnp.zeros(x.shape, ct)
   if txv is not None:
     txf = txv.astype(ct)
