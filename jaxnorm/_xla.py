@@ -134,8 +134,15 @@ def statistics(cfg: NormConfig, x, mask, *, decouple: bool = True):
   xf = x.astype(ct)
   n = _count(cfg, mask, x.shape, ct)
   if not cfg.center:
-    (ss,) = _row_sums(xf * xf, mask=mask)
-    ms = _psum(cfg, ss) / n
+    if mask is None and cfg.axis_name is None:
+      # jnp.mean, as Flax and the published formulas write it: called eagerly, it is one
+      # compiled program (sum and divide) like theirs, which XLA:CPU may round differently
+      # from a sum and a divide compiled apart (jax 0.8.1: 2 of 6 rows of a (6, 40) input).
+      # Jitted, the compiled program is the same as the sum and divide's.
+      ms = jnp.mean(xf * xf, axis=-1, keepdims=True)
+    else:
+      (ss,) = _row_sums(xf * xf, mask=mask)
+      ms = _psum(cfg, ss) / n
     return None, None, _normalizer(cfg, ms)
   if mask is None and cfg.axis_name is None:
     shift = first_pivot(x)  # no reduction to wait for
