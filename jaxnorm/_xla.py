@@ -66,7 +66,13 @@ def match_vma(ct, primal_vma):
 def _count(cfg: NormConfig, mask, x_shape, dtype):
   """n: the number of elements (over all shards) the statistics average over, shape (..., 1)."""
   if mask is None:
-    n = jnp.full((1,) * len(x_shape), x_shape[-1], dtype)
+    size = x_shape[-1]
+    if cfg.axis_name is not None and cfg.axis_index_groups is None:
+      # A Python number's psum is the axes' size, known when tracing: no collective of a
+      # constant (which JAX cannot batch over a vmap axis inside shard_map: a bare
+      # AssertionError; the row sums' psum then raises JAX's own message).
+      return jnp.full((1,) * len(x_shape), size * lax.psum(1, cfg.axis_name), dtype)
+    n = jnp.full((1,) * len(x_shape), size, dtype)
   else:
     n = jnp.sum(mask, axis=-1, keepdims=True, dtype=dtype)
   return _psum(cfg, n)

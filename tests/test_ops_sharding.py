@@ -94,3 +94,27 @@ def test_axis_index_groups():
   y = jax.jit(sharded)(x)
   want = jnp.concatenate([jaxnorm.rms_norm(x[:, :8]), jaxnorm.rms_norm(x[:, 8:])], -1)
   assert_close(y, want, jnp.float32)
+
+
+def test_mesh_and_vmap_axis_in_one_name_fail_as_flax_does():
+  """``axis_name`` naming a shard_map mesh axis and a vmap axis together is a psum JAX does not
+  batch (jax 0.10: a ValueError on the operands' varying axes; 0.8.1: a TypeError). jaxnorm
+  raises JAX's own error, the one Flax's LayerNorm raises on the same program, not a bare
+  AssertionError from a psum of the constant element count."""
+  from flax import linen as nn
+
+  mesh = Mesh(np.array(jax.devices()[:2]), ("model",))
+  x = jax.device_put(random(jax.random.key(0), (3, 4, 16), jnp.float32),
+                     jax.sharding.NamedSharding(mesh, P(None, None, "model")))
+
+  def run(norm):
+    per_row = jax.vmap(norm, axis_name="rows")
+    return jax.jit(jax.shard_map(per_row, mesh=mesh, in_specs=P(None, None, "model"),
+                                 out_specs=P(None, None, "model")))(x)
+
+  flax_ln = nn.LayerNorm(axis_name=("model", "rows"), use_scale=False, use_bias=False)
+  with pytest.raises(Exception) as flax_error:
+    run(lambda r: flax_ln.apply({}, r))
+  assert not isinstance(flax_error.value, AssertionError)
+  with pytest.raises(type(flax_error.value)):
+    run(lambda r: jaxnorm.layer_norm(r, axis_name=("model", "rows")))
