@@ -19,6 +19,8 @@ barriers) are explained beside each function.
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -245,6 +247,13 @@ def forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True):
   return y.astype(cfg.out_dtype), stats
 
 
+# XLA:CPU hands an instruction to YNNPACK only if it or an operand has at least this many
+# elements (``kMinElements`` in XLA's ``IsInstructionPreferredByYnn``, xla/backends/cpu/
+# ynn_support.cc): with fewer rows than this, the per-row statistics stay out of YNNPACK's
+# fusions, which then cannot take the whole normalization into one loop (see forward_only).
+YNN_MIN_ELEMENTS = 4096
+
+
 def forward_only(cfg: NormConfig, x, scale, bias, mask):
   r"""``y`` alone, for a call that is not differentiated: nothing is kept for a backward.
 
@@ -252,17 +261,34 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask):
 
      y = \gamma \odot (x - K - \delta)\, r + \beta
 
-  :func:`forward` without the statistics as outputs and without the :func:`_fresh` views that
-  keep them cheap to save: the row sums share ``x - K`` with each other and with the output
-  map. For unmasked, unsharded LayerNorm (pivot ``K`` = the first element, see
-  :func:`statistics`) XLA:CPU compiles that to the pivot's slice and one loop over ``x`` (two
-  row sums, then the map) at large ``d``; at small ``d`` to two row-sum loops over a stored
-  ``x - K`` and the map. Separate views would add a convert and a subtraction per element and
-  per view to the one loop (1.1-1.3x the time at 4096x256, measured; no gain at small ``d``).
+  :func:`forward` without the statistics as outputs. How ``x`` is shared between the row sums
+  and the output map follows what XLA:CPU's YNNPACK fusion can do with the call's shape:
+
+  * **At least** :data:`YNN_MIN_ELEMENTS` **rows**: one shared ``x - K`` (no :func:`_fresh`
+    views). YNNPACK takes the pivot's consumers, both row sums and the map, into one fusion, a
+    loop over ``x``; separate views would add a subtraction (and a bfloat16 convert) per
+    element and per view to it (1.1-1.3x the time at 4096x256, measured).
+  * **Fewer rows** (LayerNorm): the per-row statistics (fewer elements than the threshold)
+    stay outside YNNPACK, so the sums and the map are separate fusions. A shared ``x - K``
+    then has three users and is written to memory once for them (a full-size store and two
+    loads more than Flax's program). With a :func:`_fresh` view per sum and one for the map
+    (``decouple``, as :func:`forward` does for the JVP rule), each sum's fusion subtracts the
+    pivot as it reads ``x``, and the program has Flax's shape plus the pivot's slice
+    (LayerNorm forward at 1024x4096 float32: 1.49x Flax's time before, 1.23x after, paired
+    runs in docs/perf-notes.md).
+
+  RMSNorm keeps the shared form at every size: its one row sum reads ``x`` directly, and its
+  program must stay the one XLA compiles for the published formula written by hand, which the
+  casting modes match bit for bit inside models (views would stop XLA from keeping a fused
+  bfloat16 input in float32, as it may for the hand-written formula: a llama-mode decoder's
+  bfloat16 logits then differ, ``tests/test_casting.py``; with XLA's
+  ``--xla_allow_excess_precision=false`` they agree again).
+
   Returned in ``cfg.out_dtype``. The JVP rule, which reverse mode linearizes, calls
   :func:`forward` instead.
   """
-  y, _ = forward(cfg, x, scale, bias, mask, decouple=False)
+  rows = math.prod(x.shape[:-1])
+  y, _ = forward(cfg, x, scale, bias, mask, decouple=cfg.center and rows < YNN_MIN_ELEMENTS)
   return y
 
 

@@ -5,7 +5,10 @@ Prepare the earlier version as a package of another name, then run (from the rep
   mkdir -p /tmp/old && git archive 9bd691d jaxnorm | tar -x -C /tmp/old && cd /tmp/old \
     && mv jaxnorm jaxnorm_old && grep -rl jaxnorm jaxnorm_old | xargs sed -i -E \
        's/(from|import) jaxnorm([. ])/\1 jaxnorm_old\2/g' && cd -
-  PYTHONPATH=/tmp/old:. python experiments/bench/versions.py OUT.json
+  PYTHONPATH=/tmp/old:. python experiments/bench/versions.py OUT.json [SHAPES [MODES]]
+
+SHAPES: ``TOKENSxD,...`` (default ``1024x64,4096x256,8192x1024``, the CPU bench's); MODES: a
+subset of ``fwd,jvp,fwd+bwd`` (default all three).
 
 Per op (LayerNorm, RMSNorm), shape, dtype and mode (forward, ``jax.jvp``, forward+backward as one
 jitted gradient), the three implementations run in 15 interleaved rounds; the printed ratios are
@@ -62,8 +65,10 @@ def clock(fn, args, k):
   return (time.process_time() - t0) / k
 
 
+SHAPES = sys.argv[2] if len(sys.argv) > 2 else "1024x64,4096x256,8192x1024"
+MODES = sys.argv[3].split(",") if len(sys.argv) > 3 else ["fwd", "jvp", "fwd+bwd"]
 rows = []
-for shape in [(1024, 64), (4096, 256), (8192, 1024)]:
+for shape in [tuple(int(n) for n in s.split("x")) for s in SHAPES.split(",")]:
   for dtype in (jnp.float32, jnp.bfloat16):
     key = jax.random.split(jax.random.key(0), 3)
     x = (jax.random.normal(key[0], shape) + 2).astype(dtype)
@@ -72,7 +77,7 @@ for shape in [(1024, 64), (4096, 256), (8192, 1024)]:
     b = jnp.zeros(shape[-1], dtype) + 0.1
     for kind in ("layer_norm", "rms_norm"):
       imp = impls(kind)
-      for mode in ("fwd", "jvp", "fwd+bwd"):
+      for mode in MODES:
         fns = {n: modes(f)[mode] for n, f in imp.items()}
         args = (x, s, b) if mode == "fwd" else (x, s, b, t)
         for fn in fns.values():
