@@ -70,10 +70,10 @@ def _count(cfg: NormConfig, mask, x_shape, dtype):
   if mask is None:
     size = x_shape[-1]
     if cfg.axis_name is not None and cfg.axis_index_groups is None:
-      # A Python number's psum is the axes' size, known when tracing: no collective of a
-      # constant (which JAX cannot batch over a vmap axis inside shard_map: a bare
-      # AssertionError; the row sums' psum then raises JAX's own message).
-      return jnp.full((1,) * len(x_shape), size * lax.psum(1, cfg.axis_name), dtype)
+      # The axes' size is known when tracing: no collective of a constant (which JAX cannot
+      # batch over a vmap axis inside shard_map: a bare AssertionError; the row sums' psum
+      # then raises JAX's own message). Not with groups, which may differ in size.
+      return jnp.full((1,) * len(x_shape), size * lax.axis_size(cfg.axis_name), dtype)
     n = jnp.full((1,) * len(x_shape), size, dtype)
   else:
     n = jnp.sum(mask, axis=-1, keepdims=True, dtype=dtype)
@@ -101,9 +101,9 @@ def _fresh(*arrays):
   recomputing it inside each: one more write and read of ``x``'s size, and on a large array a
   freshly mapped buffer. Giving each consumer (a row sum, a column sum, the final map) its own
   barrier-wrapped view of the inputs stops common-subexpression elimination from merging their
-  elementwise prologues, so each fuses with its own recomputation; without any residual outputs
-  (the forward alone) XLA still fuses everything into one loop. The barriers are removed before
-  code generation and cost nothing at run time.
+  elementwise prologues, so each fuses with its own recomputation. Where YNNPACK takes the whole
+  forward into one loop (4096 rows or more, see :func:`forward_only`), the forward alone goes
+  without them. The barriers are removed before code generation and cost nothing at run time.
 
   Two barriers over the same operands in the same order are themselves merged (and constant
   operands do not tell them apart), so every call site passes a different tuple; where two sites
@@ -132,15 +132,15 @@ def statistics(cfg: NormConfig, x, mask, *, decouple: bool = True):
   float32's 24); the mean pivot loses nothing there.
 
   ``decouple``: the two shifted sums read ``x`` through separate :func:`_fresh` views (for when
-  the statistics are outputs of the jitted program, e.g. residuals); False lets them share
-  ``x - shift`` (for the forward alone, :func:`forward_only`).
+  the statistics are outputs of the jitted program, e.g. residuals, and for LayerNorm's forward
+  alone on fewer rows than YNNPACK takes whole); False lets them share ``x - shift`` (the
+  forward alone otherwise, :func:`forward_only`).
 
   Returns ``(shift, delta, rstd)`` (each ``(..., 1)``) for LayerNorm, where the row mean is
   ``shift + delta``, or ``(None, None, rstd)`` for RMSNorm.
   """
   ct = compute_dtype(x.dtype)
   xf = x.astype(ct)
-  n = _count(cfg, mask, x.shape, ct)
   if not cfg.center:
     if mask is None and cfg.axis_name is None:
       # jnp.mean, as Flax and the published formulas write it: called eagerly, it is one
@@ -150,8 +150,9 @@ def statistics(cfg: NormConfig, x, mask, *, decouple: bool = True):
       ms = jnp.mean(xf * xf, axis=-1, keepdims=True)
     else:
       (ss,) = _row_sums(xf * xf, mask=mask)
-      ms = _psum(cfg, ss) / n
+      ms = _psum(cfg, ss) / _count(cfg, mask, x.shape, ct)
     return None, None, _normalizer(cfg, ms)
+  n = _count(cfg, mask, x.shape, ct)
   if mask is None and cfg.axis_name is None:
     shift = first_pivot(x)  # no reduction to wait for
   else:
@@ -284,12 +285,24 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask):
   bfloat16 logits then differ, ``tests/test_casting.py``; with XLA's
   ``--xla_allow_excess_precision=false`` they agree again).
 
+  The rows counted are those of the traced ``x``: under ``jax.vmap`` the per-example rows (a
+  vmap of many short sequences takes the views, whatever the batch). The choice is made per
+  lowering platform (``lax.platform_dependent``): XLA on other platforms, whose fusions were
+  not measured, always gets the shared form.
+
   Returned in ``cfg.out_dtype``. The JVP rule, which reverse mode linearizes, calls
   :func:`forward` instead.
   """
-  rows = math.prod(x.shape[:-1])
-  y, _ = forward(cfg, x, scale, bias, mask, decouple=cfg.center and rows < YNN_MIN_ELEMENTS)
-  return y
+  def shared(x, scale, bias, mask):
+    return forward(cfg, x, scale, bias, mask, decouple=False)[0]
+
+  def views(x, scale, bias, mask):
+    return forward(cfg, x, scale, bias, mask, decouple=True)[0]
+
+  if not cfg.center or math.prod(x.shape[:-1]) >= YNN_MIN_ELEMENTS:
+    return shared(x, scale, bias, mask)
+  # YNNPACK is XLA:CPU's: a program lowered for another platform keeps the shared form.
+  return lax.platform_dependent(x, scale, bias, mask, cpu=views, default=shared)
 
 
 def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None):
