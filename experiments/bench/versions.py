@@ -5,18 +5,18 @@ Prepare the earlier version as a package of another name, then run (from the rep
   mkdir -p /tmp/old && git archive 9bd691d jaxnorm | tar -x -C /tmp/old && cd /tmp/old \
     && mv jaxnorm jaxnorm_old && grep -rl jaxnorm jaxnorm_old | xargs sed -i -E \
        's/(from|import) jaxnorm([. ])/\1 jaxnorm_old\2/g' && cd -
-  PYTHONPATH=/tmp/old:. python experiments/bench/versions.py OUT.json [SHAPES [MODES]]
+  PYTHONPATH=/tmp/old:. python experiments/bench/versions.py OUT.json [--shapes S] [--modes M]
 
-SHAPES: ``TOKENSxD,...`` (default ``1024x64,4096x256,8192x1024``, the CPU bench's); MODES: a
-subset of ``fwd,jvp,fwd+bwd`` (default all three).
+``--shapes``: ``TOKENSxD,...`` (default ``1024x64,4096x256,8192x1024``, the CPU bench's);
+``--modes``: a subset of ``fwd,jvp,fwd+bwd`` (default all three).
 
 Per op (LayerNorm, RMSNorm), shape, dtype and mode (forward, ``jax.jvp``, forward+backward as one
 jitted gradient), the three implementations run in 15 interleaved rounds; the printed ratios are
 the medians of the per-round time ratios to Flax's (below 1: faster than Flax). ``impl="auto"``.
 """
 
+import argparse
 import json
-import sys
 import time
 
 import jax
@@ -65,10 +65,33 @@ def clock(fn, args, k):
   return (time.process_time() - t0) / k
 
 
-SHAPES = sys.argv[2] if len(sys.argv) > 2 else "1024x64,4096x256,8192x1024"
-MODES = sys.argv[3].split(",") if len(sys.argv) > 3 else ["fwd", "jvp", "fwd+bwd"]
+MODE_NAMES = ("fwd", "jvp", "fwd+bwd")
+
+
+def _shape(text):
+  try:
+    rows, d = (int(n) for n in text.split("x"))
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"a shape is TOKENSxD, e.g. 1024x64; got {text!r}") from None
+  return rows, d
+
+
+def _modes(text):
+  modes = text.split(",")
+  unknown = [m for m in modes if m not in MODE_NAMES]
+  if unknown:
+    raise argparse.ArgumentTypeError(f"modes are a subset of {','.join(MODE_NAMES)}; got {unknown}")
+  return modes
+
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("out", help="the JSON file to write")
+parser.add_argument("--shapes", type=lambda t: [_shape(s) for s in t.split(",")],
+                    default=[(1024, 64), (4096, 256), (8192, 1024)], help="TOKENSxD,...")
+parser.add_argument("--modes", type=_modes, default=list(MODE_NAMES), help="subset of fwd,jvp,fwd+bwd")
+args = parser.parse_args()
 rows = []
-for shape in [tuple(int(n) for n in s.split("x")) for s in SHAPES.split(",")]:
+for shape in args.shapes:
   for dtype in (jnp.float32, jnp.bfloat16):
     key = jax.random.split(jax.random.key(0), 3)
     x = (jax.random.normal(key[0], shape) + 2).astype(dtype)
@@ -77,7 +100,7 @@ for shape in [tuple(int(n) for n in s.split("x")) for s in SHAPES.split(",")]:
     b = jnp.zeros(shape[-1], dtype) + 0.1
     for kind in ("layer_norm", "rms_norm"):
       imp = impls(kind)
-      for mode in MODES:
+      for mode in args.modes:
         fns = {n: modes(f)[mode] for n, f in imp.items()}
         args = (x, s, b) if mode == "fwd" else (x, s, b, t)
         for fn in fns.values():
@@ -102,4 +125,4 @@ for shape in [tuple(int(n) for n in s.split("x")) for s in SHAPES.split(",")]:
         )
         print(f"{kind:10s} {shape[0]}x{shape[1]:<5d} {jnp.dtype(dtype).name:8s} {mode:7s} "
               f"before/flax {paired['before']:.2f}  after/flax {paired['after']:.2f}", flush=True)
-json.dump(rows, open(sys.argv[1], "w"), indent=1)
+json.dump(rows, open(args.out, "w"), indent=1)
