@@ -36,3 +36,10 @@ def x64():
   """Enables float64 for the duration of one test."""
   with jax.enable_x64(True):
     yield
+
+
+def pytest_collection_modifyitems(config, items):
+  """Tests marked ``slow`` first (a stable sort): pytest-xdist hands tests out in this order, so
+  the longest ones start while the rest is spread over the other workers, instead of one of
+  them running alone at the end of the session."""
+  items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -90,6 +90,7 @@ def _ops(case, backend):
   return [(ln, ln_ref), (rms, rms_ref), (add_ln, add_ln_ref), (add_rms, add_rms_ref)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.impl)
 def test_per_head_value_vjp_jvp(backend):
   def body(case):

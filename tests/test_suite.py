@@ -21,6 +21,7 @@ from experiments.suite import claims as claims_lib
 from experiments.suite import plan, presets, registry, report, runner
 
 
+@pytest.mark.slow
 def test_smoke_suite_end_to_end(tmp_path):
   root = tmp_path / "smoke"
   lines = []

@@ -246,6 +246,7 @@ def test_divergence_is_recorded(corpus, tmp_path):
   assert json.loads((tmp_path / "summary.json").read_text())["diverged"] is True
 
 
+@pytest.mark.slow
 def test_init_instrumentation(corpus):
   stats = probes.grad_norms_at_init(TINY_MODEL, corpus, batch_size=4, seq_len=16, seed=0,
                                        n_batches=2)
