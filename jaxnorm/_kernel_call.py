@@ -69,7 +69,7 @@ def _run_elsewhere(*leaves, cfg, fn, tree, groups, elsewhere, platforms):
     return _flat_fn(cfg, fn, tree, groups)(*leaves)
   if elsewhere == "xla":
     return _flat_fn(dataclasses.replace(cfg, impl="xla"), fn, tree, groups)(*leaves)
-  other = next(p for p in platforms if p not in v.GPU_BACKENDS)
+  other = next(p for p in platforms if p not in GPU_PLATFORMS)
   raise ValueError(v.pallas_refusal(v.kernel_problem(backend=other)))
 
 
