@@ -52,6 +52,7 @@ from jaxnorm.models import WEIGHT_GROUPS, TransformerConfig, TransformerLM, bloc
 __all__ = [
     "EVAL_SEED",
     "compiled_steps",
+    "eval_unigram_nats",
     "init_params",
     "layer_grad_norms",
     "loss_and_stats",
@@ -285,6 +286,16 @@ def _restore(config: TrainConfig, out_dir: pathlib.Path, params, opt_state):
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
   restored = manager.restore(latest, args=ocp.args.StandardRestore(abstract))
   return manager, restored["params"], restored["opt_state"], int(latest)
+
+
+def eval_unigram_nats(config: TrainConfig, corpus: data_lib.Corpus) -> float:
+  """The unigram plateau of ``config``'s validation loss: the loss of the byte-frequency model on
+  exactly the validation batches every evaluation of such a run reads
+  (:func:`~experiments.harness.data.unigram_cross_entropy_nats`; the batches depend on
+  ``batch_size``, ``seq_len`` and ``eval_batches`` only, never on the training seed)."""
+  targets = [data_lib.batch_at(corpus.valid, i, batch_size=config.batch_size, seq_len=config.seq_len,
+                               seed=EVAL_SEED)[1] for i in range(config.eval_batches)]
+  return data_lib.unigram_cross_entropy_nats(corpus, np.concatenate([t.ravel() for t in targets]))
 
 
 def _eval_batches(config: TrainConfig, corpus: data_lib.Corpus, placement: Placement) -> list[tuple]:

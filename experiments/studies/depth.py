@@ -52,6 +52,9 @@ class Config:
     decay_timescale: ``tau`` of the inverse-sqrt decay (the grid's).
     update_depths: depths of the model-update probe (default: ``depths``).
     update_steps: the model update is read after each of the first this many steps.
+    train_positions: the layouts trained (default: ``positions``); the update probe runs every
+      layout of ``positions`` (issue 31: DeepNorm's training runs judge no claim, its probe does).
+    update_seeds: seeds of the update probe (default: ``seeds``).
   """
 
   depths: tuple = (6, 12, 24)
@@ -63,17 +66,29 @@ class Config:
   decay_timescale: int = 40
   update_depths: tuple | None = None
   update_steps: int = 4
+  train_positions: tuple | None = None
+  update_seeds: tuple | None = None
 
   def __post_init__(self):
     if not self.seeds:
       raise ValueError("seeds must name at least one seed.")
+    extra = set(self.train_positions or ()) - set(self.positions)
+    if extra:
+      raise ValueError(f"train_positions must be layouts of positions {self.positions!r}, got {sorted(extra)!r}.")
     if isinstance(self.update_steps, bool) or not isinstance(self.update_steps, int) or self.update_steps < 1:
       raise ValueError(f"update_steps must be an int >= 1, got {self.update_steps!r}.")
 
 
+def trained(cfg: Config) -> tuple:
+  """The layouts whose training runs the study makes (``train_positions``, default ``positions``)."""
+  return tuple(cfg.train_positions or cfg.positions)
+
+
 def study_lr(cfg: Config) -> tuple[float, str]:
   """The peak rate of every depth run and where it came from: the preset, fixed before running."""
-  return float(cfg.lr), "the preset's rate, fixed before running (not the warm-up grid's telling rate)"
+  return float(cfg.lr), ("the preset's rate, fixed before running from pilot runs on seeds the report never uses, "
+                         "where Post-LN at the shallowest depth trained in every pilot seed "
+                         "(experiments/results/pilots/README.md); not read from the warm-up grid's results")
 
 
 def units(cfg: Config) -> list:
@@ -81,9 +96,10 @@ def units(cfg: Config) -> list:
 
   A probe's train step is the depth runs' (the same compile key)."""
   out = [train_unit("depth", f"depth-{pos}-L{L}-s{seed}", L, cfg.steps, pos)
-         for L in cfg.depths for pos in cfg.positions for seed in cfg.seeds]
+         for L in cfg.depths for pos in trained(cfg) for seed in cfg.seeds]
   out += [Unit("depth", f"update-{pos}-L{L}-s{seed}", L, cfg.update_steps, ("train", L, pos, "layer_norm", "jaxnorm"),
-               "update") for L in (cfg.update_depths or cfg.depths) for pos in cfg.positions for seed in cfg.seeds]
+               "update") for L in (cfg.update_depths or cfg.depths) for pos in cfg.positions
+          for seed in (cfg.update_seeds or cfg.seeds)]
   return out
 
 
@@ -100,13 +116,12 @@ def run(ctx, cfg: Config) -> dict:
     ``update`` (per ``"<position>/L<depth>"``: the per-step update, seed mean and per seed),
     ``deepnorm_constants``, ``unigram_nats`` and ``model``.
   """
-  from experiments.harness import data as data_lib
   from experiments.harness import probes
   from experiments.harness.train_config import describe_schedule
-  unigram = data_lib.unigram_entropy_nats(ctx.corpus())
+  unigram = ctx.unigram()
   lr, lr_source = study_lr(cfg)
   runs, points = {}, {}
-  specs = [(pos, L, seed) for L in cfg.depths for pos in cfg.positions for seed in cfg.seeds]
+  specs = [(pos, L, seed) for L in cfg.depths for pos in trained(cfg) for seed in cfg.seeds]
   tc = None
   for pos, L, seed in ctx.iterate(specs, desc="runs"):
     mc = ctx.model_config(n_layers=L, norm_position=pos, norm_type="layer_norm")
@@ -121,7 +136,7 @@ def run(ctx, cfg: Config) -> dict:
     points[k] = point(v, unigram)
   update = {}
   udepths = cfg.update_depths or cfg.depths
-  uspecs = [(pos, L, seed) for L in udepths for pos in cfg.positions for seed in cfg.seeds]
+  uspecs = [(pos, L, seed) for L in udepths for pos in cfg.positions for seed in (cfg.update_seeds or cfg.seeds)]
   for pos, L, seed in ctx.iterate(uspecs, desc="model update"):
     mc = ctx.model_config(n_layers=L, norm_position=pos, norm_type="layer_norm")
     utc = ctx.train_config(mc, steps=cfg.steps, lr=lr, warmup=cfg.warmup, seed=seed,
@@ -160,7 +175,7 @@ def plot(ctx, runs: dict, points: dict, update: dict, cfg: Config, unigram: floa
   colors = {"post": "C3", "pre": "C0", "sandwich": "C2", "deepnorm": "C4"}
   files = []
   fig, ax = ctx.subplots(figsize=(6, 4))
-  for i, pos in enumerate(cfg.positions):
+  for i, pos in enumerate(trained(cfg)):
     x = np.asarray(cfg.depths, np.float64) * (1 + 0.03 * (i - 1.5))
     m = [points[f"{pos}/L{L}"]["mean"] for L in cfg.depths]
     lo = [m[j] - min(points[f"{pos}/L{L}"]["values"]) for j, L in enumerate(cfg.depths)]
@@ -187,7 +202,7 @@ def plot(ctx, runs: dict, points: dict, update: dict, cfg: Config, unigram: floa
   styles = ["-", "--", ":", "-."]
   fig, ax = ctx.subplots(figsize=(6.5, 4))
   markers = "osd^v<>"
-  for pos in cfg.positions:
+  for pos in trained(cfg):
     for di, L in enumerate(cfg.depths):
       for si, r in enumerate(runs[f"{pos}/L{L}"]):
         if r["val_curve"]:
@@ -199,7 +214,7 @@ def plot(ctx, runs: dict, points: dict, update: dict, cfg: Config, unigram: floa
   ax.axhline(unigram, color="k", ls=":", lw=1)
   top = unigram + 1.0
   n_clip = 0
-  for pos in cfg.positions:
+  for pos in trained(cfg):
     for L in cfg.depths:
       for r in runs[f"{pos}/L{L}"]:
         for s_, v in r["val_curve"] or []:
@@ -249,7 +264,8 @@ def report_section(summary: dict, rel: str) -> str:
       f"Setup: LayerNorm byte-level LMs of width {summary['model']['d_model']}, depths {cfg['depths']}, seeds "
       f"{cfg['seeds']}. Peak lr {summary['lr']:g} ({summary['lr_source']}). Schedule of every run: "
       f"{summary['schedule']}. A depth is judged only where Pre-LN ends >= {PAST_PLATEAU} nats below the unigram "
-      f"baseline ({summary['unigram_nats']:.3f}) in every seed. Admin's failures are 12-18-layer encoder-decoders "
+      f"plateau of the validation batches ({summary['unigram_nats']:.3f}) in every seed, and only if Post-LN trains at "
+      f"the shallowest depth in every seed (else depth is confounded with the rate). Admin's failures are 12-18-layer encoder-decoders "
       "on WMT14 (RAdam, 8000 warm-up steps, lr 1e-3, fp16); this is a small decoder-only model.", "",
       f"![final loss vs depth]({rel}/depth_final.png)", "",
       "*Final validation loss against depth per layout: seed mean with min-max bars; 'fail k/n' marks failed "
@@ -262,13 +278,15 @@ def report_section(summary: dict, rel: str) -> str:
       "(log-log, seed mean), every layout.*", "",
       "Mean ± half-range over seeds (a stalled run keeps its own loss, a diverged one counts at the unigram "
       "baseline); per seed: each run's own final val loss (marked stalled) or the step where it diverged; "
-      "largest rise: each seed's largest training-loss rise above its running minimum (a **spike** above 1 nat).",
-      "", "| layout / depth | final val loss (mean ± half-range) | per seed | failures | largest rise per seed |",
-      "|---|---|---|---|---|"]
+      "largest rise: each seed's largest training-loss rise above its running minimum (a **spike** above 1 nat); "
+      "left plateau: each seed's first evaluation below the plateau minus 0.1.",
+      "", "| layout / depth | final val loss (mean ± half-range) | per seed | failures | largest rise per seed | "
+      "left plateau at |", "|---|---|---|---|---|---|"]
   for k, p in summary["points"].items():
     fails = ", ".join(f for f in p["failures"] if f) or "-"
     lines.append(f"| {k} | {p['mean']:.3f} ± {p['spread'] / 2:.3f} | {format_finals(p)} | {fails} | "
-                 f"{format_rises(p)} |")
+                 f"{format_rises(p)} | "
+                 + ", ".join("never" if x is None else str(x) for x in p.get("left_plateau", [])) + " |")
   lines += ["", f"Model update of the final hidden state (relative, seed mean) after steps 1..{cfg['update_steps']}:",
             "", "| layout / depth | " + " | ".join(f"step {s + 1}" for s in range(cfg["update_steps"])) + " |",
             "|---|" + "---|" * cfg["update_steps"]]

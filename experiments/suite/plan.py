@@ -29,7 +29,12 @@ figures of the issue's H100 measurements (grad_init settings of about 10 s at 6 
 runs whose first compile took about 50 s at 24 layers, about 2 s per layer, so about 15 s at 6)
 raised by the scanned/unrolled-6-layer compile-time ratio measured on the CPU (1.0-1.7x): 18 s
 for a train step, 10 s for a gradient function. They are estimates until a GPU chunk is timed.
-The ``cpu`` constants come from the last clean 2-core ``cpu`` run and the CPU compile times.
+
+**Two CPU kinds (issue 31).** ``cpu-avx512`` is the Intel Xeon of this project's 2-core machines,
+calibrated on its clean ``cpu`` and ``cpu-extra`` runs, with a step time per sequence length of
+the preset (16 x 32 tokens for ``cpu``, 16 x 64 for ``cpu-extra``); ``cpu-avx2`` (AMD EPYC, AVX2
+only) is the same model times :data:`AVX2_FACTOR` (1.8: the training step measured there). A CPU
+preset runs as one invocation, so its plan is one chunk; ``--list`` prints both kinds.
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ from experiments.suite import study
 from experiments.suite.registry import EXPERIMENTS
 from experiments.suite.study import Unit
 
-__all__ = ["CHUNK_S", "COSTS", "Unit", "chunks", "format_plan", "units"]
+__all__ = ["AVX2_FACTOR", "CHUNK_S", "COSTS", "CPU_KINDS", "Cost", "Unit", "chunks", "default_kinds", "format_plan",
+           "total_s", "units"]
 
 CHUNK_S = 420.0  # 7 minutes: the gpu preset's chunks and their start-ups fit a 30-minute lease
 
@@ -51,8 +57,9 @@ class Cost:
   """Cost model of one device kind (seconds).
 
   Attributes:
-    step_s: one training step of a 6-layer model (host work included).
-    step_per_layer_s: added per layer beyond 6.
+    step_s: one training step of a 6-layer width-64 (CPU) or width-256 (GPU) model, host work
+      and evaluations included, per sequence length of the preset's batches.
+    step_per_layer_s: added per layer beyond 6, per sequence length.
     compile_train_s: compiling a train step and its eval step (any depth: scanned blocks).
     compile_grad_s: compiling the gradient function of the probes (any depth).
     start_s: per unit: building the model, data, evaluation, files.
@@ -60,28 +67,56 @@ class Cost:
     op_s: one op-level speed measurement (shape, implementation, op).
   """
 
-  step_s: float
-  step_per_layer_s: float
+  step_s: dict
+  step_per_layer_s: dict
   compile_train_s: float
   compile_grad_s: float
   start_s: float
   invocation_s: float
   op_s: float
 
-  def step(self, n_layers: int) -> float:
-    """Seconds per training step at ``n_layers``."""
-    return self.step_s + self.step_per_layer_s * max(n_layers - 6, 0)
+  def step(self, n_layers: int, seq_len: int) -> float:
+    """Seconds per training step at ``n_layers`` with batches of ``seq_len`` tokens.
 
+    Raises:
+      ValueError: no step time was measured at ``seq_len`` on this kind.
+    """
+    if seq_len not in self.step_s:
+      raise ValueError(f"seq_len must be one this cost model was calibrated at, {sorted(self.step_s)}, got "
+                       f"{seq_len}; measure a step there and add it to COSTS.")
+    return self.step_s[seq_len] + self.step_per_layer_s[seq_len] * max(n_layers - 6, 0)
+
+  def scaled(self, factor: float) -> "Cost":
+    """The same model with every time multiplied by ``factor`` (a slower CPU of the same code)."""
+    return Cost({k: v * factor for k, v in self.step_s.items()},
+                {k: v * factor for k, v in self.step_per_layer_s.items()},
+                self.compile_train_s * factor, self.compile_grad_s * factor, self.start_s * factor,
+                self.invocation_s * factor, self.op_s * factor)
+
+
+# The Intel Xeon (AVX-512) of this project's 2-core machines, measured on the clean runs of
+# issue 31 (docs/experiments.md: per unit wall times of the cpu run, 16 x 32 tokens; the cpu-extra
+# run, 16 x 64 tokens).
+_AVX512 = Cost(step_s={32: 0.028, 64: 0.064}, step_per_layer_s={32: 0.004, 64: 0.009}, compile_train_s=5.0,
+               compile_grad_s=3.0, start_s=0.5, invocation_s=12.0, op_s=1.0)
+# AMD EPYC, AVX2 only: a training step of the 16 x 64 model took 0.116 s there (issue 31's per-study
+# times of a clean cpu run at 715294c: warm-up grid 447 s for 3840 steps), 1.8x the Intel figure;
+# the same factor is assumed for every other cost (not measured there).
+AVX2_FACTOR = 1.8
 
 COSTS = {
     # Estimates for one H100 (see the module docstring): not measured end to end.
-    "gpu": Cost(step_s=8e-3, step_per_layer_s=0.8e-3, compile_train_s=18.0, compile_grad_s=10.0,
+    "gpu": Cost(step_s={256: 8e-3}, step_per_layer_s={256: 0.8e-3}, compile_train_s=18.0, compile_grad_s=10.0,
                 start_s=0.3, invocation_s=20.0, op_s=2.0),
-    # The 2-core CPU (width 64), from the last clean cpu run (warm-up grid: 7200 6-layer steps
-    # in 475 s) and the scanned compiles measured on it.
-    "cpu": Cost(step_s=0.06, step_per_layer_s=0.009, compile_train_s=6.0, compile_grad_s=3.0,
-                start_s=0.3, invocation_s=10.0, op_s=1.0),
+    "cpu-avx512": _AVX512,
+    "cpu-avx2": _AVX512.scaled(AVX2_FACTOR),
 }
+CPU_KINDS = ("cpu-avx512", "cpu-avx2")
+
+
+def default_kinds(preset_name: str) -> tuple[str, ...]:
+  """The device kinds a preset's plan is printed for: the GPU for ``gpu``, both CPU kinds otherwise."""
+  return ("gpu",) if preset_name == "gpu" else CPU_KINDS
 
 
 def _config(preset: dict, name: str):
@@ -94,38 +129,44 @@ def units(preset_name: str) -> list[Unit]:
   ``units(cfg)`` (:mod:`experiments.suite.study`), in the order of the report."""
   preset = presets_lib.get_preset(preset_name)
   out: list[Unit] = []
-  for name in EXPERIMENTS:
+  for name in presets_lib.studies(preset):
     module, cfg = _config(preset, name)
     out += module.units(cfg)
   return out
 
 
-def unit_seconds(unit: Unit, cost: Cost, compiled: set, n_ops: int = 8) -> float:
-  """Estimated seconds of ``unit``; adds its compile key to ``compiled`` (first time pays)."""
+def unit_seconds(unit: Unit, cost: Cost, compiled: set, seq_len: int, n_ops: int = 8) -> float:
+  """Estimated seconds of ``unit`` (batches of ``seq_len`` tokens); adds its compile key to
+  ``compiled`` (first time pays)."""
   first = unit.compile_key not in compiled
   compiled.add(unit.compile_key)
   if unit.kind == "op":
     return n_ops * cost.op_s
   if unit.kind == "grad":
     return cost.start_s + (cost.compile_grad_s if first else 0.0)
-  t = cost.start_s + unit.steps * cost.step(unit.n_layers)
+  t = cost.start_s + unit.steps * cost.step(unit.n_layers, seq_len)
   if unit.kind == "update":  # plus the probe's own forward functions (about a third)
     return t + (cost.compile_train_s if first else 0.0) + cost.compile_train_s / 3
   return t + (cost.compile_train_s if first else 0.0)
 
 
 def chunks(preset_name: str, device: str | None = None, limit_s: float = CHUNK_S) -> list[list]:
-  """Greedy packing of :func:`units` into chunks of at most ``limit_s`` estimated seconds.
+  """Greedy packing of :func:`units` into chunks of at most ``limit_s`` estimated seconds (on a
+  CPU kind, by default, one chunk: the CPU presets run as one invocation).
 
   Returns:
     A list of chunks, each a list of ``(unit, seconds)``; a chunk's total includes the
     invocation start-up.
   """
-  cost = COSTS[device or ("gpu" if preset_name == "gpu" else "cpu")]
+  device = device or default_kinds(preset_name)[0]
+  cost = COSTS[device]
+  if device in CPU_KINDS and limit_s == CHUNK_S:
+    limit_s = float("inf")        # a CPU preset runs as one invocation
+  seq_len = presets_lib.get_preset(preset_name)["train"]["seq_len"]
   compiled: set = set()
   plan, current, total = [], [], cost.invocation_s
   for u in units(preset_name):
-    t = unit_seconds(u, cost, compiled)
+    t = unit_seconds(u, cost, compiled, seq_len)
     if current and total + t > limit_s:
       plan.append(current)
       current, total = [], cost.invocation_s
@@ -136,13 +177,20 @@ def chunks(preset_name: str, device: str | None = None, limit_s: float = CHUNK_S
   return plan
 
 
+def total_s(preset_name: str, device: str) -> float:
+  """The estimated seconds of a whole preset on ``device`` (a key of :data:`COSTS`), every chunk's
+  start-up included."""
+  cost = COSTS[device]
+  return sum(cost.invocation_s + sum(t for _, t in c) for c in chunks(preset_name, device))
+
+
 def format_plan(preset_name: str, device: str | None = None) -> str:
   """The chunk plan as text: per chunk, its experiments, unit counts and estimated seconds."""
-  device = device or ("gpu" if preset_name == "gpu" else "cpu")
+  device = device or default_kinds(preset_name)[0]
   cost = COSTS[device]
   plan = chunks(preset_name, device)
   lines = [f"chunk plan of preset {preset_name!r} (estimated, cost model {device!r}; "
-           f"chunks <= {CHUNK_S / 60:.0f} min):"]
+           + ("one invocation):" if device in CPU_KINDS else f"chunks <= {CHUNK_S / 60:.0f} min):")]
   grand = 0.0
   for i, chunk in enumerate(plan, 1):
     total = cost.invocation_s + sum(t for _, t in chunk)
@@ -153,6 +201,9 @@ def format_plan(preset_name: str, device: str | None = None) -> str:
     parts = ", ".join(f"{e} {len(ts)} units {sum(ts):.0f} s" for e, ts in per_exp.items())
     lines.append(f"  chunk {i}: ~{total / 60:.1f} min  ({parts})")
   lines.append(f"  total: ~{grand / 60:.1f} min in {len(plan)} chunks")
+  if device in CPU_KINDS:
+    lines.append(f"run it as: python -m experiments run --preset {preset_name}")
+    return "\n".join(lines)
   budget = f" --budget {CHUNK_S / 60:.0f}"
   lines.append(f"run each chunk as: python -m experiments run --preset {preset_name}{budget}"
                f"   (the same command {len(plan)} times; it resumes where the last one stopped)")

@@ -44,7 +44,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-__all__ = ["PRESETS", "get_preset"]
+__all__ = ["PRESETS", "get_preset", "studies"]
 
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {
@@ -66,31 +66,48 @@ PRESETS: dict[str, dict[str, Any]] = {
         "qk_norm": {"n_layers": 1, "steps": 6, "lrs": (1e-3, 1e-1), "seeds": (0,), "positions": ("pre",)},
         "norm_scaling": {"n_layers": 2, "steps": 4, "warmup": 1, "seeds": (0,)},
     },
+    # Issue 31: the main job is the flagship question (Pre-LN vs Post-LN, warm-up, rate, depth),
+    # sized from pilot runs on seeds 100-102 (experiments/results/pilots/README.md); every other
+    # study is in `cpu-extra`.
     "cpu": {
-        "description": "the README's main job: small models on a laptop CPU (at most 15 minutes on 2 cores, "
-                       "install included)",
+        "description": "the README's main job, the flagship question: Pre-LN vs Post-LN, warm-up, learning rate "
+                       "and depth (at most 15 minutes on 2 cores, install included)",
+        "studies": ("warmup", "depth"),
+        "model": {"d_model": 64, "n_heads": 4, "d_ff": 256, "max_len": 64},
+        # 16 x 32 tokens: a step costs a third of 16 x 64 on 2 cores (27 vs 78 ms), which pays for
+        # 300-step runs (plateau exits by step 80 in the pilots) and three seeds.
+        "train": {"batch_size": 16, "seq_len": 32, "eval_every": 20, "eval_batches": 4,
+                  "decay_timescale": 40},
+        "warmup": {"n_layers": 6, "steps": 300, "lr_times_d": (0.0632, 0.2, 0.632),
+                   "warmups": (0, 60), "decay_timescale": 40, "seeds": (0, 1, 2),
+                   "rms_norm": False, "small_init": False},
+        # The depth rate is the lowest grid rate: Post-LN at 6 layers with warm-up 60 trained in
+        # every pilot seed there (the shallow run is the grid's own point).
+        "depth": {"depths": (6, 12), "positions": ("post", "pre", "deepnorm"), "train_positions": ("post", "pre"),
+                  "steps": 300, "seeds": (0, 1, 2), "lr": 0.0009875, "warmup": 60,
+                  "decay_timescale": 40, "update_depths": (6, 12, 24), "update_steps": 4,
+                  "update_seeds": (0,)},
+    },
+    # Every study but the flagship's, at the sizes of the cpu report before issue 31 (the VJP
+    # study's runs were grid points of that design and now run on their own).
+    "cpu-extra": {
+        "description": "the second command: every other study (gradients at init, invariance, speed, the derived "
+                       "VJP in training, QK-norm, LayerNorm Scaling), at most 20 minutes on 2 cores",
+        "studies": ("grad_init", "invariance", "speed", "vjp", "qk_norm", "norm_scaling"),
         "model": {"d_model": 64, "n_heads": 4, "d_ff": 256, "max_len": 64},
         "train": {"batch_size": 16, "seq_len": 64, "eval_every": 20, "eval_batches": 4,
                   "decay_timescale": 40},
         "grad_init": {"depths": (6, 12, 24), "seeds": (0, 1), "n_batches": 2,
                       "norm_types": ("layer_norm", "rms_norm"), "small_init": True, "theory": True,
                       "variant_depths": (6, 24)},
-        "warmup": {"n_layers": 6, "steps": 120, "lr_times_d": (0.0632, 0.2, 0.632, 2.0),
-                   "warmups": (0, 40), "decay_timescale": 40, "seeds": (0, 1),
-                   "rms_norm": False, "small_init": False},
-        "depth": {"depths": (6, 12), "positions": ("post", "pre", "deepnorm"),
-                  "steps": 120, "seeds": (0, 1), "lr": 0.003125, "warmup": 40,
-                  "decay_timescale": 40, "update_depths": (6, 12, 24), "update_steps": 4},
         "invariance": {"n_rows": 64, "d": 256, "n_points": 25, "seeds": (0, 1, 2),
                        "train_steps": 120, "n_layers": 6},
         "speed": {"n_layers": 6, "steps": 30, "repeats": 3,
                   "op_shapes": ((1024, 64), (4096, 256), (8192, 1024)), "op_repeats": 10},
         "vjp": {"n_layers": 6, "steps": 120, "positions": ("pre", "post"),
                 "norm_types": ("layer_norm", "rms_norm"), "lr": 0.003125},
-        # Issue 25, about 2 minutes on 2 cores: 24 two-layer runs of 80 steps.
         "qk_norm": {"n_layers": 2, "steps": 80, "lrs": (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1),
                     "seeds": (0,)},
-        # About a minute and a half: three 8-layer runs of 60 steps.
         "norm_scaling": {"n_layers": 8, "steps": 60, "lr": 0.003125, "warmup": 10, "seeds": (0,)},
     },
     "gpu": {
@@ -118,6 +135,14 @@ PRESETS: dict[str, dict[str, Any]] = {
                          "seeds": (0, 1, 2)},
     },
 }
+
+
+def studies(preset: dict[str, Any]) -> list[str]:
+  """The studies a preset runs, in the report's order: its ``studies`` entry (default: every
+  registered study)."""
+  from experiments.suite.registry import EXPERIMENTS
+  chosen = preset.get("studies")
+  return [n for n in EXPERIMENTS if chosen is None or n in chosen]
 
 
 def get_preset(name: str) -> dict[str, Any]:

@@ -1,6 +1,7 @@
-"""The experiment suite: ``python -m experiments run --preset smoke|cpu|gpu [--only NAME]``.
+"""The experiment suite: ``python -m experiments run --preset smoke|cpu|cpu-extra|gpu [--only NAME]``.
 
-Runs the six experiments of the report (each in its own ``experiments/exp_*.py`` module), writes
+Runs the studies of a preset (:func:`experiments.suite.presets.studies`; each in its own
+``experiments/studies/*.py`` module), writes
 their raw data (JSON/CSV) and plots (PNG) into a results folder, then renders ``report.md``
 (:mod:`experiments.suite.report`). Layout of the results folder (default ``results/<preset>``)::
 
@@ -156,7 +157,8 @@ def run_suite(preset_name: str, out_dir: str | pathlib.Path, *, only: list[str] 
   Args:
     preset_name: ``"smoke"``, ``"cpu"`` or ``"gpu"`` (:mod:`experiments.suite.presets`).
     out_dir: the results folder; finished experiments in it are skipped (resume).
-    only: experiment names (or numbers) to run; default all.
+    only: experiment names (or numbers) to run; default the preset's studies
+      (:func:`experiments.suite.presets.studies`).
     force: experiment names to recompute even if finished.
     progress: tqdm bars (default: when stderr is a TTY), else plain lines.
     render: whether to write ``report.md`` at the end.
@@ -171,7 +173,7 @@ def run_suite(preset_name: str, out_dir: str | pathlib.Path, *, only: list[str] 
     The ``suite.json`` dict: provenance plus ``experiments`` ``{name: {status, wall_s, ...}}``.
   """
   preset = presets_lib.get_preset(preset_name)
-  names = select(only)
+  names = select(only) if only else presets_lib.studies(preset)
   force_names = set(select(force)) if force else set()
   root = pathlib.Path(out_dir)
   root.mkdir(parents=True, exist_ok=True)
@@ -239,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
       prog="python -m experiments run",
       description="Run the jaxnorm experiment suite and write its report.")
   parser.add_argument("--preset", default="cpu", choices=sorted(presets_lib.PRESETS),
-                      help="problem sizes: smoke (CI, ~1 min), cpu (<= 15 min on 2 cores), gpu (full size)")
+                      help="problem sizes: smoke (CI, ~1 min), cpu (the flagship question, <= 15 min on 2 cores), "
+                           "cpu-extra (every other study, <= 20 min on 2 cores), gpu (one H100)")
   parser.add_argument("--only", action="append", default=None, metavar="NAME",
                       help=f"run only these experiments (repeatable or comma-separated; names "
                            f"{', '.join(EXPERIMENTS)} or numbers 1-{len(EXPERIMENTS)})")
@@ -271,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, preset in presets_lib.PRESETS.items():
       print(f"preset {name:6s} {preset['description']}")
     print()
-    print(plan_lib.format_plan(args.preset))
+    for kind in plan_lib.default_kinds(args.preset):
+      print(plan_lib.format_plan(args.preset, kind))
     return 0
   out = pathlib.Path(args.out or os.path.join("results", args.preset))
   try:

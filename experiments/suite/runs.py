@@ -57,6 +57,14 @@ class RunsMixin:
       self._corpus = data.load_corpus(self.preset.get("data"))
     return self._corpus
 
+  def unigram(self) -> float:
+    """The unigram plateau of the preset's validation loss: the byte-frequency model's loss on the
+    validation batches every run of the preset is evaluated on
+    (:func:`experiments.harness.train.eval_unigram_nats`). The rules' stall line sits
+    ``STALL_NATS`` below it."""
+    from experiments.harness.train import eval_unigram_nats
+    return eval_unigram_nats(self.train_config(self.model_config()), self.corpus())
+
   def model_config(self, **overrides):
     """A ``TransformerConfig`` with the preset's shared model fields and ``overrides``."""
     from jaxnorm.models import TransformerConfig
