@@ -134,14 +134,15 @@ def check_grid_depth_and_first_screen(smoke):
   root, _, _ = smoke
   warm = _done(root, "warmup")
   cfg = presets.PRESETS["smoke"]["warmup"]
-  assert len(warm["grid"]) == 2 * len(cfg["lr_times_d"]) * len(cfg["warmups"])
+  # issue 31: Post-LN at every warm-up, Pre-LN without
+  assert len(warm["grid"]) == len(cfg["lr_times_d"]) * (len(cfg["warmups"]) + 1)
   assert warm["telling_lr"] in warm["lrs"] and "tau 4" in warm["schedule"]
   assert all(len(p["values"]) == len(cfg["seeds"]) for p in warm["grid"].values())
   assert all(len(p["rise"]) == len(cfg["seeds"]) and p["rise"][0]["peak"] > 0 for p in warm["grid"].values())
   depth = _done(root, "depth")
   # issue 24: the depth study runs at its preset's rate, not the grid's telling rate
   assert depth["lr"] == presets.PRESETS["smoke"]["depth"].get("lr", 1e-3)
-  assert "not the warm-up grid" in depth["lr_source"]
+  assert "not read from the warm-up grid" in depth["lr_source"]
   dcfg = presets.PRESETS["smoke"]["depth"]
   for u in depth["update"].values():
     assert len(u["mean"]) == dcfg["update_steps"] and all(v > 0 for v in u["mean"])
@@ -225,6 +226,17 @@ def test_cli_list(capsys):
     assert plan.COSTS["gpu"].invocation_s + sum(t for _, t in chunk) <= plan.CHUNK_S
 
 
+def test_preset_budgets_by_the_cost_model():
+  """Issue 31's budgets, on the cost model (estimates, not timings): the main job at most 14 minutes on the
+  slower AVX2 CPU, the second command at most 20, the gpu preset at most 6 on one H100."""
+  assert plan.total_s("cpu", "cpu-avx2") <= 14 * 60
+  assert plan.total_s("cpu-extra", "cpu-avx2") <= 20 * 60
+  assert plan.total_s("gpu", "gpu") <= 6 * 60
+  assert plan.total_s("cpu", "cpu-avx2") == pytest.approx(plan.AVX2_FACTOR * plan.total_s("cpu", "cpu-avx512"))
+  with pytest.raises(ValueError, match="seq_len must be one this cost model was calibrated at"):
+    plan.COSTS["cpu-avx512"].step(6, 48)
+
+
 # ---------------------------------------------------------------- arguments and verdict logic
 
 
@@ -244,8 +256,9 @@ def test_preset_fields_match_the_experiment_configs():
   import importlib
   for name in presets.PRESETS:
     preset = presets.get_preset(name)
-    for exp, mod in runner.EXPERIMENTS.items():
-      importlib.import_module(mod).Config(**preset[exp])  # raises TypeError on a typo
+    for exp in presets.studies(preset):
+      importlib.import_module(runner.EXPERIMENTS[exp]).Config(**preset[exp])  # raises TypeError on a typo
+    assert set(presets.studies(preset)) <= set(preset), name  # every study a preset runs has its sizes there
 
 
 def test_to_jsonable_keeps_json_valid():

@@ -19,11 +19,13 @@ from experiments.studies import (depth, depth_rules, grad_init, grad_init_rules,
 from experiments.suite import claims as claims_lib
 from jaxnorm.models import WEIGHT_GROUPS
 
-U = 3.0          # unigram baseline of the synthetic runs
+U = 3.0          # unigram plateau of the synthetic runs
 LO, HI = 1e-3, 1e-2
-STEPS = 120      # first third: step 40
+STEPS = 120      # first third: step 40; late: after step 80
 LONG = 20        # the long warm-up of the synthetic grid: 1/6 of the run (<= 1/5, testable)
 NT = claims_lib.NOT_TESTABLE
+STALL = 2.95     # within 0.1 nats of U
+TARGET = U - warmup_rules.TARGET_BELOW   # 2.5
 
 
 def _run(final, val=None):
@@ -34,75 +36,83 @@ def _run(final, val=None):
           "val_curve": val or [(0, 5.0), (40, min(final, 2.8)), (STEPS, final)]}
 
 
-def _warm_grid(table, warmups=None):
-  """``table[(pos, warmup)] = {lr: [final per seed]}``; missing entries train (2.0) in both seeds."""
+CFG = warmup.Config(n_layers=2, steps=STEPS, lr_times_d=(0.1, 1.0), warmups=(0, LONG), seeds=(0, 1, 2))
+TRAIN3 = [2.0, 2.0, 2.0]
+
+
+def _warm_grid(table, cfg=CFG):
+  """``table[(pos, warmup)] = {lr: [final per seed]}``; missing entries train (2.0) in every seed."""
   runs = {}
-  for pos in ("post", "pre"):
-    for w in warmups or CFG.warmups:
-      for lr in (LO, HI):
-        runs[(pos, lr, w)] = [_run(v) for v in table.get((pos, w), {}).get(lr, [2.0, 2.0])]
+  for pos, w in warmup.grid_layouts(cfg):
+    for lr in (LO, HI):
+      runs[(pos, lr, w)] = [_run(v) for v in table.get((pos, w), {}).get(lr, [2.0] * len(cfg.seeds))]
   return runs, {k: seeds.point(v, U) for k, v in runs.items()}
 
 
-CFG = warmup.Config(n_layers=2, steps=STEPS, lr_times_d=(0.1, 1.0), warmups=(0, 10, LONG), seeds=(0, 1))
-
-
 def _warm_verdicts(table, cfg=CFG, late=()):
-  _, grid = _warm_grid(table, cfg.warmups)
-  for key in late:                       # these points left the plateau only at step 100 of 120
-    grid[key]["left_plateau"] = [100, 100]
-  claims, _ = warmup_rules.verdicts(grid, [LO, HI], cfg, U)
+  """The claims of a synthetic grid; the runs ``(key, seed index)`` in ``late`` left the plateau at step 100."""
+  _, grid = _warm_grid(table, cfg)
+  for key, i in late:
+    grid[key]["left_plateau"][i] = 100
+  claims, _ = warmup_rules.verdicts(grid, [LO, HI], cfg, U, 20)
   return {c["id"]: c for c in claims}
 
 
-STALL = 2.95  # within 0.1 nats of U
-
-
 @pytest.mark.parametrize("table, want", [
-    ({("post", 0): {HI: [STALL, None]}}, "yes"),                        # fails without, trains with, every seed
-    ({("post", 0): {HI: [STALL, 2.0]}}, "partly"),                      # rescued in one seed only
-    ({("post", 0): {HI: [2.03, 2.0]}}, "no"),                           # warm-up never helps beyond the margin
-    ({("pre", 0): {LO: [None, None], HI: [None, None]}}, NT),           # Pre-LN fails too: nothing judged
+    ({("post", 0): {HI: [STALL, None, STALL]}}, "yes"),                 # fails without, trains with, every seed
+    ({("post", 0): {HI: [STALL, STALL, STALL]}, ("post", LONG): {HI: [2.0, STALL, 2.0]}}, "partly"),  # 2 of 3
+    ({("post", 0): {HI: [2.03, 2.0, 2.04]}}, "no"),                     # warm-up never helps beyond the margin
+    ({("pre", 0): {LO: [None] * 3, HI: [None] * 3}}, NT),              # Pre-LN fails too: nothing judged
 ])
 def test_needs_warmup(table, want):
   c = _warm_verdicts(table)["xiong_postln_needs_warmup"]
   assert c["holds"] == want, c["ours"]
 
 
-def test_needs_warmup_seeds_must_agree_and_stalled_losses_show():
-  c = _warm_verdicts({("post", 0): {HI: [3.16, None]}, ("post", LONG): {HI: [2.0, 2.6]}})
-  c = c["xiong_postln_needs_warmup"]
+def test_needs_warmup_seeds_disagree_and_stalled_losses_show():
+  c = _warm_verdicts({("post", 0): {HI: [3.16, None, STALL]}})["xiong_postln_needs_warmup"]
   assert "3.160 stalled" in c["ours"] and "diverged at step 30" in c["ours"]
-  assert c["per_seed"] == ["yes", "yes"] and c["holds"] == "yes"
-  c = _warm_verdicts({("post", 0): {HI: [STALL, STALL]}, ("post", LONG): {HI: [2.0, STALL]}})
+  assert c["per_seed"] == ["yes"] * 3 and c["holds"] == "yes" and "any one (rate, seed) left out" in c["ours"]
+  c = _warm_verdicts({("post", 0): {HI: [STALL] * 3}, ("post", LONG): {HI: [2.0, STALL, 2.0]}})
   c = c["xiong_postln_needs_warmup"]
-  assert c["per_seed"] == ["yes", "no"] and c["holds"] == "partly"
+  assert c["per_seed"] == ["yes", "no", "yes"] and c["holds"] == "partly" and "the seeds disagree" in c["ours"]
 
 
-def test_needs_warmup_not_testable_by_design_or_late_exits():
-  """A long warm-up of a third of the run, one seed, or Post-LN runs that left the plateau late: not testable."""
-  long_cfg = warmup.Config(n_layers=2, steps=STEPS, lr_times_d=(0.1, 1.0), warmups=(0, 40), seeds=(0, 1))
-  table = {("post", 0): {HI: [STALL, None]}}
-  c = _warm_verdicts({("post", 0): {HI: [STALL, None]}, ("post", 40): {}}, cfg=long_cfg)["xiong_postln_needs_warmup"]
-  assert c["holds"] == NT and "33%" in c["ours"] and "--preset gpu" in c["ours"] and "Measured:" in c["ours"]
-  assert any("paired comparison" in r for r in warmup_rules.design_reasons(CFG, 1, True))
-  assert warmup_rules.design_reasons(CFG, 2, True) == []
-  c = _warm_verdicts(table, late=[("post", LO, 0), ("post", HI, 0)])["xiong_postln_needs_warmup"]
-  assert c["holds"] == NT and "left the plateau late" in c["ours"]
+def test_needs_warmup_not_testable_by_design():
+  """A long warm-up of a third of the run, or fewer than three seeds: not testable, with what was measured."""
+  long_cfg = warmup.Config(n_layers=2, steps=STEPS, lr_times_d=(0.1, 1.0), warmups=(0, 40), seeds=(0, 1, 2))
+  c = _warm_verdicts({("post", 0): {HI: [STALL, None, STALL]}}, cfg=long_cfg)["xiong_postln_needs_warmup"]
+  assert c["holds"] == NT and "33%" in c["ours"] and "Measured:" in c["ours"]
+  two = warmup.Config(n_layers=2, steps=STEPS, lr_times_d=(0.1, 1.0), warmups=(0, LONG), seeds=(0, 1))
+  c = _warm_verdicts({("post", 0): {HI: [STALL, None]}}, cfg=two)["xiong_postln_needs_warmup"]
+  assert c["holds"] == NT and "needs >= 3" in c["ours"]
+  assert warmup_rules.design_reasons(CFG, 3, True) == []
+
+
+@pytest.mark.parametrize("late_key", [("post", HI, 0), ("post", HI, LONG), ("pre", HI, 0)])
+def test_late_runs_are_not_judged_on_either_side(late_key):
+  """One late run on either side of the comparison takes the rate out, whichever side it is on: the yes at
+  HI is gone and LO alone (no gain there) says no."""
+  c = _warm_verdicts({("post", 0): {HI: [STALL, None, STALL]}}, late=[(late_key, 1)])
+  c = c["xiong_postln_needs_warmup"]
+  assert c["holds"] == "no", c["ours"]
+  assert ("did not leave the plateau by step 40 at 0.01" if late_key[0] == "pre"
+          else "left the plateau late (step 100 of 120): not judged") in c["ours"]
 
 
 def test_needs_warmup_is_paired_and_says_where_warmup_hurts():
-  # seed means 2.0 vs 2.15 with a stalled-free spread: the paired gains (-0.1, -0.2) both hurt beyond 0.05
-  c = _warm_verdicts({("post", LONG): {LO: [2.1, 2.2]}})["xiong_postln_needs_warmup"]
-  assert "hurts in 2" in c["ours"] and "(-0.100, -0.200)" in c["ours"] and c["holds"] == "no"
+  c = _warm_verdicts({("post", LONG): {LO: [2.1, 2.2, 2.1]}})["xiong_postln_needs_warmup"]
+  assert "hurts in 3" in c["ours"] and "(-0.100, -0.200, -0.100)" in c["ours"] and c["holds"] == "no"
 
 
 def test_grid_helpers_and_config_checks():
-  """The grid's rates, telling rate and largest surviving rate; the configs refuse bad values."""
-  _, grid = _warm_grid({("post", 0): {HI: [None, STALL]}})
-  assert grid[("post", HI, 0)]["failures"] == ["diverged", "stalled"] and grid[("post", HI, 0)]["fails"]
-  _, extra = warmup_rules.verdicts(grid, [LO, HI], CFG, U)
-  assert extra["max_surviving"]["post"]["0"] == LO and extra["max_surviving"]["post"]["10"] == HI
+  """The grid's layouts, rates, telling rate and largest surviving rate; the configs refuse bad values."""
+  assert warmup.grid_layouts(CFG) == [("post", 0), ("post", LONG), ("pre", 0)]
+  _, grid = _warm_grid({("post", 0): {HI: [None, STALL, STALL]}})
+  assert grid[("post", HI, 0)]["failures"] == ["diverged", "stalled", "stalled"] and grid[("post", HI, 0)]["fails"]
+  _, extra = warmup_rules.verdicts(grid, [LO, HI], CFG, U, 20)
+  assert extra["max_surviving"]["post"]["0"] == LO and extra["max_surviving"]["post"][str(LONG)] == HI
+  assert extra["target"] == pytest.approx(TARGET)
   assert warmup.telling_rate(grid, [LO, HI], LONG) == HI
   text = warmup.telling_uncertainty(grid, [LO, HI], LONG, HI)
   assert "per seed" in text and "runner-up 0.001" in text
@@ -122,80 +132,106 @@ def test_grid_helpers_and_config_checks():
 def test_too_short_runs_get_no_verdict():
   runs, grid = _warm_grid({})
   for p in grid.values():
-    p["left_plateau"] = [80, 80]            # nobody left the plateau by step 40
-  claims, extra = warmup_rules.verdicts(grid, [LO, HI], CFG, U)
+    p["left_plateau"] = [80, 80, 80]            # nobody left the plateau by step 40
+  claims, extra = warmup_rules.verdicts(grid, [LO, HI], CFG, U, 20)
   assert extra["judged_lrs"] == [] and all(c["holds"] == NT and "too short" in c["ours"] for c in claims)
 
 
-BREAK = {w: {HI: [None, None]} for w in CFG.warmups}
+BREAK = {w: {HI: [None, STALL, None]} for w in CFG.warmups}
 
 
 @pytest.mark.parametrize("table, want", [
     ({("post", w): v for w, v in BREAK.items()}, "yes"),                             # breaks at HI at every warm-up
     ({("post", 0): BREAK[0]}, "partly"),                                             # only without warm-up
     ({}, "no"),                                                                      # survives every rate
-    ({("post", w): {LO: [None, None], HI: [None, None]} for w in CFG.warmups}, "n/a"),  # fails outright
+    ({("post", 0): {HI: [None, 2.0, 2.0]}}, "no"),                                   # fails in one seed only: no break
+    ({("post", w): {LO: [None] * 3, HI: [None] * 3} for w in CFG.warmups}, NT),      # fails outright everywhere
 ])
 def test_lr_sensitive(table, want):
   c = _warm_verdicts(table)["xiong_postln_lr_sensitive"]
   assert c["holds"] == want, c["ours"]
-  if want == "n/a":
+  if want == NT:
     assert "fails outright" in c["ours"]
+
+
+def test_lr_sensitive_late_runs_count_on_neither_side():
+  """A late run takes its rate out of both "breaks" and "survives" (issue 31: the filter was one-sided)."""
+  c = _warm_verdicts({("post", 0): BREAK[0]}, late=[(("post", HI, 0), 0)])["xiong_postln_lr_sensitive"]
+  assert c["holds"] == "no" and "left the plateau late" in c["ours"]   # warm-up 0 not judged, LONG: no break
+  c = _warm_verdicts({("post", w): v for w, v in BREAK.items()},
+                     late=[(("post", LO, 0), 2), (("post", LO, LONG), 2)])["xiong_postln_lr_sensitive"]
+  assert c["holds"] == NT and "1 usable rate(s)" in c["ours"]         # the surviving rate is late: nothing judged
 
 
 @pytest.mark.parametrize("table, want", [
     ({}, "yes"),
-    ({("pre", 0): {LO: [2.5, 2.5]}}, "partly"),
-    ({("pre", 0): {LO: [2.5, 2.5], HI: [2.6, 2.6]}}, "no"),
+    ({("pre", 0): {LO: [2.1, 2.0, 2.0]}}, "partly"),           # worse beyond the margin in one seed at one rate
+    ({("pre", 0): {LO: [2.5] * 3, HI: [2.0, 2.6, 2.0]}}, "no"),
 ])
 def test_preln_no_warmup(table, want):
   assert _warm_verdicts(table)["xiong_preln_no_warmup"]["holds"] == want
 
 
 def test_preln_no_warmup_not_testable_when_post_ln_never_trains():
-  """Issue 24 item 9: no rate where Post-LN with warm-up trains was a "no"; it is not testable."""
-  c = _warm_verdicts({("post", LONG): {LO: [None, None], HI: [STALL, STALL]}})["xiong_preln_no_warmup"]
-  assert c["holds"] == NT and "trained in every seed at no judged rate" in c["ours"]
+  c = _warm_verdicts({("post", LONG): {LO: [None] * 3, HI: [STALL] * 3}})["xiong_preln_no_warmup"]
+  assert c["holds"] == NT and "at no judged rate" in c["ours"]
 
 
-def test_lr_sensitive_late_breaks_do_not_count():
-  c = _warm_verdicts({("post", 0): BREAK[0]}, late=[("post", HI, 0)])["xiong_postln_lr_sensitive"]
-  assert c["holds"] == "no" and "left the plateau late" in c["ours"]
+def test_yes_must_survive_leaving_out_any_one_run():
+  """A yes that rests on a rate taken out by one late run is not robust: leaving that run out judges the
+  rate, which says no, so the verdict is at most partly."""
+  c = _warm_verdicts({("pre", 0): {HI: [2.0, 2.6, 2.6]}}, late=[(("post", HI, LONG), 0)])
+  c = c["xiong_preln_no_warmup"]
+  assert c["holds"] == "partly" and "not robust: leaving out seed #0 at lr 0.01 gives partly" in c["ours"]
+  assert c["leave_one_out"] == [(HI, 0, "partly")]
 
 
 def _curve(reach_step, final=2.4):
-  """A val curve that first reaches ``final`` at ``reach_step`` (it leaves the plateau at step 20)."""
-  pts = [(0, 5.0), (20, 2.8), (40, 2.7), (60, 2.6), (80, 2.55), (100, 2.5), (120, 2.45)]
+  """A val curve that leaves the plateau at step 20 and first reaches ``final`` at ``reach_step``."""
+  pts = [(0, 5.0), (20, 2.8), (40, 2.7), (60, 2.65), (80, 2.6), (100, 2.55), (120, 2.52)]
   return [(s, final if s >= reach_step else v) for s, v in pts]
 
 
-@pytest.mark.parametrize("pre, post_final, want", [
-    ({LO: 20, HI: 20}, 2.4, "yes"),         # Pre-LN reaches Post-LN's final loss at step 20, Post-LN at 120
-    ({LO: 20, HI: 120}, 2.4, "partly"),     # at HI only at the same step
-    ({LO: 120, HI: 120}, 2.4, "no"),
-    ({LO: 20, HI: 20}, STALL, NT),          # Post-LN with warm-up never trains: no target
+@pytest.mark.parametrize("pre, post, want", [
+    ({LO: 20, HI: 20}, 100, "yes"),         # Pre-LN reaches the target at step 20, Post-LN at 100
+    ({LO: 20, HI: 100}, 100, "partly"),     # at HI only at the same step
+    ({LO: 100, HI: 100}, 100, "no"),
+    ({LO: 20, HI: 20}, None, "yes"),        # Post-LN never reaches the target: Pre-LN is faster
+    ({LO: None, HI: None}, None, NT),       # neither reaches it: nothing to judge
 ])
-def test_preln_faster(pre, post_final, want):
-  runs, grid = _warm_grid({})
+def test_preln_faster(pre, post, want):
+  runs, _ = _warm_grid({})
   for lr in (LO, HI):
-    runs[("pre", lr, 0)] = [_run(2.4, _curve(pre[lr])) for _ in range(2)]
-    runs[("post", lr, LONG)] = [_run(post_final, _curve(120, post_final)) for _ in range(2)]
+    runs[("pre", lr, 0)] = [_run(2.4 if pre[lr] else 2.52, _curve(pre[lr] or 999)) for _ in range(3)]
+    runs[("post", lr, LONG)] = [_run(2.4 if post else 2.52, _curve(post or 999)) for _ in range(3)]
   grid = {k: seeds.point(v, U) for k, v in runs.items()}
-  c = warmup_rules.faster_claim(runs, grid, [LO, HI], CFG, 20, U)
+  claims, _ = warmup_rules.verdicts(grid, [LO, HI], CFG, U, 20)
+  c = {c["id"]: c for c in claims}["xiong_preln_faster"]
   assert c["holds"] == want, c["ours"]
-  if want != NT:
-    assert "Post-LN's final 2.400 reached by Pre-LN" in c["ours"]
+  assert "2.500" in c["ours"] or "2.500" in c["criterion"]
+
+
+def test_preln_faster_target_is_not_post_lns_own_final():
+  """Post-LN reaching its own final loss at its last evaluation is no longer a speed: the target is fixed
+  below the plateau, so when Post-LN ends above it and Pre-LN never gets there either, nothing is judged."""
+  runs, _ = _warm_grid({})
+  for lr in (LO, HI):
+    runs[("pre", lr, 0)] = [_run(2.52, _curve(999)) for _ in range(3)]
+    runs[("post", lr, LONG)] = [_run(2.55, _curve(120, 2.55)) for _ in range(3)]
+  grid = {k: seeds.point(v, U) for k, v in runs.items()}
+  claims, _ = warmup_rules.verdicts(grid, [LO, HI], CFG, U, 20)
+  assert {c["id"]: c for c in claims}["xiong_preln_faster"]["holds"] == NT
 
 
 # ---------------------------------------------------------------- depth
 
-DCFG = depth.Config(depths=(6, 12), positions=("post", "pre", "deepnorm"), steps=STEPS, seeds=(0, 1),
+DCFG = depth.Config(depths=(6, 12), positions=("post", "pre", "deepnorm"), steps=STEPS, seeds=(0, 1, 2),
                     update_depths=(6, 12, 24), update_steps=2)
 
 
 def _depth_points(post6, post12):
-  runs = {"post/L6": post6, "post/L12": post12, "pre/L6": [2.0, 2.0], "pre/L12": [2.2, 2.3],
-          "deepnorm/L6": [2.0, 2.0], "deepnorm/L12": [2.0, 2.0]}
+  runs = {"post/L6": post6, "post/L12": post12, "pre/L6": TRAIN3, "pre/L12": [2.2, 2.3, 2.2],
+          "deepnorm/L6": TRAIN3, "deepnorm/L12": TRAIN3}
   return {k: seeds.point([_run(v) for v in vals], U) for k, vals in runs.items()}
 
 
@@ -204,38 +240,46 @@ def _admin(points):
 
 
 @pytest.mark.parametrize("post6, post12, want", [
-    ([2.0, 2.0], [None, STALL], "yes"),
-    ([2.0, 2.0], [None, 2.3], "partly"),
-    ([2.0, 2.0], [2.3, 2.3], "no"),
-    ([2.0, STALL], [None, STALL], NT),           # confounded with the rate: Post-LN fails at L=6 in one seed
-    ([STALL, STALL], [None, STALL], NT),         # the rate alone breaks Post-LN
+    (TRAIN3, [None, STALL, STALL], "yes"),
+    (TRAIN3, [None, 2.3, STALL], "partly"),
+    (TRAIN3, [2.3, 2.3, 2.3], "no"),
+    ([2.0, STALL, 2.0], [None, STALL, STALL], NT),     # confounded with the rate: Post-LN fails at L=6 in one seed
+    ([STALL] * 3, [None, STALL, STALL], NT),           # the rate alone breaks Post-LN
 ])
 def test_admin_deep_postln_fails(post6, post12, want):
   c = _admin(_depth_points(post6, post12))
   assert c["holds"] == want, c["ours"]
-  if post6 != [2.0, 2.0]:
+  if post6 != TRAIN3:
     assert "confound" in c["ours"]
 
 
-def test_admin_not_testable_by_design_or_late_exit():
-  small = depth.Config(depths=(1, 2), positions=("post", "pre"), steps=STEPS, seeds=(0, 1))
+def test_admin_not_testable_by_design_or_late_exit_on_any_side():
+  small = depth.Config(depths=(1, 2), positions=("post", "pre"), steps=STEPS, seeds=(0, 1, 2))
   c = depth_rules.admin_claim({}, small, U)
   assert c["holds"] == NT and "depth >= 12" in c["ours"]
-  points = _depth_points([2.0, 2.0], [STALL, STALL])
-  points["post/L12"]["left_plateau"] = [100, 100]
-  c = _admin(points)
-  assert c["holds"] == NT and "late" in c["ours"]
-  points = _depth_points([2.0, 2.0], [None, STALL])
-  points["deepnorm/L12"] = seeds.point([_run(2.0), _run(STALL)], U)
-  assert "DeepNorm fails at L=12 in 1/2 seeds" in _admin(points)["ours"]
+  two = depth.Config(depths=(6, 12), positions=("post", "pre"), steps=STEPS, seeds=(0, 1))
+  assert depth_rules.admin_claim({}, two, U)["holds"] == NT
+  for key in ("post/L12", "pre/L12", "post/L6"):
+    points = _depth_points(TRAIN3, [STALL] * 3)
+    points[key]["left_plateau"] = [100, 40, 40]
+    c = _admin(points)
+    assert c["holds"] == NT and "late" in c["ours"], key
+  points = _depth_points(TRAIN3, [None, STALL, STALL])
+  points["deepnorm/L12"] = seeds.point([_run(2.0), _run(STALL), _run(2.0)], U)
+  assert "DeepNorm fails at L=12 in 1/3 seeds" in _admin(points)["ours"]
 
 
 def test_admin_too_short():
-  points = _depth_points([2.0, 2.0], [None, STALL])
+  points = _depth_points(TRAIN3, [None, STALL, STALL])
   for p in points.values():
     p["left_plateau"] = [None if x is None else 60 for x in p["left_plateau"]]
   c = _admin(points)
   assert c["holds"] == NT and "too short" in c["ours"]
+
+
+def test_admin_yes_survives_each_seed_left_out():
+  c = _admin(_depth_points(TRAIN3, [None, STALL, STALL]))
+  assert c["holds"] == "yes" and "not robust" not in c["ours"] and c["per_seed"] == ["yes"] * 3
 
 
 def _update(post, deep):
@@ -272,10 +316,10 @@ def test_deepnet_update_saturated_everywhere_is_na():
 
 def test_deepnet_constants_yes_no_and_no_partly():
   consts = {"6": (12.0 ** 0.25, 48.0 ** -0.25)}
-  v = depth_rules.verdicts(_depth_points([2.0, 2.0], [None, STALL]), _update(1, 0), consts, DCFG, U)
+  v = depth_rules.verdicts(_depth_points(TRAIN3, [None, STALL, STALL]), _update(1, 0), consts, DCFG, U)
   c = {c["id"]: c for c in v}["deepnet_constants"]
   assert c["holds"] == "yes" and "no partly" in c["criterion"]
-  v = depth_rules.verdicts(_depth_points([2.0, 2.0], [None, STALL]), _update(1, 0), {"6": (1.0, 1.0)}, DCFG, U)
+  v = depth_rules.verdicts(_depth_points(TRAIN3, [None, STALL, STALL]), _update(1, 0), {"6": (1.0, 1.0)}, DCFG, U)
   assert {c["id"]: c for c in v}["deepnet_constants"]["holds"] == "no"
 
 

@@ -265,7 +265,8 @@ def report_section(summary: dict, rel: str) -> str:
       f"{cfg['seeds']}. Peak lr {summary['lr']:g} ({summary['lr_source']}). Schedule of every run: "
       f"{summary['schedule']}. A depth is judged only where Pre-LN ends >= {PAST_PLATEAU} nats below the unigram "
       f"plateau of the validation batches ({summary['unigram_nats']:.3f}) in every seed, and only if Post-LN trains at "
-      f"the shallowest depth in every seed (else depth is confounded with the rate). Admin's failures are 12-18-layer encoder-decoders "
+      f"the shallowest depth in every seed (else depth is confounded with the rate). Admin's failures are "
+      "12-18-layer encoder-decoders "
       "on WMT14 (RAdam, 8000 warm-up steps, lr 1e-3, fp16); this is a small decoder-only model.", "",
       f"![final loss vs depth]({rel}/depth_final.png)", "",
       "*Final validation loss against depth per layout: seed mean with min-max bars; 'fail k/n' marks failed "

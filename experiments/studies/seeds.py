@@ -1,8 +1,9 @@
 """Seed statistics of training runs, shared by the warm-up grid and the depth study.
 
 A run *fails* if it diverges or ends stalled within :data:`STALL_NATS` of the unigram baseline
-(:func:`failed`); :func:`point` summarises the seeds of one configuration, :func:`seed_point`
-restricts it to one seed (the per-seed verdicts), :func:`left_plateau_by` says whether every seed
+(:func:`failed`); :func:`point` summarises the seeds of one configuration, :func:`subset` and
+:func:`seed_point` restrict it to some seeds or one (the per-seed and leave-one-out verdicts),
+:func:`left_plateau_by` says whether every seed
 left the plateau early enough for a failure to be told from a slow start, and
 :func:`format_finals` shows each seed's own result.
 """
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+# ``unigram`` below is the plateau of the runs' own validation batches (the byte-frequency model's
+# loss on them: :meth:`experiments.suite.runs.RunsMixin.unigram`; issue 31), not the corpus entropy.
 STALL_NATS = 0.1   # a final val loss within this of the unigram baseline counts as stalled
 SPIKE_NATS = 1.0   # a training loss this far above its running minimum is a spike
 
@@ -66,7 +69,8 @@ def point(runs_by_seed: list[dict], unigram: float) -> dict:
   ``finals`` (``None`` where diverged) and ``diverged_at`` per seed, for display; ``failures``;
   ``trains`` (no seed failed), ``fails`` (every seed failed); ``left_plateau`` (per seed, the
   first evaluation below ``unigram - STALL_NATS``, or None); ``rise`` (per seed, the run's
-  :func:`largest_rise`, taken from its ``rise`` or its ``train_curve``; None where neither is kept).
+  :func:`largest_rise`, taken from its ``rise`` or its ``train_curve``; None where neither is kept);
+  ``curves`` (per seed, the validation curve ``[(step, loss)]``).
   """
   fails = [failed(r, unigram) for r in runs_by_seed]
   vals = np.array([unigram if f == "diverged" else float(r["final_val_loss"]) for r, f in zip(runs_by_seed, fails)])
@@ -75,19 +79,28 @@ def point(runs_by_seed: list[dict], unigram: float) -> dict:
           "finals": finals, "diverged_at": [r.get("diverged_at") for r in runs_by_seed], "failures": fails,
           "trains": not any(fails), "fails": all(fails),
           "left_plateau": [left_plateau_at(r, unigram) for r in runs_by_seed],
-          "rise": [r["rise"] if "rise" in r else largest_rise(r.get("train_curve")) for r in runs_by_seed]}
+          "rise": [r["rise"] if "rise" in r else largest_rise(r.get("train_curve")) for r in runs_by_seed],
+          "curves": [[(int(s), float(v)) for s, v in (r.get("val_curve") or [])] for r in runs_by_seed]}
+
+
+def subset(p: dict, keep: list[int]) -> dict:
+  """The :func:`point` ``p`` restricted to the seeds at positions ``keep`` (statistics recomputed)."""
+  vals = [p["values"][i] for i in keep]
+  fails = [p["failures"][i] for i in keep]
+  out = {"mean": float(np.mean(vals)) if vals else float("nan"),
+         "spread": float(max(vals) - min(vals)) if vals else 0.0, "values": vals,
+         "finals": [p["finals"][i] for i in keep],
+         "diverged_at": [p.get("diverged_at", [None] * len(p["values"]))[i] for i in keep],
+         "failures": fails, "trains": not any(fails), "fails": bool(fails) and all(fails)}
+  for key in ("left_plateau", "rise", "curves"):
+    if key in p:
+      out[key] = [p[key][i] for i in keep]
+  return out
 
 
 def seed_point(p: dict, i: int) -> dict:
   """The :func:`point` ``p`` restricted to its ``i``-th seed (what that seed alone would give)."""
-  f = p["failures"][i]
-  one = {"mean": p["values"][i], "spread": 0.0, "values": [p["values"][i]], "finals": [p["finals"][i]],
-         "diverged_at": [p.get("diverged_at", [None] * len(p["values"]))[i]], "failures": [f],
-         "trains": not f, "fails": bool(f)}
-  for key in ("left_plateau", "rise"):
-    if key in p:
-      one[key] = [p[key][i]]
-  return one
+  return subset(p, [i])
 
 
 def seed_points(points: dict, i: int) -> dict:

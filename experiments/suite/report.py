@@ -293,7 +293,7 @@ def render_text(root: str | pathlib.Path) -> str:
     seeds = summaries.get(name, {}).get("seeds", "")
     out.append(f"| {name} | {status} | {'' if wall is None else f'{float(wall):.0f}'} | {seeds} |")
   out.append("")
-  out += rule_changes.markdown()
+  out += rule_changes.markdown((state.get("git") or {}).get("commit"))
 
   for i, name in enumerate(EXPERIMENTS, 1):
     module = study.load(EXPERIMENTS[name])

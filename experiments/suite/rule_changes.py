@@ -40,6 +40,8 @@ class RuleChange:
 
 _ISSUE17 = "issue 17: between the reports at fab34dd and 9bd691d (commits 1dc767f, e3abc81, 15f154e)"
 _ISSUE24 = "issue 24: after the report at 9bd691d (this branch, i24)"
+_ISSUE31 = ("issue 31: after the report at 87da7be and after the pilot runs on seeds 100-102, before the report "
+            "run; frozen in the commit the report names")
 _WHY17 = ("the issue-17 review of the report at fab34dd (its reasons are in issue 17 and the commit messages); the "
           "report's rules were not disclosed as changed until issue 24")
 
@@ -102,6 +104,32 @@ RULE_CHANGES: tuple[RuleChange, ...] = (
                "on jaxnorm's and Flax's ops together (yes or no only where they agree)",
                "both timing verdicts flipped between two clean runs of one commit on 2-core CPUs; the claims are "
                "about GPUs; jaxnorm's slow LayerNorm forward inflated its op speed-up", True),
+    RuleChange(_ISSUE31, ("*",),
+               "a run is stalled if its final val loss is within 0.1 nats of the unigram plateau of the validation "
+               "batches it is evaluated on (the byte-frequency model's loss on them: 2.956 nats at 4 x 16 x 32 "
+               "bytes), not of the corpus's unigram entropy (3.102); every rule that reads 'stalled' or 'left the "
+               "plateau' changes with it", "the pilots' Post-LN runs sat flat at 2.96-2.98 for 300 steps, below the "
+               "old stall line 3.002, and counted as trained: the line must sit under the plateau it detects",
+               True),
+    RuleChange(_ISSUE31, ("xiong_postln_needs_warmup", "xiong_postln_lr_sensitive", "xiong_preln_no_warmup",
+                          "xiong_preln_faster", "admin_deep_postln_fails"),
+               ">= 3 seeds (was 2); a comparison that reads a run which left the plateau in the last third is not "
+               "judged whichever side the run is on (was: Post-LN 'breaks' and the warm-up comparison only); yes "
+               "must stay yes for every seed alone and with any one (rate, seed) left out, else partly",
+               "issue 31: the 'held' verdicts rested on one fragile rate, and the late filter applied to one side",
+               True),
+    RuleChange(_ISSUE31, ("xiong_postln_lr_sensitive",),
+               "per Post-LN warm-up against Pre-LN without warm-up (the grid no longer trains Pre-LN with warm-up); "
+               "'survives' = trains in every seed, 'breaks' = fails in every seed; no judged warm-up is 'not "
+               "testable' (was n/a)", "issue 31: one-sided filters; the grid's cost", True),
+    RuleChange(_ISSUE31, ("xiong_preln_no_warmup",),
+               "holds at a rate if Pre-LN is worse beyond 0.05 nats in no seed (was: unless worse in every seed)",
+               "issue 31: 'does as well' judged per seed, the stricter reading", True),
+    RuleChange(_ISSUE31, ("xiong_preln_faster",),
+               "the target is 0.5 nats below the unigram plateau (fixed before the run; was Post-LN's own final "
+               "loss, reached by Post-LN at its last evaluation by construction); per seed; a seed where neither "
+               "layout reaches it is not judged; where Post-LN never does, Pre-LN must reach it by 90% of the run",
+               "issue 31: the old target made 'faster' a final-loss test that could not fail", True),
     RuleChange("issue 25: after the first qk_norm/norm_scaling runs (rules fixed in d9acc84; the label changed "
                "when the studies were ported to the study protocol)",
                ("wortsman_qk_removes_logit_growth", "wortsman_qk_lr_sensitivity", "sun_lns_curbs_variance",
@@ -113,11 +141,15 @@ RULE_CHANGES: tuple[RuleChange, ...] = (
 )
 
 
-def markdown() -> list[str]:
-  """The report's "Rule changes" section: one table row per change."""
+def markdown(commit: str | None = None) -> list[str]:
+  """The report's "Rule changes" section: one table row per change, after the line naming the commit
+  whose rules this report applies (``commit``, the run's git commit; None: not known)."""
+  frozen = (f"This report's rules are those of its commit, git `{commit}`: the issue-31 rules were frozen there, "
+            "before this run, after the pilots (seeds 100-102) and the report at 87da7be had been seen. "
+            if commit else "")
   out = ["## Rule changes", "",
-         "Every change of a verdict rule since the first committed `cpu` report, with whether the verdicts of the "
-         "data it judges had been read when it changed. A rule changed after its data was seen is disclosed here, "
+         frozen + "Every change of a verdict rule since the first committed `cpu` report, with whether the verdicts of "
+         "the data it judges had been read when it changed. A rule changed after its data was seen is disclosed here, "
          "not hidden: read its verdict with that in mind.", "",
          "| when | claims | what changed | why | data seen? |", "|---|---|---|---|---|"]
   for c in RULE_CHANGES:
