@@ -118,10 +118,33 @@ def test_unigram_entropy():
     (dict(model={}), TypeError, "model must be a TransformerConfig"),
     (dict(decay_timescale=0), ValueError, "decay_timescale must be >= 1"),
     (dict(log_attention=1), TypeError, "log_attention must be a bool"),
+    (dict(z_loss=-1e-4), ValueError, "z_loss must be >= 0.0"),
 ])
 def test_train_config_rejects(kw, err, match):
   with pytest.raises(err, match=match):
     _config(**kw)
+
+
+def test_weight_decay_skips_norm_scales_and_biases_even_when_stacked():
+  """Issue 32: scanned blocks stack a norm scale into (n_layers, d); rank alone would decay it."""
+  _, params, _ = train_lib.init_params(_config().model, 0)
+  mask = train_config.decay_mask(params)
+  flat = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(mask)}
+  assert flat["['blocks']['attn_norm']['scale']"] is False and flat["['blocks']['mlp']['fc_in']['bias']"] is False
+  assert flat["['blocks']['mlp']['fc_in']['kernel']"] is True and flat["['embed']['embedding']"] is True
+  assert np.shape(params["blocks"]["attn_norm"]["scale"])[0] == 2          # stacked: rank 2
+
+
+def test_z_loss_adds_the_squared_log_partition_and_logs_the_cross_entropy(corpus):
+  cfg = _config()
+  graphdef, params, _ = train_lib.init_params(cfg.model, 0)
+  x, y = data_lib.batch_at(corpus.train, 0, batch_size=cfg.batch_size, seq_len=cfg.seq_len, seed=0)
+  ce, _ = train_lib.loss_and_stats(graphdef, params, x, y)
+  total, stats = train_lib.loss_and_stats(graphdef, params, x, y, z_loss=1e-2)
+  logits = nnx.merge(graphdef, params)(x)
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  assert float(stats["ce"]) == pytest.approx(float(ce), rel=1e-6)
+  assert float(total) == pytest.approx(float(ce) + 1e-2 * float(np.mean(np.square(log_z))), rel=1e-5)
 
 
 def test_train_config_roundtrip():
@@ -192,6 +215,11 @@ def test_metrics_and_config_files(reference_run):
     # The global norm bounds each per-layer norm.
     assert max(max(l[g]) for g in ("attn_qkv", "attn_out", "mlp_in", "mlp_out")) < l["grad_norm"]
   assert [l["step"] for l in lines if "val_loss" in l] == [0, 4, 8]
+  alt = [l for l in lines if "val_loss_alt" in l]
+  lines = [l for l in lines if "val_loss_alt" not in l]
+  # the final model on a second set of validation windows, once: the evaluation noise
+  assert [l["step"] for l in alt] == [8] and summary["final_val_loss_alt"] == alt[0]["val_loss_alt"]
+  assert math.isfinite(summary["final_val_loss_alt"]) and summary["final_val_loss_alt"] != summary["final_val_loss"]
   for l in lines:  # per layer, in the train lines and the evaluation lines
     pre = "" if "loss" in l else "val_"
     assert len(l[pre + "attn_max_logit"]) == 2 and len(l[pre + "attn_entropy"]) == 2

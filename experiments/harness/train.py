@@ -61,6 +61,7 @@ __all__ = [
 ]
 
 EVAL_SEED = 1_000_003  # the validation batches are the same for every run (any training seed)
+ALT_EVAL_SEED = 2_000_003  # a second set of validation windows, read once at the end: the evaluation noise
 
 
 # ----------------------------------------------------------------------------------------------
@@ -95,17 +96,27 @@ def layer_grad_norms(grads, paths) -> dict:
   return out
 
 
-def loss_and_stats(graphdef, params, inputs, targets, collect_stats=False):
-  """Mean next-token cross-entropy of the model ``nnx.merge(graphdef, params)``.
+def loss_and_stats(graphdef, params, inputs, targets, collect_stats=False, z_loss=0.0):
+  r"""Mean next-token cross-entropy of the model ``nnx.merge(graphdef, params)``, plus the z-loss.
+
+  With ``z_loss > 0`` the returned objective is :math:`	ext{CE} + z\,\overline{(\log Z)^2}`
+  (:math:`\log Z` = logsumexp of a position's logits) and ``stats`` also holds ``"ce"``, the
+  cross-entropy alone (what is logged and evaluated).
 
   Returns:
     ``(loss, stats)``: ``stats`` is the model's statistics dict (``residual_sq_norm``,
-    ``attn_max_logit``, ``attn_entropy``) when ``collect_stats``, else ``None``.
+    ``attn_max_logit``, ``attn_entropy``) when ``collect_stats``, else ``None`` (a dict with
+    ``"ce"`` alone when only ``z_loss`` asks for one).
   """
   out = nnx.merge(graphdef, params)(inputs, collect_stats=collect_stats)
   logits, stats = out if collect_stats else (out, None)
-  loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
-  return loss, stats
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+  if not z_loss:
+    return ce, stats
+  log_z = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+  stats = dict(stats or {})
+  stats["ce"] = ce
+  return ce + z_loss * jnp.mean(jnp.square(log_z)), stats
 
 
 def _build_steps(graphdef, paths, config: TrainConfig, tx: optax.GradientTransformation):
@@ -114,8 +125,10 @@ def _build_steps(graphdef, paths, config: TrainConfig, tx: optax.GradientTransfo
 
   def train_step(params, opt_state, inputs, targets, fixed_inputs=None, ref_logits=None):
     (loss, stats), grads = jax.value_and_grad(
-        functools.partial(loss_and_stats, graphdef, collect_stats=collect), has_aux=True)(
-            params, inputs, targets)
+        functools.partial(loss_and_stats, graphdef, collect_stats=collect, z_loss=config.z_loss),
+        has_aux=True)(params, inputs, targets)
+    if config.z_loss:               # log the cross-entropy alone (comparable with every other run)
+      loss = stats.pop("ce")
     updates, opt_state = tx.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
     metrics = {
@@ -298,10 +311,11 @@ def eval_unigram_nats(config: TrainConfig, corpus: data_lib.Corpus) -> float:
   return data_lib.unigram_cross_entropy_nats(corpus, np.concatenate([t.ravel() for t in targets]))
 
 
-def _eval_batches(config: TrainConfig, corpus: data_lib.Corpus, placement: Placement) -> list[tuple]:
+def _eval_batches(config: TrainConfig, corpus: data_lib.Corpus, placement: Placement,
+                  seed: int = EVAL_SEED) -> list[tuple]:
   """The fixed validation batches ``[(inputs, targets)]`` of every evaluation, placed on the mesh."""
   eval_data = [data_lib.batch_at(corpus.valid, i, batch_size=config.batch_size,
-                                 seq_len=config.seq_len, seed=EVAL_SEED)
+                                 seq_len=config.seq_len, seed=seed)
                for i in range(config.eval_batches)]
   return [(placement.put_batch(x), placement.put_batch(y)) for x, y in eval_data]
 
@@ -374,6 +388,12 @@ def _train_loop(config: TrainConfig, corpus: data_lib.Corpus, mesh, placement: P
     else:
       if end == config.steps and config.steps > start:
         val = evaluate(config.steps)
+        # The same final model on a second set of validation windows: how much the loss moves
+        # with the sample alone (the reports' evaluation noise, measured, not assumed).
+        alt = jax.device_get([eval_step(params, x, y)[0]
+                              for x, y in _eval_batches(config, corpus, placement, ALT_EVAL_SEED)])
+        v = float(np.mean([float(a) for a in alt]))
+        writer.write({"step": config.steps, "val_loss_alt": v if math.isfinite(v) else repr(v)})
   finally:
     bar.close()
   return diverged_at, val, tokens, timed_s
@@ -384,6 +404,7 @@ def _summary(config: TrainConfig, corpus: data_lib.Corpus, lines: list[dict], *,
   """The summary :func:`train` returns, from the metrics lines and the loop's results."""
   train_curve = [(l["step"], l["loss"]) for l in lines if "loss" in l and "event" not in l]
   val_curve = [(l["step"], l["val_loss"]) for l in lines if "val_loss" in l]
+  alt = [l["val_loss_alt"] for l in lines if "val_loss_alt" in l]
   steps_done = diverged_at if diverged_at is not None else end
   if diverged_at is None and val is None and val_curve:
     val = val_curve[-1][1]
@@ -396,6 +417,9 @@ def _summary(config: TrainConfig, corpus: data_lib.Corpus, lines: list[dict], *,
       "steps_done": steps_done,
       "val_curve": val_curve,
       "train_curve": train_curve,
+      # the final model on a second set of validation windows (None unless the run finished)
+      "final_val_loss_alt": (alt[-1] if alt and isinstance(alt[-1], float) and diverged_at is None
+                             and end == config.steps else None),
       "init": config.model.init,
       "corpus": corpus.describe(),
   }
@@ -419,7 +443,7 @@ def train(config: TrainConfig, out_dir: str | pathlib.Path, *, progress: bool | 
       the process were killed; for resume tests). Checkpoints already written stay.
 
   Returns:
-    ``{"final_val_loss", "diverged", "diverged_at", "tokens_per_s", "steps_done",
+    ``{"final_val_loss", "final_val_loss_alt", "diverged", "diverged_at", "tokens_per_s", "steps_done",
     "val_curve": [(step, val_loss)], "train_curve": [(step, loss)], "init", "corpus"}``.
     ``final_val_loss`` is ``None`` for a diverged run.
   """

@@ -36,6 +36,7 @@ __all__ = [
     "TrainConfig",
     "check_int",
     "current_lr",
+    "decay_mask",
     "describe_schedule",
     "learning_rate_schedule",
     "make_optimizer",
@@ -66,7 +67,7 @@ def _check_float(name: str, value: Any, *, low: float, high: float | None = None
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-  """One training run (validated on construction).
+  r"""One training run (validated on construction).
 
   Attributes:
     model: the :class:`~jaxnorm.models.TransformerConfig`.
@@ -77,7 +78,9 @@ class TrainConfig:
     warmup: linear warm-up steps (0: none).
     schedule: decay after warm-up: ``"inverse_sqrt"``, ``"cosine"`` or ``"constant"``.
     b1, b2: AdamW betas.
-    weight_decay: decoupled weight decay, applied to matrices (ndim >= 2) only.
+    weight_decay: decoupled weight decay, applied to weight matrices and embeddings only: never
+      to biases, norm scales or other per-channel vectors, whatever their rank (stacked blocks
+      give a norm scale the shape ``(n_layers, d)``; :func:`decay_mask`).
     clip_norm: global-norm clipping threshold (``None``: no clipping).
     seed: seeds the initialization and the training batch stream.
     eval_every: evaluate on the validation batches every this many steps (0: only at the end).
@@ -98,6 +101,9 @@ class TrainConfig:
       independent of the warm-up; set it explicitly, and equal, in runs a comparison pairs).
     fsdp: with a mesh, shard parameters and optimizer state over the devices (FSDP-style)
       instead of replicating them.
+    z_loss: weight of the auxiliary z-loss :math:`z \cdot \overline{(\log Z)^2}` (:math:`\log Z`
+      the log-partition of each position's logits; Wortsman et al. 2023 use 1e-4); 0: none.
+      The logged ``loss`` and the validation loss stay the cross-entropy alone.
   """
 
   model: TransformerConfig
@@ -124,6 +130,7 @@ class TrainConfig:
   log_every: int = 1
   decay_timescale: int | None = None
   fsdp: bool = False
+  z_loss: float = 0.0
 
   def __post_init__(self):
     if not isinstance(self.model, TransformerConfig):
@@ -154,6 +161,7 @@ class TrainConfig:
     for name in ("log_grad_norms", "log_update_size", "log_residual_norms", "log_attention"):
       if not isinstance(getattr(self, name), bool):
         raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}.")
+    _check_float("z_loss", self.z_loss, low=0.0)
     if self.decay_timescale is not None:
       check_int("decay_timescale", self.decay_timescale, 1)
 
@@ -213,12 +221,26 @@ def learning_rate_schedule(config: TrainConfig) -> optax.Schedule:
   return functools.partial(_lr_at, config.schedule, **_schedule_hyperparams(config))
 
 
+NO_DECAY_NAMES = ("bias", "scale")   # leaf names of per-channel parameters (biases, norm scales)
+
+
+def decay_mask(params):
+  """Which leaves weight decay applies to: ``True`` for a leaf of rank >= 2 whose name (its last
+  key) is not one of :data:`NO_DECAY_NAMES`; biases and norm scales are never decayed, also when
+  scanned blocks stack them into ``(n_layers, d)`` arrays."""
+  def keep(path, p):
+    last = path[-1]
+    name = getattr(last, "key", getattr(last, "name", None))
+    return p.ndim >= 2 and name not in NO_DECAY_NAMES
+  return jax.tree_util.tree_map_with_path(keep, params)
+
+
 def _adamw(kind: str):
   def make(peak_lr, warmup, total, tau, b1, b2, weight_decay):
     schedule = functools.partial(_lr_at, kind, peak_lr=peak_lr, warmup=warmup, total=total,
                                  tau=tau)
     return optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay,
-                       mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params))
+                       mask=decay_mask)
   return make
 
 
