@@ -118,9 +118,9 @@ def update_claim(update: dict, cfg: Design) -> dict:
   """``deepnet_update_constant`` from the growth exponents (see :func:`verdicts`)."""
   udepths = sorted(cfg.update_depths or cfg.depths)
   crit = (f"growth exponent e = slope of log(update) vs log(N) over N = {udepths}, at each early step before "
-          f"Post-LN saturates (its relative update < {SATURATED} at every depth): Post-LN grows if e > "
-          f"{FLAT_EXPONENT}, DeepNorm is about constant if |e| <= {FLAT_EXPONENT}; yes/partly/no = both at every "
-          "judged step / some of these / none")
+          f"Post-LN saturates (its relative update < {SATURATED} at every depth): a step holds if Post-LN grows (e > "
+          f"{FLAT_EXPONENT}) and DeepNorm is about constant (|e| <= {FLAT_EXPONENT}), the claim's contrast; "
+          "yes/partly/no = every/some/no judged step; exponents of the seed mean, each seed's beside")
   if len(udepths) < 3 or udepths[-1] < MIN_SPAN * udepths[0] or "post" not in cfg.positions \
       or "deepnorm" not in cfg.positions:
     holds, ours = claims_lib.not_testable([
@@ -134,11 +134,19 @@ def update_claim(update: dict, cfg: Design) -> dict:
     ep = _exponent(udepths, [update[f"post/L{L}"]["mean"][s] for L in udepths])
     ed = _exponent(udepths, [update[f"deepnorm/L{L}"]["mean"][s] for L in udepths])
     if s in judged:
-      oks += [ep > FLAT_EXPONENT, abs(ed) <= FLAT_EXPONENT]
+      oks.append(ep > FLAT_EXPONENT and abs(ed) <= FLAT_EXPONENT)
     others = "".join(f", {NAMES.get(pos, pos)} e = "
                      f"{_exponent(udepths, [update[f'{pos}/L{L}']['mean'][s] for L in udepths]):+.2f}"
                      for pos in cfg.positions if pos not in ("post", "deepnorm"))
-    parts.append(f"step {s + 1}: Post-LN e = {ep:+.2f}, DeepNorm e = {ed:+.2f}{others}"
+    def per_seed(pos, s=s):
+      runs = [update[f"{pos}/L{L}"].get("per_seed") or [] for L in udepths]
+      n = min(len(r) for r in runs)
+      if n < 2:
+        return ""
+      return " (per seed " + ", ".join(f"{_exponent(udepths, [runs[j][i][s] for j in range(len(udepths))]):+.2f}"
+                                       for i in range(n)) + ")"
+    parts.append(f"step {s + 1}: Post-LN e = {ep:+.2f}{per_seed('post')}, DeepNorm e = {ed:+.2f}"
+                 f"{per_seed('deepnorm')}{others}"
                  + ("" if s in judged else " (Post-LN saturated: not judged)"))
   hi = udepths[-1]
   tail = (f"; update at N={hi}, step 1: DeepNorm {update[f'deepnorm/L{hi}']['mean'][0]:.3g} vs Post-LN "

@@ -121,6 +121,7 @@ def measure(ctx, cfg: Config) -> dict:
     mean = {k: np.mean([np.asarray(r[k], np.float64) for r in per_seed], axis=0).tolist()
             for k in (*WEIGHT_GROUPS, "residual_sq_norm", "grad_norm")}
     mean["ratio_per_seed"] = [float(r["mlp_out"][-1] / r["mlp_out"][0]) for r in per_seed]
+    mean["last_per_seed"] = [float(r["mlp_out"][-1]) for r in per_seed]
     results[key(s)] = {**s, **mean}
   return results
 
@@ -149,8 +150,11 @@ def analyse(results: dict, cfg: Config) -> dict:
                   key=lambda r: r["n_layers"])
     depths = [r["n_layers"] for r in rows]
     last = [r["mlp_out"][-1] for r in rows]
+    per_seed = [r.get("last_per_seed") for r in rows]
+    seed_slopes = ([_slope(depths, [p[i] for p in per_seed]) for i in range(len(per_seed[0]))]
+                   if all(per_seed) else [])
     out["slopes"][f"{setting}/{pos}/{norm}"] = {"depths": depths, "last_layer": last,
-                                                "slope": _slope(depths, last)}
+                                                "slope": _slope(depths, last), "slope_per_seed": seed_slopes}
   for k, r in results.items():
     e = np.asarray(r["residual_sq_norm"])
     L = r["n_layers"]

@@ -40,9 +40,10 @@ def _fmt_ratio(x):
 
 def _growth_claim(an: dict, cfg: Design) -> dict:
   """``xiong_grad_growth``, judged per (norm, depth) (see :func:`verdicts`)."""
-  crit = (f"per (norm, depth): Post-LN's last/first W2 ratio >= {GROWTH_FACTOR} (it grows) and Pre-LN's in "
-          f"[{FLAT_BAND[0]:.2f}, {FLAT_BAND[1]:.2f}] (about flat, the same factor either way); yes/partly/no = "
-          "every/some/no (norm, depth)")
+  crit = (f"LayerNorm only (the claim's norm; RMSNorm shown beside, not judged), per depth: Post-LN's last/first W2 "
+          f"ratio >= {GROWTH_FACTOR} (it grows) and Pre-LN's in [{FLAT_BAND[0]:.2f}, {FLAT_BAND[1]:.2f}] (about flat, "
+          "the same factor either way); yes/partly/no = every/some/no depth; a ratio within 10% of a threshold is "
+          "marked")
   if len(cfg.seeds) < 2 or len(cfg.depths) < 2 or max(cfg.depths) < 12:
     holds, ours = claims_lib.not_testable([f"needs >= 2 seeds and >= 2 depths, one >= 12; the preset has seeds "
                                            f"{list(cfg.seeds)}, depths {list(cfg.depths)}"])
@@ -53,12 +54,16 @@ def _growth_claim(an: dict, cfg: Design) -> dict:
       post = an["ratios"][f"xavier/post/{norm}/L{L}"]["mlp_out"]
       pre = an["ratios"][f"xavier/pre/{norm}/L{L}"]["mlp_out"]
       grows, flat = post >= GROWTH_FACTOR, FLAT_BAND[0] <= pre <= FLAT_BAND[1]
-      oks.append(grows and flat)
+      if norm == "layer_norm":
+        oks.append(grows and flat)
       pre_by_norm.setdefault(norm, []).append(pre)
       notes = ([] if grows else ["Post-LN does not grow"]) + (
           [] if flat else ["Pre-LN decays towards the output" if pre < FLAT_BAND[0] else "Pre-LN grows too"])
-      pairs.append(f"{'LN' if norm == 'layer_norm' else 'RMS'} L={L}: {_fmt_ratio(post)} vs {_fmt_ratio(pre)}"
-                   + (f" ({'; '.join(notes)})" if notes else ""))
+      near = [x for x in (post, pre) for t in (GROWTH_FACTOR, *FLAT_BAND) if abs(x - t) <= 0.1 * t]
+      if near:
+        notes.append("within 10% of a threshold")
+      pairs.append(f"{'LN' if norm == 'layer_norm' else 'RMS (not judged)'} L={L}: {_fmt_ratio(post)} vs "
+                   f"{_fmt_ratio(pre)}" + (f" ({'; '.join(notes)})" if notes else ""))
   lo, hi = min(cfg.depths), max(cfg.depths)
   trend = "; ".join(f"Pre-LN ({'LN' if n == 'layer_norm' else 'RMS'}) last/first {_fmt_ratio(v[0])} at L={lo} -> "
                     f"{_fmt_ratio(v[-1])} at L={hi}" for n, v in pre_by_norm.items() if len(v) > 1)
@@ -70,9 +75,11 @@ def _growth_claim(an: dict, cfg: Design) -> dict:
 
 def _scaling_claim(an: dict, cfg: Design) -> dict:
   """``xiong_grad_depth_scaling`` from the log-log slopes (see :func:`verdicts`)."""
-  crit = (f"log-log slope of the last-layer W2 gradient norm vs L, per norm type: Post-LN flat (|slope| <= "
-          f"{SLOPE_POST_ABS}), Pre-LN decreasing (slope < -{SLOPE_POST_ABS}, below the flat band); Theorem 1's "
-          "bound decays like L^-1/2 (an upper bound, not a predicted slope); yes/partly/no = all/some/none")
+  crit = (f"log-log slope of the last-layer W2 gradient norm vs L, LayerNorm only (RMSNorm shown beside, not judged): "
+          f"Post-LN flat (|slope| <= {SLOPE_POST_ABS}), Pre-LN decreasing (slope < -{SLOPE_POST_ABS}, below the flat "
+          "band); Theorem 1's bound decays like L^-1/2 (an upper bound, not a predicted slope); yes/partly/no = "
+          "both/one/neither; each slope with its per-seed values, marked where a seed falls on the other side of "
+          "the cut-off")
   ds = sorted(cfg.depths)
   if len(ds) < 3 or ds[-1] < 4 * ds[0] or len(cfg.seeds) < 2:
     holds, ours = claims_lib.not_testable([f"needs >= 3 depths spanning a factor >= 4 and >= 2 seeds; the preset "
@@ -80,10 +87,21 @@ def _scaling_claim(an: dict, cfg: Design) -> dict:
     return {"id": "xiong_grad_depth_scaling", "criterion": crit, "ours": ours, "holds": holds}
   parts, oks = [], []
   for norm in cfg.norm_types:
-    sp = an["slopes"][f"xavier/pre/{norm}"]["slope"]
-    so = an["slopes"][f"xavier/post/{norm}"]["slope"]
-    parts.append(f"{'LN' if norm == 'layer_norm' else 'RMS'}: Post-LN {so:+.2f}, Pre-LN {sp:+.2f}")
-    oks += [abs(so) <= SLOPE_POST_ABS, sp < -SLOPE_POST_ABS]
+    spre, spost = an["slopes"][f"xavier/pre/{norm}"], an["slopes"][f"xavier/post/{norm}"]
+    sp, so = spre["slope"], spost["slope"]
+
+    def seeds(d, ok):
+      per = d.get("slope_per_seed") or []
+      if not per:
+        return ""
+      split = len({ok(v) for v in per}) > 1
+      return (" (per seed " + ", ".join(f"{v:+.2f}" for v in per) + ")"
+              + (" **seeds on both sides of the cut-off**" if split else ""))
+    parts.append(f"{'LN' if norm == 'layer_norm' else 'RMS (not judged)'}: Post-LN {so:+.2f}"
+                 f"{seeds(spost, lambda v: abs(v) <= SLOPE_POST_ABS)}, Pre-LN {sp:+.2f}"
+                 f"{seeds(spre, lambda v: v < -SLOPE_POST_ABS)}")
+    if norm == "layer_norm":
+      oks += [abs(so) <= SLOPE_POST_ABS, sp < -SLOPE_POST_ABS]
   return {"id": "xiong_grad_depth_scaling", "criterion": crit,
           "ours": f"log-log slope of the last-layer W2 grad norm vs L ({min(cfg.depths)}-{max(cfg.depths)}): "
           + "; ".join(parts) + " (bound: -0.5 for Pre-LN)", "holds": claims_lib.verdict(oks)}

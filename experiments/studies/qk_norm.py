@@ -25,10 +25,11 @@ warm-up                linear, 5e3 of 1e5 steps (5%)                linear, ``wa
 schedule               cosine decay to a minimum lr of 1e-5         cosine decay to 0.1 x peak (the harness's)
 weight decay           independent, 1e-4                            1e-4 x the schedule's shape, not x the
                                                                     peak rate (optax's decay is lr x wd: wd =
-                                                                    1e-4 / peak), on parameters with ndim >= 2
-                                                                    (with stacked blocks: every block
-                                                                    parameter, norm scales and biases too)
-z-loss                 1e-4                                         none (the harness has no z-loss)
+                                                                    1e-4 / peak), on weight matrices and
+                                                                    embeddings only (issue 32: never on norm
+                                                                    scales or biases)
+z-loss                 1e-4                                         ``z_loss`` (1e-4), the logged and
+                                                                    evaluated loss the cross-entropy alone
 model                  Pre-LN with qk-layernorm, many sizes         byte-level LM of the preset's width, Pre-
                                                                     and Post-LN, ``n_layers`` layers
 =====================  ==========================================  ===========================================
@@ -42,6 +43,7 @@ import math
 import numpy as np
 
 from experiments.studies import qk_norm_rules as rules
+from experiments.studies.seeds import SPIKE_NATS, largest_rise
 from experiments.suite.study import Unit
 
 TITLE = "QK-norm and attention-logit growth (Wortsman et al. 2023)"
@@ -65,7 +67,9 @@ class Config:
     b2: AdamW's second-moment decay (the paper: 0.95).
     clip_norm: global-norm clipping (the paper: 1).
     independent_weight_decay: the per-step decay at the peak of the schedule, not multiplied by
-      the learning rate (the paper: 1e-4).
+      the learning rate (the paper: 1e-4); weight matrices and embeddings only, never norm
+      scales or biases (:func:`experiments.harness.train_config.decay_mask`).
+    z_loss: the auxiliary z-loss weight (the paper: 1e-4).
   """
 
   n_layers: int = 2
@@ -79,6 +83,7 @@ class Config:
   b2: float = 0.95
   clip_norm: float = 1.0
   independent_weight_decay: float = 1e-4
+  z_loss: float = 1e-4
 
   def __post_init__(self):
     lrs = [float(v) for v in self.lrs]
@@ -119,7 +124,8 @@ def _train(ctx, cfg: Config, pos: str, qk: bool, lr: float, seed: int):
                         qk_norm=cfg.qk_norm if qk else "none", qk_norm_scale=cfg.qk_norm_scale)
   tc = ctx.train_config(mc, steps=cfg.steps, lr=lr, warmup=max(1, round(cfg.warmup_frac * cfg.steps)),
                         schedule="cosine", b2=cfg.b2, clip_norm=cfg.clip_norm,
-                        weight_decay=cfg.independent_weight_decay / lr, seed=seed, log_attention=True)
+                        weight_decay=cfg.independent_weight_decay / lr, seed=seed, log_attention=True,
+                        z_loss=cfg.z_loss)
   return ctx.train(tc, label(pos, qk, lr, seed, cfg.n_layers))
 
 
@@ -132,8 +138,11 @@ def summarize_run(run) -> dict:
   val = s.get("val_curve") or []
   init = float(val[0][1]) if val and int(val[0][0]) == 0 else float("nan")
   final = s.get("final_val_loss")
+  rise = largest_rise(s.get("train_curve"))
   return {"final": None if final is None else float(final), "diverged": bool(s.get("diverged")),
           "diverged_at": s.get("diverged_at"), "init_loss": init, "growth": rules.logit_growth(curve),
+          "shape": rules.level_off([c[0] for c in curve], [max(c[1]) for c in curve]), "rise": rise,
+          "unstable": bool(s.get("diverged")) or (rise is not None and rise["rise"] > SPIKE_NATS),
           "logit_steps": [c[0] for c in curve], "logit_max": [max(c[1]) for c in curve],
           "entropy_min": min(ent) if ent else float("nan"), "entropy_final": ent[-1] if ent else float("nan"),
           "run": run.path.name}
@@ -152,10 +161,16 @@ def judge(runs: dict, cfg: Config) -> tuple[list[dict], dict]:
         rs = [runs[(pos, qk, lr, seed)] for lr in cfg.lrs]
         init = float(np.nanmax([r["init_loss"] for r in rs]))
         sens[(pos, qk, seed)] = rules.lr_sensitivity([r["final"] for r in rs], init)
-  per = {seed: {"noqk": runs[("pre", False, top, seed)]["growth"], "qk": runs[("pre", True, top, seed)]["growth"]}
-         for seed in cfg.seeds}
-  per_sens = {seed: {"lrs_noqk": sens[("pre", False, seed)], "lrs_qk": sens[("pre", True, seed)],
-                     "noqk_top": runs[("pre", False, top, seed)]["growth"]} for seed in cfg.seeds}
+  per = {seed: {"noqk": runs[("pre", False, top, seed)]["growth"], "qk": runs[("pre", True, top, seed)]["growth"],
+                "qk_diverged_at": runs[("pre", True, top, seed)]["diverged_at"],
+                "noqk_shape": runs[("pre", False, top, seed)]["shape"]} for seed in cfg.seeds}
+  per_sens = {}
+  for seed in cfg.seeds:
+    no, qk = ([runs[("pre", q, lr, seed)] for lr in cfg.lrs] for q in (False, True))
+    per_sens[seed] = {"finals_noqk": [r["final"] for r in no], "finals_qk": [r["final"] for r in qk],
+                      "init": float(np.nanmax([r["init_loss"] for r in no + qk])),
+                      "noqk_top": runs[("pre", False, top, seed)]["growth"],
+                      "loss_unstable": [lr for lr, a, b in zip(cfg.lrs, no, qk) if a["unstable"] and not b["unstable"]]}
   claims = [rules.claim_logit_growth(per), rules.claim_lr_sensitivity(per_sens)]
   if "post" in cfg.positions:
     claims.append(rules.claim_post_ln({seed: {"lrs_noqk": sens[("post", False, seed)],
@@ -266,8 +281,11 @@ def report_section(summary: dict, rel: str) -> str:
       f"| warm-up | linear, 5e3 of 1e5 steps | linear, {warm} of {cfg['steps']} steps |",
       "| schedule | cosine to a minimum of 1e-5 | cosine to 0.1 x peak |",
       f"| weight decay | independent 1e-4 | independent {cfg['independent_weight_decay']:g} (optax wd = that / peak "
-      "lr), on parameters with ndim >= 2: with stacked blocks every block parameter, norm scales and biases too |",
-      "| z-loss | 1e-4 | none |", "",
+      "lr), on weight matrices and embeddings only (not on norm scales or biases) |",
+      f"| z-loss | 1e-4 | {cfg.get('z_loss', 0.0):g} (the reported losses are the cross-entropy alone) |", "",
+      "A diverged run is reported as 'diverged at step k', never judged as if it had finished; the loss-level "
+      "instability (a run without QK-norm that diverges or spikes above 1 nat where the QK-norm run at the same "
+      "rate and seed does not) must be reproduced in a seed before its LR sensitivity is judged.", "",
       f"![qk norm]({rel}/qk_norm.png)", "",
       "| layout | seed | LR sensitivity | " + " | ".join(f"final @ {v:g}" for v in lrs) + " | peak logit @ "
       f"{lrs[-1]:g} |", "|---|---|---|" + "---|" * len(lrs) + "---|"]

@@ -102,27 +102,56 @@ def instability_reproduced(noqk_top: dict) -> bool:
   return noqk_top["growth"] >= GROWTH_FACTOR and noqk_top["peak"] >= MIN_PEAK_LOGIT
 
 
-def claim_logit_growth(per_seed: dict) -> dict:
-  """``wortsman_qk_removes_logit_growth`` from ``{seed: {"noqk": growth, "qk": growth}}``.
+def level_off(steps: list, values: list) -> dict:
+  """Where one run's largest-logit curve peaked and how much of the peak its last quarter keeps.
 
-  ``growth`` dicts are :func:`logit_growth` of the Pre-LN runs at the top rate.
+  Returns:
+    ``{"peak_step", "late_ratio"}``: the step of the peak, and the largest value over the last
+    quarter of the logged steps divided by the peak (1: still at its peak at the end; a curve that
+    levelled off early and stayed has a ratio near 1 and an early peak step).
+  """
+  pts = [(int(st), float(v)) for st, v in zip(steps, values) if math.isfinite(float(v))]
+  if not pts:
+    return {"peak_step": None, "late_ratio": float("nan")}
+  peak_step, peak = max(pts, key=lambda t: t[1])
+  late = [v for _, v in pts[3 * len(pts) // 4:]]
+  return {"peak_step": peak_step, "late_ratio": max(late) / max(peak, 1e-12)}
+
+
+def claim_logit_growth(per_seed: dict) -> dict:
+  """``wortsman_qk_removes_logit_growth`` from ``{seed: {"noqk": growth, "qk": growth, ...}}``.
+
+  ``growth`` dicts are :func:`logit_growth` of the Pre-LN runs at the top rate; optional
+  ``"qk_diverged_at"`` (the QK-norm run's divergence step, or None) and ``"noqk_shape"``
+  (:func:`level_off` of the run without). A QK-norm run that diverged is never judged as if it
+  had finished: its verdict input is "diverged at step k", which fails the claim (it did not
+  keep training with a bounded logit).
   """
   crit = (f"testable in a seed if Pre-LN without QK-norm at the top rate grows its largest attention logit "
-          f">= {GROWTH_FACTOR:g}x over training and to >= {MIN_PEAK_LOGIT:g}; judged: with QK-norm the growth "
-          f"stays < {GROWTH_FACTOR:g}x and the peak <= 1/{LOGIT_RATIO:g} of the run without; yes/partly/no = "
-          "every/some/no judged seed, not testable if none is")
+          f">= {GROWTH_FACTOR:g}x over training and to >= {MIN_PEAK_LOGIT:g}; judged: with QK-norm the run "
+          f"finishes (a diverged run fails), its growth stays < {GROWTH_FACTOR:g}x and its peak <= "
+          f"1/{LOGIT_RATIO:g} of the run without; yes/partly/no = every/some/no judged seed, not testable if none is")
   oks, parts = [], []
   for seed, r in per_seed.items():
     n, q = r["noqk"], r["qk"]
-    text = (f"s{seed}: no QK-norm peak {n['peak']:.3g} ({n['growth']:.3g}x), QK-norm peak {q['peak']:.3g} "
-            f"({q['growth']:.3g}x)")
+    shape = r.get("noqk_shape")
+    text = (f"s{seed}: no QK-norm peak {n['peak']:.3g} ({n['growth']:.3g}x"
+            + (f", at step {shape['peak_step']}; its last quarter keeps {shape['late_ratio']:.0%} of it"
+               if shape and shape["peak_step"] is not None else "")
+            + f"), QK-norm peak {q['peak']:.3g} ({q['growth']:.3g}x)")
     if not instability_reproduced(n):
       parts.append(text + " [not testable]")
+      continue
+    if r.get("qk_diverged_at") is not None:
+      oks.append(False)
+      parts.append(text + f" [fails: the QK-norm run diverged at step {r['qk_diverged_at']}]")
       continue
     ok = q["growth"] < GROWTH_FACTOR and q["peak"] <= n["peak"] / LOGIT_RATIO
     oks.append(ok)
     parts.append(text + (" [ok]" if ok else " [fails]"))
   holds, ours = claims_lib.verdict(oks), "; ".join(parts)
+  if oks and len(set(oks)) > 1:
+    ours += " (the seeds disagree)"
   if not oks:
     holds, why = claims_lib.not_testable([
         f"in no seed did Pre-LN without QK-norm at the top rate grow its largest attention logit >= "
@@ -132,32 +161,66 @@ def claim_logit_growth(per_seed: dict) -> dict:
           "per_seed": parts}
 
 
-def claim_lr_sensitivity(per_seed: dict) -> dict:
-  """``wortsman_qk_lr_sensitivity`` from ``{seed: {"lrs_noqk", "lrs_qk", "noqk_top"}}``.
-
-  ``noqk_top`` is :func:`logit_growth` of the no-QK-norm Pre-LN run at the top rate.
-  """
-  crit = (f"testable in a seed if the logit-growth condition holds and Pre-LN's LR sensitivity without QK-norm "
-          f"is >= {MIN_SENSITIVITY:g} nats; judged: LRS with QK-norm <= {SENS_RATIO:g} x LRS without and lower by "
-          f">= {SENS_MARGIN:g} nats; yes/partly/no = every/some/no judged seed, not testable if none is")
+def _sens_oks(per_seed: dict, drop: tuple | None = None) -> tuple[list[bool], list[str]]:
+  """Per judged seed, whether QK-norm lowers the LR sensitivity enough; ``drop = (seed, rate index)``
+  leaves that rate out of that seed's two grids (the paired runs)."""
   oks, parts = [], []
   for seed, r in per_seed.items():
-    a, b = r["lrs_noqk"], r["lrs_qk"]
+    keep = [i for i in range(len(r["finals_noqk"])) if drop is None or drop != (seed, i)]
+    a = lr_sensitivity([r["finals_noqk"][i] for i in keep], r["init"])
+    b = lr_sensitivity([r["finals_qk"][i] for i in keep], r["init"])
     text = f"s{seed}: LRS {a:.3f} without, {b:.3f} with QK-norm"
-    if not (instability_reproduced(r["noqk_top"]) and a >= MIN_SENSITIVITY):
-      parts.append(text + " [not testable]")
+    unstable = r.get("loss_unstable")
+    if not instability_reproduced(r["noqk_top"]) or a < MIN_SENSITIVITY:
+      parts.append(text + " [not testable: no logit growth or no sensitivity to remove]")
+      continue
+    if unstable is not None and not unstable:
+      parts.append(text + " [not testable: no rate where the run without QK-norm diverged or spiked (> 1 nat) "
+                   "while the QK-norm run did not]")
       continue
     ok = b <= SENS_RATIO * a and a - b >= SENS_MARGIN
     oks.append(ok)
     parts.append(text + (" [ok]" if ok else " [fails]"))
-  vals = np.array([[r["lrs_noqk"], r["lrs_qk"]] for r in per_seed.values()])
+  return oks, parts
+
+
+def claim_lr_sensitivity(per_seed: dict) -> dict:
+  """``wortsman_qk_lr_sensitivity`` from ``{seed: {"finals_noqk", "finals_qk", "init", "noqk_top",
+  "loss_unstable"}}``.
+
+  ``finals_*`` are the final validation losses over the grid's rates (None: diverged),
+  ``init`` the loss at initialization, ``noqk_top`` :func:`logit_growth` of the no-QK-norm Pre-LN
+  run at the top rate, ``loss_unstable`` the rates at which the run without QK-norm diverged or
+  spiked while the QK-norm run did not (the loss-level instability QK-norm is meant to fix; None:
+  not recorded). A seed is judged only where both the logit growth and the loss-level instability
+  were reproduced. A yes must stay yes with any one (rate, seed) left out of both grids, else partly.
+  """
+  crit = (f"testable in a seed if the logit-growth condition holds, Pre-LN's LR sensitivity without QK-norm is >= "
+          f"{MIN_SENSITIVITY:g} nats, and at some rate the run without QK-norm diverged or spiked (> 1 nat) while "
+          f"the QK-norm run did not; judged: LRS with QK-norm <= {SENS_RATIO:g} x LRS without and lower by >= "
+          f"{SENS_MARGIN:g} nats; yes/partly/no = every/some/no judged seed (yes also with any one (rate, seed) "
+          "left out), not testable if none is")
+  oks, parts = _sens_oks(per_seed)
+  holds = claims_lib.verdict(oks)
+  flips = []
+  if oks and holds == "yes":
+    for seed, r in per_seed.items():
+      for i in range(len(r["finals_noqk"])):
+        o, _ = _sens_oks(per_seed, (seed, i))
+        if claims_lib.verdict(o) != "yes" or not o:
+          flips.append(f"rate #{i} of s{seed}")
+  vals = np.array([[lr_sensitivity(r["finals_noqk"], r["init"]), lr_sensitivity(r["finals_qk"], r["init"])]
+                   for r in per_seed.values()])
   spread = (f"; seed spread (max - min) {np.ptp(vals[:, 0]):.3f} / {np.ptp(vals[:, 1]):.3f}"
             if len(vals) > 1 else "; one seed")
-  holds, ours = claims_lib.verdict(oks), "; ".join(parts) + spread
+  ours = "; ".join(parts) + spread
+  if flips:
+    holds = "partly"
+    ours += "; not robust: leaving out " + ", ".join(flips) + " changes the verdict"
   if not oks:
     holds, why = claims_lib.not_testable([
-        f"in no seed did Pre-LN without QK-norm both reproduce the logit growth and have an LR sensitivity >= "
-        f"{MIN_SENSITIVITY:g} nats; {NEEDS}"])
+        f"in no seed did Pre-LN without QK-norm reproduce the logit growth, an LR sensitivity >= "
+        f"{MIN_SENSITIVITY:g} nats and a loss-level instability that the QK-norm run avoided; {NEEDS}"])
     ours = why + ". Measured: " + ours
   return {"id": "wortsman_qk_lr_sensitivity", "criterion": crit, "ours": ours, "holds": holds,
           "per_seed": parts}

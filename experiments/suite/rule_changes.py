@@ -42,6 +42,7 @@ _ISSUE17 = "issue 17: between the reports at fab34dd and 9bd691d (commits 1dc767
 _ISSUE24 = "issue 24: after the report at 9bd691d (this branch, i24)"
 _ISSUE31 = ("issue 31: after the report at 87da7be and after the pilot runs on seeds 100-102, before the report "
             "run; frozen in the commit the report names")
+_ISSUE32 = "issue 32: after the report at 87da7be, before the cpu-extra run that applies them"
 _WHY17 = ("the issue-17 review of the report at fab34dd (its reasons are in issue 17 and the commit messages); the "
           "report's rules were not disclosed as changed until issue 24")
 
@@ -130,6 +131,31 @@ RULE_CHANGES: tuple[RuleChange, ...] = (
                "loss, reached by Post-LN at its last evaluation by construction); per seed; a seed where neither "
                "layout reaches it is not judged; where Post-LN never does, Pre-LN must reach it by 90% of the run",
                "issue 31: the old target made 'faster' a final-loss test that could not fail", True),
+    RuleChange(_ISSUE32, ("wortsman_qk_removes_logit_growth",),
+               "a QK-norm run that diverged is judged as 'diverged at step k' (fails), never on its truncated logit "
+               "curve; the no-QK-norm run's peak step and how much of the peak its last quarter keeps are shown",
+               "issue 32: seed 0's yes was judged on a QK-norm run that diverged at step 8 with its logits rising",
+               True),
+    RuleChange(_ISSUE32, ("wortsman_qk_lr_sensitivity",),
+               "testable in a seed only where the loss-level instability is reproduced (a run without QK-norm that "
+               "diverges or spikes above 1 nat where the QK-norm run does not); yes must stay yes with any one "
+               "(rate, seed) left out of both grids", "issue 32: the verdict was driven by one divergence, and the "
+               "instability QK-norm is meant to fix was never reproduced", True),
+    RuleChange(_ISSUE32, ("sun_lns_curbs_variance", "kim_periln_balanced_variance"),
+               "judged after training only, per seed (>= 3 seeds in cpu-extra); the growths at initialization are "
+               "shown as facts of construction", "issue 32: both verdicts at init were true or false by construction "
+               "(a sandwich block adds about 2 to E||x||^2/d; LayerNorm Scaling shrinks by design)", True),
+    RuleChange(_ISSUE32, ("xiong_grad_growth", "xiong_grad_depth_scaling"),
+               "judged on LayerNorm only (RMSNorm shown beside, not judged); a ratio within 10% of a threshold is "
+               "marked; slopes with their per-seed values", "issue 32: RMSNorm pairs decided a LayerNorm claim", True),
+    RuleChange(_ISSUE32, ("deepnet_update_constant",),
+               "a step holds only if both halves of the contrast hold (Post-LN grows and DeepNorm is about constant; "
+               "was: each half counted apart, so a growing DeepNorm gave partly); per-seed exponents shown",
+               "issue 32: DeepNorm's update grew as N^0.6 at every judged step and the verdict read partly", True),
+    RuleChange(_ISSUE32, ("vjp_matches_autodiff",),
+               "the early steps are bound by 3x the chaos run's drift over the same steps (was: a fixed 1e-4)",
+               "issue 32: on an AVX2 CPU the early difference was 1.9e-4 while the chaos run itself drifted to 9e-3; "
+               "a bound one CPU happens to meet is not a rule", True),
     RuleChange("issue 25: after the first qk_norm/norm_scaling runs (rules fixed in d9acc84; the label changed "
                "when the studies were ported to the study protocol)",
                ("wortsman_qk_removes_logit_growth", "wortsman_qk_lr_sensitivity", "sun_lns_curbs_variance",
