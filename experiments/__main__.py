@@ -7,6 +7,8 @@ its options):
 * ``run``    the experiment suite and its report (:mod:`experiments.suite.runner`).
 * ``bench``  the op-level benchmark (:mod:`experiments.bench.cli`).
 * ``bench-qk``  the per-head (QK) norm against Flax's (:mod:`experiments.bench.qk`).
+* ``bench-ensemble``  seeds as one vmapped training program vs one program per seed
+  (:mod:`experiments.bench.ensemble`).
 * ``tune``   launch configurations of the Pallas kernels, measured on a GPU
   (:mod:`experiments.bench.tune`).
 * ``demo``   a short check of the custom VJPs against autodiff (:mod:`experiments.demo`).
@@ -22,6 +24,7 @@ COMMANDS = {
     "run": "experiments.suite.runner",
     "bench": "experiments.bench.cli",
     "bench-qk": "experiments.bench.qk",
+    "bench-ensemble": "experiments.bench.ensemble",
     "demo": "experiments.demo",
     "tune": "experiments.bench.tune",
 }

@@ -47,9 +47,10 @@ def test_qk_and_lns_claims_are_tallied_and_summarized_like_the_others():
   from experiments.studies import norm_scaling_rules, qk_norm_rules
   flat = {"first": 4.0, "peak": 8.0, "growth": 2.0}   # no logit growth: the instability not reproduced
   qk = [qk_norm_rules.claim_logit_growth({0: {"noqk": flat, "qk": flat}}),
-        qk_norm_rules.claim_lr_sensitivity({0: dict(lrs_noqk=0.5, lrs_qk=0.1, noqk_top=flat)}),
+        qk_norm_rules.claim_lr_sensitivity({0: dict(finals_noqk=[2.0, 3.0], finals_qk=[2.0, 2.2], init=5.0,
+                                                    noqk_top=flat, loss_unstable=[0.3])}),
         qk_norm_rules.claim_post_ln({0: dict(lrs_noqk=0.5, lrs_qk=0.1, noqk_top=flat, qk_top=flat)})]
-  lns = norm_scaling_rules.claims({(0, "init"): dict(pre=10.0, lns=2.0, sandwich=9.0)})
+  lns = norm_scaling_rules.claims({(0, "trained"): dict(pre=10.0, lns=2.0, sandwich=9.0)})
   rows = report.claims_rows({"qk_norm": {"claims": qk}, "norm_scaling": {"claims": lns}})
   holds = {r["id"]: r["holds"] for r in rows if r["experiment"] in ("qk_norm", "norm_scaling")}
   assert holds == {"wortsman_qk_removes_logit_growth": claims_lib.NOT_TESTABLE,
@@ -70,3 +71,22 @@ def test_diverged_qk_norm_runs_are_listed_as_instabilities():
   assert lines == ["QK-norm sweep `Pre-LN + QK-norm, lr 0.3` seed 0: diverged (training loss above the "
                    "harness's threshold) at step 8; it counts as the initial loss in the LR sensitivity"]
   assert report.instabilities({"qk_norm": {"diverged": []}}) == []
+
+
+def test_instabilities_read_every_run_of_every_study(tmp_path):
+  """Issue 32: the list is built from every cached run's training curve, not from some studies' tables."""
+  from experiments.suite.registry import write_json
+  from experiments.suite.runs import scan_runs
+  curves = {"vjp-post-rms_norm-a": [(1, 5.0), (42, 2.9), (43, 11.18), (44, 3.0)],
+            "qk-pre-noqk-L2-lr0.3-s0-b": [(1, 5.0), (2, 4.0)], "grid-c": [(1, 5.0), (2, 4.8)]}
+  for label, curve in curves.items():
+    diverged = 2 if label.startswith("qk") else None
+    write_json(tmp_path / "runs" / label / "run.json",
+               {"label": label.rsplit("-", 1)[0], "config": {"steps": 120},
+                "summary": {"train_curve": curve, "diverged_at": diverged, "steps_done": diverged or 120}})
+  scan = scan_runs(tmp_path)
+  assert [r["label"] for r in scan] == ["grid", "qk-pre-noqk-L2-lr0.3-s0", "vjp-post-rms_norm"]
+  lines = report.instabilities({}, scan)
+  assert lines == ["run `qk-pre-noqk-L2-lr0.3-s0`: diverged (training loss above the harness's threshold or not "
+                   "finite) at step 2 of 120",
+                   "run `vjp-post-rms_norm`: training loss spiked by 8.28 nats to 11.18 at step 43"]

@@ -11,17 +11,26 @@ from experiments.suite import plan, presets, study
 from experiments.suite.registry import EXPERIMENTS
 
 
-def test_every_study_follows_the_protocol_and_the_plan_is_their_units():
-  preset = presets.get_preset("cpu")
+@pytest.mark.parametrize("preset_name", ["cpu", "cpu-extra"])
+def test_every_study_follows_the_protocol_and_the_plan_is_their_units(preset_name):
+  """Every registered study is run by the cpu or the cpu-extra preset, and the plan is their own units."""
+  preset = presets.get_preset(preset_name)
   expected = []
-  for name, module_name in EXPERIMENTS.items():
-    module = study.load(module_name)
+  for name in presets.studies(preset):
+    module = study.load(EXPERIMENTS[name])
     assert isinstance(module, study.Study), name
     units = module.units(module.Config(**preset[name]))
     assert units and all(u.experiment == name for u in units), name
     assert len({u.label for u in units}) == len(units), name
     expected += units
-  assert plan.units("cpu") == expected
+  assert plan.units(preset_name) == expected
+
+
+def test_the_two_cpu_commands_split_the_studies():
+  """Issue 31: the main job holds the flagship studies, the second command every other one."""
+  main, extra = (presets.studies(presets.get_preset(n)) for n in ("cpu", "cpu-extra"))
+  assert main == ["warmup", "depth"] and not set(main) & set(extra)
+  assert set(main) | set(extra) == set(EXPERIMENTS)
 
 
 def test_load_names_what_a_study_lacks(monkeypatch):

@@ -30,7 +30,7 @@ import dataclasses
 import numpy as np
 
 from experiments.studies.depth_rules import PAST_PLATEAU, verdicts
-from experiments.studies.seeds import failed, format_finals, format_rises, largest_rise, point
+from experiments.studies.seeds import failed, format_finals, format_rises, point, set_rises
 from experiments.suite.study import Unit, train_unit
 
 TITLE = "Depth: Post-LN, Pre-LN, Sandwich, DeepNorm (Liu et al. 2020; Wang et al. 2022)"
@@ -131,7 +131,8 @@ def run(ctx, cfg: Config) -> dict:
     runs.setdefault(f"{pos}/L{L}", []).append({
         "position": pos, "n_layers": L, "seed": seed, "run": r.path.name,
         **{k: r.summary.get(k) for k in ("final_val_loss", "diverged", "diverged_at", "val_curve")},
-        "rise": largest_rise(r.summary.get("train_curve"))})
+        "train_curve": r.summary.get("train_curve")})
+  set_rises(runs)
   for k, v in runs.items():
     points[k] = point(v, unigram)
   update = {}
@@ -213,17 +214,22 @@ def plot(ctx, runs: dict, points: dict, update: dict, cfg: Config, unigram: floa
           ax.axvline(r["diverged_at"], color=colors[pos], ls=styles[di % 4], lw=0.8)
   ax.axhline(unigram, color="k", ls=":", lw=1)
   top = unigram + 1.0
-  n_clip = 0
+  n_clip, init_losses = 0, []
   for pos in trained(cfg):
     for L in cfg.depths:
       for r in runs[f"{pos}/L{L}"]:
         for s_, v in r["val_curve"] or []:
-          if float(v) > top:
+          if float(v) > top and int(s_) == 0:   # the initial loss, named once below (not one label per run)
+            init_losses.append(float(v))
+          elif float(v) > top:
             n_clip += 1
             ax.plot([s_], [top], marker="^", color=colors[pos], ms=6, clip_on=False)
             ax.annotate(f"{float(v):.2f}", (s_, top), fontsize=6, color=colors[pos], textcoords="offset points",
                         xytext=(3, -8))
   ax.set_ylim(unigram - 1.2, top)
+  if init_losses:
+    ax.text(0.99, 0.97, f"step 0 (initial loss {min(init_losses):.2f}-{max(init_losses):.2f}) above the axis",
+            transform=ax.transAxes, ha="right", va="top", fontsize=6)
   ax.set_title(f"Validation loss, every seed ({len(cfg.seeds)}; marker = seed, line style = depth)"
                + (f"; ^ = value above {top:.2f}, clipped" if n_clip else ""), fontsize=8)
   ax.set_xlabel("step")
@@ -279,7 +285,8 @@ def report_section(summary: dict, rel: str) -> str:
       "(log-log, seed mean), every layout.*", "",
       "Mean ± half-range over seeds (a stalled run keeps its own loss, a diverged one counts at the unigram "
       "baseline); per seed: each run's own final val loss (marked stalled) or the step where it diverged; "
-      "largest rise: each seed's largest training-loss rise above its running minimum (a **spike** above 1 nat); "
+      "largest rise: each seed's largest training-loss rise above its running minimum, not counting steps where most "
+      "runs of that seed rise together (hard batches) (a **spike** above 1 nat); "
       "left plateau: each seed's first evaluation below the plateau minus 0.1.",
       "", "| layout / depth | final val loss (mean ± half-range) | per seed | failures | largest rise per seed | "
       "left plateau at |", "|---|---|---|---|---|---|"]

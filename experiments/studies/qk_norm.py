@@ -237,6 +237,11 @@ def plot(ctx, runs: dict, cfg: Config) -> list[str]:
       r = runs[(pos, qk, top, cfg.seeds[0])]
       if r["logit_steps"]:
         axes[2].plot(r["logit_steps"], np.maximum(r["logit_max"], 1e-3), lw=0.9, **st)
+        if r["diverged"]:   # the curve is truncated there: mark it (issue 32)
+          axes[2].plot([r["logit_steps"][-1]], [max(r["logit_max"][-1], 1e-3)], "X", color=st["color"], ms=9)
+          end = (r["logit_steps"][-1], max(r["logit_max"][-1], 1e-3))
+          axes[2].annotate(f"diverged at step {r['diverged_at']}", end, fontsize=7, color=st["color"],
+                           xytext=(4, -10), textcoords="offset points")
   axes[0].set_xscale("log")
   axes[0].set_xlabel("peak learning rate")
   axes[0].set_ylabel("final validation loss (nats)")
@@ -249,7 +254,8 @@ def plot(ctx, runs: dict, cfg: Config) -> list[str]:
   axes[2].set_yscale("log")
   axes[2].set_xlabel("step")
   axes[2].set_ylabel("largest attention logit (any layer)")
-  axes[2].set_title(f"attention logits over training at lr {top:g} (seed {cfg.seeds[0]})", fontsize=9)
+  axes[2].set_title(f"attention logits over training at lr {top:g} (seed {cfg.seeds[0]}; X: diverged, curve ends)",
+                    fontsize=9)
   for ax in axes:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

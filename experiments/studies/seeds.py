@@ -18,13 +18,41 @@ STALL_NATS = 0.1   # a final val loss within this of the unigram baseline counts
 SPIKE_NATS = 1.0   # a training loss this far above its running minimum is a spike
 
 
-def largest_rise(train_curve) -> dict | None:
+SHARED_RISE_NATS = 0.3   # a step where most runs on the same batches rise this much is a hard batch
+
+
+def rises_at(train_curve) -> dict[int, float]:
+  """Per step, the training loss minus its running minimum before that step (0 for the first)."""
+  out, lo = {}, np.inf
+  for step, loss in train_curve or []:
+    loss = float(loss)
+    if not np.isfinite(loss):
+      continue
+    out[int(step)] = float(loss - lo) if lo < np.inf else 0.0
+    lo = min(lo, loss)
+  return out
+
+
+def shared_rise_steps(curves: list) -> set[int]:
+  """The steps at which more than half of ``curves`` (runs on the same batches: the same data seed,
+  batch size and sequence length) rise at least :data:`SHARED_RISE_NATS` above their running
+  minimum: hard batches every run shares, not an instability of one run."""
+  per = [rises_at(c) for c in curves if c]
+  if len(per) < 2:
+    return set()
+  steps = set().union(*per)
+  return {t for t in steps if sum(r.get(t, 0.0) >= SHARED_RISE_NATS for r in per) > len(per) / 2}
+
+
+def largest_rise(train_curve, skip=()) -> dict | None:
   r"""The largest rise of a training-loss curve above its running minimum: a loss spike's size.
 
   .. math:: r = \max_t \big(\ell_t - \min_{s < t} \ell_s\big)
 
   Args:
     train_curve: ``[(step, loss), ...]`` in step order (non-finite losses are skipped).
+    skip: steps not to count as a rise (:func:`shared_rise_steps`: hard batches every run shares);
+      their losses still enter the running minimum.
 
   Returns:
     ``{"rise", "step", "peak"}`` (the rise in nats, the step and the loss there; for a curve
@@ -36,12 +64,37 @@ def largest_rise(train_curve) -> dict | None:
     loss = float(loss)
     if not np.isfinite(loss):
       continue
-    if lo < np.inf and loss - lo > (0.0 if best is None else best["rise"]):
+    if lo < np.inf and int(step) not in skip and loss - lo > (0.0 if best is None else best["rise"]):
       best = {"rise": float(loss - lo), "step": int(step), "peak": loss}
     lo, top = min(lo, loss), max(top, loss)
   if best is None and lo < np.inf:
     best = {"rise": 0.0, "step": None, "peak": float(top)}
   return best
+
+
+def set_rises(runs: dict, shared: dict | None = None) -> dict:
+  """Sets each run's ``rise``: its largest training-loss rise, not counting the steps where most runs
+  on the same batches (the same seed) rise together (:func:`~experiments.studies.seeds.shared_rise_steps`:
+  hard batches, not an instability of one run), and drops its ``train_curve``.
+
+  Args:
+    runs: ``{key: [run per seed]}`` as the warm-up grid and the depth study build them (each with
+      ``seed`` and ``train_curve``).
+    shared: ``{seed: steps}`` to use (default: computed from ``runs``).
+
+  Returns:
+    The ``{seed: sorted shared steps}`` used.
+  """
+  if shared is None:
+    by_seed: dict = {}
+    for rs in runs.values():
+      for r in rs:
+        by_seed.setdefault(r["seed"], []).append(r.get("train_curve"))
+    shared = {seed: sorted(shared_rise_steps(curves)) for seed, curves in by_seed.items()}
+  for rs in runs.values():
+    for r in rs:
+      r["rise"] = largest_rise(r.pop("train_curve", None), skip=set(shared.get(r["seed"], ())))
+  return shared
 
 
 def failed(run: dict, unigram: float) -> str | None:

@@ -44,7 +44,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from experiments.studies.seeds import STALL_NATS, failed, format_finals, format_rises, largest_rise, point
+from experiments.studies.seeds import STALL_NATS, failed, format_finals, format_rises, point, set_rises
 from experiments.studies.warmup_rules import MARGIN, describe, verdicts
 from experiments.suite.runs import train_run
 from experiments.suite.study import train_unit
@@ -123,6 +123,29 @@ def grid_layouts(cfg: Config) -> list[tuple[str, int]]:
 
 def _spec(pos, lr, w, norm="layer_norm", init="xavier"):
   return {"norm_position": pos, "norm_type": norm, "init": init, "lr": lr, "warmup": w}
+
+
+def eval_noise(runs: dict, lrs: list[float], long_w: int) -> dict:
+  r"""The evaluation noise, measured: each finished run's final model evaluated on a second set of
+  validation windows (``final_val_loss_alt``).
+
+  ``single``: :math:`|L_1 - L_2|` per run; ``paired``: per (rate, seed), how much the warm-up gain
+  :math:`\Delta = L_\text{Post, 0} - L_\text{Post, long}` moves between the two sets,
+  :math:`|\Delta_1 - \Delta_2|` (what the rules' paired margin must exceed). Each as
+  ``{"n", "median", "max"}`` (None without data).
+  """
+  def stats(v):
+    return {"n": len(v), "median": float(np.median(v)), "max": float(np.max(v))} if v else None
+  single = [abs(r["final_val_loss"] - r["final_val_loss_alt"]) for rs in runs.values() for r in rs
+            if r.get("final_val_loss") is not None and r.get("final_val_loss_alt") is not None]
+  paired = []
+  for lr in lrs:
+    for a, b in zip(runs.get(("post", lr, 0), []), runs.get(("post", lr, long_w), [])):
+      if None not in (a.get("final_val_loss"), a.get("final_val_loss_alt"), b.get("final_val_loss"),
+                      b.get("final_val_loss_alt")):
+        paired.append(abs((a["final_val_loss"] - b["final_val_loss"])
+                          - (a["final_val_loss_alt"] - b["final_val_loss_alt"])))
+  return {"single": stats(single), "paired": stats(paired)}
 
 
 def telling_rate(grid: dict, lrs: list[float], long_w: int) -> float:
@@ -207,7 +230,7 @@ def plot(ctx, runs: dict, grid: dict, lrs: list[float], cfg: Config, unigram: fl
 
   fig, ax = ctx.subplots(figsize=(6.5, 3.8))
   top = unigram + 0.6
-  clipped = []
+  clipped, init_losses = [], []
   for pos, color in (("post", "C3"), ("pre", "C0")):
     for w, ls in zip(cfg.warmups, ("-", "--", ":", "-.")):
       if (pos, telling, w) not in runs:
@@ -224,7 +247,9 @@ def plot(ctx, runs: dict, grid: dict, lrs: list[float], cfg: Config, unigram: fl
       ax.fill_between(steps, np.nanmin(vals, axis=0), np.nanmax(vals, axis=0), color=color, alpha=0.12)
       for c in curves:
         for s_, v in c:
-          if v > top:
+          if v > top and s_ == 0:      # the initial loss: every run starts there, named in the title
+            init_losses.append(v)
+          elif v > top:
             clipped.append((s_, v))
             ax.plot([s_], [top], marker="^", color=color, ms=6, clip_on=False)
             ax.annotate(f"{v:.2f}", (s_, top), fontsize=6, color=color, textcoords="offset points", xytext=(3, -8))
@@ -235,6 +260,9 @@ def plot(ctx, runs: dict, grid: dict, lrs: list[float], cfg: Config, unigram: fl
   ax.set_ylim(min(all_means) - 0.2, top)
   ax.set_title(f"Validation loss at the telling rate lr {telling:g} (seed mean, min-max band)"
                + (f"; ^ = a seed's value above {top:.2f}, clipped (value written)" if clipped else ""), fontsize=8)
+  if init_losses:
+    ax.text(0.99, 0.97, f"step 0 (initial loss {min(init_losses):.2f}-{max(init_losses):.2f}) above the axis",
+            transform=ax.transAxes, ha="right", va="top", fontsize=6)
   ax.set_xlabel("step")
   ax.set_ylabel("validation loss (nats/byte)")
   ax.grid(alpha=0.3)
@@ -283,12 +311,14 @@ def run(ctx, cfg: Config) -> dict:
       key = (spec["norm_position"], spec["lr"], spec["warmup"], spec["norm_type"], spec["init"])
       out.setdefault(key, []).append({
           "spec": spec, "seed": seed, "run": r.path.name,
-          **{k: r.summary.get(k) for k in ("final_val_loss", "diverged", "diverged_at", "val_curve")},
-          "rise": largest_rise(r.summary.get("train_curve"))})
+          **{k: r.summary.get(k) for k in ("final_val_loss", "final_val_loss_alt", "diverged", "diverged_at",
+                                           "val_curve")},
+          "train_curve": r.summary.get("train_curve")})
     return out
 
   specs = [_spec(pos, lr, w) for lr in lrs for pos, w in grid_layouts(cfg)]
   all_runs = train_points(specs)
+  shared = set_rises(all_runs)
   runs = {(k[0], k[1], k[2]): v for k, v in all_runs.items()}
   grid = {k: point(v, unigram) for k, v in runs.items()}
   long_ = cfg.warmups[-1]
@@ -301,11 +331,13 @@ def run(ctx, cfg: Config) -> dict:
   if cfg.small_init:
     extra_specs += [_spec(pos, telling, 0, init="small") for pos in ("post", "pre")]
   extra_runs = train_points(extra_specs)
+  set_rises(extra_runs, shared)
   all_runs.update(extra_runs)
   extra_points = {(k[0], k[1], k[2], k[3] if k[4] == "xavier" else "small_init"): point(v, unigram)
                   for k, v in extra_runs.items()}
 
   claims, extra = verdicts(grid, lrs, cfg, unigram, ctx.preset["train"]["eval_every"])
+  noise = eval_noise(runs, lrs, cfg.warmups[-1])
   lo, hi = lrs[0], lrs[-1]
   bottom_ok = all(grid[(p, lo, w)]["trains"] for p, w in grid_layouts(cfg))
   best_pre = min(grid[("pre", lr, 0)]["mean"] for lr in lrs)
@@ -338,8 +370,25 @@ def run(ctx, cfg: Config) -> dict:
           "telling_text": telling_text,
           "grid": {label(k): v for k, v in grid.items()},
           "extra_points": {label(k): v for k, v in extra_points.items()},
-          **extra, "range_check": range_check, "schedule": schedule, "unigram_nats": unigram,
+          **extra, "range_check": range_check, "eval_noise": noise,
+          "shared_rise_steps": {str(k): v for k, v in shared.items()}, "schedule": schedule, "unigram_nats": unigram,
           "model": dict(ctx.preset["model"])}
+
+
+def _shared_text(shared: dict | None) -> str:
+  if not shared:
+    return "not computed"
+  return "; ".join(f"seed {k}: steps {', '.join(map(str, v)) or 'none'}" for k, v in shared.items())
+
+
+def _noise_text(noise: dict | None) -> str:
+  if not noise or not noise.get("single"):
+    return "Evaluation noise: not measured in this run."
+  s, p = noise["single"], noise.get("paired")
+  return (f"Evaluation noise, measured (the same final model on a second set of validation windows): a run's loss "
+          f"moves by median {s['median']:.3f}, at most {s['max']:.3f} nats over {s['n']} runs"
+          + (f"; a paired warm-up gain moves by median {p['median']:.3f}, at most {p['max']:.3f} over {p['n']} pairs"
+             if p else "") + f" (the rules' paired margin: {MARGIN} nats).")
 
 
 def report_section(summary: dict, rel: str) -> str:
@@ -364,6 +413,7 @@ def report_section(summary: dict, rel: str) -> str:
       f"Post-LN without and with the long warm-up where Pre-LN trains): **{summary['telling_lr']:g}**; "
       f"{summary.get('telling_text', '')}. It picks where the curves and the RMSNorm / small-init "
       "observations are shown; no other study reuses it.", "",
+      _noise_text(summary.get("eval_noise")), "",
       f"Range check: every layout trains at the bottom rate: {'yes' if rc['bottom_every_layout_trains'] else 'no'}; "
       f"Pre-LN (no warm-up) degrades at the top rate: {'yes' if rc['top_pre_ln_degrades'] else 'no'} "
       f"({rc['pre_ln_top']:.3f} vs its best {rc['pre_ln_best']:.3f}).", "",
@@ -375,7 +425,9 @@ def report_section(summary: dict, rel: str) -> str:
       "warm-up; a value above the axis is marked by a triangle at the top edge with its value written.*", "",
       "Mean ± half-range over seeds (a stalled run keeps its own loss, a diverged one counts at the unigram "
       "plateau); per seed: each run's own final val loss (marked stalled) or the step where it diverged; "
-      "largest rise: each seed's largest training-loss rise above its running minimum (a **spike** if above "
+      "largest rise: each seed's largest training-loss rise above its running minimum, not counting the steps "
+      f"where most runs of that seed rise together (hard batches shared by every run: "
+      f"{_shared_text(summary.get('shared_rise_steps'))}) (a **spike** if above "
       "1 nat, with its peak and step); left plateau: each seed's first evaluation below the plateau - "
       f"{STALL_NATS}.", "",
       "| layout | peak lr | warm-up | final val loss (mean ± half-range) | per seed | failures | largest rise "

@@ -59,7 +59,7 @@ class Cost:
   Attributes:
     step_s: one training step of a 6-layer width-64 (CPU) or width-256 (GPU) model, host work
       and evaluations included, per sequence length of the preset's batches.
-    step_per_layer_s: added per layer beyond 6, per sequence length.
+    step_per_layer_s: added per layer beyond 6 (taken off per layer below 6), per sequence length.
     compile_train_s: compiling a train step and its eval step (any depth: scanned blocks).
     compile_grad_s: compiling the gradient function of the probes (any depth).
     start_s: per unit: building the model, data, evaluation, files.
@@ -84,7 +84,10 @@ class Cost:
     if seq_len not in self.step_s:
       raise ValueError(f"seq_len must be one this cost model was calibrated at, {sorted(self.step_s)}, got "
                        f"{seq_len}; measure a step there and add it to COSTS.")
-    return self.step_s[seq_len] + self.step_per_layer_s[seq_len] * max(n_layers - 6, 0)
+    # Linear in the depth on both sides of 6 (a 2-layer step costs less than a 6-layer one),
+    # never below one layer's share.
+    per_layer = self.step_per_layer_s[seq_len]
+    return max(self.step_s[seq_len] + per_layer * (n_layers - 6), per_layer)
 
   def scaled(self, factor: float) -> "Cost":
     """The same model with every time multiplied by ``factor`` (a slower CPU of the same code)."""

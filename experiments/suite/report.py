@@ -159,15 +159,30 @@ def _tally_text(counts: dict[str, int]) -> str:
   return ", ".join(f"{_VERDICT_TEXT.get(k, k).replace('**', '')}: {counts[k]}" for k in order if counts.get(k))
 
 
-def instabilities(summaries: dict) -> list[str]:
-  """Every training run's spike (a training-loss rise above ``SPIKE_NATS``) and every late plateau
-  exit (after 2/3 of the run) in the warm-up grid and the depth study, and every diverged run of
-  the QK-norm sweep, one line each."""
+def instabilities(summaries: dict, runs_scan: list[dict] | None = None) -> list[str]:
+  """Every instability of every training run, one line each.
+
+  With ``runs_scan`` (:func:`experiments.suite.runs.scan_runs`, kept in ``suite.json``): every
+  cached run of every study, with its divergence step and its training-loss spikes (a rise above
+  ``SPIKE_NATS`` over its running minimum); without it (older folders) the spikes of the warm-up
+  grid and the depth study and the divergences of the QK-norm sweep. Then every late plateau exit
+  (after 2/3 of the run) of the warm-up grid and the depth study.
+  """
   lines = []
-  for r in summaries.get("qk_norm", {}).get("diverged", []):
-    layout = f"{'Pre' if r['position'] == 'pre' else 'Post'}-LN {'+ QK-norm' if r['qk_norm'] else 'no QK-norm'}"
-    lines.append(f"QK-norm sweep `{layout}, lr {r['lr']:g}` seed {r['seed']}: diverged (training loss above the "
-                 f"harness's threshold) at step {r['step']}; it counts as the initial loss in the LR sensitivity")
+  if runs_scan is not None:
+    for r in runs_scan:
+      if r.get("diverged_at") is not None:
+        lines.append(f"run `{r['label']}`: diverged (training loss above the harness's threshold or not finite) at "
+                     f"step {r['diverged_at']}" + (f" of {r['steps']}" if r.get("steps") else ""))
+      rise = r.get("rise")
+      if rise is not None and rise["rise"] > SPIKE_NATS:
+        lines.append(f"run `{r['label']}`: training loss spiked by {rise['rise']:.2f} nats to {rise['peak']:.2f} at "
+                     f"step {rise['step']}")
+  else:
+    for r in summaries.get("qk_norm", {}).get("diverged", []):
+      layout = f"{'Pre' if r['position'] == 'pre' else 'Post'}-LN {'+ QK-norm' if r['qk_norm'] else 'no QK-norm'}"
+      lines.append(f"QK-norm sweep `{layout}, lr {r['lr']:g}` seed {r['seed']}: diverged (training loss above the "
+                   f"harness's threshold) at step {r['step']}; it counts as the initial loss in the LR sensitivity")
   srcs = []
   if "warmup" in summaries:
     w = summaries["warmup"]
@@ -178,11 +193,12 @@ def instabilities(summaries: dict) -> list[str]:
     srcs += [("depth", "depth", k, p, d["config"]["steps"]) for k, p in d.get("points", {}).items()]
   for where, name, key, p, steps in srcs:
     seeds = summaries[name].get("seeds", [])
-    for i, r in enumerate(p.get("rise") or []):
-      if r is not None and r["rise"] > SPIKE_NATS:
-        lines.append(f"{where} `{key}` seed {seeds[i] if i < len(seeds) else i}: training loss spiked by "
-                     f"{r['rise']:.2f} nats to {r['peak']:.2f} at step {r['step']}, final val loss "
-                     f"{p['values'][i]:.3f}")
+    if runs_scan is None:
+      for i, r in enumerate(p.get("rise") or []):
+        if r is not None and r["rise"] > SPIKE_NATS:
+          lines.append(f"{where} `{key}` seed {seeds[i] if i < len(seeds) else i}: training loss spiked by "
+                       f"{r['rise']:.2f} nats to {r['peak']:.2f} at step {r['step']}, final val loss "
+                       f"{p['values'][i]:.3f}")
     for i, s in enumerate(p.get("left_plateau") or []):
       if s is not None and s > 2 * steps / 3:
         lines.append(f"{where} `{key}` seed {seeds[i] if i < len(seeds) else i}: left the plateau late, at step {s} "
@@ -211,8 +227,9 @@ def _summary(state: dict, rows: list[dict], summaries: dict) -> list[str]:
     out.append("- **Not testable at this scale**" + (" (run `--preset gpu`)" if state.get("preset") != "gpu" else "")
                + ":")
     out += [f"  - {r['statement']} *Why:* {_reason(r['ours'])}" for r in nt]
-  inst = instabilities(summaries)
-  out.append(f"- Instabilities (every training-loss spike above {SPIKE_NATS:g} nat and every late plateau exit): "
+  inst = instabilities(summaries, state.get("runs_scan"))
+  out.append(f"- Instabilities (every divergence and every training-loss spike above {SPIKE_NATS:g} nat of every "
+             "training run of this preset, and every late plateau exit): "
              + ("none" if not inst else ""))
   out += [f"  - {x}" for x in inst]
   out += ["", "Verdicts are computed by the rules printed beside them; the section \"Rule changes\" lists every rule "
@@ -220,8 +237,21 @@ def _summary(state: dict, rows: list[dict], summaries: dict) -> list[str]:
   return out
 
 
-def _limitations(state: dict) -> list[str]:
-  """What the scale of this preset cannot say, with its sizes."""
+def _noise_line(eval_bytes: int, noise: dict | None) -> str:
+  """The limitation line on evaluation noise: measured where the warm-up grid measured it."""
+  if noise and noise.get("single"):
+    s, p = noise["single"], noise.get("paired")
+    return (f"- Evaluation on {eval_bytes:,} bytes per point. Measured noise (the same final model on a second set of "
+            f"validation windows): median {s['median']:.3f}, at most {s['max']:.3f} nats over {s['n']} runs"
+            + (f"; a paired warm-up gain moves by median {p['median']:.3f}, at most {p['max']:.3f}" if p else "")
+            + "; the rules' paired margin is 0.05 nats.")
+  return (f"- Evaluation on {eval_bytes:,} bytes per point: with a per-byte loss s.d. of about 2 nats, about "
+          f"{2 / max(eval_bytes, 1) ** 0.5:.2f} nat of noise per evaluation (an estimate: not measured in this run).")
+
+
+def _limitations(state: dict, summaries: dict | None = None) -> list[str]:
+  """What the scale of this preset cannot say, with its sizes (and the evaluation noise the warm-up
+  grid measured, where ``summaries`` has it)."""
   pc = state.get("preset_config", {})
   m, tr = pc.get("model", {}), pc.get("train", {})
   w = pc.get("warmup", {})
@@ -231,7 +261,8 @@ def _limitations(state: dict) -> list[str]:
   if wd is None:
     from experiments.harness.train_config import TrainConfig
     wd = next(f.default for f in dataclasses.fields(TrainConfig) if f.name == "weight_decay")
-  wd_text = f"decoupled weight decay {wd} on matrices" + (" (so AdamW is Adam)" if not wd else "")
+  wd_text = (f"decoupled weight decay {wd} on weight matrices and embeddings (not on norm scales or biases)"
+             + (" (so AdamW is Adam)" if not wd else ""))
   corpus = (state.get("corpus") or {}).get("name", "?")
   steps = w.get("steps")
   tokens = f"{batch * seq * steps:,}" if batch and seq and steps else "?"
@@ -241,8 +272,7 @@ def _limitations(state: dict) -> list[str]:
           "train translation and BERT models for 10^4-10^6 steps; a claim that needs their regime is marked not "
           "testable here rather than judged.",
           f"- Data: a byte-level corpus ({corpus}), not IWSLT/WMT/BERT text; losses are nats per byte.",
-          f"- Evaluation on {eval_bytes:,} bytes per point: with a per-byte loss s.d. of about 2 nats, about "
-          f"{2 / max(eval_bytes, 1) ** 0.5:.2f} nat of noise per evaluation (an estimate, not measured).",
+          _noise_line(eval_bytes, (summaries or {}).get("warmup", {}).get("eval_noise")),
           f"- Optimizer: AdamW(0.9, 0.98), {wd_text}; DeepNet's constants and bound are derived for SGD-like "
           "updates, Xiong et al.'s theory for Xavier init with W^Q = W^K = 0.",
           f"- Seeds: {w.get('seeds')} per training point; spreads are min-max over them (half-range shown), not "
@@ -275,7 +305,7 @@ def render_text(root: str | pathlib.Path) -> str:
 
   out = [f"# jaxnorm experiment report (preset `{state.get('preset')}`)", ""]
   out += _summary(state, rows, summaries)
-  out += _limitations(state)
+  out += _limitations(state, summaries)
   out += _first_screen(summaries, rows, counts)
   out += [
       "Every number below was measured by `python -m experiments run` on the machine described "

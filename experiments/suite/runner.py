@@ -45,6 +45,7 @@ from experiments.suite import plan as plan_lib
 from experiments.suite.context import Context, OutOfBudget
 from experiments.suite.provenance import provenance
 from experiments.suite.registry import EXPERIMENTS, read_json, write_json
+from experiments.suite.runs import scan_runs
 
 __all__ = ["export", "main", "run_suite", "select"]
 
@@ -208,6 +209,7 @@ def run_suite(preset_name: str, out_dir: str | pathlib.Path, *, only: list[str] 
   bar.close()
   ctx.exp_name = ""
   state["last_invocation_wall_s"] = time.perf_counter() - t_suite
+  state["runs_scan"] = scan_runs(root)   # every cached run's divergence and largest rise (the report's list)
   state["failed"] = failures
   state["stopped"] = stopped
   write_json(root / "suite.json", state)

@@ -14,7 +14,7 @@ import numpy as np
 from experiments.suite.registry import from_json_float, read_json, to_jsonable, write_json
 from experiments.suite.units import unit_hash
 
-__all__ = ["RunResult", "RunsMixin", "run_label", "train_run"]
+__all__ = ["RunResult", "RunsMixin", "run_label", "scan_runs", "train_run"]
 
 RUN_CACHE_VERSION = 1
 
@@ -170,3 +170,18 @@ def train_run(ctx: RunsMixin, spec: dict, n_layers: int, steps: int, seed: int =
                         **({"norm_impl": spec["norm_impl"]} if "norm_impl" in spec else {}))
   tc = ctx.train_config(mc, steps=steps, lr=spec["lr"], warmup=spec["warmup"], seed=seed, **extra)
   return ctx.train(tc, run_label(spec, n_layers) + (f"-{spec['norm_impl']}" if "norm_impl" in spec else ""))
+
+
+def scan_runs(root: pathlib.Path) -> list[dict]:
+  """One line per cached training run under ``root/runs`` (every study's), for the report's list of
+  instabilities: ``{"label", "steps", "steps_done", "diverged_at", "rise"}`` with ``rise`` the run's
+  :func:`~experiments.studies.seeds.largest_rise` of its training-loss curve, in label order."""
+  from experiments.studies.seeds import largest_rise
+  out = []
+  for done in sorted(pathlib.Path(root).glob("runs/*/run.json")):
+    rec = read_json(done)
+    s = rec.get("summary", {})
+    out.append({"label": rec.get("label", done.parent.name), "steps": (rec.get("config") or {}).get("steps"),
+                "steps_done": s.get("steps_done"), "diverged_at": s.get("diverged_at"),
+                "rise": largest_rise(s.get("train_curve"))})
+  return out
