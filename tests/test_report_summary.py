@@ -84,8 +84,10 @@ def test_instabilities_read_every_run_of_every_study(tmp_path):
     write_json(tmp_path / "runs" / label / "run.json",
                {"label": label.rsplit("-", 1)[0], "config": {"steps": 120},
                 "summary": {"train_curve": curve, "diverged_at": diverged, "steps_done": diverged or 120}})
+  write_json(tmp_path / "runs" / "grid-d" / "run.json",
+             {"label": "grid", "config": {"steps": 120, "seed": 2}, "summary": {"train_curve": curves["grid-c"]}})
   scan = scan_runs(tmp_path)
-  assert [r["label"] for r in scan] == ["grid", "qk-pre-noqk-L2-lr0.3-s0", "vjp-post-rms_norm"]
+  assert [r["label"] for r in scan] == ["grid", "grid seed 2", "qk-pre-noqk-L2-lr0.3-s0", "vjp-post-rms_norm"]
   lines = report.instabilities({}, scan)
   assert lines == ["run `qk-pre-noqk-L2-lr0.3-s0`: diverged (training loss above the harness's threshold or not "
                    "finite) at step 2 of 120",

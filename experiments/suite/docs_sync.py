@@ -3,7 +3,8 @@
 The docs restate no verdict by hand: the block between
 :data:`~experiments.suite.report.DOCS_BEGIN` and :data:`~experiments.suite.report.DOCS_END` is
 rendered from a results folder by :func:`experiments.suite.report.docs_block`.
-``python -m experiments.suite.docs_sync`` rewrites it from ``experiments/results/cpu``;
+``python -m experiments.suite.docs_sync`` rewrites it from ``experiments/results/cpu`` and
+``experiments/results/cpu-extra`` (the two commands' committed reports);
 ``--check`` exits with status 1 where the docs differ (``tests/test_docs_report.py`` runs the
 same comparison).
 """
@@ -19,7 +20,7 @@ __all__ = ["current_block", "main", "sync"]
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs" / "experiments.md"
-RESULTS = REPO / "experiments" / "results" / "cpu"
+RESULTS = (REPO / "experiments" / "results" / "cpu", REPO / "experiments" / "results" / "cpu-extra")
 _PLACEHOLDER = "BLOCK_PLACEHOLDER"
 
 
@@ -36,8 +37,8 @@ def current_block(text: str) -> str:
   return text[i:j + len(report.DOCS_END)]
 
 
-def sync(docs: str | pathlib.Path = DOCS, results: str | pathlib.Path = RESULTS, check: bool = False) -> bool:
-  """Rewrites (or with ``check`` only compares) the docs' block from ``results``.
+def sync(docs: str | pathlib.Path = DOCS, results=RESULTS, check: bool = False) -> bool:
+  """Rewrites (or with ``check`` only compares) the docs' block from ``results`` (one folder or several).
 
   Returns:
     True if the docs already matched.
@@ -58,9 +59,10 @@ def main(argv: list[str] | None = None) -> int:
   ap = argparse.ArgumentParser(prog="python -m experiments.suite.docs_sync", description=__doc__.splitlines()[0])
   ap.add_argument("--check", action="store_true", help="only compare; exit 1 if the docs differ")
   ap.add_argument("--docs", default=str(DOCS))
-  ap.add_argument("--results", default=str(RESULTS))
+  ap.add_argument("--results", action="append", default=None,
+                  help="a committed results folder (repeatable; default: experiments/results/cpu and cpu-extra)")
   args = ap.parse_args(argv)
-  same = sync(args.docs, args.results, check=args.check)
+  same = sync(args.docs, args.results or RESULTS, check=args.check)
   print("docs match the report" if same else ("docs differ from the report" if args.check else "docs rewritten"))
   return 0 if same or not args.check else 1
 

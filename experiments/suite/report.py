@@ -359,27 +359,29 @@ DOCS_BEGIN = "<!-- generated from the committed cpu report by experiments.suite.
 DOCS_END = "<!-- end of the generated block -->"
 
 
-def docs_block(root: str | pathlib.Path) -> str:
-  """The block of ``docs/experiments.md`` that names the committed report's verdicts.
+def docs_block(roots) -> str:
+  """The block of ``docs/experiments.md`` that names the committed reports' verdicts.
 
-  The docs restate no verdict by hand: this block is rendered from the results folder ``root``
-  (``experiments/results/cpu``), and ``tests/test_docs_report.py`` fails if the docs' copy differs.
-  ``python -m experiments.suite.docs_sync`` rewrites it.
+  The docs restate no verdict by hand: this block is rendered from the results folders ``roots``
+  (one folder or a list: ``experiments/results/cpu`` and ``experiments/results/cpu-extra``), one
+  part per report listing the claims its preset ran; ``tests/test_docs_report.py`` fails if the
+  docs' copy differs. ``python -m experiments.suite.docs_sync`` rewrites it.
   """
-  root = pathlib.Path(root)
-  state = read_json(root / "suite.json")
-  summaries = {name: read_json(root / name / "done.json") for name in EXPERIMENTS
-               if (root / name / "done.json").exists()}
-  rows = claims_rows(summaries)
-  t = tally(rows)
-  git = (state.get("git") or {}).get("commit", "?")
-  preset = state.get("preset")
-  lines = [DOCS_BEGIN, "",
-           f"The committed `{preset}` report ([experiments/results/{preset}/report.md]"
-           f"(../experiments/results/{preset}/report.md), git `{str(git)[:7]}`, {state.get('created')}):", "",
-           f"- claims about models and training: {_tally_text(t['training'])}",
-           f"- implementation checks: {_tally_text(t['check'])}", "",
-           "| claim | verdict |", "|---|---|"]
-  lines += [f"| `{r['id']}` | {_VERDICT_TEXT.get(r['holds'], r['holds'])} |" for r in rows]
+  roots = [roots] if isinstance(roots, (str, pathlib.Path)) else list(roots)
+  lines = [DOCS_BEGIN]
+  for root in map(pathlib.Path, roots):
+    state = read_json(root / "suite.json")
+    summaries = {name: read_json(root / name / "done.json") for name in EXPERIMENTS
+                 if (root / name / "done.json").exists()}
+    rows = [r for r in claims_rows(summaries) if r["holds"] != "not run"]
+    t = tally(rows)
+    git = (state.get("git") or {}).get("commit", "?")
+    preset = state.get("preset")
+    lines += ["", f"The committed `{preset}` report ([experiments/results/{preset}/report.md]"
+              f"(../experiments/results/{preset}/report.md), git `{str(git)[:7]}`, {state.get('created')}):", "",
+              f"- claims about models and training: {_tally_text(t['training'])}",
+              f"- implementation checks: {_tally_text(t['check'])}", "",
+              "| claim | verdict |", "|---|---|"]
+    lines += [f"| `{r['id']}` | {_VERDICT_TEXT.get(r['holds'], r['holds'])} |" for r in rows]
   lines += ["", DOCS_END]
   return "\n".join(lines)

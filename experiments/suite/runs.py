@@ -181,7 +181,11 @@ def scan_runs(root: pathlib.Path) -> list[dict]:
   for done in sorted(pathlib.Path(root).glob("runs/*/run.json")):
     rec = read_json(done)
     s = rec.get("summary", {})
-    out.append({"label": rec.get("label", done.parent.name), "steps": (rec.get("config") or {}).get("steps"),
+    cfg = rec.get("config") or {}
+    label = rec.get("label", done.parent.name)
+    if "seed" in cfg and not label.endswith(f"-s{cfg['seed']}"):
+      label += f" seed {cfg['seed']}"          # labels of the shared runs leave the seed out
+    out.append({"label": label, "steps": cfg.get("steps"),
                 "steps_done": s.get("steps_done"), "diverged_at": s.get("diverged_at"),
                 "rise": largest_rise(s.get("train_curve"))})
   return out
