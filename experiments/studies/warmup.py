@@ -230,7 +230,7 @@ def plot(ctx, runs: dict, grid: dict, lrs: list[float], cfg: Config, unigram: fl
 
   fig, ax = ctx.subplots(figsize=(6.5, 3.8))
   top = unigram + 0.6
-  clipped, init_losses = [], []
+  clipped, init_losses, clipped_at, labels = [], [], {}, {}
   for pos, color in (("post", "C3"), ("pre", "C0")):
     for w, ls in zip(cfg.warmups, ("-", "--", ":", "-.")):
       if (pos, telling, w) not in runs:
@@ -251,11 +251,17 @@ def plot(ctx, runs: dict, grid: dict, lrs: list[float], cfg: Config, unigram: fl
             init_losses.append(v)
           elif v > top:
             clipped.append((s_, v))
-            ax.plot([s_], [top], marker="^", color=color, ms=6, clip_on=False)
-            ax.annotate(f"{v:.2f}", (s_, top), fontsize=6, color=color, textcoords="offset points", xytext=(3, -8))
+            here = [x for t, x in clipped_at.get((color, s_), [])]
+            clipped_at.setdefault((color, s_), []).append((s_, v))
+            if not here:      # one marker and one label per layout and step (the largest value)
+              ax.plot([s_], [top], marker="^", color=color, ms=6, clip_on=False)
+            labels[(color, s_)] = (max(here + [v]), len(here) + 1)
       for r in rs:
         if r["diverged"]:
           ax.axvline(r["diverged_at"], color=color, ls=ls, lw=0.8)
+  for k, ((color, s_), (v, n)) in enumerate(sorted(labels.items(), key=lambda t: t[0][1])):
+    ax.annotate(f"{v:.2f}" + (f" ({n} seeds)" if n > 1 else ""), (s_, top), fontsize=6, color=color,
+                textcoords="offset points", xytext=(3, -8 - 8 * (k % 2)))
   ax.axhline(unigram, color="k", lw=0.8, ls=":", label="unigram plateau")
   ax.set_ylim(min(all_means) - 0.2, top)
   ax.set_title(f"Validation loss at the telling rate lr {telling:g} (seed mean, min-max band)"
