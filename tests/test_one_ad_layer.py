@@ -33,6 +33,7 @@ from jaxnorm import _xla
 from jaxnorm import reference
 from jaxnorm.models import TransformerConfig, TransformerLM
 from _kernels import count_pallas_calls
+from _numerics import assert_bitwise, compiled
 
 INTERPRET = jaxnorm.PallasConfig(interpret=True)
 IMPLS = {"xla": dict(impl="xla"), "pallas": dict(impl="pallas", pallas=INTERPRET)}
@@ -86,15 +87,8 @@ def _fused_vjp_op(cfg):
 
 
 def _optimized(f, *args):
-  """The optimized HLO of ``jit(f)`` without metadata, names and ids (the program itself)."""
-  text = jax.jit(f).lower(*args).compile().as_text()
-  # The source-location tables (file and function names, stack frames) precede the first
-  # computation; the program is what follows.
-  text = text[text.index("\n%") if "\n%" in text else text.index("\nENTRY"):]
-  text = re.sub(r", metadata=\{[^}]*\}", "", text)
-  text = re.sub(r",? ?stack_frame_id=\d+", "", text)
-  text = re.sub(r"\b(HloModule|ENTRY) \S+", r"\1", text)
-  return re.sub(r"\.\d+\b", "", text)
+  """The optimized program of ``jit(f)`` without metadata and names (``_numerics.hlo_text``)."""
+  return compiled(f, *args)[1]
 
 
 def _prepare(center, x, scale, bias, impl, **variant):
@@ -121,16 +115,14 @@ def test_reverse_mode_is_the_custom_vjp(impl, center, dtype):
       return y, pull(dy)
     return run
 
-  a = jax.jit(vjp_of(ours))(x2, scale, bias, dy)
-  e = jax.jit(vjp_of(theirs))(x2, scale, bias, dy)
+  a, program = compiled(vjp_of(ours), x2, scale, bias, dy)
+  e, their_program = compiled(vjp_of(theirs), x2, scale, bias, dy)
+  assert program == their_program
   for u, w in zip(jax.tree.leaves(a), jax.tree.leaves(e), strict=True):
-    assert u.dtype == w.dtype
-    np.testing.assert_array_equal(np.asarray(u, np.float32), np.asarray(w, np.float32))
+    assert_bitwise(u, w)  # the same program: the same bits on any CPU
   loss = lambda f: lambda x, s, b: jnp.sum(f(x, s, b).astype(jnp.float32) * dy)  # noqa: E731
   grads = lambda f: jax.grad(loss(f), argnums=(0, 1, 2))  # noqa: E731
   assert _optimized(grads(ours), x2, scale, bias) == _optimized(grads(theirs), x2, scale, bias)
-  assert _optimized(vjp_of(ours), x2, scale, bias, dy) == _optimized(vjp_of(theirs), x2, scale,
-                                                                     bias, dy)
 
 
 @pytest.mark.parametrize("impl", ["xla", "pallas"])
@@ -153,11 +145,10 @@ def test_fused_reverse_mode_is_the_custom_vjp(impl, center):
     return g
 
   args = (x2, r2, scale, bias, dy, dh)
-  a, e = jax.jit(run(ours))(*args), jax.jit(run(theirs))(*args)
+  (a, program), (e, their_program) = compiled(run(ours), *args), compiled(run(theirs), *args)
+  assert program == their_program
   for u, w in zip(jax.tree.leaves(a), jax.tree.leaves(e), strict=True):
-    assert u.dtype == w.dtype
-    np.testing.assert_array_equal(np.asarray(u, np.float32), np.asarray(w, np.float32))
-  assert _optimized(run(ours), *args) == _optimized(run(theirs), *args)
+    assert_bitwise(u, w)  # the same program: the same bits on any CPU
 
 
 def test_the_program_comparison_can_fail():
@@ -281,10 +272,11 @@ def test_batched_parameters_run_the_backward_kernels(name, variant):
   unbatched = jax.grad(lambda x, r, s, b: jnp.sum(op(x, r, s, b, **kw) * ct[0]),
                        argnums=(0, 1, 2, 3))
   assert count_pallas_calls(unbatched, x[0], r[0], s[0], b[0]) == 3
-  got = jax.jit(g)(x, r, s, b, ct)
-  want = jax.jit(_vmap_grad(op, (0, 0, 0, 0), **kw))(x, r, s, b, ct)
+  got, program = compiled(g, x, r, s, b, ct)
+  want, their_program = compiled(_vmap_grad(op, (0, 0, 0, 0), **kw), x, r, s, b, ct)
+  assert program == their_program  # grad of vmap and vmap of grad: one program
   for u, w in zip(got, want):
-    np.testing.assert_array_equal(np.asarray(u), np.asarray(w))
+    assert_bitwise(u, w)  # the same program: the same bits on any CPU
 
 
 def test_batched_mask_and_jacfwd_in_the_scale():
@@ -409,13 +401,13 @@ def test_auto_on_this_cpu_runs_xla():
   """On a CPU, impl="auto" compiles to exactly the XLA program (the GPU branch is dropped at
   lowering), forward, JVP and gradient: the per-platform choice costs nothing at run time."""
   x, s, b = _rand(0, (8, 64)), _rand(1, (64,), loc=1.0), _rand(2, (64,))
-  np.testing.assert_array_equal(jaxnorm.layer_norm(x, s, b),
-                                jaxnorm.layer_norm(x, s, b, impl="xla"))
   for f in (lambda impl: lambda x: jaxnorm.layer_norm(x, s, b, impl=impl),
             lambda impl: jax.grad(lambda x: jnp.sum(jaxnorm.layer_norm(x, s, b, impl=impl) ** 2)),
             lambda impl: lambda x: jax.jvp(lambda x: jaxnorm.rms_norm(x, s, impl=impl), (x,),
                                            (x,))[1]):
-    assert _optimized(f("auto"), x) == _optimized(f("xla"), x)
+    (got, program), (want, xla_program) = compiled(f("auto"), x), compiled(f("xla"), x)
+    assert program == xla_program
+    assert_bitwise(got, want)  # the same program: the same bits on any CPU
   cfg = _prepare(True, x, s, b, "xla")[0]
   assert dataclasses.replace(cfg, impl="platform").impl == "platform"
 
