@@ -224,7 +224,9 @@ def _summary(state: dict, rows: list[dict], summaries: dict) -> list[str]:
       out.append(f"- {title}: " + " / ".join(names))
   nt = [r for r in rows if r["holds"] == claims_lib.NOT_TESTABLE]
   if nt:
-    out.append("- **Not testable at this scale**" + (" (run `--preset gpu`)" if state.get("preset") != "gpu" else "")
+    out.append("- **Not testable at this scale**" + (" (a larger scale or an accelerator: `--preset gpu`, with "
+                                                     "`--only NAME` for a study outside the flagship)"
+                                                     if state.get("preset") != "gpu" else "")
                + ":")
     out += [f"  - {r['statement']} *Why:* {_reason(r['ours'])}" for r in nt]
   inst = instabilities(summaries, state.get("runs_scan"))
