@@ -84,8 +84,9 @@ class CastPlan:
     "llama" and "t5": :meth:`affine_of` of :math:`\hat x = x_c r` (it rounds :math:`\hat x`
     first, and follows the published order even where no stage rounds). The float32 mode
     (:attr:`factors_first`): the per-row and the per-feature factor multiplied first,
-    :math:`y = x_c\,(r\,\gamma) + \beta`, Flax's order (its ``RMSNorm`` bit for bit), one
-    float32 rounding away from :math:`(x_c r)\,\gamma`; on XLA:CPU it compiles to Flax's loop
+    :math:`y = x_c\,(r\,\gamma) + \beta`, Flax's order (jitted, RMSNorm compiles to Flax's
+    ``RMSNorm`` program: bit for bit), one float32 rounding away from
+    :math:`(x_c r)\,\gamma`; on XLA:CPU it compiles to Flax's loop
     (1.2x faster than :math:`(x_c r)\,\gamma` for bfloat16 RMSNorm at 4096x256 and
     8192x1024, ``docs/perf-notes.md``).
     """
