@@ -17,7 +17,8 @@ from experiments.suite import docs_sync, report
 def test_docs_block_matches_the_committed_report():
   text = docs_sync.DOCS.read_text()
   assert docs_sync.current_block(text) == report.docs_block(docs_sync.RESULTS), (
-      "docs/experiments.md disagrees with experiments/results/cpu{,-extra}: run `python -m experiments.suite.docs_sync`.")
+      "docs/experiments.md disagrees with experiments/results/cpu{,-extra}: "
+      "run `python -m experiments.suite.docs_sync`.")
 
 
 @pytest.mark.parametrize("doc", ["experiments.md", "training.md"])
