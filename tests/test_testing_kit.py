@@ -42,18 +42,18 @@ def _plain(op, ref, **kw):
   return functools.partial(op, **kw), functools.partial(ref, **ref_kw)
 
 
-# name: (rule, reference, parameters (1: scale, 2: scale and bias), fused, tolerance dtype rule)
+# name: (rule, reference, parameters (1: scale, 2: scale and bias), fused)
 RULES = {
     "layer_norm": (*_plain(jaxnorm.layer_norm, reference.layer_norm), 2, False),
-    "layer_norm outside": (*_plain(jaxnorm.layer_norm, reference.layer_norm,
-                                   epsilon_placement="outside", epsilon=0.1), 2, False),
-    "layer_norm zero_centered": (*_plain(jaxnorm.layer_norm, reference.layer_norm,
-                                         zero_centered_scale=True), 2, False),
+    "layer_norm outside, zero_centered": (*_plain(
+        jaxnorm.layer_norm, reference.layer_norm, epsilon_placement="outside", epsilon=0.1,
+        zero_centered_scale=True), 2, False),
     "layer_norm llama": (*_plain(jaxnorm.layer_norm, reference.layer_norm, casting="llama"), 2,
                          False),
     "rms_norm": (*_plain(jaxnorm.rms_norm, reference.rms_norm), 1, False),
-    "rms_norm outside": (*_plain(jaxnorm.rms_norm, reference.rms_norm,
-                                 epsilon_placement="outside", epsilon=0.1), 1, False),
+    "rms_norm outside, zero_centered": (*_plain(
+        jaxnorm.rms_norm, reference.rms_norm, epsilon_placement="outside", epsilon=0.1,
+        zero_centered_scale=True), 1, False),
     "rms_norm t5": (*_plain(jaxnorm.rms_norm, reference.rms_norm, casting="t5"), 1, False),
     "add_layer_norm": (*_fused(jaxnorm.add_layer_norm, reference.layer_norm), 2, True),
     "add_rms_norm": (*_fused(jaxnorm.add_rms_norm, reference.rms_norm), 1, True),
@@ -94,7 +94,7 @@ def test_accepts_every_rule_jaxnorm_ships(name):
   pallas = "pallas" in name
   dtypes = ("float32", "bfloat16", "float16")
 
-  @settings(max_examples=4 if pallas else 6, suppress_health_check=list(HealthCheck))
+  @settings(max_examples=1 if pallas else 2, suppress_health_check=list(HealthCheck))
   @given(data=st.data())
   def example(data):
     dtype = data.draw(st.sampled_from(dtypes), "dtype")
@@ -107,7 +107,7 @@ def test_accepts_every_rule_jaxnorm_ships(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "add_layer_norm"])
+@pytest.mark.parametrize("name", ["layer_norm", "add_rms_norm"])
 def test_every_transform_on_one_case(name):
   """All transformations at once, float32, one input with a large-mean row."""
   rule, ref, n_params, fused = RULES[name]
@@ -138,7 +138,7 @@ def test_rejects_every_mutant(case):
 
 @pytest.mark.parametrize("case", CORRECT, ids=lambda c: c.name)
 def test_accepts_the_correct_rules_beside_them(case):
-  @settings(max_examples=5, suppress_health_check=list(HealthCheck))
+  @settings(max_examples=2, suppress_health_check=list(HealthCheck))
   @given(args=case.args)
   def example(args):
     report = case.check(args)
@@ -155,9 +155,9 @@ def test_failure_message_names_transform_element_and_ulps():
 
   x = jnp.asarray(np.arange(12, dtype=np.float32).reshape(2, 6) ** 1.5)
   with pytest.raises(jt.RuleCheckError) as info:
-    jt.check_rule(norm_vjp(True, mean_path=False), LN_REF, (x, jnp.ones(6)), transforms=("jit",))
+    jt.check_rule(norm_vjp(True, mean_path=False), LN_REF, (x, jnp.ones(6)), transforms=("eager",))
   msg = str(info.value)
-  for part in ("jit(vjp)", "d args[0][", "ulp of float32", "allowed", "float64 oracle",
+  for part in ("vjp (eager)", "d args[0][", "ulp of float32", "allowed", "float64 oracle",
                "inputs:", "args[1]: float32[6]"):
     assert part in msg, (part, msg)
   assert isinstance(info.value, AssertionError)

@@ -25,13 +25,13 @@ from jaxnorm.testing._tolerance import Tolerance, ulp
 __all__ = ["MODES", "TRANSFORMS", "Outcome", "Report", "RuleCheckError", "check_rule"]
 
 MODES = ("rev", "fwd")
-# jit: the same under jax.jit. vmap: jax.vmap over every argument (batched parameters).
-# vmap_unbatched: over the first argument only. grad2: reverse over reverse (and forward over
-# reverse where forward mode exists). checkpoint: jax.checkpoint around the rule. scan: the
-# rule as a lax.scan body. zeros: symbolic-zero cotangents and tangents (one argument or one
-# output at a time).
-TRANSFORMS = ("jit", "vmap", "vmap_unbatched", "grad2", "checkpoint", "scan", "zeros")
-_DIRECTIONS = 3  # random sign directions of the condition magnitude
+# The base checks run under jax.jit. eager: the same op by op, without jit. vmap: jax.vmap
+# over every argument (batched parameters). vmap_unbatched: over the first argument only.
+# grad2: reverse over reverse (and forward over reverse where forward mode exists).
+# checkpoint: jax.checkpoint around the rule. scan: the rule as a lax.scan body. zeros:
+# symbolic-zero cotangents and tangents (one argument or one output at a time).
+TRANSFORMS = ("eager", "vmap", "vmap_unbatched", "grad2", "checkpoint", "scan", "zeros")
+_DIRECTIONS = 2  # random sign draws of the condition magnitude
 _SMALL = 48  # arrays up to this size are printed whole in a failure message
 
 
@@ -253,6 +253,33 @@ class _Problem:
     return Outcome(check, status, max(worst, 0.0), worst_ulps,
                    detail if failed else ""), budgets
 
+  def split_oracle(self, ref_fn, z, counts: dict):
+    """Computes one oracle whose outputs are several checks' (``counts``: key -> how many
+    outputs, in order) and caches each check's part under its key."""
+    expected, magnitude = self.oracle(ref_fn, z)
+    i = 0
+    for key, k in counts.items():
+      self.cache[key] = expected[i:i + k], magnitude[i:i + k]
+      i += k
+
+  def run_split(self, mode, rule_fn, z, parts):
+    """Runs ``rule_fn(*z)`` once and compares its consecutive outputs with the cached oracle
+    of each ``(key, names)`` of ``parts``: ``{key: (outcome, got, budgets)}``."""
+    try:
+      with self.context():
+        got = [np.asarray(a) for a in rule_fn(*[jnp.asarray(a) for a in z])]
+    except Exception as exc:  # a rule that fails under a transformation fails the check
+      detail = f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+      return {key: (Outcome(key + mode, "fail", np.inf, np.inf, detail), None, None)
+              for key, _ in parts}
+    out, i = {}, 0
+    for key, names in parts:
+      sub = got[i:i + len(names)]
+      i += len(names)
+      outcome, budgets = self.compare(key + mode, sub, *self.cache[key], names)
+      out[key] = (outcome, sub, budgets)
+    return out
+
   def run(self, check, rule_fn, ref_fn, z, names, in_axes=None, key=None):
     """Runs ``rule_fn(*z)`` and compares it with the oracle: ``(outcome, got, budgets)``.
 
@@ -314,6 +341,9 @@ def check_rule(rule, reference, args, *, kwargs=None, nondiff_argnums=(), modes=
     VJP. A ``jax.custom_vjp`` has no forward mode: these are skipped, saying so;
   * each of ``transforms`` (:data:`TRANSFORMS`) applied to the above.
 
+  The rule runs under ``jax.jit`` (one program for its value and VJP, one for its JVP); the
+  ``"eager"`` transform runs it op by op.
+
   Args:
     rule: the function under test.
     reference: the plain function it must equal; it must accept float64 arguments.
@@ -366,33 +396,51 @@ def check_rule(rule, reference, args, *, kwargs=None, nondiff_argnums=(), modes=
     return p.primal(rule, False, **kw), p.primal(reference, True, **kw)
 
   h_rule, h_ref = both()
-  add(p.run("value", h_rule, h_ref, z0, out_names)[0])
   grads = ["d " + nm for nm in in_names]
   tangent_names = ["tangent of " + nm for nm in out_names]
   vjp_rule, vjp_ref = _vjp_of(h_rule, n), _vjp_of(h_ref, n)
   jvp_rule, jvp_ref = _jvp_of(h_rule, n), _jvp_of(h_ref, n)
   rev = "rev" in modes
   fwd = "fwd" in modes
+  n_out, n_ct = len(out_names), len(cts)
+
+  def base_ref(*zct):  # the oracle of value, vjp and jvp: one compiled program
+    z, c, t = zct[:n], zct[n:n + n_ct], zct[n + n_ct:]
+    return (h_ref(*z) + (vjp_ref(*z, *c) if rev else []) + (jvp_ref(*z, *t) if fwd else []))
+
+  p.split_oracle(base_ref, z0 + cts + tans, {"value": n_out, "vjp": n if rev else 0,
+                                              "jvp": n_out if fwd else 0})
+
+  def value_and_vjp(*zc):  # the rule's value and VJP, one program under jit
+    return h_rule(*zc[:n]) + (vjp_rule(*zc) if rev else [])
+
+  def runs(mode, wrap):
+    """The base checks, with the rule run through ``wrap`` (jax.jit, or eagerly)."""
+    outs = p.run_split(mode, wrap(value_and_vjp), z0 + (cts if rev else []),
+                       [("value", out_names)] + ([("vjp", grads)] if rev else []))
+    if fwd:
+      outs["jvp"] = p.run(f"jvp{mode}", wrap(jvp_rule), jvp_ref, z0 + tans, tangent_names,
+                          key="jvp")
+    return outs
+
+  base = runs("", jax.jit)
+  add(base["value"][0])
   if rev:
-    rev_out, got_vjp, b_vjp = p.run("vjp", vjp_rule, vjp_ref, z0 + cts, grads, key="vjp")
-    add(rev_out)
+    add(base["vjp"][0])
   if fwd:
-    fwd_out, got_jvp, b_jvp = p.run("jvp", jvp_rule, jvp_ref, z0 + tans, tangent_names, key="jvp")
+    fwd_out, got_jvp, b_jvp = base["jvp"]
     if _forward_refused(fwd_out):
       fwd = False
       add(Outcome("jvp", "skip", detail="no forward mode: the rule is a jax.custom_vjp "
                                         "(JAX refuses jax.jvp through one)"))
     else:
       add(fwd_out)
-      if rev and got_vjp is not None and got_jvp is not None:
-        add(_adjoint(got_jvp, cts, got_vjp, tans, b_jvp, b_vjp))
-
-  if "jit" in transforms:
-    if rev:
-      add(p.run("jit(vjp)", jax.jit(vjp_rule), vjp_ref, z0 + cts, grads, key="vjp")[0])
-    if fwd:
-      add(p.run("jit(jvp)", jax.jit(jvp_rule), jvp_ref, z0 + tans, tangent_names,
-                key="jvp")[0])
+      if rev and base["vjp"][1] is not None and got_jvp is not None:
+        add(_adjoint(got_jvp, cts, base["vjp"][1], tans, b_jvp, base["vjp"][2]))
+  if "eager" in transforms:
+    for outcome, _, _ in runs(" (eager)", lambda f: f).values():
+      if fwd or not outcome.check.startswith("jvp"):
+        add(outcome)
   if "checkpoint" in transforms:
     c_rule = p.primal(rule, False, wrap=jax.checkpoint)
     if rev:
