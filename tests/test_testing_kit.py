@@ -251,3 +251,15 @@ def test_import_jaxnorm_does_not_import_hypothesis():
   code = ("import sys, jaxnorm, jaxnorm.testing; assert 'hypothesis' not in sys.modules; "
           "jaxnorm.testing.arrays; assert 'hypothesis' in sys.modules")
   subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_nan_and_inf_rows_stay_in_their_rows():
+  """With a NaN row and an Inf row, jaxnorm's NaNs match the oracle's exactly ("match"), the
+  other rows are checked as usual, and the adjoint identity is skipped (saying why)."""
+  x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+  x[1, 2], x[2, 5] = np.nan, np.inf
+  report = jt.check_rule(jaxnorm.layer_norm, reference.layer_norm,
+                         (jnp.asarray(x), jnp.ones(8), jnp.zeros(8)), transforms=(),
+                         nonfinite="match")
+  assert [o.check for o in report.outcomes if o.status == "skip"] == [
+      "adjoint <J t, c> = <t, J^T c>"], str(report)
