@@ -600,3 +600,17 @@ def test_largest_rise_leaves_out_hard_batches_every_run_shares():
   runs = {"a": [dict(seed=0, train_curve=c) for c in hard[:1]], "b": [dict(seed=0, train_curve=c) for c in hard[1:]]}
   shared = seeds.set_rises(runs)
   assert shared == {0: [3]} and runs["b"][1]["rise"]["step"] == 5 and "train_curve" not in runs["a"][0]
+
+
+def test_depth_trains_only_the_read_layouts_at_the_shallowest_depth():
+  """Issue 31's budget: Pre-LN is not trained at the shallowest depth when shallow_positions says so."""
+  cfg = depth.Config(depths=(6, 12), positions=("post", "pre", "deepnorm"), train_positions=("post", "pre"),
+                     shallow_positions=("post",), steps=STEPS, seeds=(0, 1, 2), update_depths=(6, 12, 24),
+                     update_seeds=(0,))
+  assert depth.trained_at(cfg, 6) == ("post",) and depth.trained_at(cfg, 12) == ("post", "pre")
+  units = depth.units(cfg)
+  train = [u for u in units if u.kind == "train"]
+  assert len(train) == 3 + 6 and not any("pre-L6" in u.label for u in train)
+  assert len([u for u in units if u.kind == "update"]) == 3 * 3
+  with pytest.raises(ValueError, match="train_positions must be layouts of positions"):
+    depth.Config(positions=("post", "pre"), train_positions=("sandwich",))

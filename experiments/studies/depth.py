@@ -55,6 +55,9 @@ class Config:
     train_positions: the layouts trained (default: ``positions``); the update probe runs every
       layout of ``positions`` (issue 31: DeepNorm's training runs judge no claim, its probe does).
     update_seeds: seeds of the update probe (default: ``seeds``).
+    shallow_positions: the layouts trained at the shallowest depth (default: the trained
+      layouts); the depth rule reads only Post-LN there (issue 31: Pre-LN's shallow runs were
+      shown, never judged, and cut for the budget).
   """
 
   depths: tuple = (6, 12, 24)
@@ -68,6 +71,7 @@ class Config:
   update_steps: int = 4
   train_positions: tuple | None = None
   update_seeds: tuple | None = None
+  shallow_positions: tuple | None = None
 
   def __post_init__(self):
     if not self.seeds:
@@ -84,6 +88,14 @@ def trained(cfg: Config) -> tuple:
   return tuple(cfg.train_positions or cfg.positions)
 
 
+def trained_at(cfg: Config, n_layers: int) -> tuple:
+  """The layouts trained at depth ``n_layers``: ``shallow_positions`` at the shallowest depth (where
+  set), :func:`trained` elsewhere."""
+  if cfg.shallow_positions is not None and n_layers == min(cfg.depths):
+    return tuple(p for p in trained(cfg) if p in cfg.shallow_positions)
+  return trained(cfg)
+
+
 def study_lr(cfg: Config) -> tuple[float, str]:
   """The peak rate of every depth run and where it came from: the preset, fixed before running."""
   return float(cfg.lr), ("the preset's rate, fixed before running from pilot runs on seeds the report never uses, "
@@ -96,7 +108,7 @@ def units(cfg: Config) -> list:
 
   A probe's train step is the depth runs' (the same compile key)."""
   out = [train_unit("depth", f"depth-{pos}-L{L}-s{seed}", L, cfg.steps, pos)
-         for L in cfg.depths for pos in trained(cfg) for seed in cfg.seeds]
+         for L in cfg.depths for pos in trained_at(cfg, L) for seed in cfg.seeds]
   out += [Unit("depth", f"update-{pos}-L{L}-s{seed}", L, cfg.update_steps, ("train", L, pos, "layer_norm", "jaxnorm"),
                "update") for L in (cfg.update_depths or cfg.depths) for pos in cfg.positions
           for seed in (cfg.update_seeds or cfg.seeds)]
@@ -121,7 +133,7 @@ def run(ctx, cfg: Config) -> dict:
   unigram = ctx.unigram()
   lr, lr_source = study_lr(cfg)
   runs, points = {}, {}
-  specs = [(pos, L, seed) for L in cfg.depths for pos in trained(cfg) for seed in cfg.seeds]
+  specs = [(pos, L, seed) for L in cfg.depths for pos in trained_at(cfg, L) for seed in cfg.seeds]
   tc = None
   for pos, L, seed in ctx.iterate(specs, desc="runs"):
     mc = ctx.model_config(n_layers=L, norm_position=pos, norm_type="layer_norm")
@@ -177,12 +189,13 @@ def plot(ctx, runs: dict, points: dict, update: dict, cfg: Config, unigram: floa
   files = []
   fig, ax = ctx.subplots(figsize=(6, 4))
   for i, pos in enumerate(trained(cfg)):
-    x = np.asarray(cfg.depths, np.float64) * (1 + 0.03 * (i - 1.5))
-    m = [points[f"{pos}/L{L}"]["mean"] for L in cfg.depths]
-    lo = [m[j] - min(points[f"{pos}/L{L}"]["values"]) for j, L in enumerate(cfg.depths)]
-    hi = [max(points[f"{pos}/L{L}"]["values"]) - m[j] for j, L in enumerate(cfg.depths)]
+    ds = [L for L in cfg.depths if pos in trained_at(cfg, L)]
+    x = np.asarray(ds, np.float64) * (1 + 0.03 * (i - 1.5))
+    m = [points[f"{pos}/L{L}"]["mean"] for L in ds]
+    lo = [m[j] - min(points[f"{pos}/L{L}"]["values"]) for j, L in enumerate(ds)]
+    hi = [max(points[f"{pos}/L{L}"]["values"]) - m[j] for j, L in enumerate(ds)]
     ax.errorbar(x, m, yerr=[lo, hi], fmt="o-", color=colors[pos], capsize=3, label=pos)
-    for j, L in enumerate(cfg.depths):
+    for j, L in enumerate(ds):
       n = sum(1 for f in points[f"{pos}/L{L}"]["failures"] if f)
       if n:
         ax.annotate(f"fail {n}/{len(cfg.seeds)}", (x[j], m[j]), fontsize=7, color=colors[pos],
@@ -205,7 +218,7 @@ def plot(ctx, runs: dict, points: dict, update: dict, cfg: Config, unigram: floa
   markers = "osd^v<>"
   for pos in trained(cfg):
     for di, L in enumerate(cfg.depths):
-      for si, r in enumerate(runs[f"{pos}/L{L}"]):
+      for si, r in enumerate(runs.get(f"{pos}/L{L}", [])):
         if r["val_curve"]:
           s, v = zip(*r["val_curve"])
           ax.plot(s, [float(x) for x in v], styles[di % 4], color=colors[pos], marker=markers[si % 7], ms=2,
@@ -217,7 +230,7 @@ def plot(ctx, runs: dict, points: dict, update: dict, cfg: Config, unigram: floa
   n_clip, init_losses = 0, []
   for pos in trained(cfg):
     for L in cfg.depths:
-      for r in runs[f"{pos}/L{L}"]:
+      for r in runs.get(f"{pos}/L{L}", []):
         for s_, v in r["val_curve"] or []:
           if float(v) > top and int(s_) == 0:   # the initial loss, named once below (not one label per run)
             init_losses.append(float(v))

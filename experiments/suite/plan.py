@@ -33,7 +33,8 @@ for a train step, 10 s for a gradient function. They are estimates until a GPU c
 **Two CPU kinds (issue 31).** ``cpu-avx512`` is the Intel Xeon of this project's 2-core machines,
 calibrated on its clean ``cpu`` and ``cpu-extra`` runs, with a step time per sequence length of
 the preset (16 x 32 tokens for ``cpu``, 16 x 64 for ``cpu-extra``); ``cpu-avx2`` (AMD EPYC, AVX2
-only) is the same model times :data:`AVX2_FACTOR` (1.8: the training step measured there). A CPU
+only) is the same model times :data:`AVX2_FACTOR` (1.49: the AMD machine's own measured step over
+this Intel's; the issue's 1.8 was relative to a faster Intel machine). A CPU
 preset runs as one invocation, so its plan is one chunk; ``--list`` prints both kinds.
 """
 
@@ -97,15 +98,19 @@ class Cost:
                 self.invocation_s * factor, self.op_s * factor)
 
 
-# The Intel Xeon (AVX-512) of this project's 2-core machines, measured on the clean runs of
-# issue 31 (docs/experiments.md: per unit wall times of the cpu run, 16 x 32 tokens; the cpu-extra
-# run, 16 x 64 tokens).
-_AVX512 = Cost(step_s={32: 0.028, 64: 0.064}, step_per_layer_s={32: 0.004, 64: 0.009}, compile_train_s=5.0,
+# The Intel Xeon (AVX-512, 2 cores) this was calibrated on, issue 31 (2026-11-26): a 6-layer step
+# of the width-64 model, logging and evaluations included, 30 ms at 16 x 32 tokens and 78-80 ms at
+# 16 x 64; a 12-layer step 78-86 ms at 16 x 32 (so 8 ms per further layer there); a compile about
+# 5 s; the pilots' 300-step runs 8-9 s (experiments/results/pilots). Measured with the job at the
+# highest priority while another job used the other core; the clean runs of issue 31 themselves
+# shared the cores (load 3.5-7), so their wall times are upper bounds.
+_AVX512 = Cost(step_s={32: 0.030, 64: 0.078}, step_per_layer_s={32: 0.008, 64: 0.009}, compile_train_s=5.0,
                compile_grad_s=3.0, start_s=0.5, invocation_s=12.0, op_s=1.0)
-# AMD EPYC, AVX2 only: a training step of the 16 x 64 model took 0.116 s there (issue 31's per-study
-# times of a clean cpu run at 715294c: warm-up grid 447 s for 3840 steps), 1.8x the Intel figure;
-# the same factor is assumed for every other cost (not measured there).
-AVX2_FACTOR = 1.8
+# AMD EPYC, AVX2 only: its own measured step, 0.116 s for the 16 x 64 model (issue 31's per-study times of
+# a clean cpu run at 715294c: the warm-up grid, 3840 steps in 447 s), over this Intel's 0.078 s. The
+# issue's "1.8x" compared it with another, faster Intel machine (the README's 12 min 38 s run); the
+# same factor is assumed for every other cost (not measured there).
+AVX2_FACTOR = 0.116 / 0.078
 
 COSTS = {
     # Estimates for one H100 (see the module docstring): not measured end to end.
