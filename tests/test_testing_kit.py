@@ -107,9 +107,10 @@ def test_accepts_every_rule_jaxnorm_ships(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["layer_norm", "add_rms_norm"])
+@pytest.mark.parametrize("name", ["add_rms_norm"])
 def test_every_transform_on_one_case(name):
-  """All transformations at once, float32, one input with a large-mean row."""
+  """All transformations at once, float32, one input with a large-mean row (the fused op: two
+  outputs, so the symbolic-zero checks include one output at a time)."""
   rule, ref, n_params, fused = RULES[name]
   rng = np.random.default_rng(0)
   x = rng.standard_normal((3, 8)).astype(np.float32)

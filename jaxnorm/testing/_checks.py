@@ -244,7 +244,8 @@ class _Problem:
         worst = float(ratio[idx])
         u = ulp(e[idx], dt)
         worst_ulps = float(err[idx] / u) if np.isfinite(err[idx]) else np.inf
-        kappa = float(m[idx] / max(abs(e[idx]), 1e-300)) if np.isfinite(m[idx]) else np.inf
+        with np.errstate(over="ignore"):
+          kappa = float(m[idx] / max(abs(e[idx]), 1e-300)) if np.isfinite(m[idx]) else np.inf
         detail = (f"{name}{[int(i) for i in idx]}: got {float(a64[idx]):.9g}, float64 oracle "
                   f"{float(e[idx]):.17g}, "
                   f"error {worst_ulps:.3g} ulp of {dt.name}, allowed {budget[idx] / u:.3g} ulp "
