@@ -31,11 +31,23 @@ except ImportError as err:  # pragma: no cover - depends on the installed JAX
       f"which JAX {jax.__version__} does not provide ({err}); install a JAX in the range "
       f"pyproject.toml declares.") from err
 
+try:  # jax >= 0.4.36
+  from jax.extend.core import Literal
+except ImportError:  # pragma: no cover - depends on the installed JAX
+  from jax.core import Literal
+
 __all__ = [
-    "Primitive", "Zero", "aval_varying_axes", "is_symbolic_zero", "is_undefined_primal",
+    "Literal", "Primitive", "Zero", "aval_varying_axes", "eval_jaxpr", "is_symbolic_zero",
+    "is_undefined_primal",
     "register_batching", "register_jvp", "register_lowering", "register_transpose",
     "shaped_array", "varying_axes", "with_varying_axes",
 ]
+
+def eval_jaxpr(jaxpr, consts, *args):
+  """Evaluates a jaxpr on ``args`` (``jax.core.eval_jaxpr``; used by ``jaxnorm.testing``'s
+  condition estimate, which walks the reference's graph)."""
+  return jax.core.eval_jaxpr(jaxpr, consts, *args)
+
 
 #: The type of a symbolic-zero cotangent or tangent inside a primitive's rules.
 Zero = _ad.Zero

@@ -19,10 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-try:  # jax >= 0.4.36
-  from jax.extend.core import Literal
-except ImportError:  # pragma: no cover
-  from jax.core import Literal
+from jaxnorm._jax_compat import Literal, eval_jaxpr
 
 __all__ = ["magnitude"]
 
@@ -99,7 +96,7 @@ def magnitude(fn, z, *, directions: int = 3, seed: int = 0):
     ``fn(*z)`` and, per output, :math:`M` (the same shape), as lists.
   """
   closed = jax.make_jaxpr(fn)(*z)
-  values = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *z)
+  values = eval_jaxpr(closed.jaxpr, closed.consts, *z)
   mags = []
   for k in range(directions):
 
