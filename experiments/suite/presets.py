@@ -1,37 +1,28 @@
 """Sizes of the experiment suite: one preset per machine budget.
 
-A preset fixes every size the suite uses (model width, depths, steps, learning rates, seeds),
-never a threshold of a claim: the verdict criteria live in the experiment modules and do not
-change with the preset. Three presets:
+A preset fixes every size the suite uses (model width, depths, steps, learning rates, seeds) and
+which studies it runs (``studies``; :func:`studies`), never a threshold of a claim: the verdict
+criteria live in the studies' ``*_rules`` modules and do not change with the preset. Four presets:
 
 * ``smoke``: what the tests run; about a minute on 2 CPU cores. Tiny models, a handful of
-  steps: it checks that every experiment produces its files and the report renders, and the
-  structural facts that hold at any scale (the Post-LN/Pre-LN gradient ratio at init, the
-  invariance errors, jaxnorm-vs-Flax agreement).
-* ``cpu``: the README's main job; at most 15 minutes on a 2-core laptop CPU with the default
-  corpus, install included. Small models (width 64), 6/12/24 layers at init and in the
-  model-update probe, 6/12 in training, a 4 x 2 lr x warm-up grid with 2 seeds. (Run sharing:
-  the VJP experiment's jaxnorm runs are grid points, lr 0.2 / d without warm-up, so their sizes
-  and the decay timescale are kept equal.)
-
-  **Issue 24: cut by cost, decided before running.** The main job took 23 minutes; the cost
-  model (``--list``) put it at 21 min. The cuts, cheapest information first, each with its
-  estimated saving: the grid's short warm-up (10 steps; its only use was the rate-sensitivity
-  check at a warm-up where Post-LN survived no rate), about 2.5 min; the RMSNorm and small-init
-  observations at the telling rate (no published counterpart), about 1.6 min; the depth study's
-  24-layer and Sandwich training runs (no claim judges Sandwich; the 24-layer depth stays in the
-  gradient-at-init and model-update probes), about 4 min; op timing rounds 20 -> 10 (timing
-  claims are not testable on a CPU), about 0.3 min. Estimated 12.3 min of experiments. The
-  claims that this leaves untestable (the warm-up claim: its longest warm-up is a third of the
-  run) say so and name ``--preset gpu``.
-* ``gpu``: the larger version for one H100 (width 256, 6/12/24 layers in training, 500-step
-  runs with warm-ups 0/25/100, so the longest is a fifth of the run, 3 seeds; 5 training-step
-  timing repeats); sized by a cost model (:mod:`experiments.suite.plan`, ``--list``) from the
-  H100 speed experiment's 4.8 ms per 6-layer step (not measured end to end;
-  ``docs/experiments.md``), about 29 minutes run as ``--budget 7`` chunks of at most 7 minutes
-  (runs and probe settings are cached, so a cut chunk resumes). The issue-25 studies
-  (``qk_norm``, ``norm_scaling``) add about 11 minutes by the same cost model (``--list``): run
-  them in a session of their own with ``--only qk_norm,norm_scaling``.
+  steps, every study: it checks that every experiment produces its files and the report
+  renders, and the structural facts that hold at any scale.
+* ``cpu``: the README's main job, the flagship question (issue 31): the warm-up x learning-rate
+  grid and the depth study, at most 15 minutes on 2 cores, install included, and at most 14
+  minutes of experiments on an AVX2-only CPU by the cost model (``--list``). Width 64, 16 x 32
+  tokens per step, 300-step runs, warm-ups 0 and 60, three rates, seeds 0-2; the sizes were
+  chosen from pilot runs on seeds 100-102 (``experiments/results/pilots/README.md``) before the
+  verdict rules were frozen. Pre-LN is not trained at 6 layers in the depth study and the update
+  probe runs seed 0 only: budget cuts made after the first clean runs (the rule reads only
+  Post-LN at 6 layers).
+* ``cpu-extra``: the second command, every other study (gradients at init, invariance, speed,
+  the derived VJP in training, QK-norm, LayerNorm Scaling), at most 20 minutes on an AVX2 CPU by
+  the cost model; the sizes of the ``cpu`` report before issue 31, QK-norm and LayerNorm Scaling
+  on 3 seeds (issue 32).
+* ``gpu``: the flagship studies on one H100, the ``cpu`` design at width 256 and 500 steps,
+  about 6 minutes by the cost model (:mod:`experiments.suite.plan`; never measured end to end,
+  not chosen by GPU pilots); ``--budget 7`` resumes a cut invocation. The other studies keep
+  their GPU sizes here for ``--only NAME``.
 
 Each preset is a plain dict (so it is written verbatim into the results' provenance): ``model``
 holds :class:`jaxnorm.models.TransformerConfig` fields shared by every experiment, ``train``
