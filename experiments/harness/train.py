@@ -306,18 +306,20 @@ def eval_unigram_nats(config: TrainConfig, corpus: data_lib.Corpus) -> float:
   exactly the validation batches every evaluation of such a run reads
   (:func:`~experiments.harness.data.unigram_cross_entropy_nats`; the batches depend on
   ``batch_size``, ``seq_len`` and ``eval_batches`` only, never on the training seed)."""
-  targets = [data_lib.batch_at(corpus.valid, i, batch_size=config.batch_size, seq_len=config.seq_len,
-                               seed=EVAL_SEED)[1] for i in range(config.eval_batches)]
+  targets = [y for _, y in _eval_data(config, corpus)]
   return data_lib.unigram_cross_entropy_nats(corpus, np.concatenate([t.ravel() for t in targets]))
+
+
+def _eval_data(config: TrainConfig, corpus: data_lib.Corpus, seed: int = EVAL_SEED) -> list[tuple]:
+  """The validation batches ``[(inputs, targets)]`` (host arrays) every evaluation of ``config`` reads."""
+  return [data_lib.batch_at(corpus.valid, i, batch_size=config.batch_size, seq_len=config.seq_len, seed=seed)
+          for i in range(config.eval_batches)]
 
 
 def _eval_batches(config: TrainConfig, corpus: data_lib.Corpus, placement: Placement,
                   seed: int = EVAL_SEED) -> list[tuple]:
   """The fixed validation batches ``[(inputs, targets)]`` of every evaluation, placed on the mesh."""
-  eval_data = [data_lib.batch_at(corpus.valid, i, batch_size=config.batch_size,
-                                 seq_len=config.seq_len, seed=seed)
-               for i in range(config.eval_batches)]
-  return [(placement.put_batch(x), placement.put_batch(y)) for x, y in eval_data]
+  return [(placement.put_batch(x), placement.put_batch(y)) for x, y in _eval_data(config, corpus, seed)]
 
 
 def _train_loop(config: TrainConfig, corpus: data_lib.Corpus, mesh, placement: Placement, graphdef,
