@@ -1,10 +1,11 @@
-"""jaxnorm: LayerNorm and RMSNorm with hand-derived custom VJPs for JAX and Flax.
+"""jaxnorm: LayerNorm, RMSNorm, DyT and Derf with hand-derived derivative rules for JAX and Flax.
 
-Functional ops live here, the fused residual add + norm ops among them (``import jaxnorm``
-needs only JAX); the Flax modules are in :mod:`jaxnorm.nnx` and :mod:`jaxnorm.linen`, the
-autodiff oracle in :mod:`jaxnorm.reference`. :class:`PallasConfig` says how ``impl="pallas"``
-runs the kernels (interpret mode, a :class:`BlockConfig`), :func:`default_block_config` gives the
-heuristic's blocks for a shape, and :func:`pallas_compiles_on` whether a backend compiles them.
+Functional ops live here (:data:`OPS` is their table), the fused residual add + norm ops among
+them (``import jaxnorm`` needs only JAX); the Flax modules are in :mod:`jaxnorm.nnx` and
+:mod:`jaxnorm.linen`, the autodiff oracle in :mod:`jaxnorm.reference`. :class:`PallasConfig`
+says how ``impl="pallas"`` runs the kernels (interpret mode, a :class:`BlockConfig`),
+:func:`default_block_config` gives the heuristic's blocks for a shape, and
+:func:`pallas_compiles_on` whether a backend compiles them.
 """
 
 from jaxnorm import reference as reference
@@ -13,6 +14,7 @@ from jaxnorm._add_norm import add_rms_norm as add_rms_norm
 from jaxnorm._jacobian import layer_norm_jacobian as layer_norm_jacobian
 from jaxnorm._jacobian import rms_norm_jacobian as rms_norm_jacobian
 from jaxnorm._layer_norm import layer_norm as layer_norm
+from jaxnorm._ops import OPS as OPS
 from jaxnorm._pallas_config import BlockConfig as BlockConfig
 from jaxnorm._pallas_config import PallasConfig as PallasConfig
 from jaxnorm._pallas_config import default_block_config as default_block_config
@@ -20,6 +22,10 @@ from jaxnorm._pallas_config import pallas_compiles_on as pallas_compiles_on
 from jaxnorm._remat import INPUT_RESIDUAL as INPUT_RESIDUAL
 from jaxnorm._remat import STATS_RESIDUAL as STATS_RESIDUAL
 from jaxnorm._casting import CASTINGS as CASTINGS
+from jaxnorm._pointwise_ops import derf as derf
+from jaxnorm._pointwise_ops import derf_jacobian as derf_jacobian
+from jaxnorm._pointwise_ops import dyt as dyt
+from jaxnorm._pointwise_ops import dyt_jacobian as dyt_jacobian
 from jaxnorm._rms_norm import rms_norm as rms_norm
 
 __version__ = "0.1.0"
@@ -28,11 +34,16 @@ __all__ = [
     "BlockConfig",
     "PallasConfig",
     "CASTINGS",
+    "OPS",
     "INPUT_RESIDUAL",
     "STATS_RESIDUAL",
     "add_layer_norm",
     "add_rms_norm",
     "default_block_config",
+    "derf",
+    "derf_jacobian",
+    "dyt",
+    "dyt_jacobian",
     "layer_norm",
     "layer_norm_jacobian",
     "pallas_compiles_on",

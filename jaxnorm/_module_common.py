@@ -34,6 +34,8 @@ from jaxnorm._casting import CASTINGS, cast_plan
 from jaxnorm._add_norm import add_layer_norm as _add_layer_norm_op
 from jaxnorm._add_norm import add_rms_norm as _add_rms_norm_op
 from jaxnorm._layer_norm import layer_norm as _layer_norm_op
+from jaxnorm._pointwise_ops import derf as _derf_op
+from jaxnorm._pointwise_ops import dyt as _dyt_op
 from jaxnorm._rms_norm import rms_norm as _rms_norm_op
 
 KINDS = ("layer_norm", "rms_norm")
@@ -311,3 +313,42 @@ def residual_input(x: Any, residual: Any) -> Any:
   v.check_floating("residual", residual)
   return jnp.zeros((), jnp.result_type(x, residual))
 
+
+
+POINTWISE_KINDS = ("dyt", "derf")
+
+
+def check_alpha_init(name: str, value: Any) -> float:
+  """A pointwise layer's initial :math:`\\alpha` or shift as a finite Python float."""
+  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+    raise TypeError(f"{name} must be a finite real number, got {type(value).__name__} "
+                    f"{value!r}.")
+  return float(value)
+
+
+def pointwise(kind: str, x: Any, alpha: Any, shift: Any, scale: Any, bias: Any, *,
+              feature_axes: Any, dtype: Any, num_features: int, module: str,
+              residual: Any = None, residual_scale: float = 1.0) -> Any:
+  """The pointwise layers' call: ``op(h)`` with ``h = x + residual_scale * residual``.
+
+  ``scale``/``bias`` (``(num_features,)``) are laid along ``feature_axes`` of ``x`` and
+  broadcast over the other axes; ``alpha`` and ``shift`` are scalars. With ``residual`` the add
+  runs in XLA ahead of the op (both elementwise: XLA fuses them into one loop) and the result
+  is ``(y, h)``.
+  """
+  if residual is not None:
+    v.check_residual_shape(getattr(residual, "shape", None), x.shape)
+    alpha_r = v.check_residual_scale(residual_scale)
+    dt = jnp.result_type(x, residual)
+    x = x.astype(dt) + jnp.asarray(alpha_r, dt) * residual.astype(dt)
+  axes = v.check_axes("feature_axes", x.ndim, feature_axes)
+  fshape = tuple(int(x.shape[a]) for a in axes)
+  check_num_features(module, num_features, x.shape, fshape, feature_axes)
+  lead = min(axes)
+  bshape = tuple(x.shape[a] if a in axes else 1 for a in range(lead, x.ndim))
+  scale, bias = (None if p is None else p.reshape(bshape) for p in (scale, bias))
+  if kind == "dyt":
+    y = _dyt_op(x, alpha, scale, bias, dtype=dtype)
+  else:
+    y = _derf_op(x, alpha, shift, scale, bias, dtype=dtype)
+  return y if residual is None else (y, x)

@@ -267,3 +267,26 @@ def check_mask(mask: Any, x_shape: tuple[int, ...]) -> None:
     raise ValueError(
         f"mask of shape {tuple(mask.shape)} does not broadcast to x of shape {tuple(x_shape)}."
     )
+
+
+def check_pointwise_param(name: str, p: Any, x_shape: tuple[int, ...]) -> None:
+  """Checks a parameter of a pointwise op (DyT, Derf): None, or a floating array that
+  broadcasts against ``x`` from its trailing axes without enlarging it.
+
+  Allowed: a scalar (``()`` or ``(1,)``), one value per channel (``(d,)``), per head and
+  channel (``(heads, d)``), or any shape whose every axis is 1 or the size of the matching
+  trailing axis of ``x``.
+  """
+  if p is None:
+    return
+  check_floating(name, p)
+  shape = tuple(p.shape)
+  x_shape = tuple(x_shape)
+  if len(shape) <= len(x_shape):
+    tail = x_shape[len(x_shape) - len(shape):]
+    if all(n in (1, m) for n, m in zip(shape, tail)):
+      return
+  raise ValueError(
+      f"{name} must broadcast against x of shape {x_shape} from its trailing axes (a scalar, "
+      f"({x_shape[-1] if x_shape else 1},) for one value per channel, or a trailing block of "
+      f"x's shape with axes of size 1 where it is shared), got shape {shape}.")

@@ -46,6 +46,7 @@ Extra trailing fields (their defaults reproduce Flax): ``epsilon_placement`` (``
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -56,7 +57,7 @@ from jax.nn import initializers
 
 from jaxnorm import _module_common as common
 
-__all__ = ["LayerNorm", "RMSNorm"]
+__all__ = ["Derf", "DyT", "LayerNorm", "RMSNorm"]
 
 
 def _params(mdl: nn.Module, x: jax.Array, use_scale: bool, use_bias: bool):
@@ -259,3 +260,86 @@ class RMSNorm(nn.Module):
       ``x`` and ``scale``; with ``residual``, ``(y, h)``.
     """
     return _call(self, "rms_norm", x, mask, self.use_scale, False, residual, residual_scale)
+
+
+class _Pointwise(nn.Module):
+  """The shared fields and call of :class:`DyT` and :class:`Derf`."""
+
+  alpha_init_value: float = 0.5
+  shift_init_value: float = 0.0
+  dtype: Dtype | None = None
+  param_dtype: Dtype = jnp.float32
+  use_bias: bool = True
+  use_scale: bool = True
+  bias_init: Initializer = initializers.zeros
+  scale_init: Initializer = initializers.ones
+  feature_axes: Axes = -1
+
+  _kind = ""
+
+  @nn.compact
+  def __call__(self, x: Any, *, residual: Any = None, residual_scale: float = 1.0):
+    r"""The op on ``x``, or on ``h = x + residual_scale * residual`` (then ``(y, h)``); the
+    output dtype is ``dtype``, else ``result_type`` of the input and the parameters."""
+    alpha0 = common.check_alpha_init("alpha_init_value", self.alpha_init_value)
+    shift0 = common.check_alpha_init("shift_init_value", self.shift_init_value)
+    if not hasattr(x, "dtype"):
+      x = jnp.asarray(x)
+    h = x if residual is None else common.residual_input(x, residual)
+    fshape = list(common.feature_shape(h.shape if residual is None else x.shape,
+                                       self.feature_axes))
+    alpha = self.param("alpha", lambda _, dt: jnp.full((), alpha0, dt), self.param_dtype)
+    shift = (self.param("shift", lambda _, dt: jnp.full((), shift0, dt), self.param_dtype)
+             if self._kind == "derf" else None)
+    scale = (self.param("scale", self.scale_init, fshape, self.param_dtype) if self.use_scale
+             else None)
+    bias = self.param("bias", self.bias_init, fshape, self.param_dtype) if self.use_bias else None
+    out_dtype = common.output_dtype(h, alpha, shift, scale, bias, dtype=self.dtype)
+    flat = [None if p is None else p.reshape(-1) for p in (scale, bias)]
+    return common.pointwise(self._kind, x, alpha, shift, *flat, feature_axes=self.feature_axes,
+                            dtype=out_dtype, num_features=math.prod(fshape),
+                            module=type(self).__name__, residual=residual,
+                            residual_scale=residual_scale)
+
+
+class DyT(_Pointwise):
+  r"""Dynamic Tanh (Zhu et al., CVPR 2025): :math:`y = \gamma \odot \tanh(\alpha x) + \beta`.
+
+  The Linen form of :class:`jaxnorm.nnx.DyT` (same parameters: scalar ``alpha``, ``scale`` and
+  ``bias`` of shape ``x.shape[feature_axes]``; same initializations), backed by
+  :func:`jaxnorm.dyt`.
+
+  Example::
+
+    >>> import jax
+    >>> from jaxnorm import linen as jln
+    >>> x = jax.random.normal(jax.random.key(0), (3, 6))
+    >>> variables = jln.DyT().init(jax.random.key(1), x)
+    >>> jax.tree.map(jax.numpy.shape, variables)
+    {'params': {'alpha': (), 'bias': (6,), 'scale': (6,)}}
+
+  Attributes:
+    alpha_init_value: the initial :math:`\alpha` (0.5, the paper's default).
+    shift_init_value: unused by DyT (one field list for both pointwise layers).
+    dtype: the dtype of the result (default: inferred from the input and the parameters).
+    param_dtype: the dtype of the parameters (default: float32).
+    use_bias: if True, the bias :math:`\beta` is added.
+    use_scale: if True, the output is multiplied by :math:`\gamma`.
+    bias_init: initializer for the bias, zeros by default.
+    scale_init: initializer for the scale, ones by default.
+    feature_axes: axes that carry their own :math:`\gamma` and :math:`\beta`.
+  """
+
+  _kind = "dyt"
+
+
+class Derf(_Pointwise):
+  r"""Dynamic erf (Chen et al., arXiv 2512.10938):
+  :math:`y = \gamma \odot \operatorname{erf}(\alpha x + s) + \beta`.
+
+  The Linen form of :class:`jaxnorm.nnx.Derf`: the fields of :class:`DyT`, with a scalar
+  ``shift`` parameter initialized to ``shift_init_value`` (0, the paper's), backed by
+  :func:`jaxnorm.derf`.
+  """
+
+  _kind = "derf"

@@ -1,4 +1,4 @@
-r"""Plain ``jax.numpy`` LayerNorm and RMSNorm, differentiated by JAX's autodiff: the oracle.
+r"""Plain ``jax.numpy`` LayerNorm, RMSNorm, DyT and Derf under JAX's autodiff: the oracle.
 
 This module is the oracle of the test suite and the autodiff baseline of the benchmarks. It
 imports nothing from the rest of :mod:`jaxnorm` (no shared formula, no shared validation), so
@@ -57,7 +57,7 @@ import numbers
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["layer_norm", "rms_norm"]
+__all__ = ["derf", "dyt", "layer_norm", "rms_norm"]
 
 # Written out here, not imported: the oracle depends on nothing in jaxnorm.
 _CASTINGS = ("float32", "llama", "t5")
@@ -173,3 +173,39 @@ def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None,
   r = _rstd(ms, epsilon, epsilon_placement)
   y = _affine(xf, r, scale, None, axes, zero_centered_scale, casting, x.dtype)
   return y.astype(dtype or x.dtype)
+
+
+def _pointwise_affine(t, scale, bias, x, dtype):
+  y = t
+  if scale is not None:
+    y = y * scale
+  if bias is not None:
+    y = y + bias
+  return y.astype(dtype or x.dtype)
+
+
+def _compute(x, *params):
+  """``x`` and the parameters in ``promote_types(their dtypes, float32)``, the parameters
+  given ``x``'s rank by leading size-1 axes (they broadcast from the trailing axes)."""
+  dt = jnp.promote_types(jnp.result_type(x, *(p for p in params if p is not None)), jnp.float32)
+  out = [jnp.asarray(x).astype(dt)]
+  for p in params:
+    if p is not None:
+      p = jnp.asarray(p).astype(dt)
+      p = p.reshape((1,) * (x.ndim - p.ndim) + p.shape)
+    out.append(p)
+  return out
+
+
+def dyt(x, alpha, scale=None, bias=None, *, dtype=None):
+  r"""Reference DyT: :math:`y = \mathrm{rd}_O(\gamma \tanh(\alpha x) + \beta)`, the arithmetic in
+  ``promote_types(inputs, float32)`` and the parameters broadcast by NumPy's rules (autodiff)."""
+  xf, a, s, b = _compute(x, alpha, scale, bias)
+  return _pointwise_affine(jnp.tanh(a * xf), s, b, x, dtype)
+
+
+def derf(x, alpha, shift, scale=None, bias=None, *, dtype=None):
+  r"""Reference Derf: :math:`y = \mathrm{rd}_O(\gamma\,\operatorname{erf}(\alpha x + s) + \beta)`,
+  as :func:`dyt` (``erf`` from :func:`jax.lax.erf`, autodiff)."""
+  xf, a, sh, s, b = _compute(x, alpha, shift, scale, bias)
+  return _pointwise_affine(lax.erf(a * xf + sh), s, b, x, dtype)

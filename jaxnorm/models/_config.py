@@ -16,16 +16,17 @@ from typing import Any
 
 from jaxnorm import _validation as v
 from jaxnorm._casting import CASTINGS
-from jaxnorm._module_common import KINDS
+from jaxnorm._module_common import POINTWISE_KINDS
+from jaxnorm._ops import OPS
 
 NORM_POSITIONS = ("pre", "post", "sandwich", "deepnorm")
-NORM_TYPES = KINDS  # ("layer_norm", "rms_norm"): the op names, as the modules spell them
+NORM_TYPES = tuple(OPS)  # the op table's names: "layer_norm", "rms_norm", "dyt", "derf"
 NORM_IMPLS = ("jaxnorm", "flax")
 INITS = ("xavier", "small")
 POSITIONS = ("learned", "rotary")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 ACTIVATIONS = ("gelu", "relu")
-QK_NORMS = ("none", "layer_norm", "rms_norm")  # "none", or a norm type named as NORM_TYPES
+QK_NORMS = ("none",) + NORM_TYPES  # "none", or an op named as NORM_TYPES
 QK_NORM_SCALES = ("per_head", "shared")
 # Keys of :func:`block_weight_paths`, in the order of a block's forward pass.
 WEIGHT_GROUPS = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")
@@ -36,6 +37,15 @@ def _check_positive_int(name: str, value: Any) -> None:
     raise TypeError(f"{name} must be a Python int, got {type(value).__name__} {value!r}.")
   if value < 1:
     raise ValueError(f"{name} must be >= 1, got {value}.")
+
+
+def _check_pointwise_alpha(value: Any) -> None:
+  if not isinstance(value, (tuple, list)) or len(value) != 2:
+    raise TypeError(f"pointwise_alpha must be a pair (attention, other) of floats, got "
+                    f"{value!r}.")
+  for a in value:
+    if isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a):
+      raise TypeError(f"pointwise_alpha must hold two finite floats, got {value!r}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +60,15 @@ class TransformerConfig:
     n_heads: attention heads; must divide ``d_model``.
     d_ff: hidden width of the MLP.
     norm_position: ``"pre"``, ``"post"``, ``"sandwich"`` or ``"deepnorm"`` (module docstring).
-    norm_type: ``"layer_norm"`` or ``"rms_norm"``.
+    norm_type: an op of :data:`jaxnorm.OPS`: ``"layer_norm"``, ``"rms_norm"``, or the
+      normalization-free ``"dyt"`` (:class:`jaxnorm.nnx.DyT`) or ``"derf"``
+      (:class:`jaxnorm.nnx.Derf`), used in every position a norm takes (``epsilon`` and
+      ``casting`` do not apply to them; ``norm_impl="flax"`` has no such layer).
+    pointwise_alpha: the initial :math:`\alpha` of DyT/Derf layers as ``(attention, other)``:
+      the first for the norms of the attention sub-block (and the QK norms), the second for
+      the MLP's and the final one, the split of DyT's LLM guidance (Zhu et al. 2025, Sec. 7.2,
+      Tables 10-11: 1.0/1.0 at width 1024, 0.8/0.2 at 4096); default ``(0.5, 0.5)``, both
+      papers' default.
     norm_impl: ``"jaxnorm"`` (custom VJP, :mod:`jaxnorm.nnx`) or ``"flax"`` (Flax's modules).
     init: ``"xavier"`` (Xiong et al.) or ``"small"`` (GPT-2, N(0, 0.02)).
     qk_zero_init: start with :math:`W^Q = W^K = 0` (uniform attention at init).
@@ -113,6 +131,7 @@ class TransformerConfig:
   qk_norm: str = "none"
   qk_norm_scale: str = "per_head"
   norm_scaling: bool = False
+  pointwise_alpha: tuple = (0.5, 0.5)
 
   def __post_init__(self):
     for name in ("vocab_size", "max_len", "d_model", "n_layers", "n_heads", "d_ff"):
@@ -128,6 +147,12 @@ class TransformerConfig:
     v.check_choice("qk_norm", self.qk_norm, QK_NORMS)
     v.check_choice("qk_norm_scale", self.qk_norm_scale, QK_NORM_SCALES)
     v.check_bool("norm_scaling", self.norm_scaling)
+    _check_pointwise_alpha(self.pointwise_alpha)
+    object.__setattr__(self, "pointwise_alpha", tuple(float(a) for a in self.pointwise_alpha))
+    pointwise = {self.norm_type, self.qk_norm} & set(POINTWISE_KINDS)
+    if pointwise and self.norm_impl == "flax":
+      raise ValueError(f"norm_impl='flax' has no {sorted(pointwise)} layer (Flax ships none); "
+                       f"use norm_impl='jaxnorm'.")
     if self.norm_scaling and self.norm_position not in ("pre", "sandwich"):
       raise ValueError(
           f"norm_scaling=True scales the block's input norms (Sun et al. 2025 define it for "

@@ -64,6 +64,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import nnx as jaxnorm_nnx
+from jaxnorm._module_common import POINTWISE_KINDS
 from jaxnorm.models._config import WEIGHT_GROUPS, TransformerConfig, deepnorm_alpha_beta
 
 def _xavier(gain: float = 1.0):
@@ -110,22 +111,30 @@ def _embed_std(config: TransformerConfig) -> float:
 
 
 def _make_norm(config: TransformerConfig, rngs: nnx.Rngs, *, norm_type: str | None = None,
-               num_features: int | None = None, **axes) -> nnx.Module:
+               num_features: int | None = None, role: str = "other", **axes) -> nnx.Module:
   """One normalization module from ``norm_type`` and ``norm_impl``.
 
   By default a norm of ``config.norm_type`` over the ``d_model`` features of the last axis;
   ``norm_type``, ``num_features`` and ``axes`` (``reduction_axes``/``feature_axes``, the
-  layers' keywords) build the QK norms.
+  layers' keywords) build the QK norms. ``role`` ("attention" or "other") picks a DyT/Derf
+  layer's initial alpha from ``config.pointwise_alpha``.
   """
+  norm_type = norm_type or config.norm_type
+  num_features = num_features or config.d_model
+  if norm_type in POINTWISE_KINDS:
+    cls = jaxnorm_nnx.DyT if norm_type == "dyt" else jaxnorm_nnx.Derf
+    alpha = config.pointwise_alpha[0 if role == "attention" else 1]
+    axes.pop("reduction_axes", None)  # pointwise: nothing is reduced
+    return cls(num_features, alpha_init_value=alpha, dtype=jnp.dtype(config.dtype), rngs=rngs,
+               **axes)
   if config.norm_impl == "flax":
     layer_norm_cls, rms_norm_cls = nnx.LayerNorm, nnx.RMSNorm
   else:
     layer_norm_cls, rms_norm_cls = jaxnorm_nnx.LayerNorm, jaxnorm_nnx.RMSNorm
-  norm_type = norm_type or config.norm_type
   cls = layer_norm_cls if norm_type == "layer_norm" else rms_norm_cls
   kw = {} if config.norm_impl == "flax" else {"casting": config.casting}
-  return cls(num_features or config.d_model, epsilon=config.epsilon,
-             dtype=jnp.dtype(config.dtype), rngs=rngs, **axes, **kw)
+  return cls(num_features, epsilon=config.epsilon, dtype=jnp.dtype(config.dtype), rngs=rngs,
+             **axes, **kw)
 
 
 def _make_qk_norm(config: TransformerConfig, rngs: nnx.Rngs) -> nnx.Module:
@@ -138,8 +147,9 @@ def _make_qk_norm(config: TransformerConfig, rngs: nnx.Rngs) -> nnx.Module:
   if config.qk_norm_scale == "per_head":
     return _make_norm(config, rngs, norm_type=config.qk_norm,
                       num_features=config.n_heads * config.head_dim, feature_axes=(-2, -1),
-                      reduction_axes=-1)
-  return _make_norm(config, rngs, norm_type=config.qk_norm, num_features=config.head_dim)
+                      reduction_axes=-1, role="attention")
+  return _make_norm(config, rngs, norm_type=config.qk_norm, num_features=config.head_dim,
+                    role="attention")
 
 
 class _Stats:
@@ -291,10 +301,10 @@ class Block(nnx.Module):
       self.residual_scale, gain = deepnorm_alpha_beta(config.n_layers)
     self.attn = CausalSelfAttention(config, v_gain=gain, rngs=rngs)
     self.mlp = MLP(config, gain=gain, rngs=rngs)
-    self.attn_norm = _make_norm(config, rngs)
+    self.attn_norm = _make_norm(config, rngs, role="attention")
     self.mlp_norm = _make_norm(config, rngs)
     if config.norm_position == "sandwich":
-      self.attn_out_norm = _make_norm(config, rngs)
+      self.attn_out_norm = _make_norm(config, rngs, role="attention")
       self.mlp_out_norm = _make_norm(config, rngs)
 
   def __call__(self, x: jax.Array, stats: _Stats | None = None, norm_scale=1.0) -> jax.Array:

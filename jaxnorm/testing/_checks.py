@@ -117,7 +117,7 @@ def _second(a: np.ndarray) -> np.ndarray:
   b = np.flip(a)
   if np.array_equal(b, a, equal_nan=True):
     b = (a.astype(np.float64) * 0.75).astype(a.dtype)
-  return np.ascontiguousarray(b)
+  return np.array(b, copy=True)  # ascontiguousarray would make a 0-d parameter 1-d
 
 
 class _Problem:
