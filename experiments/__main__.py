@@ -7,6 +7,8 @@ its options):
 * ``run``    the experiment suite and its report (:mod:`experiments.suite.runner`).
 * ``bench``  the op-level benchmark (:mod:`experiments.bench.cli`).
 * ``bench-qk``  the per-head (QK) norm against Flax's (:mod:`experiments.bench.qk`).
+* ``bench-pointwise``  DyT and Derf against the memory floor and autodiff
+  (:mod:`experiments.bench.pointwise`).
 * ``bench-ensemble``  seeds as one vmapped training program vs one program per seed
   (:mod:`experiments.bench.ensemble`).
 * ``tune``   launch configurations of the Pallas kernels, measured on a GPU
@@ -25,6 +27,7 @@ COMMANDS = {
     "bench": "experiments.bench.cli",
     "bench-qk": "experiments.bench.qk",
     "bench-ensemble": "experiments.bench.ensemble",
+    "bench-pointwise": "experiments.bench.pointwise",
     "demo": "experiments.demo",
     "tune": "experiments.bench.tune",
 }

@@ -220,3 +220,15 @@ def test_model_config_rejects_flax_pointwise_and_bad_alpha():
     TransformerConfig(norm_type="dyt", norm_impl="flax")
   with pytest.raises(TypeError, match="pointwise_alpha"):
     TransformerConfig(norm_type="dyt", pointwise_alpha=0.5)
+
+
+def test_bench_pointwise_writes_its_table(tmp_path):
+  from experiments.bench import pointwise as bench
+
+  assert bench.main(["--shapes", "8x16", "--dtypes", "float32", "--ops", "dyt", "--repeats", "3",
+                     "--sample-ms", "0.2", "--out", str(tmp_path), "--tag", "t"]) == 0
+  (json_file,) = tmp_path.glob("pointwise-t-*.json")
+  (row,) = __import__("json").loads(json_file.read_text())["rows"]
+  assert set(row["over_copy"]) >= {"jaxnorm fwd", "jaxnorm bwd", "autodiff add+op"}
+  with pytest.raises(SystemExit):
+    bench.main(["--ops", "layer_norm"])

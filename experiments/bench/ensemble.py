@@ -18,19 +18,10 @@ import functools
 import json
 import os
 import pathlib
-import platform
+
+from experiments.suite.provenance import device_info
 
 __all__ = ["main", "measure"]
-
-
-def _cpu_model() -> str:
-  try:
-    for line in open("/proc/cpuinfo"):
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown"
 
 
 def measure(preset_name: str, ks: list[int], repeats: int = 9, sample_ms: float = 400.0) -> dict:
@@ -83,7 +74,7 @@ def measure(preset_name: str, ks: list[int], repeats: int = 9, sample_ms: float 
                  "ratio_per_run": None if base is None else t["median_s"] / k / base,
                  "q_min_ms": 1e3 * t["min_s"], "q_max_ms": 1e3 * t["max_s"], "samples_s": t["times_s"]})
   return {"preset": preset_name, "model": preset["model"], "batch_size": tc.batch_size, "seq_len": tc.seq_len,
-          "n_layers": 6, "cpu": _cpu_model(), "cores": os.cpu_count(),
+          "n_layers": 6, "cpu": device_info()["cpu"], "cores": os.cpu_count(),
           "backend": jax.default_backend(), "jax": jax.__version__, "rows": rows}
 
 
