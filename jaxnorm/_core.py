@@ -67,10 +67,7 @@ import numpy as np
 from jax import lax
 
 from jaxnorm import _jax_compat
-from jaxnorm import _pallas_backward
-from jaxnorm import _pallas_common
 from jaxnorm import _pallas_config
-from jaxnorm import _pallas_forward
 from jaxnorm import _validation as v
 from jaxnorm import _xla
 from jaxnorm._casting import CASTINGS, cast_plan
@@ -79,14 +76,27 @@ from jaxnorm._pallas_config import PallasConfig
 from jaxnorm._spec import NormConfig
 
 __all__ = ["NormConfig", "backward", "check_pallas", "flat_params", "flat_stats", "forward",
-           "forward_only",
+           "forward_only", "kernels",
            "on_platform", "pallas_spec", "pallas_stats", "param_cotangents", "prepare"]
+
+
+def kernels():
+  """The Pallas kernel modules (``common``, ``forward``, ``backward``), imported on first use.
+
+  Only a kernel launch or lowering needs ``jax.experimental.pallas``: ``import jaxnorm`` and
+  every XLA-path call leave it unimported (its API moves between JAX releases, and importing it
+  costs time on every start).
+  """
+  import types
+  from jaxnorm import _pallas_backward, _pallas_common, _pallas_forward
+  return types.SimpleNamespace(common=_pallas_common, forward=_pallas_forward,
+                               backward=_pallas_backward)
 
 
 def pallas_spec(cfg: NormConfig, x, scale, *, has_bias: bool, residual_scale: float = 1.0):
   """The kernels' launch spec for ``x: (..., d)`` from a checked config (no re-validation)."""
   d = x.shape[-1]
-  return _pallas_common.kernel_spec(
+  return kernels().common.kernel_spec(
       x.size // d, d, x.dtype, center=cfg.center, has_scale=scale is not None,
       has_bias=has_bias, epsilon=cfg.epsilon, epsilon_placement=cfg.epsilon_placement,
       zero_centered_scale=cfg.zero_centered_scale, residual_scale=residual_scale,
@@ -145,7 +155,7 @@ def sum_to(ct, shape):
 def _pallas_forward_one(cfg: NormConfig, x, scale, bias):
   d = x.shape[-1]
   spec = pallas_spec(cfg, x, scale, has_bias=bias is not None)
-  y, *stats = _pallas_forward.norm_forward(x.reshape(-1, d), _flat(scale), _flat(bias), spec=spec,
+  y, *stats = kernels().forward.norm_forward(x.reshape(-1, d), _flat(scale), _flat(bias), spec=spec,
                                            out_dtype=cfg.out_dtype,
                                            interpret=cfg.pallas.interpret)
   return y.reshape(x.shape), pallas_stats(cfg, x.shape[:-1] + (1,), stats)
@@ -159,7 +169,7 @@ def _pallas_backward_one(cfg: NormConfig, x, scale, stats, dy):
   d = x.shape[-1]
   spec = pallas_spec(cfg, x, scale, has_bias=cfg.bias_dtype is not None)
   shift, delta, rstd = flat_stats(cfg, stats)
-  dx, dscale, dbias = _pallas_backward.norm_backward(
+  dx, dscale, dbias = kernels().backward.norm_backward(
       x.reshape(-1, d), dy.reshape(-1, d), _flat(scale), shift, delta, rstd, spec=spec,
       interpret=cfg.pallas.interpret)
   return (dx.reshape(x.shape), *params_like(cfg, scale, dscale, dbias))

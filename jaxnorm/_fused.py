@@ -45,8 +45,6 @@ import jax.numpy as jnp
 
 from jaxnorm import _core
 from jaxnorm import _jax_compat
-from jaxnorm import _pallas_backward
-from jaxnorm import _pallas_forward
 from jaxnorm import _validation as v
 from jaxnorm import _xla
 from jaxnorm._spec import AddConfig, NormConfig
@@ -111,7 +109,7 @@ def _pallas_forward_one(cfg: NormConfig, x, residual, scale, bias):
   d = x.shape[-1]
   spec = _core.pallas_spec(cfg, x, scale, has_bias=bias is not None,
                            residual_scale=cfg.residual_scale)
-  y, h, *stats = _pallas_forward.add_norm_forward(
+  y, h, *stats = _core.kernels().forward.add_norm_forward(
       x.reshape(-1, d), residual.reshape(-1, d), _flat(scale), _flat(bias), spec=spec,
       out_dtype=cfg.out_dtype, h_dtype=cfg.h_dtype, interpret=cfg.pallas.interpret)
   return (y.reshape(x.shape), h.reshape(x.shape),
@@ -128,7 +126,7 @@ def _pallas_backward_one(cfg: NormConfig, h, scale, stats, dy, dh):
   spec = _core.pallas_spec(cfg, h, scale, has_bias=cfg.bias_dtype is not None,
                            residual_scale=cfg.residual_scale)
   shift, delta, rstd = _core.flat_stats(cfg, stats)
-  dx, dres, dscale, dbias = _pallas_backward.add_norm_backward(
+  dx, dres, dscale, dbias = _core.kernels().backward.add_norm_backward(
       h.reshape(-1, d), dy.reshape(-1, d), None if dh is None else dh.reshape(-1, d),
       _flat(scale), shift, delta, rstd, spec=spec, x_dtype=cfg.add.x_dtype,
       residual_dtype=cfg.add.residual_dtype, interpret=cfg.pallas.interpret)
