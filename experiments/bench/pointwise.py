@@ -4,8 +4,9 @@ For each shape and dtype, interleaved in one process (:func:`experiments.bench.t
 
 * ``copy``: ``x * 2`` (read N, write N), the memory floor of any elementwise op;
 * ``jaxnorm``: :func:`jaxnorm.dyt` / :func:`jaxnorm.derf` (the derived rules), forward, and the
-  backward as ``jax.vjp``'s function applied to fresh cotangents (its residuals are arguments
-  of the jitted program, never constants XLA could fold);
+  backward: ``jax.vjp``'s closure, made by one jitted program and applied to a cotangent by
+  another that takes it as an argument (its residuals are inputs, never constants XLA could
+  fold);
 * ``autodiff``: the same through :mod:`jaxnorm.reference` (JAX's own derivatives);
 * ``add+op``: the residual add ``h = x + r`` then the op, one jitted program returning ``(y, h)``
   (what the model runs; read 2N, write 2N), against ``add`` alone (``x + r``: read 2N, write N).
@@ -41,10 +42,10 @@ def _fns(op_name: str, dtype):
     return jax.jit(lambda x, p: f(x, *p))
 
   def bwd(f):
-    def run(x, p, dy):
-      _, pull = jax.vjp(lambda x, p: f(x, *p), x, p)
-      return pull(dy)
-    return jax.jit(run)
+    """``(bwd, make_vjp)``: the vjp closure made by one jitted program, applied by another
+    that takes it as an argument (its residuals are inputs there, never folded constants)."""
+    make_vjp = jax.jit(lambda x, p: jax.vjp(lambda x, p: f(x, *p), x, p)[1])
+    return jax.jit(lambda pull, dy: pull(dy)), make_vjp
 
   def add_op(f):
     return jax.jit(lambda x, r, p: (f(x + r, *p), x + r))
@@ -69,7 +70,8 @@ def bench(shapes, dtypes, ops, repeats: int, sample_ms: float):
                  "add": (jax.jit(lambda x, r: x + r), (x, r))}
         for name, f in impls.items():
           calls[f"{name} fwd"] = (fwd(f), (x, p))
-          calls[f"{name} bwd"] = (bwd(f), (x, p, dy))
+          apply, make_vjp = bwd(f)
+          calls[f"{name} bwd"] = (apply, (jax.block_until_ready(make_vjp(x, p)), dy))
           calls[f"{name} add+op"] = (add_op(f), (x, r, p))
         for fn, args in calls.values():
           jax.block_until_ready(fn(*args))
