@@ -80,21 +80,24 @@ def versions() -> dict[str, str]:
 
 def machine() -> dict:
   """The CPU model, its vector extensions (from ``/proc/cpuinfo``), the load average, XLA_FLAGS."""
-  model, flags = platform.processor() or platform.machine(), []
+  model, flags, ids = platform.processor() or platform.machine(), [], {}
   try:
     with open("/proc/cpuinfo") as fh:
       for line in fh:
         key, _, value = line.partition(":")
-        if key.strip() == "model name" and value.strip():
+        key = key.strip()
+        if key == "model name" and value.strip():
           model = value.strip()
-        elif key.strip() == "flags":
+        elif key in ("vendor_id", "cpu family", "model", "stepping"):
+          ids[key.replace(" ", "_")] = value.strip()
+        elif key == "flags":
           flags = value.split()
           break
   except OSError:
     pass
   vector = sorted(f for f in flags if f.startswith(("sse", "ssse", "avx", "fma", "f16c", "amx")))
   load = os.getloadavg() if hasattr(os, "getloadavg") else None
-  return {"cpu_model": model, "vector_extensions": vector, "cpu_count": os.cpu_count(),
+  return {"cpu_model": model, "cpu_ids": ids, "vector_extensions": vector, "cpu_count": os.cpu_count(),
           "loadavg": None if load is None else [round(v, 2) for v in load],
           "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
@@ -266,7 +269,7 @@ def _markdown(report: dict) -> str:
            f"date {report['date']}, versions {report['versions']}", ""]
   if "machine" in report:
     m = report["machine"]
-    lines += [f"machine: {m['cpu_model']}, {m['cpu_count']} CPUs; vector extensions "
+    lines += [f"machine: {m['cpu_model']} {m.get('cpu_ids', '')}, {m['cpu_count']} CPUs; vector extensions "
               f"{' '.join(m['vector_extensions'])}; XLA_FLAGS `{m['xla_flags']}`; load average "
               f"(1, 5, 15 min) {m['loadavg']} at the start, {m.get('loadavg_end')} at the end", ""]
   lines += [
