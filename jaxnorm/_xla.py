@@ -136,6 +136,9 @@ def statistics(cfg: NormConfig, x, mask, *, decouple: bool = True):
   alone on fewer rows than YNNPACK takes whole); False lets them share ``x - shift`` (the
   forward alone otherwise, :func:`forward_only`).
 
+  With ``cfg.fast_variance`` (``use_fast_variance=True``): Flax's ``E[x^2] - E[x]^2`` instead,
+  :func:`_fast_statistics`, which returns ``(mean, None, rstd)``.
+
   Returns ``(shift, delta, rstd)`` (each ``(..., 1)``) for LayerNorm, where the row mean is
   ``shift + delta``, or ``(None, None, rstd)`` for RMSNorm.
   """
@@ -319,6 +322,10 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask):
   the hand-written formula: a llama-mode decoder's bfloat16 logits then differ,
   ``tests/test_casting.py``; with XLA's ``--xla_allow_excess_precision=false`` they agree
   again).
+
+  LayerNorm's fast variance (``cfg.fast_variance``) follows the same rule: on fewer rows its two
+  sums read ``x`` through views too (Flax's program otherwise writes a float32 copy of a
+  bfloat16 ``x`` for them), on more it is Flax's one YNNPACK loop.
 
   The rows counted are those of the traced ``x``: under ``jax.vmap`` the per-example rows (a
   vmap of many short sequences takes the views, whatever the batch). The choice is made per
