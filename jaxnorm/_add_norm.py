@@ -21,7 +21,7 @@ __all__ = ["add_layer_norm", "add_rms_norm"]
 def add_layer_norm(x, residual, scale=None, bias=None, *, residual_scale=1.0, residual_dtype=None,
                    epsilon=1e-6, axis=-1, mask=None, epsilon_placement="inside",
                    zero_centered_scale=False, axis_name=None, axis_index_groups=None, dtype=None,
-                   impl="auto", pallas=None, casting="float32"):
+                   impl="auto", pallas=None, casting="float32", use_fast_variance=False):
   r"""Residual add fused with LayerNorm: returns ``(y, h)``.
 
   .. math::
@@ -58,8 +58,8 @@ def add_layer_norm(x, residual, scale=None, bias=None, *, residual_scale=1.0, re
     residual_dtype: dtype ``h`` is stored in (and the statistics are taken of); default the
       promoted dtype of ``x`` and ``residual``. A float32 stream under bfloat16 activations is
       the common use. The add runs in at least float32 and is rounded once.
-    epsilon, axis, mask, epsilon_placement, zero_centered_scale, axis_name, axis_index_groups:
-      as :func:`jaxnorm.layer_norm`.
+    epsilon, axis, mask, epsilon_placement, zero_centered_scale, axis_name, axis_index_groups,
+      use_fast_variance: as :func:`jaxnorm.layer_norm` (the statistics are those of ``h``).
     dtype: dtype of ``y``; default ``x.dtype`` (the activations' dtype, not the stream's).
     impl: "xla", "pallas" (the fused kernels: one read of ``x`` and ``residual``, one write of
       ``h`` and ``y``) or "auto": the fused kernels on a GPU where the plain op's kernels apply
@@ -90,7 +90,7 @@ def add_layer_norm(x, residual, scale=None, bias=None, *, residual_scale=1.0, re
                residual_dtype=residual_dtype, epsilon=epsilon, axis=axis, mask=mask,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,
-               pallas=pallas, casting=casting)
+               pallas=pallas, casting=casting, use_fast_variance=use_fast_variance)
 
 
 def add_rms_norm(x, residual, scale=None, *, residual_scale=1.0, residual_dtype=None,

@@ -290,7 +290,8 @@ def _under_non_manual_mesh() -> bool:
   return any(t != jax.sharding.AxisType.Manual for t in mesh.axis_types)
 
 
-def _resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, pallas: PallasConfig) -> str:
+def _resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, pallas: PallasConfig,
+                  fast_variance: bool = False) -> str:
   """Resolves ``impl`` in {"auto", "xla", "pallas"} to "xla", "pallas" or "platform".
 
   "auto" on a call the kernels support (no mask, no axis_name, not traced under a mesh with
@@ -304,7 +305,9 @@ def _resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, pallas: PallasCon
   if impl == "xla":
     return "xla"
   why_not = None
-  if mask is not None:
+  if fast_variance:
+    why_not = "the Pallas kernels compute the shifted-data variance only (use_fast_variance=True)"
+  elif mask is not None:
     why_not = "the Pallas kernels do not take a mask"
   elif axis_name is not None:
     why_not = "the Pallas kernels do not take an axis_name (sharded feature axis)"
@@ -338,13 +341,14 @@ def check_pallas(pallas) -> PallasConfig:
 
 def prepare(x, scale, bias, *, center, epsilon, axis, mask, epsilon_placement,
             zero_centered_scale, axis_name, axis_index_groups, dtype, impl, pallas=None,
-            casting="float32", x_name="x"):
+            casting="float32", x_name="x", use_fast_variance=False):
   """Validates the public arguments and returns ``(cfg, x2, mask2, restore)``.
 
   ``pallas``: a :class:`jaxnorm.PallasConfig` (how ``impl="pallas"`` runs the kernels) or None
   for the default one. ``casting``: one of :data:`jaxnorm._casting.CASTINGS`, checked here once
   and carried as the call's :class:`~jaxnorm._casting.CastPlan`. ``x_name``: what the messages
-  call ``x`` (the kernel API's fused backward normalizes ``h``).
+  call ``x`` (the kernel API's fused backward normalizes ``h``). ``use_fast_variance``:
+  LayerNorm's variance as ``E[x^2] - E[x]^2`` (:attr:`NormConfig.fast_variance`; XLA only).
 
   ``x2`` is ``x`` with its normalized trailing axes flattened into one, ``mask2`` the mask
   broadcast and flattened the same way, and ``restore`` maps a ``(..., d)`` result back to the
@@ -355,6 +359,7 @@ def prepare(x, scale, bias, *, center, epsilon, axis, mask, epsilon_placement,
   axes = v.normalized_axes(x.ndim, axis)
   v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
   v.check_bool("zero_centered_scale", zero_centered_scale)
+  v.check_bool("use_fast_variance", use_fast_variance)
   v.check_choice("casting", casting, CASTINGS)
   norm_shape = tuple(x.shape[axes[0]:])
   scale_heads = v.check_param("scale", scale, x.shape, axes[0], x_name=x_name)
@@ -371,7 +376,9 @@ def prepare(x, scale, bias, *, center, epsilon, axis, mask, epsilon_placement,
   lead = tuple(x.shape[:axes[0]])
   x2 = x.reshape(lead + (d,))
   pallas = check_pallas(pallas)
-  impl = _resolve_impl(impl, (int(np.prod(lead)), d), x.dtype, mask, axis_name, pallas)
+  fast_variance = bool(center and use_fast_variance)
+  impl = _resolve_impl(impl, (int(np.prod(lead)), d), x.dtype, mask, axis_name, pallas,
+                       fast_variance)
   mask2 = None
   if mask is not None:
     mask2 = jnp.broadcast_to(mask, x.shape).reshape(lead + (d,))
@@ -391,6 +398,7 @@ def prepare(x, scale, bias, *, center, epsilon, axis, mask, epsilon_placement,
       cast=cast_plan(casting, x.dtype, None if scale is None else scale.dtype,
                      None if bias is None else bias.dtype),
       heads=max(scale_heads, bias_heads, key=len),
+      fast_variance=fast_variance,
   )
   shape = tuple(x.shape)
   return cfg, x2, mask2, lambda y: y.reshape(shape)

@@ -8,7 +8,8 @@ from jaxnorm import _ad
 
 def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
                epsilon_placement="inside", zero_centered_scale=False, axis_name=None,
-               axis_index_groups=None, dtype=None, impl="auto", pallas=None, casting="float32"):
+               axis_index_groups=None, dtype=None, impl="auto", pallas=None, casting="float32",
+               use_fast_variance=False):
   r"""Layer normalization with hand-derived backward and tangent rules.
 
   .. math::
@@ -65,15 +66,20 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
     casting: where the affine stage rounds: "float32" (default; one cast at the end),
       "llama" (HF ``LlamaRMSNorm``) or "t5" (HF ``T5LayerNorm``); the order of casts of each
       mode and its backward: ``docs/modules.md`` and ``docs/derivations.md``.
+    use_fast_variance: if True the variance is Flax's ``E[x^2] - E[x]^2`` (clamped at 0) instead
+      of the shifted-data form: in float32 it loses about ``2 log2(mean/std)`` bits (nothing
+      left at a ratio of ``1e4``); the backward and tangent are the derived ones at the
+      statistics it computed. Runs on XLA ("auto" never takes the kernels with it).
 
   Returns:
     ``y`` with the shape of ``x``.
 
   Raises:
     TypeError: ``x``, ``scale``, ``bias`` not floating; ``mask`` not boolean; ``epsilon`` not a
-      Python number.
+      Python number; ``zero_centered_scale`` or ``use_fast_variance`` not a bool.
     ValueError: ``scale``/``bias`` shape not the normalized shape, ``axis`` out of range or not
-      trailing, ``epsilon`` negative or NaN, unknown ``epsilon_placement``/``impl``/``casting``.
+      trailing, ``epsilon`` negative or NaN, unknown ``epsilon_placement``/``impl``/``casting``,
+      ``impl="pallas"`` with ``use_fast_variance=True``.
 
   Example:
     >>> import jax, jax.numpy as jnp, jaxnorm
@@ -85,6 +91,7 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
   cfg, x2, mask2, restore = _core.prepare(
       x, scale, bias, center=True, epsilon=epsilon, axis=axis, mask=mask, dtype=dtype, impl=impl,
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
-      axis_name=axis_name, axis_index_groups=axis_index_groups, pallas=pallas, casting=casting)
+      axis_name=axis_name, axis_index_groups=axis_index_groups, pallas=pallas, casting=casting,
+      use_fast_variance=use_fast_variance)
   scale, bias = _core.flat_params(x, x2, scale, bias)
   return restore(_ad.apply(cfg, x2, scale, bias, mask2))

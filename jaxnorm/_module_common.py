@@ -88,7 +88,7 @@ def check_num_features_arg(module: str, num_features: Any) -> int:
 
 
 def check_options(epsilon: Any, epsilon_placement: Any, zero_centered_scale: Any,
-                  impl: Any, casting: Any = "float32") -> float:
+                  impl: Any, casting: Any = "float32", use_fast_variance: Any = False) -> float:
   """Validates the static options of a layer once, when it is built.
 
   Returns:
@@ -97,6 +97,7 @@ def check_options(epsilon: Any, epsilon_placement: Any, zero_centered_scale: Any
   epsilon = v.check_epsilon(epsilon)
   v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
   v.check_bool("zero_centered_scale", zero_centered_scale)
+  v.check_bool("use_fast_variance", use_fast_variance)
   v.check_choice("impl", impl, v.IMPLS)
   v.check_choice("casting", casting, CASTINGS)
   return epsilon
@@ -119,7 +120,8 @@ def _to_rank(mask: Any, ndim: int) -> Any:
 
 
 LAYER_OPTIONS = ("reduction_axes", "feature_axes", "epsilon", "axis_name", "axis_index_groups",
-                 "epsilon_placement", "zero_centered_scale", "impl", "casting")
+                 "epsilon_placement", "zero_centered_scale", "impl", "casting",
+                 "use_fast_variance")
 
 
 def layer_options(layer: Any) -> dict[str, Any]:
@@ -135,7 +137,7 @@ def normalize(kind: str, x: Any, scale: Any, bias: Any, *, reduction_axes: Any, 
               axis_index_groups: Any = None, epsilon_placement: str = "inside",
               zero_centered_scale: bool = False, impl: str = "auto", casting: str = "float32",
               num_features: int | None = None, module: str = "", residual: Any = None,
-              residual_scale: float = 1.0) -> Any:
+              residual_scale: float = 1.0, use_fast_variance: bool = False) -> Any:
   r"""Normalizes ``x`` over any ``reduction_axes`` with the custom-VJP op of ``kind``.
 
   .. math::
@@ -163,6 +165,8 @@ def normalize(kind: str, x: Any, scale: Any, bias: Any, *, reduction_axes: Any, 
     residual: ``None``, or an array of the shape of ``x``: the residual add + norm op then
       normalizes :math:`h = x + \alpha\,\text{residual}` (``jaxnorm.add_layer_norm``).
     residual_scale: :math:`\alpha`, a Python float (DeepNorm); only with ``residual``.
+    use_fast_variance: ``layer_norm``'s variance as :math:`\overline{x^2} - \mu^2` (as
+      :func:`jaxnorm.layer_norm`); no effect on ``rms_norm``.
     num_features: the layer's ``num_features`` (NNX; None for Linen), checked against the
       input's feature size. module: the layer's class name, for error messages.
 
@@ -184,6 +188,8 @@ def normalize(kind: str, x: Any, scale: Any, bias: Any, *, reduction_axes: Any, 
       epsilon=epsilon, axis=tuple(range(x.ndim - len(red), x.ndim)), mask=mt,
       epsilon_placement=epsilon_placement, axis_name=axis_name,
       axis_index_groups=axis_index_groups, impl=impl)
+  if kind == "layer_norm":
+    op_kwargs["use_fast_variance"] = use_fast_variance
   pshape = _in_op_param_shape(x, red, feat)
   if pshape is not None or (scale is None and bias is None):
     # In-op affine: scale and bias live on the reduction axes, or per head on axes just before

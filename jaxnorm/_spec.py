@@ -56,6 +56,9 @@ class NormConfig:
   # Sizes of the per-head axes of scale/bias (x's axes just before the normalized ones that the
   # parameters also span); () when they are shared by every row. See :func:`_core.params`.
   heads: tuple = ()
+  # LayerNorm only: the variance as E[x^2] - E[x]^2 (clamped at 0), Flax's fast form, instead of
+  # the shifted-data form (use_fast_variance=True; XLA only). See :func:`_xla.statistics`.
+  fast_variance: bool = False
 
   def plan(self, x_dtype) -> CastPlan:
     """The :class:`CastPlan` of this call (``"float32"`` when none was set)."""

@@ -136,6 +136,9 @@ def statistics(cfg: NormConfig, x, mask, *, decouple: bool = True):
   alone on fewer rows than YNNPACK takes whole); False lets them share ``x - shift`` (the
   forward alone otherwise, :func:`forward_only`).
 
+  With ``cfg.fast_variance`` (``use_fast_variance=True``): Flax's ``E[x^2] - E[x]^2`` instead,
+  :func:`_fast_statistics`, which returns ``(mean, None, rstd)``.
+
   Returns ``(shift, delta, rstd)`` (each ``(..., 1)``) for LayerNorm, where the row mean is
   ``shift + delta``, or ``(None, None, rstd)`` for RMSNorm.
   """
@@ -153,6 +156,8 @@ def statistics(cfg: NormConfig, x, mask, *, decouple: bool = True):
       ms = _psum(cfg, ss) / _count(cfg, mask, x.shape, ct)
     return None, None, _normalizer(cfg, ms)
   n = _count(cfg, mask, x.shape, ct)
+  if cfg.fast_variance:
+    return _fast_statistics(cfg, x, mask, n, decouple=decouple)
   if mask is None and cfg.axis_name is None:
     shift = first_pivot(x)  # no reduction to wait for
   else:
@@ -175,6 +180,36 @@ def statistics(cfg: NormConfig, x, mask, *, decouple: bool = True):
   return shift, delta, _normalizer(cfg, var)
 
 
+def _fast_statistics(cfg: NormConfig, x, mask, n, *, decouple: bool):
+  r"""``(mean, None, rstd)`` with Flax's fast variance (``use_fast_variance=True``).
+
+  .. math::
+
+     \mu = \tfrac1n \sum_i m_i x_i, \qquad
+     v = \max\big(\tfrac1n \sum_i m_i x_i^2 - \mu^2,\ 0\big)
+
+  Both sums read ``x`` directly (one level of row sums, as in Flax's program), so ``v`` is the
+  difference of two terms of size about :math:`\mu^2 + v` and loses about
+  :math:`2\log_2(|\mu|/\sigma)` of float32's 24 bits (all of them at mean/std ``4e3``; the clamp
+  at 0 then gives :math:`r = \epsilon^{-1/2}`). The mean is the shift and there is no offset
+  (``delta`` is None): :func:`centered` is ``x - mean``, and the derived rules, which take the
+  statistics the forward produced, differentiate this same function. ``decouple`` as in
+  :func:`statistics`.
+  """
+  ct = compute_dtype(x.dtype)
+  x1, mask1 = _fresh(x, mask) if decouple else (x, mask)
+  (s1,) = _row_sums(x1.astype(ct), mask=mask1)
+  # (x twice: with no mask, a barrier over (x,) alone would be merged with the first one.)
+  mask2, x2, _ = _fresh(mask, x, x) if decouple else (mask, x, x)
+  xf2 = x2.astype(ct)
+  (s2,) = _row_sums(xf2 * xf2, mask=mask2)
+  if cfg.axis_name is not None:
+    s1, s2 = _psum(cfg, jnp.stack([s1, s2]))
+  mean = s1 / n
+  var = jnp.maximum(s2 / n - mean * mean, 0.0)
+  return mean, None, _normalizer(cfg, var)
+
+
 def first_pivot(x):
   """The row's first element, ``(..., 1)`` in the compute dtype: a pivot with no reduction.
 
@@ -190,7 +225,9 @@ def first_pivot(x):
 def centered(cfg: NormConfig, xf, shift, delta):
   """``x_c = (x - shift) - delta`` (exact where ``x`` is near the pivot), or ``x`` for RMSNorm;
   ``xf`` in the compute dtype."""
-  return ((xf - shift) - delta) if cfg.center else xf
+  if not cfg.center:
+    return xf
+  return xf - shift if delta is None else (xf - shift) - delta
 
 
 def x_hat(cfg: NormConfig, xf, shift, delta, rstd):
@@ -285,6 +322,10 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask):
   the hand-written formula: a llama-mode decoder's bfloat16 logits then differ,
   ``tests/test_casting.py``; with XLA's ``--xla_allow_excess_precision=false`` they agree
   again).
+
+  LayerNorm's fast variance (``cfg.fast_variance``) follows the same rule: on fewer rows its two
+  sums read ``x`` through views too (Flax's program otherwise writes a float32 copy of a
+  bfloat16 ``x`` for them), on more it is Flax's one YNNPACK loop.
 
   The rows counted are those of the traced ``x``: under ``jax.vmap`` the per-example rows (a
   vmap of many short sequences takes the views, whatever the batch). The choice is made per
@@ -410,7 +451,7 @@ def tangent(cfg: NormConfig, x, scale, mask, stats, tx, tscale, tbias):
       if cfg.axis_name is not None:
         s_t, s_kt = _psum(cfg, jnp.stack([s_t, s_kt]))
       mean_t = s_t / n
-      s_xt = s_kt - delta * s_t  # sum(m x_c tx)
+      s_xt = s_kt if delta is None else s_kt - delta * s_t  # sum(m x_c tx)
     else:
       s_xt = _psum(cfg, s_kt)
     coef = -(rstd * rstd * rstd) * (s_xt / n)  # variance (RMS) path, per row

@@ -21,10 +21,11 @@ Example (swap one import; the variables, and so any checkpoint, are unchanged)::
 
 Deliberate differences from Flax:
 
-* ``use_fast_variance`` is accepted for compatibility but does not change the numerics:
-  jaxnorm always computes the variance as :math:`\overline{(x - \mu)^2}` (two-pass). Results
-  agree with Flax's default wherever :math:`|\mu| / \sigma` is moderate; where it is large
-  the fast formula :math:`\overline{x^2} - \mu^2` cancels and jaxnorm is the accurate one.
+* ``LayerNorm``'s ``use_fast_variance`` defaults to ``False`` (Flax: ``True``): jaxnorm's
+  shifted-data variance, accurate at any :math:`|\mu| / \sigma`, where Flax's default
+  :math:`\overline{x^2} - \mu^2` cancels (every digit at :math:`10^4` in float32).
+  ``use_fast_variance=True`` computes Flax's fast form. ``RMSNorm`` accepts the flag for
+  compatibility; it computes no variance.
 * ``force_float32_reductions`` is accepted for compatibility but the statistics are always
   reduced in at least float32 (float64 for float64 inputs). With ``False`` Flax reduces
   half-precision inputs in half precision; jaxnorm's result is then the more accurate one and
@@ -124,7 +125,8 @@ class LayerNorm(nn.Module):
     axis_name: named axis (of ``shard_map``/``pmap``) across which the statistics are
       averaged, when the reduction axes are split across devices.
     axis_index_groups: groups of indices within ``axis_name`` to average over separately.
-    use_fast_variance: accepted for compatibility; jaxnorm always uses the stable variance.
+    use_fast_variance: if True, the variance is Flax's :math:`\overline{x^2} - \mu^2`
+      (clamped at 0); default False (Flax: True), jaxnorm's accurate shifted-data variance.
     force_float32_reductions: accepted for compatibility; the statistics are always reduced
       in at least float32.
     epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
@@ -144,7 +146,7 @@ class LayerNorm(nn.Module):
   feature_axes: Axes = -1
   axis_name: str | None = None
   axis_index_groups: Any = None
-  use_fast_variance: bool = True
+  use_fast_variance: bool = False
   force_float32_reductions: bool = True
   epsilon_placement: str = "inside"
   zero_centered_scale: bool = False
@@ -153,7 +155,7 @@ class LayerNorm(nn.Module):
 
   def __post_init__(self):
     common.check_options(self.epsilon, self.epsilon_placement, self.zero_centered_scale,
-                         self.impl, self.casting)
+                         self.impl, self.casting, self.use_fast_variance)
     super().__post_init__()
 
   @nn.compact

@@ -18,11 +18,11 @@ Example (swap one import; the state, and so any checkpoint, is unchanged)::
 
 Deliberate differences from Flax:
 
-* ``use_fast_variance`` is accepted for compatibility but does not change the numerics:
-  jaxnorm always computes the variance as :math:`\overline{(x - \mu)^2}` (two-pass), never
-  as :math:`\overline{x^2} - \mu^2`. Results agree with Flax's default wherever
-  :math:`|\mu| / \sigma` is moderate; where it is large (e.g. :math:`10^4` in float32) the
-  fast formula cancels catastrophically and jaxnorm is the accurate one.
+* ``LayerNorm``'s ``use_fast_variance`` defaults to ``False`` (Flax: ``True``): the variance is
+  jaxnorm's shifted-data form, accurate at any :math:`|\mu| / \sigma`, where Flax's default
+  :math:`\overline{x^2} - \mu^2` cancels catastrophically (every digit at :math:`10^4` in
+  float32). ``use_fast_variance=True`` computes Flax's fast form (``docs/modules.md``).
+  ``RMSNorm`` accepts the flag for compatibility; it computes no variance.
 * ``num_features`` that does not match the input's feature size raises a ``ValueError``
   naming both sizes (Flax fails inside a reshape).
 * With both ``axis_name`` and ``mask``, jaxnorm sums the masked-in elements and their count
@@ -112,8 +112,9 @@ class LayerNorm(nnx.Module):
     axis_name: named axis (of ``shard_map``/``pmap``) across which the statistics are
       averaged, when the reduction axes are split across devices.
     axis_index_groups: groups of indices within ``axis_name`` to average over separately.
-    use_fast_variance: accepted for compatibility with Flax; jaxnorm always uses the
-      numerically stable two-pass variance (see the module docstring).
+    use_fast_variance: if True, the variance is Flax's :math:`\overline{x^2} - \mu^2`
+      (clamped at 0); default False (Flax: True), jaxnorm's accurate shifted-data variance
+      (see the module docstring).
     promote_dtype: function that promotes ``(x, scale, bias)`` to a common dtype, called with
       ``dtype=dtype``, as in Flax.
     rngs: the random number generators for the initializers.
@@ -147,7 +148,7 @@ class LayerNorm(nnx.Module):
       feature_axes: Axes = -1,
       axis_name: tp.Optional[str] = None,
       axis_index_groups: tp.Any = None,
-      use_fast_variance: bool = True,
+      use_fast_variance: bool = False,
       promote_dtype: PromoteDtypeFn = dtypes.promote_dtype,
       rngs: rnglib.Rngs,
       bias_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({}),
@@ -159,7 +160,7 @@ class LayerNorm(nnx.Module):
   ):
     num_features = common.check_num_features_arg("LayerNorm", num_features)
     epsilon = common.check_options(epsilon, epsilon_placement, zero_centered_scale, impl,
-                                   casting)
+                                   casting, use_fast_variance)
     feature_shape = (num_features,)
 
     # Keys are drawn scale first, then bias, as in Flax, so that the same Rngs give the same

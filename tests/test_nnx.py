@@ -99,13 +99,19 @@ def test_broadcast_mask_matches_flax(name, mask, red):
   _compare_with_flax(name, x, jnp.asarray(mask), reduction_axes=red, feature_axes=red)
 
 
+# (ours, Flax's): the documented differences of defaults (docs/modules.md).
+DIFFERENT_DEFAULTS = {("LayerNorm", "use_fast_variance"): (False, True)}
+
+
 def test_constructor_and_call_signatures_match_flax():
   for name, (ours, theirs) in PAIRS.items():
     a = list(inspect.signature(ours.__init__).parameters.values())
     b = list(inspect.signature(theirs.__init__).parameters.values())
     assert [(p.name, p.kind) for p in a[:len(b)]] == [(p.name, p.kind) for p in b], name
     for p, q in zip(a, b):
-      if not callable(q.default):
+      if (name, p.name) in DIFFERENT_DEFAULTS:
+        assert (p.default, q.default) == DIFFERENT_DEFAULTS[name, p.name]
+      elif not callable(q.default):
         assert p.default == q.default, (name, p.name)
     extra = [(p.name, p.default, p.kind) for p in a[len(b):]]
     assert extra == [("epsilon_placement", "inside", p.KEYWORD_ONLY),
@@ -119,27 +125,29 @@ def test_constructor_and_call_signatures_match_flax():
 def test_fast_variance_only_differs_in_the_unstable_regime():
   rng = np.random.default_rng(0)
   base = rng.standard_normal((8, 64))
-  ours = jnn.LayerNorm(64, rngs=nnx.Rngs(0))
+  ours = jnn.LayerNorm(64, rngs=nnx.Rngs(0))  # jaxnorm's default: use_fast_variance=False
   ours_fast = jnn.LayerNorm(64, use_fast_variance=True, rngs=nnx.Rngs(0))
   flax_fast = nnx.LayerNorm(64, rngs=nnx.Rngs(0))  # Flax's default: fast variance
   flax_slow = nnx.LayerNorm(64, use_fast_variance=False, rngs=nnx.Rngs(0))
-  # The flag does not change jaxnorm's numerics.
-  x = jnp.asarray(3.0 + base, jnp.float32)
-  np.testing.assert_array_equal(ours(x), ours_fast(x))
-  # Moderate mean/std (3 and 30): tight agreement with the two-pass Flax, close to the fast one.
+  # Moderate mean/std (3 and 30): tight agreement with the two-pass Flax, close to the fast one;
+  # the flag gives Flax's fast form.
   for ratio in (3.0, 30.0):
     x = jnp.asarray(ratio + base, jnp.float32)
     np.testing.assert_allclose(ours(x), flax_slow(x), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ours(x), flax_fast(x), rtol=1e-4, atol=1e-4)
-  # mean/std = 1e4 in float32: the fast variance cancels catastrophically, jaxnorm does not.
+    np.testing.assert_allclose(ours_fast(x), flax_fast(x), rtol=1e-6, atol=1e-6)
+  # mean/std = 1e4 in float32: the fast variance cancels catastrophically (Flax's default and
+  # jaxnorm's with the flag alike), jaxnorm's default does not.
   x64 = 1e4 + base
   x = jnp.asarray(x64, jnp.float32)
   xs = np.asarray(x, np.float64)  # the float32 input, exactly, in float64
   ref = (xs - xs.mean(-1, keepdims=True)) / np.sqrt(xs.var(-1, keepdims=True) + 1e-6)
   err_ours = np.max(np.abs(np.asarray(ours(x), np.float64) - ref))
   err_fast = np.max(np.abs(np.asarray(flax_fast(x), np.float64) - ref))
+  err_ours_fast = np.max(np.abs(np.asarray(ours_fast(x), np.float64) - ref))
   assert err_ours < 1e-3, err_ours
   assert err_ours < err_fast / 10, (err_ours, err_fast)
+  assert err_ours < err_ours_fast / 10, (err_ours, err_ours_fast)
 
 
 def test_rms_norm_fast_variance_flag_has_no_effect_in_either():

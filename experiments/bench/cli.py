@@ -50,6 +50,7 @@ import importlib
 import json
 import os
 import platform
+import statistics
 import sys
 
 import jax
@@ -57,7 +58,7 @@ import jax
 import jaxnorm
 
 from experiments.bench.impls import (ALL_OPS, EPSILON, FUSED_IMPLEMENTATIONS, FUSED_OPS, IMPLEMENTATIONS,
-                                     NotApplicable, fused_implementations, implementations)
+                                     LIKE_FOR_LIKE, NotApplicable, fused_implementations, implementations)
 from experiments.bench.timing import (ALL_MODES, CLOCKS, MODES, copy_bandwidth, make_inputs, must_move_bytes,
                                       prepare_entry, time_interleaved)
 
@@ -75,6 +76,59 @@ def versions() -> dict[str, str]:
     except Exception:  # noqa: BLE001
       out[name] = "not installed"
   return out
+
+
+def machine() -> dict:
+  """The CPU model, its vector extensions (from ``/proc/cpuinfo``), the load average, XLA_FLAGS."""
+  model, flags, ids = platform.processor() or platform.machine(), [], {}
+  try:
+    with open("/proc/cpuinfo") as fh:
+      for line in fh:
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and value.strip():
+          model = value.strip()
+        elif key in ("vendor_id", "cpu family", "model", "stepping"):
+          ids[key.replace(" ", "_")] = value.strip()
+        elif key == "flags":
+          flags = value.split()
+          break
+  except OSError:
+    pass
+  vector = sorted(f for f in flags if f.startswith(("sse", "ssse", "avx", "fma", "f16c", "amx")))
+  load = os.getloadavg() if hasattr(os, "getloadavg") else None
+  return {"cpu_model": model, "cpu_ids": ids, "vector_extensions": vector, "cpu_count": os.cpu_count(),
+          "loadavg": None if load is None else [round(v, 2) for v in load],
+          "xla_flags": os.environ.get("XLA_FLAGS", "")}
+
+
+def _quantile(values, q: float) -> float:
+  """The ``q`` quantile of ``values`` (linear interpolation, as ``numpy.quantile``)."""
+  v = sorted(values)
+  pos = q * (len(v) - 1)
+  lo = int(pos)
+  hi = min(lo + 1, len(v) - 1)
+  return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def _like_for_like(results: list[dict]) -> list[dict]:
+  """Per-round time ratios of each :data:`LIKE_FOR_LIKE` pair: their median and 90% quantile.
+
+  Sample ``r`` of two implementations of one (op, shape, dtype, mode) was taken in the same
+  interleaved round, so their ratio pairs timings that saw the same load.
+  """
+  t = {(r["op"], r["impl"], r["shape"], r["dtype"], r["mode"]): r["times_s"]
+       for r in results if r["status"] == "ok" and "times_s" in r}
+  rows = []
+  for (op, impl, shape, dtype, mode), times in t.items():
+    for ours, base in LIKE_FOR_LIKE:
+      if impl != ours or (op, base, shape, dtype, mode) not in t:
+        continue
+      ratios = [a / b for a, b in zip(times, t[(op, base, shape, dtype, mode)])]
+      rows.append({"op": op, "impl": impl, "baseline": base, "shape": shape, "dtype": dtype,
+                   "mode": mode, "rounds": len(ratios), "median": statistics.median(ratios),
+                   "q90": _quantile(ratios, 0.9)})
+  return rows
 
 
 def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
@@ -212,7 +266,13 @@ def _by_mode(vs_flax: list[dict], modes) -> tuple[list[str], list[tuple[tuple, d
 
 def _markdown(report: dict) -> str:
   lines = [f"# jaxnorm benchmark — {report['device']} ({report['backend']})", "",
-           f"date {report['date']}, versions {report['versions']}", "",
+           f"date {report['date']}, versions {report['versions']}", ""]
+  if "machine" in report:
+    m = report["machine"]
+    lines += [f"machine: {m['cpu_model']} {m.get('cpu_ids', '')}, {m['cpu_count']} CPUs; vector extensions "
+              f"{' '.join(m['vector_extensions'])}; XLA_FLAGS `{m['xla_flags']}`; load average "
+              f"(1, 5, 15 min) {m['loadavg']} at the start, {m.get('loadavg_end')} at the end", ""]
+  lines += [
            f"command: `python -m experiments bench {' '.join(report['argv'])}`; clock "
            f"{report.get('clock', 'wall')} ({report['repeats']} interleaved rounds)", "",
            "## Copy bandwidth (x * 2)", "", "| shape | dtype | GB/s |", "|---|---|---|"]
@@ -241,6 +301,16 @@ def _markdown(report: dict) -> str:
   for (op, impl, shape, dtype), ratios in by_mode:
     cells = " | ".join("n/a" if m not in ratios else f"{ratios[m]:.2f}" for m in modes)
     lines.append(f"| {op} | {impl} | {shape} | {dtype} | {cells} |")
+  if report.get("like_for_like"):
+    lines += ["", "## Like for like: per-round time ratios (< 1 is faster)", "",
+              "jaxnorm's default (accurate) variance against Flax's `use_fast_variance=False`, "
+              "its `use_fast_variance=True` against Flax's default; the median and the 90% "
+              "quantile of the ratios of samples taken in the same interleaved round.", "",
+              "| op | impl | baseline | shape | dtype | mode | median | q90 | rounds |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in report["like_for_like"]:
+      lines.append(f"| {r['op']} | {r['impl']} | {r['baseline']} | {r['shape']} | {r['dtype']} | "
+                   f"{r['mode']} | {r['median']:.2f} | {r['q90']:.2f} | {r['rounds']} |")
   lines += ["", "## Time relative to flax-linen (< 1 is faster)", "",
             "| op | impl | shape | dtype | mode | time / flax |", "|---|---|---|---|---|---|"]
   for r in report["vs_flax"]:
@@ -355,6 +425,7 @@ def _print_ratios(rms_ln: list[dict], vs_flax: list[dict], fused_rows: list[dict
 
 def _run(args, shapes, repeats, sample_ms, argv) -> int:
   """The measuring loop of :func:`main`; returns the exit status."""
+  start = machine()
   backend = jax.default_backend()
   device = jax.devices()[0]
   impls = implementations(args.interpret)
@@ -379,6 +450,7 @@ def _run(args, shapes, repeats, sample_ms, argv) -> int:
 
   rms_ln, vs_flax = _ratio_tables(results)
   fused_rows = _fused_table(results)
+  like = _like_for_like(results)
   report = {
       "device": getattr(device, "device_kind", str(device)),
       "backend": backend,
@@ -394,9 +466,16 @@ def _run(args, shapes, repeats, sample_ms, argv) -> int:
       "ln_over_rms": rms_ln,
       "vs_flax": vs_flax,
       "fused": fused_rows,
+      "like_for_like": like,
       "memory": memory,
+      "machine": {**start, "loadavg_end": machine()["loadavg"]},
   }
   _print_ratios(rms_ln, vs_flax, fused_rows)
+  if like:
+    print("\n# like for like: per-round time ratios, median (q90) (< 1: faster than the baseline)")
+    for r in like:
+      print(f"  {r['op']:10s} {r['impl']:20s} / {r['baseline']:18s} {r['shape']:11s} {r['dtype']:9s} "
+            f"{r['mode']:8s} {r['median']:.2f} ({r['q90']:.2f})")
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "bench.json"), "w") as fh:
     json.dump(report, fh, indent=1)

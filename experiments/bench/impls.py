@@ -43,6 +43,8 @@ def _require_gpu(what: str) -> None:
 
 def _jaxnorm(impl: str, interpret: bool):
   def build(op: str):
+    if impl == "xla-fastvar":
+      return _jaxnorm_fast_variance(op)
     if impl == "pallas" and not interpret:
       _require_gpu("jaxnorm pallas")
     if impl == "pallas" and interpret:
@@ -52,6 +54,14 @@ def _jaxnorm(impl: str, interpret: bool):
       return lambda x, scale, bias: fn(x, scale, bias, epsilon=EPSILON, impl=impl)
     return lambda x, scale, bias: fn(x, scale, epsilon=EPSILON, impl=impl)
   return build
+
+
+def _jaxnorm_fast_variance(op: str):
+  """LayerNorm with ``use_fast_variance=True`` (Flax's default variance; XLA only)."""
+  if op != "layer_norm":
+    raise NotApplicable("use_fast_variance is a LayerNorm option")
+  return lambda x, scale, bias: jaxnorm.layer_norm(x, scale, bias, epsilon=EPSILON, impl="xla",
+                                                   use_fast_variance=True)
 
 
 def _jaxnorm_interpreted(op: str):
@@ -71,12 +81,15 @@ def _reference(op: str):
   return lambda x, scale, bias: fn(x, scale, epsilon=EPSILON)
 
 
-def _flax_linen(op: str):
+def _flax_linen(op: str, use_fast_variance: bool = True):
+  """Flax's Linen layer; LayerNorm with ``use_fast_variance`` (Flax's default: True)."""
   nn = _import("flax.linen")
+  if not use_fast_variance and op != "layer_norm":
+    raise NotApplicable("use_fast_variance is a LayerNorm option")
 
   def f(x, scale, bias):
     if op == "layer_norm":
-      module = nn.LayerNorm(epsilon=EPSILON, dtype=x.dtype)
+      module = nn.LayerNorm(epsilon=EPSILON, dtype=x.dtype, use_fast_variance=use_fast_variance)
       params = {"scale": scale, "bias": bias}
     else:
       module = nn.RMSNorm(epsilon=EPSILON, dtype=x.dtype)
@@ -117,14 +130,22 @@ def implementations(interpret: bool = False) -> dict[str, Callable[[str], Callab
   return {
       "jaxnorm-xla": _jaxnorm("xla", interpret),
       "jaxnorm-pallas": _jaxnorm("pallas", interpret),
+      # LayerNorm with use_fast_variance=True, compared with flax-linen (Flax's default).
+      "jaxnorm-xla-fastvar": _jaxnorm("xla-fastvar", interpret),
       "reference-vjp": _reference,
       "flax-linen": _flax_linen,
+      # Flax's two-pass variance (use_fast_variance=False), compared with jaxnorm's default.
+      "flax-linen-twopass": lambda op: _flax_linen(op, use_fast_variance=False),
       "jax-pallas-ops": _jax_pallas_ops(interpret),
       "tokamax": _tokamax,
   }
 
 
 IMPLEMENTATIONS = tuple(implementations())
+
+# Like-for-like pairs (implementation, Flax baseline): jaxnorm's default (accurate) variance
+# against Flax's two-pass one, jaxnorm's fast variance against Flax's default (fast) one.
+LIKE_FOR_LIKE = (("jaxnorm-xla", "flax-linen-twopass"), ("jaxnorm-xla-fastvar", "flax-linen"))
 
 
 def _plain(op: str) -> str:

@@ -102,15 +102,15 @@ for shape in args.shapes:
       imp = impls(kind)
       for mode in args.modes:
         fns = {n: modes(f)[mode] for n, f in imp.items()}
-        args = (x, s, b) if mode == "fwd" else (x, s, b, t)
+        call_args = (x, s, b) if mode == "fwd" else (x, s, b, t)
         for fn in fns.values():
-          jax.block_until_ready(fn(*args))
-        one = min(clock(fn, args, 1) for fn in fns.values())
+          jax.block_until_ready(fn(*call_args))
+        one = min(clock(fn, call_args, 1) for fn in fns.values())
         k = max(1, int(0.01 / max(one, 1e-6)))
         samples = {n: [] for n in fns}
         for _ in range(15):  # interleaved rounds
           for n, fn in fns.items():
-            samples[n].append(clock(fn, args, k))
+            samples[n].append(clock(fn, call_args, k))
         med = {n: float(np.median(v)) for n, v in samples.items()}
         paired = {n: float(np.median(np.array(samples[n]) / np.array(samples["flax"]))) for n in ("before", "after")}
         rows.append(
