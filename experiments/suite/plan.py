@@ -58,6 +58,7 @@ class Cost:
   """Cost model of one device kind (seconds).
 
   Attributes:
+    step_at: measured steps that replace the linear model, ``{(n_layers, seq_len): seconds}``.
     step_s: one training step of a 6-layer width-64 (CPU) or width-256 (GPU) model, host work
       and evaluations included, per sequence length of the preset's batches.
     step_per_layer_s: added per layer beyond 6 (taken off per layer below 6), per sequence length.
@@ -75,6 +76,7 @@ class Cost:
   start_s: float
   invocation_s: float
   op_s: float
+  step_at: dict = dataclasses.field(default_factory=dict)
 
   def step(self, n_layers: int, seq_len: int) -> float:
     """Seconds per training step at ``n_layers`` with batches of ``seq_len`` tokens.
@@ -82,6 +84,8 @@ class Cost:
     Raises:
       ValueError: no step time was measured at ``seq_len`` on this kind.
     """
+    if (n_layers, seq_len) in self.step_at:
+      return self.step_at[(n_layers, seq_len)]
     if seq_len not in self.step_s:
       raise ValueError(f"seq_len must be one this cost model was calibrated at, {sorted(self.step_s)}, got "
                        f"{seq_len}; measure a step there and add it to COSTS.")
@@ -95,7 +99,7 @@ class Cost:
     return Cost({k: v * factor for k, v in self.step_s.items()},
                 {k: v * factor for k, v in self.step_per_layer_s.items()},
                 self.compile_train_s * factor, self.compile_grad_s * factor, self.start_s * factor,
-                self.invocation_s * factor, self.op_s * factor)
+                self.invocation_s * factor, self.op_s * factor, {k: v * factor for k, v in self.step_at.items()})
 
 
 # The Intel Xeon (AVX-512, 2 cores) this was calibrated on, issue 31 (2026-11-26): a 6-layer step
@@ -152,7 +156,7 @@ def unit_seconds(unit: Unit, cost: Cost, compiled: set, seq_len: int, n_ops: int
     return n_ops * cost.op_s
   if unit.kind == "grad":
     return cost.start_s + (cost.compile_grad_s if first else 0.0)
-  t = cost.start_s + unit.steps * cost.step(unit.n_layers, seq_len)
+  t = cost.start_s + unit.steps * cost.step(unit.n_layers, unit.seq_len or seq_len)
   if unit.kind == "update":  # plus the probe's own forward functions (about a third)
     return t + (cost.compile_train_s if first else 0.0) + cost.compile_train_s / 3
   return t + (cost.compile_train_s if first else 0.0)

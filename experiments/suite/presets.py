@@ -56,6 +56,9 @@ PRESETS: dict[str, dict[str, Any]] = {
                 "lr": 0.003125},
         "qk_norm": {"n_layers": 1, "steps": 6, "lrs": (1e-3, 1e-1), "seeds": (0,), "positions": ("pre",)},
         "norm_scaling": {"n_layers": 2, "steps": 4, "warmup": 1, "seeds": (0,)},
+        "dyt": {"n_layers": 1, "steps": 6, "batch_size": 4, "seq_len": 32, "tokens_per_param": (0.1, 1.0),
+                "seeds": (0,), "eval_every": 3,
+                "lrs": (("layer_norm", 0.01), ("rms_norm", 0.01), ("dyt", 0.01), ("derf", 0.01))},
     },
     # Issue 31: the main job is the flagship question (Pre-LN vs Post-LN, warm-up, rate, depth),
     # sized from pilot runs on seeds 100-102 (experiments/results/pilots/README.md); every other
@@ -88,7 +91,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cpu-extra": {
         "description": "the second command: every other study (gradients at init, invariance, speed, the derived "
                        "VJP in training, QK-norm, LayerNorm Scaling), at most 20 minutes on 2 cores",
-        "studies": ("grad_init", "invariance", "speed", "vjp", "qk_norm", "norm_scaling"),
+        "studies": ("grad_init", "invariance", "speed", "vjp", "qk_norm", "norm_scaling", "dyt"),
         "model": {"d_model": 64, "n_heads": 4, "d_ff": 256, "max_len": 64},
         "train": {"batch_size": 16, "seq_len": 64, "eval_every": 20, "eval_batches": 4,
                   "decay_timescale": 40},
@@ -105,6 +108,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         "qk_norm": {"n_layers": 2, "steps": 80, "lrs": (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1),
                     "seeds": (0, 1, 2)},
         "norm_scaling": {"n_layers": 8, "steps": 60, "lr": 0.003125, "warmup": 10, "seeds": (0, 1, 2)},
+        # Issue 36, before the pilots: the rates are placeholders (the suite's middle c / 64) until the pilots
+        # on seeds 100-102 choose them.
+        "dyt": {"n_layers": 2, "steps": 240, "batch_size": 16, "seq_len": 32, "tokens_per_param": (0.0157, 0.157, 1.84),
+                "seeds": (0, 1, 2), "eval_every": 40,
+                "lrs": (("layer_norm", 0.003125), ("rms_norm", 0.003125), ("dyt", 0.003125), ("derf", 0.003125))},
     },
     "gpu": {
         # Issue 31: the flagship studies only, sized so that `--list` estimates at most 6 minutes
