@@ -70,7 +70,7 @@ class Config:
   seq_len: int = 32
   tokens_per_param: tuple = (0.0157, 0.157, 1.84)
   seeds: tuple = (0, 1, 2)
-  lrs: tuple = (("layer_norm", 0.003125), ("rms_norm", 0.003125), ("dyt", 0.003125), ("derf", 0.003125))
+  lrs: tuple = (("layer_norm", 0.009875), ("rms_norm", 0.009875), ("dyt", 0.009875), ("derf", 0.009875))
   eval_every: int = 40
 
 

@@ -108,8 +108,14 @@ class Cost:
 # 5 s; the pilots' 300-step runs 8-9 s (experiments/results/pilots). Measured with the job at the
 # highest priority while another job used the other core; the clean runs of issue 31 themselves
 # shared the cores (load 3.5-7), so their wall times are upper bounds.
+#
+# The 2-layer step at 16 x 32 tokens (the dyt study, issue 36) is measured, not extrapolated (the linear model
+# goes below zero there): 0.31 x the 6-layer step, from 5 interleaved rounds of 40 steps each
+# (experiments/results/pilots/dyt/timing.jsonl: 19.9 vs 64.2 ms at load 9, the train step alone) and from
+# whole 240-step runs with their evaluations (ratio 0.317 at load 8.3-8.6, pilots README); 0.31 x 30 ms,
+# rounded up.
 _AVX512 = Cost(step_s={32: 0.030, 64: 0.078}, step_per_layer_s={32: 0.008, 64: 0.009}, compile_train_s=5.0,
-               compile_grad_s=3.0, start_s=0.5, invocation_s=12.0, op_s=1.0)
+               compile_grad_s=3.0, start_s=0.5, invocation_s=12.0, op_s=1.0, step_at={(2, 32): 0.0095})
 # AMD EPYC, AVX2 only: its own measured step, 0.116 s for the 16 x 64 model (issue 31's per-study times of
 # a clean cpu run at 715294c: the warm-up grid, 3840 steps in 447 s), over this Intel's 0.078 s. The
 # issue's "1.8x" compared it with another, faster Intel machine (the README's 12 min 38 s run); the
