@@ -68,6 +68,13 @@ def test_zhu_matches_not_testable_when_many_epochs_or_divergence_or_stuck():
   c = _cells(val={"layer_norm": {HI: 2.95}})
   got = _claim("zhu_dyt_matches_norm", c)
   assert got["holds"] == claims_lib.NOT_TESTABLE and "plateau" in got["ours"]
+  # A run that trained and then overfit past the plateau has trained: its best loss decides.
+  c = _cells(val={"layer_norm": {LO: 3.7}})
+  for s in SEEDS:
+    c[("layer_norm", LO, s)]["val_curve"] = [[0, 5.8], [80, 2.6], [240, 3.7]]
+  assert _claim("zhu_dyt_matches_norm", c)["holds"] == "yes"
+  c[("layer_norm", LO, 0)]["val_curve"] = [[0, 5.8], [240, 3.7]]
+  assert _claim("zhu_dyt_matches_norm", c)["holds"] == claims_lib.NOT_TESTABLE
   assert _claim("zhu_dyt_matches_norm", _cells(seeds=(0, 1)))["holds"] == claims_lib.NOT_TESTABLE
 
 
@@ -181,3 +188,12 @@ def test_mean_saturation_and_gap():
   assert rules.mean_saturation([0.2, 0.4]) == pytest.approx(0.3)
   assert rules.mean_saturation(None) != rules.mean_saturation(None)   # nan
   assert rules.gap({"val": 2.5, "train": 2.0}) == pytest.approx(0.5)
+
+
+def test_a_rule_checks_only_the_runs_it_reads():
+  # An RMSNorm run that never trained makes the claims that read RMSNorm untestable, not DyT's saturation
+  # or the regime sign (which read LayerNorm and DyT).
+  c = _cells(val={"rms_norm": {HI: 2.99}, "dyt": {LO: 2.5, HI: 2.1}})
+  assert _claim("zhu_dyt_matches_norm", c)["holds"] == claims_lib.NOT_TESTABLE
+  assert _claim("verma_saturation", c)["holds"] == "yes"
+  assert _claim("verma_regime_sign", c)["holds"] == "yes"
