@@ -405,7 +405,8 @@ def test_cli_trains(reference_run, tmp_path, capsys):
   assert code == 0
   assert "final val loss" in capsys.readouterr().out
   record = json.loads((out / "config.json").read_text())
-  assert record["train"]["model"] == dataclasses.asdict(TINY_MODEL) and record["init"] == "xavier"
+  assert record["train"]["model"] == json.loads(json.dumps(dataclasses.asdict(TINY_MODEL)))
+  assert record["init"] == "xavier"
   lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
   assert len(lines) == STEPS + 3  # eval at 0, the steps, eval at the end, the end on a second set of windows
   np.testing.assert_allclose([l["loss"] for l in lines if "loss" in l], _losses(ref), rtol=1e-6)

@@ -565,7 +565,10 @@ def test_every_claim_id_has_a_rule_table_here():
                  "notes_rms_op_speedup",
                  # issue 25: their rule tables are in tests/test_qk_norm_rules.py
                  "wortsman_qk_removes_logit_growth", "wortsman_qk_lr_sensitivity", "sun_lns_curbs_variance",
-                 "kim_periln_balanced_variance"}
+                 "kim_periln_balanced_variance",
+                 # issue 36: their rule tables are in tests/test_dyt_rules.py
+                 "zhu_dyt_matches_norm", "zhu_alpha_width", "derf_beats_all", "derf_generalization",
+                 "verma_regime_sign", "verma_saturation", "verma_regularizer", "verma_hardtanh"}
   observations = {"init_changes_picture", "warmup_variants", "qk_norm_post_ln"}
   assert judged_here | observations == set(claims_lib.CLAIMS)
   assert claims_lib.seeds_agree("yes", ["yes", "partly"]) == "partly"

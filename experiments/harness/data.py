@@ -20,7 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
-__all__ = ["DEFAULT_PACKAGES", "Corpus", "batches", "batch_at", "load_corpus",
+__all__ = ["DEFAULT_PACKAGES", "SUBSET_CHUNK", "Corpus", "batches", "batch_at", "load_corpus", "train_subset",
            "unigram_cross_entropy_nats", "unigram_entropy_nats"]
 
 # Top-level stdlib packages of the default corpus (fixed list; ~2 MB of Python source).
@@ -29,6 +29,8 @@ DEFAULT_PACKAGES = ("asyncio", "collections", "concurrent", "email", "http", "im
 VALID_EVERY = 10      # default corpus: every 10th file is validation
 VALID_FRACTION = 0.1  # --data file: the last 10% of its bytes are validation
 SEPARATOR = b"\n\n"   # between files
+SUBSET_CHUNK = 512    # train_subset: the training split is cut into chunks of this many bytes
+SUBSET_SEED = 31_337  # train_subset: the fixed order of the chunks (the same for every run)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -116,6 +118,31 @@ def load_corpus(path: str | pathlib.Path | None = None) -> Corpus:
   digest = hashlib.sha256(train + valid).hexdigest()
   return Corpus(train=np.frombuffer(train, np.uint8), valid=np.frombuffer(valid, np.uint8),
                 name=name, sha256=digest, n_bytes=len(train) + len(valid), files=rel)
+
+
+def train_subset(train: np.ndarray, n_bytes: int | None) -> np.ndarray:
+  """The first ``n_bytes`` unique training bytes: nested subsets of the training split.
+
+  The split is cut into chunks of :data:`SUBSET_CHUNK` bytes, the chunks are put in one fixed random
+  order (seed :data:`SUBSET_SEED`, the same for every run and size) and the first
+  ``ceil(n_bytes / SUBSET_CHUNK)`` chunks of that order, joined, are cut to ``n_bytes``. A smaller
+  subset is therefore a prefix of every larger one (as WikiText-103's first 1M/10M tokens in Verma 2026),
+  and every size samples the whole corpus rather than its first files (the stdlib corpus is sorted by
+  package, so a prefix of the split would be one package). ``None`` (or at least the split's size):
+  the whole split, unchanged.
+
+  Raises:
+    ValueError: ``n_bytes`` is below ``2 * SUBSET_CHUNK`` (too few chunks to sample windows from).
+  """
+  if n_bytes is None or n_bytes >= train.size:
+    return train
+  if n_bytes < 2 * SUBSET_CHUNK:
+    raise ValueError(f"n_bytes must be at least {2 * SUBSET_CHUNK} (two chunks of {SUBSET_CHUNK} bytes), "
+                     f"got {n_bytes}.")
+  n_chunks = train.size // SUBSET_CHUNK
+  order = np.random.default_rng(SUBSET_SEED).permutation(n_chunks)
+  take = order[:-(-n_bytes // SUBSET_CHUNK)]
+  return np.concatenate([train[i * SUBSET_CHUNK:(i + 1) * SUBSET_CHUNK] for i in take])[:n_bytes]
 
 
 def batch_at(data: np.ndarray, index: int, *, batch_size: int, seq_len: int,

@@ -61,6 +61,7 @@ __all__ = [
 ]
 
 EVAL_SEED = 1_000_003  # the validation batches are the same for every run (any training seed)
+TRAIN_EVAL_SEED = 3_000_003  # eval_train: the fixed batches of the training bytes the final model is scored on
 ALT_EVAL_SEED = 2_000_003  # a second set of validation windows, read once at the end: the evaluation noise
 
 
@@ -173,7 +174,8 @@ def _logit_change(graphdef, params, inputs, ref_logits):
 # Neither do the injected optimizer hyper-parameters (see make_optimizer).
 _HOST_ONLY = dict(seed=0, eval_every=0, eval_batches=1, checkpoint_every=0,
                   divergence_loss=1.0, data=None, log_every=1, steps=0, lr=1.0, warmup=0,
-                  b1=0.9, b2=0.98, weight_decay=0.0, decay_timescale=None)
+                  b1=0.9, b2=0.98, weight_decay=0.0, decay_timescale=None, train_bytes=None,
+                  eval_train=False)
 
 
 @functools.lru_cache(maxsize=32)
@@ -194,6 +196,17 @@ def _compiled_steps_cached(key: TrainConfig, mesh):
                   donate_argnums=(0, 1))
   ev = jax.jit(eval_step, in_shardings=(ps, b, b), out_shardings=r)
   return train, ev, graphdef
+
+
+@functools.lru_cache(maxsize=32)
+def _train_eval_cached(model_config: TransformerConfig):
+  graphdef = nnx.graphdef(nnx.eval_shape(lambda: TransformerLM(model_config, rngs=nnx.Rngs(0))))
+
+  def step(params, inputs, targets):
+    loss, stats = loss_and_stats(graphdef, params, inputs, targets, collect_stats=True)
+    return loss, stats.get("saturation")
+
+  return jax.jit(step)
 
 
 def compiled_steps(config: TrainConfig, mesh=None):
@@ -334,6 +347,7 @@ def _train_loop(config: TrainConfig, corpus: data_lib.Corpus, mesh, placement: P
   """
   train_step, eval_step, _ = compiled_steps(config, mesh)
   eval_data = _eval_batches(config, corpus, placement)
+  train_data = data_lib.train_subset(corpus.train, config.train_bytes)
   extra = ()
   if config.log_update_size:
     fixed = eval_data[0][0]
@@ -360,7 +374,7 @@ def _train_loop(config: TrainConfig, corpus: data_lib.Corpus, mesh, placement: P
   tokens_per_step = config.batch_size * config.seq_len
   try:
     for step in range(start + 1, end + 1):
-      inputs, targets = data_lib.batch_at(corpus.train, step - 1, batch_size=config.batch_size,
+      inputs, targets = data_lib.batch_at(train_data, step - 1, batch_size=config.batch_size,
                                           seq_len=config.seq_len, seed=config.seed)
       t0 = time.perf_counter()
       params, opt_state, metrics = train_step(params, opt_state, placement.put_batch(inputs),
@@ -396,9 +410,27 @@ def _train_loop(config: TrainConfig, corpus: data_lib.Corpus, mesh, placement: P
                               for x, y in _eval_batches(config, corpus, placement, ALT_EVAL_SEED)])
         v = float(np.mean([float(a) for a in alt]))
         writer.write({"step": config.steps, "val_loss_alt": v if math.isfinite(v) else repr(v)})
+        if config.eval_train:
+          writer.write(_evaluate_train(config, corpus, placement, params))
   finally:
     bar.close()
   return diverged_at, val, tokens, timed_s
+
+
+def _evaluate_train(config: TrainConfig, corpus: data_lib.Corpus, placement: Placement, params) -> dict:
+  """The final model on ``eval_batches`` fixed batches of its own training bytes (``eval_train``): the
+  metrics line ``{"step", "train_eval_loss"[, "saturation"]}``, ``saturation`` the per-norm-input
+  fraction of saturated DyT/Derf activations averaged over the batches (absent for LayerNorm/RMSNorm)."""
+  step = _train_eval_cached(config.model)
+  data = data_lib.train_subset(corpus.train, config.train_bytes)
+  outs = jax.device_get([step(params, placement.put_batch(x), placement.put_batch(y)) for x, y in (
+      data_lib.batch_at(data, i, batch_size=config.batch_size, seq_len=config.seq_len, seed=TRAIN_EVAL_SEED)
+      for i in range(config.eval_batches))])
+  loss = float(np.mean([float(l) for l, _ in outs]))
+  line = {"step": config.steps, "train_eval_loss": loss if math.isfinite(loss) else repr(loss)}
+  if outs[0][1] is not None:
+    line["saturation"] = to_py(np.mean([np.asarray(s) for _, s in outs], axis=0))
+  return line
 
 
 def _summary(config: TrainConfig, corpus: data_lib.Corpus, lines: list[dict], *, diverged_at: int | None,
@@ -407,6 +439,8 @@ def _summary(config: TrainConfig, corpus: data_lib.Corpus, lines: list[dict], *,
   train_curve = [(l["step"], l["loss"]) for l in lines if "loss" in l and "event" not in l]
   val_curve = [(l["step"], l["val_loss"]) for l in lines if "val_loss" in l]
   alt = [l["val_loss_alt"] for l in lines if "val_loss_alt" in l]
+  train_eval = [l for l in lines if "train_eval_loss" in l]
+  finished = diverged_at is None and end == config.steps
   steps_done = diverged_at if diverged_at is not None else end
   if diverged_at is None and val is None and val_curve:
     val = val_curve[-1][1]
@@ -424,6 +458,11 @@ def _summary(config: TrainConfig, corpus: data_lib.Corpus, lines: list[dict], *,
                              and end == config.steps else None),
       "init": config.model.init,
       "corpus": corpus.describe(),
+      # eval_train: the final model on its own training bytes (None unless asked and finished)
+      "final_train_loss": (train_eval[-1]["train_eval_loss"] if train_eval and finished
+                           and isinstance(train_eval[-1]["train_eval_loss"], float) else None),
+      "final_saturation": (train_eval[-1].get("saturation") if train_eval and finished else None),
+      "train_bytes": int(data_lib.train_subset(corpus.train, config.train_bytes).size),
   }
 
 

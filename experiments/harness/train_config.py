@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import os
 from typing import Any
@@ -101,6 +102,13 @@ class TrainConfig:
       independent of the warm-up; set it explicitly, and equal, in runs a comparison pairs).
     fsdp: with a mesh, shard parameters and optimizer state over the devices (FSDP-style)
       instead of replicating them.
+    train_bytes: the number of unique training bytes the batch stream draws its windows from
+      (:func:`~experiments.harness.data.train_subset`: nested random chunks of the training split);
+      ``None``: the whole split. The number of steps, and so the bytes processed, do not change:
+      fewer unique bytes means more epochs over them (Verma 2026's design).
+    eval_train: at the end, also evaluate the final model on ``eval_batches`` fixed batches of the
+      training bytes it was trained on (``final_train_loss``) and, for a DyT/Derf model, the
+      fraction of saturated activations per norm input on them (``final_saturation``).
     z_loss: weight of the auxiliary z-loss :math:`z \cdot \overline{(\log Z)^2}` (:math:`\log Z`
       the log-partition of each position's logits; Wortsman et al. 2023 use 1e-4); 0: none.
       The logged ``loss`` and the validation loss stay the cross-entropy alone.
@@ -131,6 +139,8 @@ class TrainConfig:
   decay_timescale: int | None = None
   fsdp: bool = False
   z_loss: float = 0.0
+  train_bytes: int | None = None
+  eval_train: bool = False
 
   def __post_init__(self):
     if not isinstance(self.model, TransformerConfig):
@@ -164,10 +174,15 @@ class TrainConfig:
     _check_float("z_loss", self.z_loss, low=0.0)
     if self.decay_timescale is not None:
       check_int("decay_timescale", self.decay_timescale, 1)
+    if self.train_bytes is not None:
+      check_int("train_bytes", self.train_bytes, 1)
+    if not isinstance(self.eval_train, bool):
+      raise TypeError(f"eval_train must be a bool, got {type(self.eval_train).__name__}.")
 
   def to_dict(self) -> dict:
-    """JSON-serializable nested dict (the content of ``config.json``)."""
-    return dataclasses.asdict(self)
+    """JSON-serializable nested dict (the content of ``config.json``), as JSON reads it back (tuples such
+    as the model's ``pointwise_alpha`` become lists), so a resumed run compares equal to its saved config."""
+    return json.loads(json.dumps(dataclasses.asdict(self)))
 
   @classmethod
   def from_dict(cls, d: dict) -> "TrainConfig":
@@ -221,13 +236,15 @@ def learning_rate_schedule(config: TrainConfig) -> optax.Schedule:
   return functools.partial(_lr_at, config.schedule, **_schedule_hyperparams(config))
 
 
-NO_DECAY_NAMES = ("bias", "scale")   # leaf names of per-channel parameters (biases, norm scales)
+# Leaf names never decayed: biases and norm scales, and the DyT/Derf scalars alpha and shift (issue 36;
+# they are rank 0, or (n_layers,) when stacked, so the rank test alone already spares them).
+NO_DECAY_NAMES = ("bias", "scale", "alpha", "shift")
 
 
 def decay_mask(params):
   """Which leaves weight decay applies to: ``True`` for a leaf of rank >= 2 whose name (its last
-  key) is not one of :data:`NO_DECAY_NAMES`; biases and norm scales are never decayed, also when
-  scanned blocks stack them into ``(n_layers, d)`` arrays."""
+  key) is not one of :data:`NO_DECAY_NAMES`; biases, norm scales and DyT/Derf's alpha and shift are
+  never decayed, also when scanned blocks stack them into ``(n_layers, d)`` / ``(n_layers,)`` arrays."""
   def keep(path, p):
     last = path[-1]
     name = getattr(last, "key", getattr(last, "name", None))

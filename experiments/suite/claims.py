@@ -126,6 +126,17 @@ WORTSMAN = ("Wortsman et al. 2023, Small-scale proxies for large-scale Transform
 SUN = "Sun et al. 2025, The Curse of Depth in Large Language Models (arXiv:2502.05795)"
 KIM = ("Kim et al. 2025, Peri-LN: Revisiting Normalization Layer in the Transformer Architecture "
        "(ICML; arXiv:2502.02732)")
+ZHU = "Zhu et al. 2025, Transformers without Normalization (CVPR; arXiv:2503.10622, June 2025 revision)"
+CHEN = "Chen et al. 2025, Derf (arXiv:2512.10938 v2)"
+VERMA = ("Verma 2026, When Does Removing LayerNorm Help? Activation Bounding as a Regime-Dependent Implicit "
+         "Regularizer (arXiv:2604.23434 v1)")
+VERMA_READ = ("the abstract and the opening of the introduction (arxiv.org/html/2604.23434), and the authors' artifact "
+              "(github.com/lucky-verma/dyt-composition-study: code/, results/activation_analysis.json, "
+              "results/full/manifests/paper_sources.json); the paper's body was not reachable")
+DYT_TESTABLE = ("T/P spans >= 1 decade (T1); LayerNorm overfits at the smallest T/P: its gap val - train exceeds its "
+                "gap at the largest by >= 0.25 nats (T2); the largest T/P is seen <= 2 times (T3); no compared run "
+                "diverged "
+                "and the LN/RMS runs left the unigram plateau by >= 0.1 nats (T4); >= 3 seeds")
 PROJECT = "this project"
 ZHANG_README = "the invariance table as reproduced in the authors' README (github.com/bzhangGo/rmsnorm)"
 
@@ -387,4 +398,61 @@ CLAIMS: dict[str, Claim] = {
         checked_in="the abstract",
         testable_when="Pre-LN's residual mean square grows at least 2x from the first block to the last "
         "(per phase: at init, after training)"),
+    # ---- 9. DyT and Derf across tokens per parameter (issue 36)
+    "zhu_dyt_matches_norm": Claim(
+        "dyt",
+        "DyT matches LayerNorm/RMSNorm in Transformers without tuning beyond alpha's initialization.",
+        f"{ZHU}, abstract; LLaMA runs Sec. 5 (alpha_0 guidance Sec. 7.2)",
+        "on par with the normalized models across tasks, LLaMA included (qualitative here: no table number was "
+        "carried over from the full text)",
+        checked=True, checked_in="the full text, read by another reader of this project (issue 36)",
+        testable_when="judged at the largest T/P: " + DYT_TESTABLE.split("; ", 2)[2]),
+    "zhu_alpha_width": Claim(
+        "dyt",
+        "For LLMs alpha_0 must be tuned with the width (smaller for wider models).",
+        f"{ZHU}, Sec. 7.2, Tables 10-11",
+        "attention/other alpha_0 1.0/1.0 at width 1024, 1.0/0.5 at 2048, 0.8/0.2 at 4096, 0.2/0.05 at 8192",
+        checked=True, checked_in="the full text, read by another reader of this project (issue 36)",
+        testable_when="two or more widths, each with several alpha_0 trained"),
+    "derf_beats_all": Claim(
+        "dyt",
+        "Derf, erf(alpha x + s), beats LayerNorm, RMSNorm and DyT.",
+        f"{CHEN}, abstract; GPT-2 124M on OpenWebText, Table 12",
+        "validation loss LN 2.94, DyT 2.97, Derf 2.94, RMSNorm 2.95 (GPT-2: a tie with LN)",
+        checked=True, checked_in="the full text, read by another reader of this project (issue 36)",
+        testable_when="judged at the largest T/P: " + DYT_TESTABLE.split("; ", 2)[2]),
+    "derf_generalization": Claim(
+        "dyt",
+        "Derf's gain comes from generalization, not fitting: its training loss lies between the norms' and DyT's.",
+        f"{CHEN}, Sec. 6.1, Table 13",
+        "evaluation-mode training loss Norm < Derf < DyT",
+        checked=True, checked_in="the full text, read by another reader of this project (issue 36)",
+        testable_when="judged at the largest T/P: " + DYT_TESTABLE.split("; ", 2)[2]),
+    "verma_regime_sign": Claim(
+        "dyt",
+        "DyT's effect on validation loss changes sign with the data per parameter: it helps when unique data are "
+        "scarce and hurts with more.",
+        f"{VERMA}, abstract; the artifact's tab:phase / tab:scaling sources",
+        "64M: -27.3% at 1M tokens (T/P 0.016), +5.9% at 10M, +18.8% at 118M (T/P 1.84); vanilla/DyT 9.384/6.819 "
+        "at 1M, 3.631/4.313 at 118M",
+        checked=True, checked_in=VERMA_READ, testable_when=DYT_TESTABLE),
+    "verma_saturation": Claim(
+        "dyt",
+        "The mechanism is saturation: more DyT activations saturate when data are scarce.",
+        f"{VERMA}, abstract; the artifact's results/activation_analysis.json",
+        "49% of DyT activations saturated (|alpha x| > 2) at 1M tokens vs 23% at 118M",
+        checked=True, checked_in=VERMA_READ, testable_when=DYT_TESTABLE),
+    "verma_regularizer": Claim(
+        "dyt",
+        "DyT acts as an implicit regularizer where data are scarce: a smaller train/validation gap, not better "
+        "optimization.",
+        f"{VERMA}, title and abstract",
+        "'a regime-dependent implicit regularizer' (qualitative; the artifact extracts train/val gaps)",
+        checked=True, checked_in=VERMA_READ, testable_when=DYT_TESTABLE),
+    "verma_hardtanh": Claim(
+        "dyt",
+        "HardTanh (hard clipping) reproduces DyT's regime pattern.",
+        f"{VERMA}, abstract; the artifact's tab:hardtanh source",
+        "64M HardTanh validation loss 6.246 / 4.660 / 4.562 at 1M / 10M / 118M (vanilla 9.384 / 4.260 / 3.631)",
+        checked=True, checked_in=VERMA_READ, testable_when="HardTanh runs at every T/P; " + DYT_TESTABLE),
 }

@@ -58,6 +58,7 @@ class Cost:
   """Cost model of one device kind (seconds).
 
   Attributes:
+    step_at: measured steps that replace the linear model, ``{(n_layers, seq_len): seconds}``.
     step_s: one training step of a 6-layer width-64 (CPU) or width-256 (GPU) model, host work
       and evaluations included, per sequence length of the preset's batches.
     step_per_layer_s: added per layer beyond 6 (taken off per layer below 6), per sequence length.
@@ -75,6 +76,7 @@ class Cost:
   start_s: float
   invocation_s: float
   op_s: float
+  step_at: dict = dataclasses.field(default_factory=dict)
 
   def step(self, n_layers: int, seq_len: int) -> float:
     """Seconds per training step at ``n_layers`` with batches of ``seq_len`` tokens.
@@ -82,6 +84,8 @@ class Cost:
     Raises:
       ValueError: no step time was measured at ``seq_len`` on this kind.
     """
+    if (n_layers, seq_len) in self.step_at:
+      return self.step_at[(n_layers, seq_len)]
     if seq_len not in self.step_s:
       raise ValueError(f"seq_len must be one this cost model was calibrated at, {sorted(self.step_s)}, got "
                        f"{seq_len}; measure a step there and add it to COSTS.")
@@ -95,7 +99,7 @@ class Cost:
     return Cost({k: v * factor for k, v in self.step_s.items()},
                 {k: v * factor for k, v in self.step_per_layer_s.items()},
                 self.compile_train_s * factor, self.compile_grad_s * factor, self.start_s * factor,
-                self.invocation_s * factor, self.op_s * factor)
+                self.invocation_s * factor, self.op_s * factor, {k: v * factor for k, v in self.step_at.items()})
 
 
 # The Intel Xeon (AVX-512, 2 cores) this was calibrated on, issue 31 (2026-11-26): a 6-layer step
@@ -104,8 +108,14 @@ class Cost:
 # 5 s; the pilots' 300-step runs 8-9 s (experiments/results/pilots). Measured with the job at the
 # highest priority while another job used the other core; the clean runs of issue 31 themselves
 # shared the cores (load 3.5-7), so their wall times are upper bounds.
+#
+# The 2-layer step at 16 x 32 tokens (the dyt study, issue 36) is measured, not extrapolated (the linear model
+# goes below zero there): 0.31 x the 6-layer step, from 5 interleaved rounds of 40 steps each
+# (experiments/results/pilots/dyt/timing.jsonl: 19.9 vs 64.2 ms at load 9, the train step alone) and from
+# whole 240-step runs with their evaluations (ratio 0.317 at load 8.3-8.6, pilots README); 0.31 x 30 ms,
+# rounded up.
 _AVX512 = Cost(step_s={32: 0.030, 64: 0.078}, step_per_layer_s={32: 0.008, 64: 0.009}, compile_train_s=5.0,
-               compile_grad_s=3.0, start_s=0.5, invocation_s=12.0, op_s=1.0)
+               compile_grad_s=3.0, start_s=0.5, invocation_s=12.0, op_s=1.0, step_at={(2, 32): 0.0095})
 # AMD EPYC, AVX2 only: its own measured step, 0.116 s for the 16 x 64 model (issue 31's per-study times of
 # a clean cpu run at 715294c: the warm-up grid, 3840 steps in 447 s), over this Intel's 0.078 s. The
 # issue's "1.8x" compared it with another, faster Intel machine (the README's 12 min 38 s run); the
@@ -152,7 +162,7 @@ def unit_seconds(unit: Unit, cost: Cost, compiled: set, seq_len: int, n_ops: int
     return n_ops * cost.op_s
   if unit.kind == "grad":
     return cost.start_s + (cost.compile_grad_s if first else 0.0)
-  t = cost.start_s + unit.steps * cost.step(unit.n_layers, seq_len)
+  t = cost.start_s + unit.steps * cost.step(unit.n_layers, unit.seq_len or seq_len)
   if unit.kind == "update":  # plus the probe's own forward functions (about a third)
     return t + (cost.compile_train_s if first else 0.0) + cost.compile_train_s / 3
   return t + (cost.compile_train_s if first else 0.0)

@@ -16,9 +16,10 @@ criteria live in the studies' ``*_rules`` modules and do not change with the pre
   probe runs seed 0 only: budget cuts made after the first clean runs (the rule reads only
   Post-LN at 6 layers).
 * ``cpu-extra``: the second command, every other study (gradients at init, invariance, speed,
-  the derived VJP in training, QK-norm, LayerNorm Scaling), at most 20 minutes on an AVX2 CPU by
-  the cost model; the sizes of the ``cpu`` report before issue 31, QK-norm and LayerNorm Scaling
-  on 3 seeds (issue 32).
+  the derived VJP in training, QK-norm, LayerNorm Scaling, DyT/Derf across tokens per parameter),
+  at most 20 minutes on an AVX2 CPU by the cost model; the sizes of the ``cpu`` report before issue
+  31, QK-norm and LayerNorm Scaling on 3 seeds (issue 32), the ``dyt`` study sized by its pilots
+  on seeds 100-102 (issue 36, ``experiments/results/pilots/dyt/README.md``).
 * ``gpu``: the flagship studies on one H100, the ``cpu`` design at width 256 and 500 steps,
   about 6 minutes by the cost model (:mod:`experiments.suite.plan`; never measured end to end,
   not chosen by GPU pilots); ``--budget 7`` resumes a cut invocation. The other studies keep
@@ -56,6 +57,9 @@ PRESETS: dict[str, dict[str, Any]] = {
                 "lr": 0.003125},
         "qk_norm": {"n_layers": 1, "steps": 6, "lrs": (1e-3, 1e-1), "seeds": (0,), "positions": ("pre",)},
         "norm_scaling": {"n_layers": 2, "steps": 4, "warmup": 1, "seeds": (0,)},
+        "dyt": {"n_layers": 1, "steps": 6, "batch_size": 4, "seq_len": 32, "tokens_per_param": (0.1, 1.0),
+                "seeds": (0,), "eval_every": 3,
+                "lrs": (("layer_norm", 0.01), ("rms_norm", 0.01), ("dyt", 0.01), ("derf", 0.01))},
     },
     # Issue 31: the main job is the flagship question (Pre-LN vs Post-LN, warm-up, rate, depth),
     # sized from pilot runs on seeds 100-102 (experiments/results/pilots/README.md); every other
@@ -87,8 +91,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # study's runs were grid points of that design and now run on their own).
     "cpu-extra": {
         "description": "the second command: every other study (gradients at init, invariance, speed, the derived "
-                       "VJP in training, QK-norm, LayerNorm Scaling), at most 20 minutes on 2 cores",
-        "studies": ("grad_init", "invariance", "speed", "vjp", "qk_norm", "norm_scaling"),
+                       "VJP in training, QK-norm, LayerNorm Scaling, DyT/Derf), at most 20 minutes on 2 cores",
+        "studies": ("grad_init", "invariance", "speed", "vjp", "qk_norm", "norm_scaling", "dyt"),
         "model": {"d_model": 64, "n_heads": 4, "d_ff": 256, "max_len": 64},
         "train": {"batch_size": 16, "seq_len": 64, "eval_every": 20, "eval_batches": 4,
                   "decay_timescale": 40},
@@ -105,6 +109,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         "qk_norm": {"n_layers": 2, "steps": 80, "lrs": (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1),
                     "seeds": (0, 1, 2)},
         "norm_scaling": {"n_layers": 8, "steps": 60, "lr": 0.003125, "warmup": 10, "seeds": (0, 1, 2)},
+        # Issue 36: sized from the pilots on seeds 100-102 (experiments/results/pilots/dyt/README.md): 2 layers
+        # (133,125 parameters without the position table), 240 steps of 16 x 32 bytes, T/P = Verma's three cells.
+        "dyt": {"n_layers": 2, "steps": 240, "batch_size": 16, "seq_len": 32, "tokens_per_param": (0.0157, 0.157, 1.84),
+                "seeds": (0, 1, 2), "eval_every": 40,
+                "lrs": (("layer_norm", 0.009875), ("rms_norm", 0.009875), ("dyt", 0.009875), ("derf", 0.009875))},
     },
     "gpu": {
         # Issue 31: the flagship studies only, sized so that `--list` estimates at most 6 minutes

@@ -28,6 +28,7 @@ EXPERIMENTS: dict[str, str] = {
     "vjp": "experiments.studies.vjp",
     "qk_norm": "experiments.studies.qk_norm",
     "norm_scaling": "experiments.studies.norm_scaling",
+    "dyt": "experiments.studies.dyt",
 }
 
 

@@ -40,6 +40,8 @@ class Unit:
     steps: training steps (0 for a probe without training).
     compile_key: units with equal keys share their compilations.
     kind: ``"train"``, ``"grad"`` (gradients at init), ``"update"``, ``"throughput"`` or ``"op"``.
+    seq_len: the sequence length of its batches when it differs from the preset's (``None``: the
+      preset's; the cost model prices the step at this length).
   """
 
   experiment: str
@@ -48,6 +50,7 @@ class Unit:
   steps: int
   compile_key: tuple
   kind: str = "train"
+  seq_len: int | None = None
 
 
 def train_unit(experiment: str, label: str, n_layers: int, steps: int, position: str, norm: str = "layer_norm",

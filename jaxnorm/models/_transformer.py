@@ -157,12 +157,16 @@ class _Stats:
 
   Attributes:
     residual: E||x||^2 / d of every norm input, in forward order.
+    saturation: for a DyT/Derf norm, the fraction of its input's entries whose argument
+      :math:`|\\alpha x + s|` exceeds :data:`SATURATION_ARG` (:func:`_saturation`), in the same
+      order (empty for LayerNorm/RMSNorm models).
     max_logit: the largest attention logit of every attention layer.
     entropy: the mean attention entropy (nats) of every attention layer.
   """
 
   def __init__(self):
     self.residual: list = []
+    self.saturation: list = []
     self.max_logit: list = []
     self.entropy: list = []
 
@@ -265,11 +269,36 @@ def _scaled(y: jax.Array, out_scale) -> jax.Array:
   return y * jnp.asarray(out_scale, y.dtype)
 
 
+# The argument beyond which a DyT/Derf activation counts as saturated: |alpha x + s| > 2
+# (tanh(2) = 0.964, erf(2) = 0.995). Verma 2026 ("When Does Removing LayerNorm Help?",
+# arXiv:2604.23434) reports the fraction of DyT pre-tanh activations |alpha x| above 2 (its
+# artifact's activation_analysis.py and results/activation_analysis.json: thresholds 1-3; the
+# abstract's 49% / 23% at the threshold 2).
+SATURATION_ARG = 2.0
+
+
+def _saturation(norm: nnx.Module, h: jax.Array) -> jax.Array:
+  r"""The fraction of entries of ``h`` whose DyT/Derf argument :math:`|\alpha h + s|` exceeds
+  :data:`SATURATION_ARG` (``s`` = 0 for DyT)."""
+  arg = norm.alpha[...].astype(jnp.float32) * h.astype(jnp.float32)
+  if getattr(norm, "shift", None) is not None:
+    arg = arg + norm.shift[...].astype(jnp.float32)
+  return jnp.mean((jnp.abs(arg) > SATURATION_ARG).astype(jnp.float32))
+
+
+def _record(norm: nnx.Module, h: jax.Array, stats: _Stats) -> None:
+  """Appends E||h||^2 / d of a norm input (and, for DyT/Derf, its saturated fraction)."""
+  stats.residual.append(jnp.mean(jnp.square(h.astype(jnp.float32))))
+  if hasattr(norm, "alpha"):
+    stats.saturation.append(_saturation(norm, h))
+
+
 def _normed(norm: nnx.Module, x: jax.Array, stats: _Stats | None,
             out_scale=1.0) -> jax.Array:
-  """``out_scale * N(x)``, first recording E||x||^2 / d of its input when collecting stats."""
+  """``out_scale * N(x)``, first recording E||x||^2 / d of its input when collecting stats
+  (and, for a DyT/Derf norm, the fraction of saturated entries: :func:`_saturation`)."""
   if stats is not None:
-    stats.residual.append(jnp.mean(jnp.square(x.astype(jnp.float32))))
+    _record(norm, x, stats)
   return _scaled(norm(x), out_scale)
 
 
@@ -285,7 +314,7 @@ def _add_normed(norm: nnx.Module, delta: jax.Array | None, x: jax.Array, stats: 
     return _normed(norm, x, stats, out_scale), x
   y, h = norm(delta, residual=x, residual_scale=residual_scale)
   if stats is not None:
-    stats.residual.append(jnp.mean(jnp.square(h.astype(jnp.float32))))
+    _record(norm, h, stats)
   return _scaled(y, out_scale), h
 
 
@@ -412,7 +441,9 @@ class TransformerLM(nnx.Module):
       collect_stats: also return ``{"residual_sq_norm": (n_norm_inputs,), "attn_max_logit":
         (n_layers,), "attn_entropy": (n_layers,)}``: the mean squared entry E||x||^2 / d of
         every normalization input, in forward order, and per layer the largest attention
-        logit and the mean attention entropy in nats (module docstring).
+        logit and the mean attention entropy in nats (module docstring); for DyT/Derf models
+        also ``"saturation": (n_norm_inputs,)``, the fraction of each norm input's entries
+        with :math:`|\\alpha x + s| >` :data:`SATURATION_ARG`.
       return_hidden: return the final hidden state ``(B, T, d)``, the input of the head
         (after the final norm for ``"pre"``/``"sandwich"``), instead of the logits.
 
@@ -479,8 +510,12 @@ class TransformerLM(nnx.Module):
       return x, None
     residual = jnp.concatenate([per_layer["residual"].reshape(-1),
                                 jnp.asarray(stats.residual, jnp.float32)])
-    return x, {"residual_sq_norm": residual, "attn_max_logit": per_layer["max_logit"][:, 0],
-               "attn_entropy": per_layer["entropy"][:, 0]}
+    out = {"residual_sq_norm": residual, "attn_max_logit": per_layer["max_logit"][:, 0],
+           "attn_entropy": per_layer["entropy"][:, 0]}
+    if "saturation" in per_layer:
+      out["saturation"] = jnp.concatenate([per_layer["saturation"].reshape(-1),
+                                           jnp.asarray(stats.saturation, jnp.float32)])
+    return x, out
 
   def block(self, i: int) -> Block:
     """Block ``i`` as a :class:`Block` of its own (its parameters sliced from the stack).
@@ -529,8 +564,11 @@ def _block_body(graphdef, carried: bool, collect_stats: bool, carry, layer):
   carry = block.step(*carry, stats, norm_scale) if carried else block(carry, stats, norm_scale)
   if not collect_stats:
     return carry, None
-  return carry, {"residual": jnp.stack(stats.residual), "max_logit": jnp.stack(stats.max_logit),
-                 "entropy": jnp.stack(stats.entropy)}
+  out = {"residual": jnp.stack(stats.residual), "max_logit": jnp.stack(stats.max_logit),
+         "entropy": jnp.stack(stats.entropy)}
+  if stats.saturation:
+    out["saturation"] = jnp.stack(stats.saturation)
+  return carry, out
 
 
 def block_weight_paths(model: TransformerLM) -> dict[str, list[tuple]]:

@@ -1,0 +1,389 @@
+r"""The verdict rules of the ``dyt`` study (:mod:`experiments.studies.dyt`): when does removing the norm help?
+
+Plain numbers in, claim dicts out (no training, no JAX); ``tests/test_dyt_rules.py`` feeds every rule
+synthetic results for each verdict. Drafted while the pilots on seeds 100-102 ran (their learning-rate
+stage seen, not their range stage), revised once after the pilots (T4: the best, not the final,
+validation loss decides whether a reference run trained; ``experiments/suite/rule_changes.py``) and
+frozen before any run of the report's seeds 0-2 (``experiments/results/pilots/dyt/README.md``); the
+report names its commit.
+
+**What was read.**
+
+* Zhu et al. 2025, "Transformers without Normalization" (CVPR; arXiv:2503.10622, June 2025
+  revision), read in full by another reader of this project (issue 36): DyT
+  :math:`\gamma\tanh(\alpha x) + \beta` with a learnable scalar :math:`\alpha` per layer,
+  :math:`\alpha_0 = 0.5` by default; for LLMs :math:`\alpha_0` depends on the width (Sec. 7.2,
+  Tables 10-11: attention/other 1.0/1.0 at 1024, 1.0/0.5 at 2048, 0.8/0.2 at 4096, 0.2/0.05 at 8192;
+  depth does not matter); its LLaMA runs add a learnable scalar after the embedding initialized to
+  :math:`\sqrt d` (Sec. 5, App. A).
+* Chen et al. 2025, Derf (arXiv:2512.10938 v2), read in full by the same reader: Eq. 10
+  :math:`\gamma\,\mathrm{erf}(\alpha x + s) + \beta`, :math:`\alpha_0 = 0.5`, :math:`s_0 = 0` (Sec. 5);
+  GPT-2 124M on OpenWebText, validation loss (Table 12): LN 2.94, DyT 2.97, Derf 2.94, RMSNorm 2.95;
+  the gain attributed to generalization, Sec. 6.1 Table 13 (evaluation-mode training loss
+  Norm < Derf < DyT).
+* Verma 2026, "When Does Removing LayerNorm Help? Activation Bounding as a Regime-Dependent Implicit
+  Regularizer" (arXiv:2604.23434 v1): read here are the **abstract and the first paragraph of the
+  introduction** (the HTML's opening, arxiv.org/html/2604.23434; the body was not reachable) and the
+  **authors' artifact** (github.com/lucky-verma/dyt-composition-study): ``code/model.py`` (DyT without
+  bias, ``alpha_init = 2.0``), ``code/train.py`` (AdamW 0.9/0.95, weight decay 0.1, clip 1.0, warm-up
+  2000, lr 3e-4 for every norm; final losses by ``estimate_loss`` on random windows of each split),
+  ``code/run_3seed.sh`` (64M: 12 layers, width 512, 5000 steps of 64 x 512 tokens, seeds 1337/42/7),
+  ``code/prepare_wikitext.py`` (the 1M/10M/50M subsets are the *first* N tokens of WikiText-103's
+  training split; validation is its validation split), ``code/activation_analysis.py`` (saturation =
+  the fraction of DyT pre-tanh activations :math:`|\alpha x|` above a threshold, on 50 random
+  512-token windows of the *training* data of the final checkpoint), ``results/activation_analysis.json``
+  (threshold 2: 48.6% at 1M vs 21.3% at 118M for its 85M entry) and
+  ``results/full/manifests/paper_sources.json`` (the sources of the paper's tables: the 64M phase
+  diagram "tab:phase", vanilla/DyT validation loss 9.384/6.819 at 1M, 4.260/4.510 at 10M,
+  3.666/4.386 at 50M, 3.631/4.313 at 118M; "tab:scaling": -27.3% at 64M/1M, +5.9% at 10M, +18.8% at
+  118M; "tab:hardtanh": HardTanh 6.246 / 4.660 / 4.562 at 1M / 10M / 118M). The paper's section and
+  table numbers are not cited: its body was not read.
+
+**Design facts the rules read.** Every (norm, T/P, seed) cell gives the final validation loss on two
+disjoint sets of validation windows (``val``, ``val_alt``; held-out files), the final loss on its own
+training bytes (``train``), and for DyT/Derf the saturated fraction per norm input (``saturation``).
+The *gap* is ``val - train``. A paired difference ``d = val(A) - val(B)`` (same seed: same init
+stream, same batches) is computed on each set of validation windows; it **holds in a seed** only if
+it is beyond the threshold on both sets (the second set is the measured evaluation noise).
+
+**Testability** (each rule checks its conditions first; "not testable at this scale" with the reason
+and the numbers, never a bold no):
+
+* ``T1`` the T/P values span at least ``MIN_DECADES`` (1) decade;
+* ``T2`` data are scarce at the smallest T/P: LayerNorm's gap there exceeds its gap at the largest
+  T/P by at least ``OVERFIT_NATS`` (0.25 nats) in the seed mean (LayerNorm overfits; without that the
+  regime of Verma's 1M cell is not reached);
+* ``T3`` the data-rich end is single-epoch pre-training: the largest T/P is seen at most
+  ``MAX_RICH_EPOCHS`` (2) times;
+* ``T4`` every run a comparison reads finished (no divergence), and the reference runs trained: the
+  best validation loss of their curve (the final one if no curve) lies at least ``TRAINED_NATS``
+  (0.1) below the unigram plateau of the validation windows (the best, not the final: a run that
+  overfits 59 passes over 2,090 bytes ends above the plateau after training well; pilot seed 102);
+* three or more seeds.
+
+**Rules** (``REL`` = 1% of the reference's loss):
+
+* ``zhu_dyt_matches_norm`` (judged at the largest T/P, T3/T4): DyT matches a reference (LayerNorm,
+  RMSNorm) in a seed if ``|d| <= REL`` on both window sets; yes = matches both references in every
+  seed, partly = some (reference, seed), no = none. The other T/P values are shown.
+* ``zhu_alpha_width``: needs two or more widths (this study has one: not testable); with several, yes
+  if the best :math:`\alpha_0` never increases with the width, no if it never decreases, else partly.
+* ``derf_beats_all`` (largest T/P): Derf beats a competitor in a seed if ``d <= -REL`` on both sets;
+  yes = all three competitors in every seed, partly = some, no = none.
+* ``derf_generalization`` (largest T/P; Table 13's order): in a seed, training loss
+  LayerNorm < Derf, RMSNorm < Derf and Derf < DyT (each by more than ``ORDER_NATS`` = 0.005);
+  yes = all three in every seed, partly = some, no = none.
+* ``verma_regime_sign`` (smallest and largest T/P; T1/T2): DyT against LayerNorm, relative
+  :math:`\Delta = d / \mathrm{val(LN)}`; at the smallest T/P DyT helps in a seed if
+  :math:`\Delta \le -` REL on both sets, at the largest it hurts if :math:`\Delta \ge` REL on both;
+  yes = both in every seed, partly = one of the two in some seed, no = neither anywhere. RMSNorm is
+  shown beside it, not judged (Verma's baseline is LayerNorm).
+* ``verma_saturation`` (DyT, T1): the saturated fraction (mean over DyT layers, on the training bytes)
+  at the smallest T/P exceeds that at the largest by at least ``SAT_DIFF`` (0.05) in a seed; yes =
+  every seed, partly = some, no = none.
+* ``verma_regularizer`` (smallest T/P; T2): DyT acts as a regularizer in a seed if its gap is
+  smaller than LayerNorm's by at least ``GAP_NATS`` (0.05) **and** its training loss is higher (it
+  fits the training bytes worse and generalizes better; a lower training loss with a lower validation
+  loss would be "optimizes better", which is not a regularizer); yes = every seed, partly = some,
+  no = none.
+* ``verma_hardtanh``: needs HardTanh runs (this study trains none: not testable); with them, the
+  ``verma_regime_sign`` rule applied to HardTanh.
+
+Every training verdict is also computed per seed; "yes" needs every seed alone to say yes
+(:func:`experiments.suite.claims.seeds_agree`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from experiments.suite import claims as claims_lib
+
+MIN_DECADES = 1.0      # T1: the T/P values span at least one decade
+OVERFIT_NATS = 0.25    # T2: LayerNorm's gap at the smallest T/P minus its gap at the largest
+MAX_RICH_EPOCHS = 2.0  # T3: the largest T/P is seen at most this many times
+TRAINED_NATS = 0.1     # T4: a reference run's validation loss below the unigram plateau by this
+MIN_SEEDS = 3
+REL = 0.01             # 1% of the reference's validation loss: "matches" within, "beats"/"helps" beyond
+ORDER_NATS = 0.005     # training-loss order of Table 13: each step larger than this
+SAT_DIFF = 0.05        # saturated fraction at the smallest T/P minus at the largest
+GAP_NATS = 0.05        # DyT's gap below LayerNorm's by at least this
+
+REFS = ("layer_norm", "rms_norm")
+NAMES = {"layer_norm": "LN", "rms_norm": "RMS", "dyt": "DyT", "derf": "Derf", "hardtanh": "HardTanh"}
+
+
+def _f(x) -> float:
+  return float("nan") if x is None else float(x)
+
+
+def mean_saturation(sat) -> float:
+  """The mean over a run's DyT/Derf norm inputs of the saturated fraction (nan if none)."""
+  if not sat:
+    return float("nan")
+  return float(np.mean([_f(s) for s in sat]))
+
+
+def _seeds(cells: dict) -> list:
+  return sorted({s for (_, _, s) in cells})
+
+
+def _tpps(cells: dict) -> list:
+  return sorted({t for (_, t, _) in cells})
+
+
+def _ok(c) -> bool:
+  return c is not None and not c.get("diverged") and all(math.isfinite(_f(c.get(k))) for k in ("val", "val_alt"))
+
+
+def _diff(cells, a, b, tpp, seed) -> tuple[float, float] | None:
+  """``(d, d_alt)``: val(a) - val(b) on both sets of validation windows, or None if a run is missing."""
+  ca, cb = cells.get((a, tpp, seed)), cells.get((b, tpp, seed))
+  if not (_ok(ca) and _ok(cb)):
+    return None
+  return _f(ca["val"]) - _f(cb["val"]), _f(ca["val_alt"]) - _f(cb["val_alt"])
+
+
+def best_val(c) -> float:
+  """The lowest validation loss of a run's curve (``val_curve``: ``[(step, loss)]``), else its final one."""
+  curve = [_f(v) for _, v in (c.get("val_curve") or [])]
+  curve = [v for v in curve if math.isfinite(v)]
+  return min(curve) if curve else _f(c.get("val"))
+
+
+def gap(c) -> float:
+  """``val - train`` of one cell (nan if either is missing)."""
+  return _f(c.get("val")) - _f(c.get("train")) if c else float("nan")
+
+
+def testability(cells: dict, *, epochs: dict, unigram: float, need=("T1", "T2", "T3", "T4"),
+                norms=("layer_norm", "rms_norm", "dyt", "derf")) -> list[str]:
+  """The unmet conditions (reasons, with their numbers) among ``need`` for a rule that reads ``norms``.
+
+  ``epochs``: T/P -> how many times the unique bytes are seen; ``unigram``: the plateau of the
+  validation windows.
+  """
+  tpps, seeds, out = _tpps(cells), _seeds(cells), []
+  if len(seeds) < MIN_SEEDS:
+    out.append(f"{len(seeds)} seed(s), fewer than {MIN_SEEDS}")
+  if not tpps:
+    return out + ["no run"]
+  lo, hi = tpps[0], tpps[-1]
+  if "T1" in need and (lo <= 0 or math.log10(hi / lo) < MIN_DECADES):
+    out.append(f"T/P spans {lo:g}-{hi:g}, less than {MIN_DECADES:g} decade (T1)")
+  if "T2" in need:
+    gl = [gap(cells.get(("layer_norm", lo, s))) - gap(cells.get(("layer_norm", hi, s))) for s in seeds]
+    gl = [g for g in gl if math.isfinite(g)]
+    if not gl or float(np.mean(gl)) < OVERFIT_NATS:
+      shown = f"{float(np.mean(gl)):.3f}" if gl else "not measured"
+      out.append(f"LayerNorm's gap (val - train) at T/P {lo:g} exceeds its gap at {hi:g} by {shown} nats, "
+                 f"less than {OVERFIT_NATS:g}: data are not scarce in the sense of overfitting (T2)")
+  if "T3" in need and _f(epochs.get(hi)) > MAX_RICH_EPOCHS:
+    out.append(f"the largest T/P {hi:g} is seen {_f(epochs.get(hi)):.2f} times, more than {MAX_RICH_EPOCHS:g} (T3)")
+  if "T4" in need:
+    bad = [f"{NAMES.get(n, n)} T/P {t:g} s{s}" for (n, t, s), c in sorted(cells.items(), key=str)
+           if n in norms and c.get("diverged")]
+    if bad:
+      out.append("diverged: " + ", ".join(bad) + " (T4)")
+    stuck = [f"{NAMES[n]} T/P {t:g} s{s} (best {best_val(c):.3f})" for (n, t, s), c in sorted(cells.items(), key=str)
+             if n in REFS and n in norms and not c.get("diverged") and best_val(c) > unigram - TRAINED_NATS]
+    if stuck:
+      out.append(f"reference runs that did not leave the plateau {unigram:.3f} by {TRAINED_NATS:g}: "
+                 + ", ".join(stuck) + " (T4)")
+  return out
+
+
+def _finish(cid, crit, pooled_oks, per_seed_oks, parts, untestable) -> dict:
+  if untestable:
+    holds, why = claims_lib.not_testable(untestable)
+    return {"id": cid, "criterion": crit, "ours": why + ". Measured: " + "; ".join(parts), "holds": holds,
+            "per_seed": parts}
+  holds = claims_lib.verdict(pooled_oks) if pooled_oks else "no"
+  per = [claims_lib.verdict(v) for v in per_seed_oks.values() if v]
+  holds = claims_lib.seeds_agree(holds, per)
+  return {"id": cid, "criterion": crit, "ours": "; ".join(parts), "holds": holds, "per_seed": parts}
+
+
+def _fmt_d(d) -> str:
+  return "missing" if d is None else f"{d[0]:+.3f} (alt {d[1]:+.3f})"
+
+
+def zhu_dyt_matches_norm(cells, *, epochs, unigram) -> dict:
+  crit = (f"at the largest T/P, per seed: DyT matches a reference (LN, RMS) if |val(DyT) - val(ref)| <= {REL:.0%} of "
+          "val(ref) on both sets of validation windows; yes = both references in every seed, partly = some, no = none; "
+          "needs T3, T4 and >= 3 seeds")
+  tpps = _tpps(cells)
+  hi = tpps[-1] if tpps else None
+  oks, per, parts = [], {}, []
+  for t in tpps:
+    for s in _seeds(cells):
+      for ref in REFS:
+        d = _diff(cells, "dyt", ref, t, s)
+        ok = d is not None and all(abs(x) <= REL * _f(cells[(ref, t, s)]["val"]) for x in d)
+        tag = ""
+        if t == hi:
+          oks.append(ok)
+          per.setdefault(s, []).append(ok)
+          tag = " [ok]" if ok else " [differs]"
+        parts.append(f"T/P {t:g} s{s} DyT-{NAMES[ref]} {_fmt_d(d)}{tag}")
+  return _finish("zhu_dyt_matches_norm", crit, oks, per, parts,
+                 testability(cells, epochs=epochs, unigram=unigram, need=("T3", "T4"),
+                             norms=("layer_norm", "rms_norm", "dyt")))
+
+
+def zhu_alpha_width(best_alpha: dict) -> dict:
+  """``best_alpha``: width -> (attention, other) alpha_0 with the lowest loss (empty: one width only)."""
+  crit = ("needs >= 2 widths: yes if the best alpha_0 never increases with the width (both roles), no if it never "
+          "decreases, partly otherwise")
+  widths = sorted(best_alpha)
+  if len(widths) < 2:
+    holds, why = claims_lib.not_testable([f"the study trains one width ({widths[0] if widths else 64}); the claim "
+                                          "is about how alpha_0 moves with the width (Zhu et al. tabulate 1024-8192)"])
+    return {"id": "zhu_alpha_width", "criterion": crit, "ours": why, "holds": holds}
+  steps = [(best_alpha[a][k], best_alpha[b][k]) for a, b in zip(widths, widths[1:]) for k in (0, 1)]
+  down = [y <= x for x, y in steps]
+  up = [y >= x for x, y in steps]
+  holds = "yes" if all(down) and not all(up) else ("no" if all(up) else "partly")
+  ours = "; ".join(f"width {w}: {best_alpha[w]}" for w in widths)
+  return {"id": "zhu_alpha_width", "criterion": crit, "ours": ours, "holds": holds}
+
+
+def derf_beats_all(cells, *, epochs, unigram) -> dict:
+  crit = (f"at the largest T/P, per seed: Derf beats a competitor (LN, RMS, DyT) if val(Derf) - val(other) "
+          f"<= -{REL:.0%} "
+          "of val(other) on both sets of validation windows; yes = all three in every seed, partly = some, no = none; "
+          "needs T3, T4")
+  tpps = _tpps(cells)
+  hi = tpps[-1] if tpps else None
+  oks, per, parts = [], {}, []
+  for t in tpps:
+    for s in _seeds(cells):
+      for other in ("layer_norm", "rms_norm", "dyt"):
+        d = _diff(cells, "derf", other, t, s)
+        ok = d is not None and all(x <= -REL * _f(cells[(other, t, s)]["val"]) for x in d)
+        tag = ""
+        if t == hi:
+          oks.append(ok)
+          per.setdefault(s, []).append(ok)
+          tag = " [beats]" if ok else " [does not]"
+        parts.append(f"T/P {t:g} s{s} Derf-{NAMES[other]} {_fmt_d(d)}{tag}")
+  return _finish("derf_beats_all", crit, oks, per, parts,
+                 testability(cells, epochs=epochs, unigram=unigram, need=("T3", "T4")))
+
+
+def derf_generalization(cells, *, epochs, unigram) -> dict:
+  crit = (f"at the largest T/P, per seed, Table 13's order of the training loss (final model on its training bytes): "
+          f"LN < Derf, RMS < Derf, Derf < DyT, each by > {ORDER_NATS:g} nats; yes = all three in every seed, partly = "
+          "some, no = none; the gaps val - train are shown; needs T3, T4")
+  tpps = _tpps(cells)
+  oks, per, parts = [], {}, []
+  if tpps:
+    hi = tpps[-1]
+    for s in _seeds(cells):
+      c = {n: cells.get((n, hi, s)) for n in ("layer_norm", "rms_norm", "dyt", "derf")}
+      tr = {n: _f(x.get("train")) if _ok(x) else float("nan") for n, x in c.items()}
+      pairs = [("layer_norm", "derf"), ("rms_norm", "derf"), ("derf", "dyt")]
+      for a, b in pairs:
+        ok = tr[b] - tr[a] > ORDER_NATS
+        oks.append(ok)
+        per.setdefault(s, []).append(ok)
+      parts.append(f"T/P {hi:g} s{s} train " + ", ".join(f"{NAMES[n]} {v:.3f}" for n, v in tr.items())
+                   + "; gap " + ", ".join(f"{NAMES[n]} {gap(x):+.3f}" for n, x in c.items() if x))
+  return _finish("derf_generalization", crit, oks, per, parts,
+                 testability(cells, epochs=epochs, unigram=unigram, need=("T3", "T4")))
+
+
+def _regime_sign(cid, other, cells, *, epochs, unigram) -> dict:
+  crit = (f"{NAMES[other]} against LN, per seed, on both sets of validation windows: helps at the smallest T/P if "
+          f"(val - val(LN)) / val(LN) <= -{REL:.0%}, hurts at the largest if >= +{REL:.0%}; yes = both in every seed, "
+          "partly = one of them in some seed, no = neither; needs T1, T2, T4")
+  tpps, parts, oks, per = _tpps(cells), [], [], {}
+  if tpps:
+    lo, hi = tpps[0], tpps[-1]
+    for s in _seeds(cells):
+      for t in tpps:
+        row = []
+        for ref in REFS:
+          d = _diff(cells, other, ref, t, s)
+          rel = None if d is None else tuple(x / _f(cells[(ref, t, s)]["val"]) for x in d)
+          tag = ""
+          if ref == "layer_norm" and t in (lo, hi) and lo != hi:
+            ok = rel is not None and (all(x <= -REL for x in rel) if t == lo else all(x >= REL for x in rel))
+            oks.append(ok)
+            per.setdefault(s, []).append(ok)
+            tag = (" [helps]" if ok else " [does not help]") if t == lo else (" [hurts]" if ok else " [does not hurt]")
+          row.append(f"vs {NAMES[ref]} " + ("missing" if rel is None else f"{rel[0]:+.1%} (alt {rel[1]:+.1%})") + tag)
+        parts.append(f"T/P {t:g} s{s}: " + ", ".join(row))
+  untestable = testability(cells, epochs=epochs, unigram=unigram, need=("T1", "T2", "T4"),
+                           norms=("layer_norm", other))
+  return _finish(cid, crit, oks, per, parts, untestable)
+
+
+def verma_regime_sign(cells, *, epochs, unigram) -> dict:
+  return _regime_sign("verma_regime_sign", "dyt", cells, epochs=epochs, unigram=unigram)
+
+
+def verma_hardtanh(cells, *, epochs, unigram) -> dict:
+  if not any(n == "hardtanh" for (n, _, _) in cells):
+    crit = "the regime-sign rule applied to HardTanh runs; this study trains none"
+    holds, why = claims_lib.not_testable(["the study trains no HardTanh model (jaxnorm has no HardTanh op; the "
+                                          "budget of cpu-extra leaves no room for a fifth norm)"])
+    return {"id": "verma_hardtanh", "criterion": crit, "ours": why, "holds": holds}
+  return _regime_sign("verma_hardtanh", "hardtanh", cells, epochs=epochs, unigram=unigram)
+
+
+def verma_saturation(cells, *, epochs, unigram) -> dict:
+  crit = (f"DyT, per seed: the saturated fraction (|alpha x| > 2, mean over the DyT layers, final model on its "
+          f"training bytes) at the smallest T/P minus at the largest >= {SAT_DIFF:g}; yes = every seed, partly = some, "
+          "no = none; "
+          "needs T1, T4")
+  tpps, parts, oks, per = _tpps(cells), [], [], {}
+  if tpps:
+    lo, hi = tpps[0], tpps[-1]
+    for s in _seeds(cells):
+      sat = {t: (mean_saturation(cells[("dyt", t, s)].get("saturation")) if _ok(cells.get(("dyt", t, s)))
+                 else float("nan")) for t in tpps}
+      ok = lo != hi and sat[lo] - sat[hi] >= SAT_DIFF
+      oks.append(ok)
+      per.setdefault(s, []).append(ok)
+      parts.append(f"s{s}: " + ", ".join(f"T/P {t:g} {v:.1%}" for t, v in sat.items())
+                   + (" [ok]" if ok else " [fails]"))
+  return _finish("verma_saturation", crit, oks, per, parts,
+                 testability(cells, epochs=epochs, unigram=unigram, need=("T1", "T4"), norms=("dyt",)))
+
+
+def verma_regularizer(cells, *, epochs, unigram) -> dict:
+  crit = (f"at the smallest T/P, per seed: DyT's gap (val - train) below LN's by >= {GAP_NATS:g} nats and DyT's "
+          "training loss above LN's (fits worse, generalizes better; a lower training loss would be 'optimizes "
+          "better'); yes = every seed, partly = some, no = none; needs T1, T2, T4")
+  tpps, parts, oks, per = _tpps(cells), [], [], {}
+  if tpps:
+    lo = tpps[0]
+    for s in _seeds(cells):
+      cd, cl = cells.get(("dyt", lo, s)), cells.get(("layer_norm", lo, s))
+      if not (_ok(cd) and _ok(cl)):
+        oks.append(False)
+        per.setdefault(s, []).append(False)
+        parts.append(f"T/P {lo:g} s{s}: missing")
+        continue
+      gd, gl = gap(cd), gap(cl)
+      ok = gd <= gl - GAP_NATS and _f(cd["train"]) > _f(cl["train"])
+      oks.append(ok)
+      per.setdefault(s, []).append(ok)
+      parts.append(f"T/P {lo:g} s{s}: gap DyT {gd:+.3f} LN {gl:+.3f}, train DyT {_f(cd['train']):.3f} LN "
+                   f"{_f(cl['train']):.3f}" + (" [regularizes]" if ok else " [does not]"))
+  return _finish("verma_regularizer", crit, oks, per, parts,
+                 testability(cells, epochs=epochs, unigram=unigram, need=("T1", "T2", "T4"),
+                             norms=("layer_norm", "dyt")))
+
+
+def claims(cells: dict, *, epochs: dict, unigram: float, best_alpha: dict | None = None) -> list[dict]:
+  """Every claim of the study from ``cells`` ``{(norm, tpp, seed): {"val", "val_alt", "train",
+  "saturation", "diverged"}}``, ``epochs`` (T/P -> passes over the unique bytes) and ``unigram`` (the
+  validation windows' plateau)."""
+  kw = {"epochs": epochs, "unigram": unigram}
+  return [zhu_dyt_matches_norm(cells, **kw), zhu_alpha_width(best_alpha or {}), derf_beats_all(cells, **kw),
+          derf_generalization(cells, **kw), verma_regime_sign(cells, **kw), verma_saturation(cells, **kw),
+          verma_regularizer(cells, **kw), verma_hardtanh(cells, **kw)]

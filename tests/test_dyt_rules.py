@@ -1,0 +1,199 @@
+"""The verdict rules of the dyt study (issue 36) on synthetic cells: every verdict of every rule,
+testability first (no training, no JAX)."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments.studies import dyt_rules as rules
+from experiments.suite import claims as claims_lib
+
+LO, MID, HI = 0.0157, 0.157, 1.84
+SEEDS = (0, 1, 2)
+UNIGRAM = 3.0
+EPOCHS = {LO: 58.7, MID: 5.9, HI: 0.5}
+
+
+def _cells(val=None, train=None, sat=None, seeds=SEEDS, tpps=(LO, MID, HI), alt_shift=0.0, diverged=()):
+  """``val[norm][tpp]`` (a number or a per-seed list), ``train`` likewise (default val - 0.1 at HI,
+  LN overfits at LO), ``sat[tpp]`` DyT's saturation."""
+  base_val = {"layer_norm": {LO: 2.8, MID: 2.3, HI: 2.0}, "rms_norm": {LO: 2.8, MID: 2.3, HI: 2.0},
+              "dyt": {LO: 2.8, MID: 2.3, HI: 2.0}, "derf": {LO: 2.8, MID: 2.3, HI: 2.0}}
+  base_train = {n: {LO: 1.0, MID: 2.0, HI: 2.1} for n in base_val}
+  for src, dst in ((val or {}, base_val), (train or {}, base_train)):
+    for n, d in src.items():
+      dst.setdefault(n, {}).update(d)
+  sat = sat or {LO: 0.5, MID: 0.3, HI: 0.2}
+  cells = {}
+  for n in base_val:
+    for t in tpps:
+      for i, s in enumerate(seeds):
+        pick = lambda x: x[i] if isinstance(x, (list, tuple)) else x  # noqa: E731
+        v = pick(base_val[n][t])
+        cells[(n, t, s)] = {"val": v, "val_alt": v + alt_shift, "train": pick(base_train[n][t]),
+                            "saturation": [pick(sat[t])] * 5 if n in ("dyt", "derf") else None,
+                            "diverged": (n, t, s) in diverged}
+  return cells
+
+
+def _claim(cid, cells, **kw):
+  return {c["id"]: c for c in rules.claims(cells, epochs=kw.get("epochs", EPOCHS), unigram=UNIGRAM)}[cid]
+
+
+@pytest.mark.parametrize("dyt_hi,want", [
+    (2.005, "yes"),                    # within 1% of both references in every seed
+    ((2.005, 2.005, 2.2), "partly"),   # one seed differs
+    (2.2, "no"),
+])
+def test_zhu_matches(dyt_hi, want):
+  assert _claim("zhu_dyt_matches_norm", _cells(val={"dyt": {HI: dyt_hi}}))["holds"] == want
+
+
+def test_zhu_matches_partly_when_one_reference_only():
+  c = _cells(val={"dyt": {HI: 2.005}, "rms_norm": {HI: 2.1}})
+  assert _claim("zhu_dyt_matches_norm", c)["holds"] == "partly"
+
+
+def test_zhu_matches_needs_both_window_sets():
+  c = _cells(val={"dyt": {HI: 2.015}})
+  for s in SEEDS:
+    c[("dyt", HI, s)]["val_alt"] = 2.1   # beyond 1% on the second set of windows
+  assert _claim("zhu_dyt_matches_norm", c)["holds"] == "no"
+
+
+def test_zhu_matches_not_testable_when_many_epochs_or_divergence_or_stuck():
+  assert _claim("zhu_dyt_matches_norm", _cells(), epochs={**EPOCHS, HI: 3.0})["holds"] == claims_lib.NOT_TESTABLE
+  c = _cells(diverged={("dyt", HI, 1)})
+  assert _claim("zhu_dyt_matches_norm", c)["holds"] == claims_lib.NOT_TESTABLE
+  c = _cells(val={"layer_norm": {HI: 2.95}})
+  got = _claim("zhu_dyt_matches_norm", c)
+  assert got["holds"] == claims_lib.NOT_TESTABLE and "plateau" in got["ours"]
+  # A run that trained and then overfit past the plateau has trained: its best loss decides.
+  c = _cells(val={"layer_norm": {LO: 3.7}})
+  for s in SEEDS:
+    c[("layer_norm", LO, s)]["val_curve"] = [[0, 5.8], [80, 2.6], [240, 3.7]]
+  assert _claim("zhu_dyt_matches_norm", c)["holds"] == "yes"
+  c[("layer_norm", LO, 0)]["val_curve"] = [[0, 5.8], [240, 3.7]]
+  assert _claim("zhu_dyt_matches_norm", c)["holds"] == claims_lib.NOT_TESTABLE
+  assert _claim("zhu_dyt_matches_norm", _cells(seeds=(0, 1)))["holds"] == claims_lib.NOT_TESTABLE
+
+
+@pytest.mark.parametrize("best,want", [
+    ({64: (1.0, 1.0), 1024: (1.0, 0.5)}, "yes"),
+    ({64: (0.5, 0.5), 1024: (1.0, 1.0)}, "no"),
+    ({64: (0.5, 1.0), 1024: (1.0, 0.5)}, "partly"),
+    ({}, claims_lib.NOT_TESTABLE),
+])
+def test_zhu_alpha_width(best, want):
+  assert rules.zhu_alpha_width(best)["holds"] == want
+
+
+@pytest.mark.parametrize("derf_hi,want", [
+    (1.9, "yes"),
+    ((1.9, 1.9, 2.0), "partly"),
+    (2.0, "no"),
+])
+def test_derf_beats_all(derf_hi, want):
+  assert _claim("derf_beats_all", _cells(val={"derf": {HI: derf_hi}}))["holds"] == want
+
+
+def test_derf_beats_some_is_partly_and_untestable_by_design():
+  c = _cells(val={"derf": {HI: 1.95}, "dyt": {HI: 1.9}})
+  assert _claim("derf_beats_all", c)["holds"] == "partly"
+  assert _claim("derf_beats_all", _cells(), epochs={**EPOCHS, HI: 2.5})["holds"] == claims_lib.NOT_TESTABLE
+
+
+@pytest.mark.parametrize("train,want", [
+    ({"layer_norm": {HI: 2.0}, "rms_norm": {HI: 2.0}, "derf": {HI: 2.05}, "dyt": {HI: 2.1}}, "yes"),
+    ({"layer_norm": {HI: 2.0}, "rms_norm": {HI: 2.0}, "derf": {HI: 2.05}, "dyt": {HI: 2.0}}, "partly"),
+    ({"layer_norm": {HI: 2.1}, "rms_norm": {HI: 2.1}, "derf": {HI: 2.05}, "dyt": {HI: 2.0}}, "no"),
+])
+def test_derf_generalization(train, want):
+  assert _claim("derf_generalization", _cells(train=train))["holds"] == want
+
+
+def test_derf_generalization_not_testable_with_divergence():
+  c = _cells(diverged={("derf", HI, 0)})
+  assert _claim("derf_generalization", c)["holds"] == claims_lib.NOT_TESTABLE
+
+
+@pytest.mark.parametrize("dyt,want", [
+    ({LO: 2.5, HI: 2.1}, "yes"),                     # helps scarce (-11%), hurts rich (+5%)
+    ({LO: 2.5, HI: 2.0}, "partly"),                  # helps only
+    ({LO: 2.8, HI: 2.1}, "partly"),                  # hurts only
+    ({LO: (2.5, 2.5, 2.8), HI: 2.1}, "partly"),      # one seed does not help
+    ({LO: 2.9, HI: 1.9}, "no"),                      # the opposite signs
+])
+def test_verma_regime_sign(dyt, want):
+  assert _claim("verma_regime_sign", _cells(val={"dyt": dyt}))["holds"] == want
+
+
+def test_verma_regime_sign_not_testable_without_overfitting_or_a_decade():
+  # LayerNorm's gap at the smallest T/P is not larger than at the largest: data are not scarce.
+  c = _cells(val={"dyt": {LO: 2.5, HI: 2.1}}, train={"layer_norm": {LO: 2.7}})
+  got = _claim("verma_regime_sign", c)
+  assert got["holds"] == claims_lib.NOT_TESTABLE and "(T2)" in got["ours"]
+  c = _cells(val={"dyt": {LO: 2.5, MID: 2.1}}, train={"layer_norm": {MID: 0.3}}, tpps=(LO, MID))
+  c = {(n, 0.1 if t == MID else t, s): v for (n, t, s), v in c.items()}
+  got = _claim("verma_regime_sign", c)
+  assert got["holds"] == claims_lib.NOT_TESTABLE and "(T1)" in got["ours"]
+
+
+@pytest.mark.parametrize("sat,want", [
+    ({LO: 0.5, MID: 0.3, HI: 0.2}, "yes"),
+    ({LO: (0.5, 0.5, 0.21), MID: 0.3, HI: 0.2}, "partly"),
+    ({LO: 0.2, MID: 0.3, HI: 0.5}, "no"),
+])
+def test_verma_saturation(sat, want):
+  assert _claim("verma_saturation", _cells(sat=sat))["holds"] == want
+
+
+def test_verma_saturation_not_testable_when_dyt_diverges():
+  assert _claim("verma_saturation", _cells(diverged={("dyt", LO, 2)}))["holds"] == claims_lib.NOT_TESTABLE
+
+
+@pytest.mark.parametrize("dyt_val,dyt_train,want", [
+    (2.5, 1.5, "yes"),                   # smaller gap (1.0 vs 1.8) and fits worse
+    (2.5, 0.8, "no"),                    # lower val and lower train: optimizes better, not a regularizer
+    ((2.5, 2.5, 2.8), (1.5, 1.5, 1.0), "partly"),
+])
+def test_verma_regularizer(dyt_val, dyt_train, want):
+  c = _cells(val={"dyt": {LO: dyt_val}}, train={"dyt": {LO: dyt_train}})
+  assert _claim("verma_regularizer", c)["holds"] == want
+
+
+def test_verma_regularizer_not_testable_without_overfitting():
+  c = _cells(val={"dyt": {LO: 2.5}}, train={"dyt": {LO: 1.5}, "layer_norm": {LO: 2.7}})
+  assert _claim("verma_regularizer", c)["holds"] == claims_lib.NOT_TESTABLE
+
+
+def test_verma_hardtanh_every_verdict():
+  assert _claim("verma_hardtanh", _cells())["holds"] == claims_lib.NOT_TESTABLE
+  for hard, want in (({LO: 2.5, HI: 2.1}, "yes"), ({LO: 2.5, HI: 2.0}, "partly"), ({LO: 2.9, HI: 1.9}, "no")):
+    c = _cells()
+    for t in (LO, MID, HI):
+      for s in SEEDS:
+        v = hard.get(t, 2.3)
+        c[("hardtanh", t, s)] = {"val": v, "val_alt": v, "train": 1.0, "saturation": None, "diverged": False}
+    assert rules.verma_hardtanh(c, epochs=EPOCHS, unigram=UNIGRAM)["holds"] == want
+
+
+def test_every_claim_is_registered_with_its_criterion():
+  for c in rules.claims(_cells(), epochs=EPOCHS, unigram=UNIGRAM):
+    assert c["id"] in claims_lib.CLAIMS and claims_lib.CLAIMS[c["id"]].experiment == "dyt"
+    assert c["criterion"] and c["holds"] in claims_lib.VERDICTS
+
+
+def test_mean_saturation_and_gap():
+  assert rules.mean_saturation([0.2, 0.4]) == pytest.approx(0.3)
+  assert rules.mean_saturation(None) != rules.mean_saturation(None)   # nan
+  assert rules.gap({"val": 2.5, "train": 2.0}) == pytest.approx(0.5)
+
+
+def test_a_rule_checks_only_the_runs_it_reads():
+  # An RMSNorm run that never trained makes the claims that read RMSNorm untestable, not DyT's saturation
+  # or the regime sign (which read LayerNorm and DyT).
+  c = _cells(val={"rms_norm": {HI: 2.99}, "dyt": {LO: 2.5, HI: 2.1}})
+  assert _claim("zhu_dyt_matches_norm", c)["holds"] == claims_lib.NOT_TESTABLE
+  assert _claim("verma_saturation", c)["holds"] == "yes"
+  assert _claim("verma_regime_sign", c)["holds"] == "yes"
