@@ -234,7 +234,7 @@ def report_section(summary: dict, rel: str) -> str:
          "B": cfg["batch_size"], "T": cfg["seq_len"], "tpps": ", ".join(f"{t:g}" for t in cfg["tokens_per_param"])}
   lines = [
       f"Setup: Pre-LN models of width {fmt['d']} and {cfg['n_layers']} layer(s) ({fmt['P']} parameters without the "
-      "position table) with LayerNorm, RMSNorm, DyT or Derf in every norm position, {cfg['steps']} steps of "
+      f"position table) with LayerNorm, RMSNorm, DyT or Derf in every norm position, {cfg['steps']} steps of "
       f"{cfg['batch_size']} x {cfg['seq_len']} bytes in every cell, the unique training bytes set by tokens per "
       f"parameter {fmt['tpps']}; seeds {', '.join(map(str, cfg['seeds']))}; peak rates {lrs}. Validation on the "
       f"held-out files (two sets of windows; plateau {float(summary['unigram']):.3f} nats). Lines: seed means; "
