@@ -166,7 +166,7 @@ def _one_of(name, choices, got):
     ("nnx layer", "impl", v.IMPLS, lambda bad: jnn.RMSNorm(8, impl=bad, rngs=nnx.Rngs(0))),
     ("linen module", "epsilon_placement", v.EPSILON_PLACEMENTS,
      lambda bad: jln.LayerNorm(epsilon_placement=bad)),
-    ("model config", "norm_type", ("layer_norm", "rms_norm"),
+    ("model config", "norm_type", ("layer_norm", "rms_norm", "dyt", "derf"),
      lambda bad: TransformerConfig(norm_type=bad)),
     ("model config", "casting", jaxnorm.CASTINGS, lambda bad: TransformerConfig(casting=bad)),
     ("kernel API", "epsilon_placement", v.EPSILON_PLACEMENTS,
