@@ -324,14 +324,6 @@ def residual_input(x: Any, residual: Any) -> Any:
 POINTWISE_KINDS = ("dyt", "derf")
 
 
-def check_alpha_init(name: str, value: Any) -> float:
-  """A pointwise layer's initial :math:`\\alpha` or shift as a finite Python float."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-    raise TypeError(f"{name} must be a finite real number, got {type(value).__name__} "
-                    f"{value!r}.")
-  return float(value)
-
-
 def pointwise(kind: str, x: Any, alpha: Any, shift: Any, scale: Any, bias: Any, *,
               feature_axes: Any, dtype: Any, num_features: int, module: str,
               residual: Any = None, residual_scale: float = 1.0) -> Any:

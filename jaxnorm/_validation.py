@@ -290,3 +290,15 @@ def check_pointwise_param(name: str, p: Any, x_shape: tuple[int, ...]) -> None:
       f"{name} must broadcast against x of shape {x_shape} from its trailing axes (a scalar, "
       f"({x_shape[-1] if x_shape else 1},) for one value per channel, or a trailing block of "
       f"x's shape with axes of size 1 where it is shared), got shape {shape}.")
+
+
+def check_finite_real(name: str, value: Any) -> float:
+  """``value`` as a Python float: a real number (not a bool, not an array), finite.
+
+  The rule of the pointwise layers' initial ``alpha``/``shift`` and of the model's
+  ``pointwise_alpha`` entries.
+  """
+  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+    raise TypeError(f"{name} must be a finite real number, got {type(value).__name__} "
+                    f"{value!r}.")
+  return float(value)

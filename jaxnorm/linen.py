@@ -57,6 +57,7 @@ from flax.typing import Axes, Dtype, Initializer
 from jax.nn import initializers
 
 from jaxnorm import _module_common as common
+from jaxnorm import _validation as v
 
 __all__ = ["Derf", "DyT", "LayerNorm", "RMSNorm"]
 
@@ -283,8 +284,8 @@ class _Pointwise(nn.Module):
   def __call__(self, x: Any, *, residual: Any = None, residual_scale: float = 1.0):
     r"""The op on ``x``, or on ``h = x + residual_scale * residual`` (then ``(y, h)``); the
     output dtype is ``dtype``, else ``result_type`` of the input and the parameters."""
-    alpha0 = common.check_alpha_init("alpha_init_value", self.alpha_init_value)
-    shift0 = common.check_alpha_init("shift_init_value", self.shift_init_value)
+    alpha0 = v.check_finite_real("alpha_init_value", self.alpha_init_value)
+    shift0 = v.check_finite_real("shift_init_value", self.shift_init_value)
     if not hasattr(x, "dtype"):
       x = jnp.asarray(x)
     h = x if residual is None else common.residual_input(x, residual)

@@ -58,6 +58,7 @@ from flax.nnx.nn import dtypes, initializers
 from flax.typing import Axes, Dtype, Initializer, PromoteDtypeFn
 
 from jaxnorm import _module_common as common
+from jaxnorm import _validation as v
 
 __all__ = ["Derf", "DyT", "LayerNorm", "RMSNorm"]
 
@@ -369,8 +370,8 @@ class _Pointwise(nnx.Module):
                promote_dtype: PromoteDtypeFn = dtypes.promote_dtype, rngs: rnglib.Rngs):
     name = type(self).__name__
     num_features = common.check_num_features_arg(name, num_features)
-    alpha0 = common.check_alpha_init("alpha_init_value", alpha_init_value)
-    shift0 = common.check_alpha_init("shift_init_value", shift_init_value)
+    alpha0 = v.check_finite_real("alpha_init_value", alpha_init_value)
+    shift0 = v.check_finite_real("shift_init_value", shift_init_value)
     self.alpha = nnx.Param(jnp.full((), alpha0, param_dtype))
     self.shift = (nnx.Param(jnp.full((), shift0, param_dtype)) if self._kind == "derf"
                   else nnx.data(None))

@@ -39,13 +39,12 @@ def _check_positive_int(name: str, value: Any) -> None:
     raise ValueError(f"{name} must be >= 1, got {value}.")
 
 
-def _check_pointwise_alpha(value: Any) -> None:
+def _check_pointwise_alpha(value: Any) -> tuple[float, float]:
+  """``pointwise_alpha`` as two Python floats (attention, other)."""
   if not isinstance(value, (tuple, list)) or len(value) != 2:
     raise TypeError(f"pointwise_alpha must be a pair (attention, other) of floats, got "
                     f"{value!r}.")
-  for a in value:
-    if isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a):
-      raise TypeError(f"pointwise_alpha must hold two finite floats, got {value!r}.")
+  return tuple(v.check_finite_real("pointwise_alpha", a) for a in value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,8 +146,7 @@ class TransformerConfig:
     v.check_choice("qk_norm", self.qk_norm, QK_NORMS)
     v.check_choice("qk_norm_scale", self.qk_norm_scale, QK_NORM_SCALES)
     v.check_bool("norm_scaling", self.norm_scaling)
-    _check_pointwise_alpha(self.pointwise_alpha)
-    object.__setattr__(self, "pointwise_alpha", tuple(float(a) for a in self.pointwise_alpha))
+    object.__setattr__(self, "pointwise_alpha", _check_pointwise_alpha(self.pointwise_alpha))
     pointwise = {self.norm_type, self.qk_norm} & set(POINTWISE_KINDS)
     if pointwise and self.norm_impl == "flax":
       raise ValueError(f"norm_impl='flax' has no {sorted(pointwise)} layer (Flax ships none); "
