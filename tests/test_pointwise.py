@@ -40,7 +40,9 @@ def _params(op, d, key, *, per="scalar", dtype=jnp.float32):
   return tuple(out[name].astype(dtype) for name in op.params)
 
 
-CASES = [("float32", "scalar", TRANSFORMS), ("float32", "head", TRANSFORMS),
+# Every transform once per op (scalar parameters); per-head parameters under the transforms that
+# treat their leading axis (vmap batched and unbatched) and second order.
+CASES = [("float32", "scalar", TRANSFORMS), ("float32", "head", ("vmap", "vmap_unbatched", "grad2")),
          ("bfloat16", "channel", ("vmap",)), ("float16", "channel", ("vmap",))]
 
 

@@ -48,8 +48,11 @@ PRESETS: dict[str, dict[str, Any]] = {
                       "small_init": False, "theory": True, "variant_depths": (2,)},
         "warmup": {"n_layers": 1, "steps": 12, "lr_times_d": (0.0632, 2.0), "warmups": (0, 2, 4),
                    "decay_timescale": 4, "seeds": (0,), "rms_norm": True, "small_init": False},
-        "depth": {"depths": (1, 2), "positions": ("post", "pre", "deepnorm"), "steps": 4,
-                  "seeds": (0,), "warmup": 2, "decay_timescale": 4, "update_steps": 2},
+        # The cpu preset's layout options (Post-LN alone at the shallow depth, DeepNorm probed and
+        # not trained): 3 training runs instead of 6.
+        "depth": {"depths": (1, 2), "positions": ("post", "pre", "deepnorm"), "train_positions": ("post", "pre"),
+                  "shallow_positions": ("post",), "steps": 4, "seeds": (0,), "warmup": 2, "decay_timescale": 4,
+                  "update_steps": 2},
         "invariance": {"n_rows": 8, "d": 64, "n_points": 13, "seeds": (0,), "train_steps": 20,
                        "n_layers": 1},
         "speed": {"n_layers": 1, "steps": 3, "repeats": 1, "op_shapes": ((256, 64),), "op_repeats": 3},
