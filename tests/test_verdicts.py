@@ -547,12 +547,17 @@ def test_invariance_verdicts_read_the_measurements():
                            "RMSNorm eps=1e-6": {"fwd": [0.4, 5e-3, 0, 1e-7, 1e-7], "grad": [0.3, 1e-4, 0, 0, 0]}},
                  "shift": {"LayerNorm eps=1e-6": {"fwd": [0, 0, 1e-7, 1e-5, 1e-4]},
                            "RMSNorm eps=1e-6": {"fwd": [1e-3, 1e-2, 0.5, 1.0, 1.0]}}},
-          "op_weight_grads": {"ratio_mean": 1.02}, "model": {"init_ratio": 1.1, "train_ratio_median": 0.95}}
+          "op_weight_grads": {"ratio_mean": 1.02, "rows": [{"seed": 0, "rms_over_ln": 1.01},
+                                                           {"seed": 1, "rms_over_ln": 1.03}]},
+          "model": {"seed": 0, "init_ratio": 1.1, "train_ratio_median": 0.95}}
   v = {c["id"]: c for c in invariance_rules.verdicts(data)}
   assert {k: c["holds"] for k, c in v.items()} == {
       "notes_rms_scale_invariance": "yes", "notes_rms_grad_invariance": "yes",
       "notes_ln_shift_invariance": "yes", "notes_grad_norms_close": "yes"}
   assert "for a <= 0.01" in v["notes_rms_scale_invariance"]["ours"]
+  # Each ratio names its seeds: the op's mean over seeds 0-1 with its range, the model's one seed.
+  ours = v["notes_grad_norms_close"]["ours"]
+  assert "mean over seeds [0, 1] (range 1.010-1.030)" in ours and ours.count("seed 0 only") == 2
   assert all(c["criterion"] for c in v.values())
 
 

@@ -134,7 +134,7 @@ def run(ctx, cfg: Config) -> dict:
                ([r["norm"], r["tpp"], r["seed"], r["lr"], r["params"], r["unique_bytes"], r["epochs"], r["val"],
                  r["val_alt"], r["train"], rules.gap(r), rules.mean_saturation(r["saturation"])] for r in rows))
   return {"claims": claims, "files": plot(ctx, cells, cfg), "unigram": unigram, "epochs": epochs,
-          "table": _table(cells, cfg), "model": dict(ctx.preset["model"]),
+          "table": _table(cells, cfg), "model": dict(ctx.preset["model"]), "seeds": list(cfg.seeds),
           "params": rows[0]["params"] if rows else None}
 
 

@@ -81,16 +81,27 @@ def shift_claim(ln_err_in_range: float, ln_err_max: float, rms_err_at_1: float) 
           "holds": claims_lib.verdict([ln_ok, rms_ok])}
 
 
-def grad_norms_claim(op_ratio: float, init_ratio: float | None = None, train_ratio: float | None = None) -> dict:
+def grad_norms_claim(op_ratio: float, init_ratio: float | None = None, train_ratio: float | None = None, *,
+                     op_seeds: list | None = None, op_range: tuple | None = None,
+                     model_seed: int | None = None) -> dict:
   """``notes_grad_norms_close``: RMS/LN weight-gradient norm ratios in :data:`CLOSE_RATIO`.
 
   Args:
-    op_ratio: the op-level ratio (``y = N(x W)``).
+    op_ratio: the op-level ratio (``y = N(x W)``), the mean over ``op_seeds``.
     init_ratio: a Pre-LN model's at init (None if not measured).
     train_ratio: its median over training steps (None if not measured).
+    op_seeds: the seeds of the op-level ratio (labels only).
+    op_range: its (min, max) over those seeds (labels only).
+    model_seed: the one seed of the model-level ratios (labels only; the verdict does not read it).
   """
-  checks = [("op (y = N(xW))", op_ratio), ("Pre-LN model at init", init_ratio),
-            ("in training (median over steps)", train_ratio)]
+  op_name = "op (y = N(xW))"
+  if op_seeds is not None:
+    op_name += f", mean over seeds {list(op_seeds)}"
+  if op_range is not None:
+    op_name += f" (range {op_range[0]:.3f}-{op_range[1]:.3f})"
+  model_tag = "" if model_seed is None else f", seed {model_seed} only"
+  checks = [(op_name, op_ratio), (f"Pre-LN model at init{model_tag}", init_ratio),
+            (f"in training (median over steps{model_tag})", train_ratio)]
   checks = [(name, r) for name, r in checks if r is not None]
   return {"id": "notes_grad_norms_close",
           "criterion": f"the RMS/LN weight-gradient norm ratio is in [{CLOSE_RATIO[0]}, {CLOSE_RATIO[1]}] ('close') "
@@ -109,10 +120,15 @@ def verdicts(data: dict) -> list[dict]:
   ln_shift = np.asarray(sh["LayerNorm eps=1e-6"]["fwd"])
   rms_shift = np.asarray(sh["RMSNorm eps=1e-6"]["fwd"])
   model = data.get("model") or {}
+  op_rows = data["op_weight_grads"].get("rows", [])
+  op_ratios = [r["rms_over_ln"] for r in op_rows]
   return [
       scale_claim(max(sc["RMSNorm eps=0"]["fwd"]), float(ed_f[inner].max()), break_point(grid, ed_f, BREAK_LEVEL)),
       grad_claim(max(sc["RMSNorm eps=0"]["grad"]), float(ed_g[inner].max()), break_point(grid, ed_g, BREAK_LEVEL)),
       shift_claim(float(ln_shift[grid <= SHIFT_RANGE * (1 + 1e-9)].max()), float(ln_shift.max()),
                   float(rms_shift[grid >= 1].min())),
-      grad_norms_claim(data["op_weight_grads"]["ratio_mean"], model.get("init_ratio"), model.get("train_ratio_median")),
+      grad_norms_claim(data["op_weight_grads"]["ratio_mean"], model.get("init_ratio"), model.get("train_ratio_median"),
+                       op_seeds=[r["seed"] for r in op_rows] or None,
+                       op_range=(min(op_ratios), max(op_ratios)) if op_ratios else None,
+                       model_seed=model.get("seed", 0) if model else None),
   ]

@@ -114,8 +114,12 @@ class Cost:
 # (experiments/results/pilots/dyt/timing.jsonl: 19.9 vs 64.2 ms at load 9, the train step alone) and from
 # whole 240-step runs with their evaluations (ratio 0.317 at load 8.3-8.6, pilots README); 0.31 x 30 ms,
 # rounded up.
+# The 2-layer step at 16 x 64 tokens (the qk_norm study of cpu-extra) is measured too, from the clean cpu-extra
+# run at 06b2b44 (load 5.9 at its start): the study's 170 s for 72 runs of 80 steps, less 4 compiles (20 s) and
+# 72 starts (36 s), is 19.8 ms a step (the linear model said 42 ms); 2 x the (2, 32) step agrees.
 _AVX512 = Cost(step_s={32: 0.030, 64: 0.078}, step_per_layer_s={32: 0.008, 64: 0.009}, compile_train_s=5.0,
-               compile_grad_s=3.0, start_s=0.5, invocation_s=12.0, op_s=1.0, step_at={(2, 32): 0.0095})
+               compile_grad_s=3.0, start_s=0.5, invocation_s=12.0, op_s=1.0,
+               step_at={(2, 32): 0.0095, (2, 64): 0.020})
 # AMD EPYC, AVX2 only: its own measured step, 0.116 s for the 16 x 64 model (issue 31's per-study times of
 # a clean cpu run at 715294c: the warm-up grid, 3840 steps in 447 s), over this Intel's 0.078 s. The
 # issue's "1.8x" compared it with another, faster Intel machine (the README's 12 min 38 s run); the

@@ -25,7 +25,9 @@ tables; this module adds the claims list and the raw-data line after it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
+import statistics
 from typing import Any
 
 from experiments.studies.seeds import SPIKE_NATS
@@ -239,24 +241,51 @@ def _summary(state: dict, rows: list[dict], summaries: dict) -> list[str]:
   return out
 
 
-def _noise_line(eval_bytes: int, noise: dict | None) -> str:
-  """The limitation line on evaluation noise: measured where the warm-up grid measured it."""
+def _noise_line(eval_bytes: int, noise: dict | None, dyt: dict | None = None) -> str:
+  """The limitation line on evaluation noise: measured where the warm-up grid measured it, else
+  where the dyt study did (two disjoint sets of validation windows per run), else an estimate."""
   if noise and noise.get("single"):
     s, p = noise["single"], noise.get("paired")
     return (f"- Evaluation on {eval_bytes:,} bytes per point. Measured noise (the same final model on a second set of "
             f"validation windows): median {s['median']:.3f}, at most {s['max']:.3f} nats over {s['n']} runs"
             + (f"; a paired warm-up gain moves by median {p['median']:.3f}, at most {p['max']:.3f}" if p else "")
             + "; the rules' paired margin is 0.05 nats.")
+  diffs = [abs(float(a) - float(b)) for row in (dyt or {}).get("table", [])
+           for a, b in zip(row.get("val", []), row.get("val_alt", []))
+           if a is not None and b is not None and math.isfinite(float(a)) and math.isfinite(float(b))]
+  if diffs:
+    return (f"- Evaluation noise, measured by the dyt study (the same final model on a second, disjoint set of "
+            f"held-out windows): |difference| median {statistics.median(diffs):.3f}, at most {max(diffs):.3f} nats over "
+            f"{len(diffs)} runs (it includes what differs between the two window sets). The other studies' "
+            f"evaluations of {eval_bytes:,} bytes per point are not measured twice: with a per-byte loss s.d. of "
+            f"about 2 nats, about {2 / max(eval_bytes, 1) ** 0.5:.2f} nat (an estimate).")
   return (f"- Evaluation on {eval_bytes:,} bytes per point: with a per-byte loss s.d. of about 2 nats, about "
           f"{2 / max(eval_bytes, 1) ** 0.5:.2f} nat of noise per evaluation (an estimate: not measured in this run).")
 
 
+def _run_lengths(pc: dict, names: list[str]) -> str:
+  """The training-run lengths of the studies ``names`` that train (``steps`` or ``train_steps`` in
+  their preset entry), with their batch where it differs from the preset's."""
+  tr = pc.get("train", {})
+  parts = []
+  for name in names:
+    c = pc.get(name, {})
+    steps = c.get("steps", c.get("train_steps"))
+    if not steps or name == "speed":
+      continue
+    batch, seq = c.get("batch_size", tr.get("batch_size")), c.get("seq_len", tr.get("seq_len"))
+    tokens = f", {batch * seq * steps:,} tokens" if batch and seq else ""
+    shape = "" if (batch, seq) == (tr.get("batch_size"), tr.get("seq_len")) else f" of {batch} x {seq}"
+    parts.append(f"{name} {steps} steps{shape}{tokens}")
+  return "; ".join(parts) if parts else "none"
+
+
 def _limitations(state: dict, summaries: dict | None = None) -> list[str]:
-  """What the scale of this preset cannot say, with its sizes (and the evaluation noise the warm-up
-  grid measured, where ``summaries`` has it)."""
+  """What the scale of this preset cannot say, with its sizes (the training runs and seeds of the
+  studies that ran, and the evaluation noise where a study measured it)."""
+  summaries = summaries or {}
   pc = state.get("preset_config", {})
   m, tr = pc.get("model", {}), pc.get("train", {})
-  w = pc.get("warmup", {})
   batch, seq = tr.get("batch_size"), tr.get("seq_len")
   eval_bytes = (tr.get("eval_batches") or 0) * (batch or 0) * (seq or 0)
   wd = tr.get("weight_decay")
@@ -266,19 +295,20 @@ def _limitations(state: dict, summaries: dict | None = None) -> list[str]:
   wd_text = (f"decoupled weight decay {wd} on weight matrices and embeddings (not on norm scales or biases)"
              + (" (so AdamW is Adam)" if not wd else ""))
   corpus = (state.get("corpus") or {}).get("name", "?")
-  steps = w.get("steps")
-  tokens = f"{batch * seq * steps:,}" if batch and seq and steps else "?"
+  ran = [n for n in EXPERIMENTS if n in summaries]
+  seeds = "; ".join(f"{n} {summaries[n]['seeds']}" for n in ran if summaries[n].get("seeds") is not None)
   return ["## Limitations", "",
           f"- Scale: width {m.get('d_model')}, {m.get('n_heads')} heads, d_ff {m.get('d_ff')}; batch {batch} x "
-          f"sequence {seq} bytes; a warm-up-grid run is {steps} steps, about {tokens} training tokens. The papers "
-          "train translation and BERT models for 10^4-10^6 steps; a claim that needs their regime is marked not "
-          "testable here rather than judged.",
+          f"sequence {seq} bytes; training runs: {_run_lengths(pc, ran)}. The papers train translation, BERT and "
+          "language models for 10^4-10^6 steps; a claim that needs their regime is marked not testable here rather "
+          "than judged.",
           f"- Data: a byte-level corpus ({corpus}), not IWSLT/WMT/BERT text; losses are nats per byte.",
-          _noise_line(eval_bytes, (summaries or {}).get("warmup", {}).get("eval_noise")),
-          f"- Optimizer: AdamW(0.9, 0.98), {wd_text}; DeepNet's constants and bound are derived for SGD-like "
-          "updates, Xiong et al.'s theory for Xavier init with W^Q = W^K = 0.",
-          f"- Seeds: {w.get('seeds')} per training point; spreads are min-max over them (half-range shown), not "
-          "confidence intervals.",
+          _noise_line(eval_bytes, summaries.get("warmup", {}).get("eval_noise"), summaries.get("dyt")),
+          f"- Optimizer: AdamW(0.9, 0.98), {wd_text} (a study states its own recipe where it differs); DeepNet's "
+          "constants and bound are derived for SGD-like updates, Xiong et al.'s theory for Xavier init with "
+          "W^Q = W^K = 0.",
+          f"- Seeds per study: {seeds or 'none recorded'}; spreads are min-max over them (half-range shown), not "
+          "confidence intervals; failures are counted out of the seeds.",
           "- Timings: taken on the device in the provenance; on a shared CPU they carry several percent of noise and "
           "say nothing about GPUs, so the timing claims are not testable on a CPU.", ""]
 
