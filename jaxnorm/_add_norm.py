@@ -6,14 +6,13 @@ r"""Public residual add + norm ops: :func:`jaxnorm.add_layer_norm`, :func:`jaxno
    dx = dh + J^\top dy, \qquad d r = \alpha\, dx.
 
 Argument handling around the one ``jax.custom_jvp`` of :mod:`jaxnorm._ad`; the forward and the
-derived backward are in :mod:`jaxnorm._fused`.
+derived backward are in :mod:`jaxnorm._backends`.
 """
 
 from __future__ import annotations
 
 from jaxnorm import _ad
-from jaxnorm import _core
-from jaxnorm import _fused
+from jaxnorm import _norm_args
 
 __all__ = ["add_layer_norm", "add_rms_norm"]
 
@@ -138,7 +137,7 @@ def add_rms_norm(x, residual, scale=None, *, residual_scale=1.0, residual_dtype=
 
 def _call(x, residual, scale, bias, **kw):
   """Both public ops: prepare once, the parameters as the op takes them, ``(y, h)`` reshaped."""
-  cfg, x2, r2, mask2, restore = _fused.prepare(x, residual, scale, bias, **kw)
-  scale, bias = _core.flat_params(x, x2, scale, bias)
+  cfg, x2, r2, mask2, restore = _norm_args.prepare_add(x, residual, scale, bias, **kw)
+  scale, bias = _norm_args.flat_params(x, x2, scale, bias)
   y, h = _ad.add_norm(cfg, x2, r2, scale, bias, mask2)
   return restore(y), restore(h)

@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jaxnorm import _core
+from jaxnorm import _norm_args
 from jaxnorm import _xla
 
 
 def _jacobian(x, scale, *, center, epsilon, axis, mask, epsilon_placement, zero_centered_scale):
-  cfg, x2, mask2, _ = _core.prepare(
+  cfg, x2, mask2, _ = _norm_args.prepare(
       x, scale, None, center=center, epsilon=epsilon, axis=axis, mask=mask,
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=None, axis_index_groups=None, dtype=None, impl="xla")
-  (scale,) = _core.flat_params(x, x2, scale)
+  (scale,) = _norm_args.flat_params(x, x2, scale)
   shift, delta, rstd = _xla.statistics(cfg, x2, mask2)
   ct = rstd.dtype
   xh = _xla.x_hat(cfg, x2.astype(ct), shift, delta, rstd)  # (..., d)

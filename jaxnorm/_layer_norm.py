@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jaxnorm import _core
+from jaxnorm import _norm_args
 from jaxnorm import _ad
 
 
@@ -88,10 +88,10 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
     >>> bool(jnp.allclose(y.mean(-1), 0, atol=1e-6))
     True
   """
-  cfg, x2, mask2, restore = _core.prepare(
+  cfg, x2, mask2, restore = _norm_args.prepare(
       x, scale, bias, center=True, epsilon=epsilon, axis=axis, mask=mask, dtype=dtype, impl=impl,
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=axis_name, axis_index_groups=axis_index_groups, pallas=pallas, casting=casting,
       use_fast_variance=use_fast_variance)
-  scale, bias = _core.flat_params(x, x2, scale, bias)
+  scale, bias = _norm_args.flat_params(x, x2, scale, bias)
   return restore(_ad.apply(cfg, x2, scale, bias, mask2))

@@ -27,7 +27,7 @@ from jax import lax
 
 from jaxnorm import _jax_compat
 from jaxnorm import _math
-from jaxnorm._spec import NormConfig
+from jaxnorm._norm_config import NormConfig
 
 
 def compute_dtype(dtype) -> np.dtype:
@@ -208,6 +208,16 @@ def _fast_statistics(cfg: NormConfig, x, mask, n, *, decouple: bool):
   mean = s1 / n
   var = jnp.maximum(s2 / n - mean * mean, 0.0)
   return mean, None, _normalizer(cfg, var)
+
+
+def residual_add(cfg: NormConfig, x, residual):
+  """h = x + alpha * residual, added in at least float32 and rounded once to ``h_dtype``."""
+  ct = compute_dtype(jnp.promote_types(cfg.h_dtype, jnp.promote_types(x.dtype,
+                                                                      residual.dtype)))
+  r = residual.astype(ct)
+  if cfg.residual_scale != 1.0:
+    r = cfg.residual_scale * r
+  return (x.astype(ct) + r).astype(cfg.h_dtype)
 
 
 def first_pivot(x):

@@ -1,5 +1,5 @@
 """``import jaxnorm`` and the XLA path leave ``jax.experimental.pallas`` unimported (issue 33):
-only a kernel launch or lowering imports it (:func:`jaxnorm._core.kernels`)."""
+only a kernel launch or lowering imports it (:func:`jaxnorm._pallas.backend.kernels`)."""
 
 import subprocess
 import sys

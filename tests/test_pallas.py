@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import jaxnorm
-from jaxnorm import _pallas
+from jaxnorm._pallas import api as _pallas
 from jaxnorm import reference
-from jaxnorm._pallas_common import backward_config
-from jaxnorm._pallas_config import GPU_BACKENDS, MAX_BLOCK_D, TARGET_TILE, block_config, supported
+from jaxnorm._pallas.common import backward_config
+from jaxnorm._pallas.config import GPU_BACKENDS, MAX_BLOCK_D, TARGET_TILE, block_config, supported
 
 from _numerics import assert_allclose, assert_ulp_close
 

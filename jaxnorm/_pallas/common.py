@@ -1,9 +1,9 @@
 r"""Internal API: what the forward and backward Pallas kernels share.
 
-Used by :mod:`jaxnorm._pallas_forward`, :mod:`jaxnorm._pallas_backward` and the callers that
-launch them (:mod:`jaxnorm._core`, :mod:`jaxnorm._fused`, :mod:`jaxnorm._pallas`). Names without
+Used by :mod:`jaxnorm._pallas.forward`, :mod:`jaxnorm._pallas.backward` and the callers that
+launch them (:mod:`jaxnorm._pallas.backend`, :mod:`jaxnorm._pallas.api`). Names without
 a leading underscore are the package's internal API. Everything here trusts its arguments: they
-were checked once, by the public op or by the checked kernel API of :mod:`jaxnorm._pallas`.
+were checked once, by the public op or by the checked kernel API of :mod:`jaxnorm._pallas.api`.
 
 A tile is ``block_rows`` rows by ``block_d`` columns of the ``(rows, d)`` input, loaded masked
 and promoted to float32; rows wider than one block loop over column blocks (:func:`col_loop`).
@@ -23,7 +23,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from jaxnorm import _math
 from jaxnorm._casting import cast_plan
-from jaxnorm._pallas_config import BlockConfig, default_block_config
+from jaxnorm._pallas.config import BlockConfig, default_block_config
 
 
 _F32_PLAN = cast_plan("float32", jnp.float32)  # every stage in float32: nothing rounds

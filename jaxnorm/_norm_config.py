@@ -1,9 +1,10 @@
 """Internal API: the one static description of a norm call, :class:`NormConfig`.
 
-Built once per call by :func:`jaxnorm._core.prepare` (plain ops, layers, models, the Jacobian)
-or :func:`jaxnorm._fused.prepare` (the residual add + norm ops), validated there, and trusted
-everywhere below: the XLA formulas (:mod:`jaxnorm._xla`), the kernel launches (which derive
-their :class:`jaxnorm._pallas_common.KernelSpec` from it) and the differentiation rules
+Built once per call by :func:`jaxnorm._norm_args.prepare` (plain ops, layers, models, the
+Jacobian) or :func:`jaxnorm._norm_args.prepare_add` (the residual add + norm ops), validated
+there, and trusted everywhere below: the backends (:mod:`jaxnorm._backends`: the XLA formulas
+of :mod:`jaxnorm._xla`, the kernel launches, which derive their
+:class:`jaxnorm._pallas.common.KernelSpec` from it) and the differentiation rules
 (:mod:`jaxnorm._ad`). A residual add + norm call is the same description with :attr:`add` set.
 Hashable: it is a static argument of ``jax.custom_jvp`` and a parameter of the tangent
 primitive. Imports nothing of jaxnorm but :mod:`jaxnorm._casting` and the Pallas config.
@@ -15,7 +16,7 @@ import dataclasses
 from typing import Any
 
 from jaxnorm._casting import CastPlan, cast_plan
-from jaxnorm._pallas_config import PallasConfig
+from jaxnorm._pallas.config import PallasConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +55,7 @@ class NormConfig:
   cast: CastPlan | None = None  # The affine stage's dtypes (casting=); None: "float32".
   add: AddConfig | None = None  # The residual add of add_layer_norm/add_rms_norm, or None.
   # Sizes of the per-head axes of scale/bias (x's axes just before the normalized ones that the
-  # parameters also span); () when they are shared by every row. See :func:`_core.params`.
+  # parameters also span); () when they are shared by every row. See :func:`_norm_args.flat_params`.
   heads: tuple = ()
   # LayerNorm only: the variance as E[x^2] - E[x]^2 (clamped at 0), Flax's fast form, instead of
   # the shifted-data form (use_fast_variance=True; XLA only). See :func:`_xla.statistics`.

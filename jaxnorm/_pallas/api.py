@@ -1,10 +1,10 @@
 r"""The checked kernel API: LayerNorm/RMSNorm Pallas kernels (Triton backend) on ``(rows, d)``.
 
 Normalization is memory-bound on a GPU, so the kernels move each byte once: the forward
-(:mod:`jaxnorm._pallas_forward`) reads ``x`` once and writes ``y`` and the per-row statistics;
-the backward (:mod:`jaxnorm._pallas_backward`) reads ``x`` and ``dy`` once and writes ``dx``,
+(:mod:`jaxnorm._pallas.forward`) reads ``x`` once and writes ``y`` and the per-row statistics;
+the backward (:mod:`jaxnorm._pallas.backward`) reads ``x`` and ``dy`` once and writes ``dx``,
 with ``dscale``/``dbias`` summed deterministically by a second small kernel. Feature sizes larger
-than one block (``d > _pallas_config.MAX_BLOCK_D``) loop over column blocks; blocks are powers
+than one block (``d > config.MAX_BLOCK_D``) loop over column blocks; blocks are powers
 of two and loads are masked, so any ``d`` works.
 
 Math (the same derived formulas as the XLA path in :mod:`jaxnorm._xla`), per row, with
@@ -30,11 +30,11 @@ variance is taken with two passes over the row held in registers; the residuals 
 ``delta``, ``rstd`` mean the same thing as on the XLA path, so either backward can consume them.
 
 This module is the boundary of the kernels used on their own (tests, benchmarks): every function
-describes its call with the ops' own :func:`jaxnorm._core.prepare` (one check per rule, the
+describes its call with the ops' own :func:`jaxnorm._norm_args.prepare` (one check per rule, the
 same messages as the ops), checks what only this API takes (2-D ``x``, per-row statistics,
 cotangents), and launches the kernels from the launch spec the ops derive
-(:func:`jaxnorm._core.pallas_spec`). Block sizes come
-from :func:`jaxnorm._pallas_config.default_block_config`. On a CPU the kernels run in Pallas
+(:func:`jaxnorm._pallas.backend.kernel_spec`). Block sizes come
+from :func:`jaxnorm._pallas.config.default_block_config`. On a CPU the kernels run in Pallas
 interpret mode (``interpret=True``; the public ops take it as
 ``pallas=jaxnorm.PallasConfig(interpret=True)``).
 """
@@ -43,11 +43,12 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jaxnorm import _core
+from jaxnorm import _norm_args
 from jaxnorm import _validation as v
-from jaxnorm._pallas_backward import add_norm_backward, norm_backward
-from jaxnorm._pallas_config import supported
-from jaxnorm._pallas_forward import add_norm_forward, norm_forward
+from jaxnorm._pallas.backend import kernel_spec
+from jaxnorm._pallas.backward import add_norm_backward, norm_backward
+from jaxnorm._pallas.config import supported
+from jaxnorm._pallas.forward import add_norm_forward, norm_forward
 
 __all__ = [
     "add_layer_norm_bwd",
@@ -63,21 +64,22 @@ __all__ = [
 
 def _spec(x, scale, bias, *, center, epsilon, epsilon_placement, zero_centered_scale, interpret,
           has_bias=None, residual_scale=1.0, x_name="x"):
-  """The launch spec of a kernel-API call, from the ops' own :func:`jaxnorm._core.prepare`.
+  """The launch spec of a kernel-API call, from the ops' own :func:`jaxnorm._norm_args.prepare`.
 
-  One description of a call and one check per rule: ``prepare`` checks ``x``, ``scale``,
-  ``bias``, ``epsilon`` and the choices exactly as for the public ops and builds the
-  :class:`~jaxnorm._spec.NormConfig` that :func:`jaxnorm._core.pallas_spec` turns into the
-  launch spec, as the ops do. What is the kernel API's own contract is checked here on top:
-  ``x`` is 2-D, non-empty and of a dtype the kernels take (:func:`jaxnorm._pallas_config.
-  supported`, the ops' own statement of it), and the parameters are one ``(d,)`` row (no
-  per-head parameters: map the kernels over heads yourself). Whether the platform compiles the
-  kernels is Pallas's to say when the call is lowered (``interpret=True`` runs anywhere).
+  One description of a call and one check per rule: ``prepare`` checks ``x``, ``scale``, ``bias``,
+  ``epsilon`` and the choices exactly as for the public ops and builds the
+  :class:`~jaxnorm._norm_config.NormConfig` that :func:`jaxnorm._pallas.backend.kernel_spec` turns
+  into the launch spec, as the ops do. What is the kernel API's own contract is checked here on
+  top: ``x`` is 2-D, non-empty and of a dtype the kernels take
+  (:func:`jaxnorm._pallas.config.supported`, the ops' own statement of it), and the parameters are
+  one ``(d,)`` row (no per-head parameters: map the kernels over heads yourself). Whether the
+  platform compiles the kernels is Pallas's to say when the call is lowered (``interpret=True``
+  runs anywhere).
   ``has_bias``: whether the spec has a bias (a backward's ``dbias``); default ``bias is not
   None``. ``x_name``: what the messages call ``x`` (``h`` in the fused backward).
   """
   v.check_bool("interpret", interpret)
-  cfg, _, _, _ = _core.prepare(
+  cfg, _, _, _ = _norm_args.prepare(
       x, scale, bias, center=center, epsilon=epsilon, axis=-1, mask=None,
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=None, axis_index_groups=None, dtype=None, impl="xla", x_name=x_name)
@@ -93,9 +95,9 @@ def _spec(x, scale, bias, *, center, epsilon, epsilon_placement, zero_centered_s
                      f"(one row shared by every row of {x_name}), got "
                      f"{[None if p is None else tuple(p.shape) for p in (scale, bias)]}; map "
                      f"the kernels over the heads for per-head parameters.")
-  return _core.pallas_spec(cfg, x, scale, has_bias=bias is not None if has_bias is None
-                           else v.check_bool("has_bias", has_bias),
-                           residual_scale=residual_scale)
+  return kernel_spec(cfg, x, scale, has_bias=bias is not None if has_bias is None
+                     else v.check_bool("has_bias", has_bias),
+                     residual_scale=residual_scale)
 
 
 def _check_rows(name: str, stat, rows: int, x_name: str = "x") -> None:

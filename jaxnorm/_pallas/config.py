@@ -1,12 +1,13 @@
 r"""The launch configuration of the Pallas kernels, and whether they can run a call.
 
-Light on purpose: no ``jax.experimental.pallas`` import, so deciding ``impl`` (in
-:mod:`jaxnorm._core`) costs nothing. The kernels take their block sizes from
+Light on purpose: no ``jax.experimental.pallas`` import, so deciding ``impl``
+(:func:`jaxnorm._backends.resolve_impl`) costs nothing. The kernels take their block sizes from
 :func:`block_config`, the one place that decides them (a per-device tuned table goes there),
 unless a :class:`PallasConfig` carries a :class:`BlockConfig` of its own; :func:`supported` says
 whether the kernels can run a call, with the dtype and backend rule of
-:func:`jaxnorm._validation.kernel_problem` (where :data:`GPU_BACKENDS`, the backends the Triton
-kernels compile for, and :data:`SUPPORTED_DTYPES` are defined). Public here (re-exported by
+:func:`jaxnorm._validation.kernel_problem` (where ``GPU_BACKENDS``, the backend names the Triton
+kernels compile for, and ``KERNEL_DTYPES`` are defined). :data:`GPU_PLATFORMS` are the
+lowering-platform names of the same GPUs. Public here (re-exported by
 :mod:`jaxnorm`): :class:`PallasConfig`, :class:`BlockConfig`, :func:`default_block_config`,
 :func:`pallas_compiles_on`.
 """
@@ -33,7 +34,6 @@ __all__ = [
     "supported",
 ]
 
-SUPPORTED_DTYPES = v.KERNEL_DTYPES
 GPU_BACKENDS = v.GPU_BACKENDS
 #: The lowering platforms (``jax.export`` / ``lax.platform_dependent`` names) the kernels run on.
 GPU_PLATFORMS = ("cuda", "rocm")
@@ -104,8 +104,7 @@ class BlockConfig:
 class PallasConfig:
   """How ``impl="pallas"`` (or "auto" when it picks the kernels) runs the Pallas kernels.
 
-  Passed to the ops as ``pallas=`` (and to the layers); hashable, part of the op's static
-  configuration.
+  Passed to the ops as ``pallas=``; hashable, part of the op's static configuration.
 
   Attributes:
     interpret: run the kernels in Pallas interpret mode (any backend, slowly: for tests and

@@ -25,8 +25,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxnorm._pallas_common import KernelSpec, col_loop, compiler_params, gamma_row, load, rstd
-from jaxnorm._pallas_common import iota, plan_of, tile
+from jaxnorm._pallas.common import KernelSpec, col_loop, compiler_params, gamma_row, load, rstd
+from jaxnorm._pallas.common import iota, plan_of, tile
 
 
 def _row_statistics(spec: KernelSpec, load_x, x0, mask0):

@@ -35,8 +35,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxnorm import _math
-from jaxnorm._pallas_common import KernelSpec, backward_config, col_loop, compiler_params
-from jaxnorm._pallas_common import ds, fori, gamma_row, iota, load, tile
+from jaxnorm._pallas.common import KernelSpec, backward_config, col_loop, compiler_params
+from jaxnorm._pallas.common import ds, fori, gamma_row, iota, load, tile
 
 
 def _tile_terms(spec: KernelSpec, x_ref, dy_ref, scale_ref, row0, col0, stats):
