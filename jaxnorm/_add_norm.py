@@ -85,11 +85,12 @@ def add_layer_norm(x, residual, scale=None, bias=None, *, residual_scale=1.0, re
     >>> bool(jnp.allclose(h, x + r)), bool(jnp.allclose(y, y_plain))
     (True, True)
   """
-  return _call(x, residual, scale, bias, center=True, residual_scale=residual_scale,
+  return _call(x, residual, scale, bias, op="layer_norm", residual_scale=residual_scale,
                residual_dtype=residual_dtype, epsilon=epsilon, axis=axis, mask=mask,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,
-               pallas=pallas, casting=casting, use_fast_variance=use_fast_variance)
+               pallas=pallas, casting=casting,
+               options={"use_fast_variance": use_fast_variance})
 
 
 def add_rms_norm(x, residual, scale=None, *, residual_scale=1.0, residual_dtype=None,
@@ -128,7 +129,7 @@ def add_rms_norm(x, residual, scale=None, *, residual_scale=1.0, residual_dtype=
     >>> y.dtype, h.dtype
     (dtype(bfloat16), dtype('float32'))
   """
-  return _call(x, residual, scale, None, center=False, residual_scale=residual_scale,
+  return _call(x, residual, scale, None, op="rms_norm", residual_scale=residual_scale,
                residual_dtype=residual_dtype, epsilon=epsilon, axis=axis, mask=mask,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,

@@ -24,7 +24,7 @@ from jax import lax
 
 from jaxnorm import _jax_compat
 from jaxnorm import _validation as v
-from jaxnorm import _xla
+from jaxnorm._xla_rows import match_vma
 from jaxnorm._norm_config import NormConfig
 from jaxnorm._pallas.backend import PALLAS
 from jaxnorm._pallas.config import GPU_PLATFORMS
@@ -41,21 +41,22 @@ BACKENDS = types.MappingProxyType({"xla": XLA, "pallas": PALLAS})
 # Choosing a backend (once, when a call is prepared).
 
 
-def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, fast_variance: bool = False) -> str:
+def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()) -> str:
   """Resolves ``impl`` in {"auto", "xla", "pallas"} to "xla", "pallas" or "platform".
 
-  "auto" on a call the kernels take (:meth:`PallasBackend.refusal` has no objection) is
-  "platform": the kernels where the program is lowered for a GPU and XLA elsewhere, decided
-  per lowering platform (:func:`run`), not from the default backend at trace time; any other
-  call is "xla". It never fails where "xla" works. "pallas" raises a ``ValueError`` saying why
-  when the kernels cannot take the call; whether the platform can compile them is asked where
-  the program is lowered (:mod:`jaxnorm._pallas.kernel_call`), for each platform it is lowered
-  for.
+  "auto" on a call the kernels take (:meth:`PallasBackend.refusal` has no objection) is "platform":
+  the kernels where the program is lowered for a GPU and XLA elsewhere, decided per lowering
+  platform (:func:`run`), not from the default backend at trace time; any other call is "xla". It
+  never fails where "xla" works. "pallas" raises a ``ValueError`` saying why when the kernels
+  cannot take the call (``op``, a :class:`~jaxnorm._norm_ops.NormOp`, with its ``options``, the
+  ``(name, value)`` pairs of :attr:`NormConfig.options`); whether the platform can compile them is
+  asked where the program is lowered (:mod:`jaxnorm._pallas.kernel_call`), for each platform it is
+  lowered for.
   """
   v.check_choice("impl", impl, v.IMPLS)
   if impl == "xla":
     return "xla"
-  why_not = BACKENDS["pallas"].refusal(x2_shape, dtype, mask, axis_name, fast_variance)
+  why_not = BACKENDS["pallas"].refusal(x2_shape, dtype, mask, axis_name, op, options)
   if impl == "auto":
     return "xla" if why_not is not None else "platform"
   if why_not is not None:
@@ -119,10 +120,10 @@ def param_cotangents(cfg: NormConfig, scale, dscale, dbias):
   """``dscale``/``dbias`` in their primals' shapes and dtypes, summed over replicated mesh axes."""
   if dscale is not None:
     dscale = dscale.reshape(scale.shape).astype(scale.dtype)
-    dscale = _xla.match_vma(dscale, _jax_compat.varying_axes(scale))
+    dscale = match_vma(dscale, _jax_compat.varying_axes(scale))
   if dbias is not None:
     dbias = dbias.reshape(cfg.bias_shape).astype(cfg.bias_dtype)
-    dbias = _xla.match_vma(dbias, cfg.bias_vma)
+    dbias = match_vma(dbias, cfg.bias_vma)
   return dscale, dbias
 
 
@@ -161,6 +162,6 @@ def add_backward(cfg: NormConfig, h, scale, mask, stats, dy, dh):
   dx, dres, dscale, dbias = run(cfg, "add_backward", h, scale, mask, stats, dy, dh)
   dscale, dbias = param_cotangents(cfg, scale, dscale, dbias)
   add = cfg.add
-  dx = _xla.match_vma(dx, add.x_vma)
-  dres = _xla.match_vma(dres, add.residual_vma)
+  dx = match_vma(dx, add.x_vma)
+  dres = match_vma(dres, add.residual_vma)
   return dx, dres, dscale, dbias

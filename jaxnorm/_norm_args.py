@@ -19,21 +19,24 @@ from jaxnorm import _jax_compat
 from jaxnorm import _validation as v
 from jaxnorm._casting import CASTINGS, cast_plan
 from jaxnorm._norm_config import AddConfig, NormConfig
+from jaxnorm._norm_ops import NORM_OPS
 from jaxnorm._pallas.config import PallasConfig
 
 __all__ = ["flat_params", "prepare", "prepare_add"]
 
 
-def prepare(x, scale, bias, *, center, epsilon, axis, mask, epsilon_placement,
+def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
             zero_centered_scale, axis_name, axis_index_groups, dtype, impl, pallas=None,
-            casting="float32", x_name="x", use_fast_variance=False):
+            casting="float32", x_name="x", options=None):
   """Validates the public arguments and returns ``(cfg, x2, mask2, restore)``.
 
-  ``pallas``: a :class:`jaxnorm.PallasConfig` (how ``impl="pallas"`` runs the kernels) or None
-  for the default one. ``casting``: one of :data:`jaxnorm._casting.CASTINGS`, checked here once
-  and carried as the call's :class:`~jaxnorm._casting.CastPlan`. ``x_name``: what the messages
-  call ``x`` (the kernel API's fused backward normalizes ``h``). ``use_fast_variance``:
-  LayerNorm's variance as ``E[x^2] - E[x]^2`` (:attr:`NormConfig.fast_variance`; XLA only).
+  ``op``: a name of :data:`jaxnorm._norm_ops.NORM_OPS`, whose declaration the config carries.
+  ``options``: a dict of the op's own options (:attr:`NormOp.options`; missing ones take their
+  defaults), e.g. ``{"use_fast_variance": True}`` for LayerNorm. ``pallas``: a
+  :class:`jaxnorm.PallasConfig` (how ``impl="pallas"`` runs the kernels) or None for the default
+  one. ``casting``: one of :data:`jaxnorm._casting.CASTINGS`, checked here once and carried as the
+  call's :class:`~jaxnorm._casting.CastPlan`. ``x_name``: what the messages call ``x`` (the kernel
+  API's fused backward normalizes ``h``).
 
   ``x2`` is ``x`` with its normalized trailing axes flattened into one, ``mask2`` the mask
   broadcast and flattened the same way, and ``restore`` maps a ``(..., d)`` result back to the
@@ -44,7 +47,9 @@ def prepare(x, scale, bias, *, center, epsilon, axis, mask, epsilon_placement,
   axes = v.normalized_axes(x.ndim, axis)
   v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
   v.check_bool("zero_centered_scale", zero_centered_scale)
-  v.check_bool("use_fast_variance", use_fast_variance)
+  norm_op = NORM_OPS[op]
+  options = v.check_op_options(op, tuple((o.name, o.default) for o in norm_op.options),
+                               options or {})
   v.check_choice("casting", casting, CASTINGS)
   norm_shape = tuple(x.shape[axes[0]:])
   scale_heads = v.check_param("scale", scale, x.shape, axes[0], x_name=x_name)
@@ -62,14 +67,13 @@ def prepare(x, scale, bias, *, center, epsilon, axis, mask, epsilon_placement,
   x2 = x.reshape(lead + (d,))
   pallas = v.check_instance("pallas", pallas, PallasConfig,
                             "jaxnorm.PallasConfig(interpret=True)")
-  fast_variance = bool(center and use_fast_variance)
   impl = _backends.resolve_impl(impl, (int(np.prod(lead)), d), x.dtype, mask, axis_name,
-                                fast_variance)
+                                norm_op, options)
   mask2 = None
   if mask is not None:
     mask2 = jnp.broadcast_to(mask, x.shape).reshape(lead + (d,))
   cfg = NormConfig(
-      center=center,
+      op=norm_op,
       epsilon=epsilon,
       epsilon_placement=epsilon_placement,
       zero_centered_scale=zero_centered_scale,
@@ -84,13 +88,13 @@ def prepare(x, scale, bias, *, center, epsilon, axis, mask, epsilon_placement,
       cast=cast_plan(casting, x.dtype, None if scale is None else scale.dtype,
                      None if bias is None else bias.dtype),
       heads=max(scale_heads, bias_heads, key=len),
-      fast_variance=fast_variance,
+      options=options,
   )
   shape = tuple(x.shape)
   return cfg, x2, mask2, lambda y: y.reshape(shape)
 
 
-def prepare_add(x, residual, scale, bias, *, center, residual_scale, residual_dtype, **kw):
+def prepare_add(x, residual, scale, bias, *, residual_scale, residual_dtype, **kw):
   """Validates a residual add + norm call; returns ``(cfg, x2, r2, mask2, restore)``.
 
   As :func:`prepare`, with ``cfg.add`` describing the add ``h = x + residual_scale *
@@ -102,7 +106,7 @@ def prepare_add(x, residual, scale, bias, *, center, residual_scale, residual_dt
   alpha = v.check_residual_scale(residual_scale)
   hd = v.check_residual_dtype(x.dtype, residual.dtype, residual_dtype)
   impl = kw.get("impl", "auto")
-  norm, x2, mask2, restore = prepare(x, scale, bias, center=center, **kw)
+  norm, x2, mask2, restore = prepare(x, scale, bias, **kw)
   norm = _backends.resolve_add_impl(
       norm, (("residual", jnp.dtype(residual.dtype)), ("residual_dtype", hd)), impl)
   add = AddConfig(residual_scale=alpha, h_dtype=hd, x_dtype=jnp.dtype(x.dtype),

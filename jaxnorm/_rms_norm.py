@@ -65,7 +65,7 @@ def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None, epsilon_placeme
     True
   """
   cfg, x2, mask2, restore = _norm_args.prepare(
-      x, scale, None, center=False, epsilon=epsilon, axis=axis, mask=mask,
+      x, scale, None, op="rms_norm", epsilon=epsilon, axis=axis, mask=mask,
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,
       pallas=pallas, casting=casting)

@@ -199,6 +199,20 @@ def check_residual_dtype(x_dtype: Any, residual_dtype_in: Any, residual_dtype: A
   return dt
 
 
+def check_op_options(op: str, declared, given) -> tuple:
+  """An op's own options (bools) as sorted ``(name, value)`` pairs, defaults filled in.
+
+  ``declared``: ``(name, default)`` pairs of the op's options; ``given``: the values passed.
+  ``TypeError`` for a value that is not a bool, ``ValueError`` for an option the op lacks.
+  """
+  names = {name for name, _ in declared}
+  for name in given:
+    if name not in names:
+      raise ValueError(f"{op} has no option {name!r}; its options are {sorted(names)}.")
+  return tuple(sorted((name, check_bool(name, given.get(name, default)))
+                      for name, default in declared))
+
+
 def check_instance(name: str, value: Any, cls: type, example: str):
   """``value`` if it is a ``cls`` (None: ``cls()``); ``TypeError`` naming ``example`` otherwise.
 

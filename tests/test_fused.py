@@ -285,7 +285,8 @@ def test_fused_kernels_match_add_then_plain_kernels():
   dy, dh = random(ks[4], (9, 96), jnp.bfloat16), random(ks[5], (9, 96), jnp.float32)
   for center in (True, False):
     cfg, x2, r2, _, _ = _norm_args.prepare_add(
-        x, r, s, b if center else None, center=center, residual_scale=1.5, residual_dtype=None,
+        x, r, s, b if center else None, op="layer_norm" if center else "rms_norm",
+        residual_scale=1.5, residual_dtype=None,
         epsilon=1e-5, axis=-1, mask=None, epsilon_placement="outside", zero_centered_scale=True,
         axis_name=None, axis_index_groups=None, dtype=None, impl="pallas",
         pallas=PALLAS.pallas)

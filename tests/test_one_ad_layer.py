@@ -92,7 +92,8 @@ def _optimized(f, *args):
 
 
 def _prepare(center, x, scale, bias, impl, **variant):
-  return _norm_args.prepare(x, scale, bias, center=center, epsilon=1e-5, axis=-1, mask=None,
+  return _norm_args.prepare(x, scale, bias, op="layer_norm" if center else "rms_norm",
+                            epsilon=1e-5, axis=-1, mask=None,
                             epsilon_placement=variant.get("epsilon_placement", "inside"),
                             zero_centered_scale=variant.get("zero_centered_scale", False),
                             axis_name=None, axis_index_groups=None, dtype=None,
@@ -132,8 +133,8 @@ def test_fused_reverse_mode_is_the_custom_vjp(impl, center):
   dy, dh = _rand(2, (12, 64), jnp.bfloat16), _rand(3, (12, 64))
   scale, bias = _rand(4, (64,), loc=1.0), (_rand(5, (64,)) if center else None)
   cfg, x2, r2, _, _ = _norm_args.prepare_add(
-      x, r, scale, bias, center=center, residual_scale=1.5, residual_dtype=None, epsilon=1e-5,
-      axis=-1, mask=None, epsilon_placement="outside", zero_centered_scale=False,
+      x, r, scale, bias, op="layer_norm" if center else "rms_norm", residual_scale=1.5,
+      residual_dtype=None, epsilon=1e-5, axis=-1, mask=None, epsilon_placement="outside", zero_centered_scale=False,
       axis_name=None, axis_index_groups=None, dtype=None, **IMPLS[impl])
   ours = lambda x, r, s, b: _ad.add_norm(cfg, x, r, s, b, None)  # noqa: E731
   theirs = _fused_vjp_op(cfg)

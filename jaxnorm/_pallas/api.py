@@ -45,6 +45,7 @@ import jax.numpy as jnp
 
 from jaxnorm import _norm_args
 from jaxnorm import _validation as v
+from jaxnorm._norm_ops import NORM_OPS
 from jaxnorm._pallas.backend import kernel_spec
 from jaxnorm._pallas.backward import add_norm_backward, norm_backward
 from jaxnorm._pallas.config import supported
@@ -62,7 +63,7 @@ __all__ = [
 ]
 
 
-def _spec(x, scale, bias, *, center, epsilon, epsilon_placement, zero_centered_scale, interpret,
+def _spec(x, scale, bias, *, op, epsilon, epsilon_placement, zero_centered_scale, interpret,
           has_bias=None, residual_scale=1.0, x_name="x"):
   """The launch spec of a kernel-API call, from the ops' own :func:`jaxnorm._norm_args.prepare`.
 
@@ -80,7 +81,7 @@ def _spec(x, scale, bias, *, center, epsilon, epsilon_placement, zero_centered_s
   """
   v.check_bool("interpret", interpret)
   cfg, _, _, _ = _norm_args.prepare(
-      x, scale, bias, center=center, epsilon=epsilon, axis=-1, mask=None,
+      x, scale, bias, op=op, epsilon=epsilon, axis=-1, mask=None,
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=None, axis_index_groups=None, dtype=None, impl="xla", x_name=x_name)
   if x.ndim != 2:
@@ -146,8 +147,9 @@ def layer_norm_fwd(x, scale, bias, *, epsilon, epsilon_placement="inside",
     ``x[:, 0]``), ``delta`` (mean of ``x - shift``) and ``rstd``, each float32 ``(rows,)``. The
     row mean is ``shift + delta``.
   """
-  spec = _spec(x, scale, bias, center=True, epsilon=epsilon, epsilon_placement=epsilon_placement,
-               zero_centered_scale=zero_centered_scale, interpret=interpret)
+  spec = _spec(x, scale, bias, op="layer_norm", epsilon=epsilon,
+               epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
+               interpret=interpret)
   return norm_forward(x, scale, bias, spec=spec, out_dtype=_out_dtype(out_dtype, x),
                       interpret=interpret)
 
@@ -173,8 +175,9 @@ def rms_norm_fwd(x, scale, *, epsilon, epsilon_placement="inside", zero_centered
   Returns:
     ``(y, rstd)``: ``y: (rows, d)`` in ``out_dtype``, ``rstd`` float32 ``(rows,)``.
   """
-  spec = _spec(x, scale, None, center=False, epsilon=epsilon, epsilon_placement=epsilon_placement,
-               zero_centered_scale=zero_centered_scale, interpret=interpret)
+  spec = _spec(x, scale, None, op="rms_norm", epsilon=epsilon,
+               epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
+               interpret=interpret)
   return norm_forward(x, scale, None, spec=spec, out_dtype=_out_dtype(out_dtype, x),
                       interpret=interpret)
 
@@ -206,8 +209,9 @@ def layer_norm_bwd(x, scale, shift, delta, rstd, dy, *, epsilon, epsilon_placeme
     ``(dx, dscale, dbias)``: ``dx`` in ``x.dtype``; ``dscale`` in ``scale.dtype`` or None;
     ``dbias`` float32 ``(d,)`` (the bias is not an input; the caller casts it) or None.
   """
-  spec = _spec(x, scale, None, center=True, epsilon=epsilon, epsilon_placement=epsilon_placement,
-               zero_centered_scale=zero_centered_scale, interpret=interpret, has_bias=has_bias)
+  spec = _spec(x, scale, None, op="layer_norm", epsilon=epsilon,
+               epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
+               interpret=interpret, has_bias=has_bias)
   for name, stat in (("shift", shift), ("delta", delta), ("rstd", rstd)):
     _check_rows(name, stat, spec.rows)
   _check_like("dy", dy, x)
@@ -237,8 +241,9 @@ def rms_norm_bwd(x, scale, rstd, dy, *, epsilon, epsilon_placement="inside",
   Returns:
     ``(dx, dscale)``: ``dx`` in ``x.dtype``; ``dscale`` in ``scale.dtype`` or None.
   """
-  spec = _spec(x, scale, None, center=False, epsilon=epsilon, epsilon_placement=epsilon_placement,
-               zero_centered_scale=zero_centered_scale, interpret=interpret)
+  spec = _spec(x, scale, None, op="rms_norm", epsilon=epsilon,
+               epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
+               interpret=interpret)
   _check_rows("rstd", rstd, spec.rows)
   _check_like("dy", dy, x)
   dx, dscale, _ = norm_backward(x, dy, scale, None, None, rstd.astype(jnp.float32), spec=spec,
@@ -255,10 +260,10 @@ def _check_dtype(name: str, dtype) -> jnp.dtype:
   return jnp.dtype(dtype)
 
 
-def _add_spec(x, residual, scale, bias, *, center, residual_scale, epsilon, epsilon_placement,
+def _add_spec(x, residual, scale, bias, *, op, residual_scale, epsilon, epsilon_placement,
               zero_centered_scale, interpret):
   """:func:`_spec` of a residual add + norm forward, ``residual`` checked as the fused ops do."""
-  spec = _spec(x, scale, bias, center=center, epsilon=epsilon,
+  spec = _spec(x, scale, bias, op=op, epsilon=epsilon,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                interpret=interpret, residual_scale=v.check_residual_scale(residual_scale))
   v.check_floating("residual", residual)
@@ -297,7 +302,7 @@ def add_layer_norm_fwd(x, residual, scale, bias, *, epsilon, residual_scale=1.0,
     ``(y, h, shift, delta, rstd)``: ``y`` in ``out_dtype``, ``h`` in ``h_dtype``, and the float32
     ``(rows,)`` statistics of ``h`` as in :func:`layer_norm_fwd`.
   """
-  spec = _add_spec(x, residual, scale, bias, center=True, residual_scale=residual_scale,
+  spec = _add_spec(x, residual, scale, bias, op="layer_norm", residual_scale=residual_scale,
                    epsilon=epsilon, epsilon_placement=epsilon_placement,
                    zero_centered_scale=zero_centered_scale, interpret=interpret)
   h_dtype = _check_dtype("h_dtype", h_dtype or jnp.promote_types(x.dtype, residual.dtype))
@@ -317,7 +322,7 @@ def add_rms_norm_fwd(x, residual, scale, *, epsilon, residual_scale=1.0, h_dtype
   Returns:
     ``(y, h, rstd)``.
   """
-  spec = _add_spec(x, residual, scale, None, center=False, residual_scale=residual_scale,
+  spec = _add_spec(x, residual, scale, None, op="rms_norm", residual_scale=residual_scale,
                    epsilon=epsilon, epsilon_placement=epsilon_placement,
                    zero_centered_scale=zero_centered_scale, interpret=interpret)
   h_dtype = _check_dtype("h_dtype", h_dtype or jnp.promote_types(x.dtype, residual.dtype))
@@ -325,14 +330,14 @@ def add_rms_norm_fwd(x, residual, scale, *, epsilon, residual_scale=1.0, h_dtype
                           h_dtype=h_dtype, interpret=interpret)
 
 
-def _add_bwd(h, scale, stats, dy, dh, *, center, has_bias, residual_scale, x_dtype,
+def _add_bwd(h, scale, stats, dy, dh, *, op, has_bias, residual_scale, x_dtype,
              residual_dtype, epsilon, epsilon_placement, zero_centered_scale, interpret):
   """The checks and the launch of both fused backwards (``h`` in the role of ``x``)."""
-  spec = _spec(h, scale, None, center=center, epsilon=epsilon,
+  spec = _spec(h, scale, None, op=op, epsilon=epsilon,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                interpret=interpret, has_bias=has_bias,
                residual_scale=v.check_residual_scale(residual_scale), x_name="h")
-  for name, stat in zip(("shift", "delta", "rstd") if center else ("rstd",), stats):
+  for name, stat in zip(NORM_OPS[op].residuals, stats):
     _check_rows(name, stat, spec.rows, "h")
   _check_like("dy", dy, h, "h")
   if dh is not None:
@@ -340,7 +345,8 @@ def _add_bwd(h, scale, stats, dy, dh, *, center, has_bias, residual_scale, x_dty
   x_dtype = _check_dtype("x_dtype", x_dtype or h.dtype)
   residual_dtype = _check_dtype("residual_dtype", residual_dtype or h.dtype)
   f32 = [s.astype(jnp.float32) for s in stats]
-  shift, delta, rstd = f32 if center else (None, None, f32[0])
+  named = dict(zip(NORM_OPS[op].residuals, f32))
+  shift, delta, rstd = (named.get(k) for k in ("shift", "delta", "rstd"))
   return add_norm_backward(h, dy, dh, scale, shift, delta, rstd, spec=spec, x_dtype=x_dtype,
                            residual_dtype=residual_dtype, interpret=interpret)
 
@@ -374,7 +380,7 @@ def add_layer_norm_bwd(h, scale, shift, delta, rstd, dy, dh, *, epsilon, residua
   Returns:
     ``(dx, dresidual, dscale, dbias)``; ``dbias`` in float32 (the caller casts it) or None.
   """
-  return _add_bwd(h, scale, (shift, delta, rstd), dy, dh, center=True, has_bias=has_bias,
+  return _add_bwd(h, scale, (shift, delta, rstd), dy, dh, op="layer_norm", has_bias=has_bias,
                   residual_scale=residual_scale, x_dtype=x_dtype, residual_dtype=residual_dtype,
                   epsilon=epsilon, epsilon_placement=epsilon_placement,
                   zero_centered_scale=zero_centered_scale, interpret=interpret)
@@ -393,7 +399,7 @@ def add_rms_norm_bwd(h, scale, rstd, dy, dh, *, epsilon, residual_scale=1.0, x_d
     ``(dx, dresidual, dscale)``.
   """
   dx, dres, dscale, _ = _add_bwd(
-      h, scale, (rstd,), dy, dh, center=False, has_bias=False, residual_scale=residual_scale,
+      h, scale, (rstd,), dy, dh, op="rms_norm", has_bias=False, residual_scale=residual_scale,
       x_dtype=x_dtype, residual_dtype=residual_dtype, epsilon=epsilon,
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       interpret=interpret)

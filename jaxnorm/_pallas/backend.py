@@ -45,22 +45,23 @@ def kernel_spec(cfg: NormConfig, x, scale, *, has_bias: bool, residual_scale: fl
   """The kernels' launch spec for ``x: (..., d)`` from a checked config (no re-validation)."""
   d = x.shape[-1]
   return kernels().common.kernel_spec(
-      x.size // d, d, x.dtype, center=cfg.center, has_scale=scale is not None,
+      x.size // d, d, x.dtype, center=cfg.op.mean_path, has_scale=scale is not None,
       has_bias=has_bias, epsilon=cfg.epsilon, epsilon_placement=cfg.epsilon_placement,
       zero_centered_scale=cfg.zero_centered_scale, residual_scale=residual_scale,
       block=cfg.pallas.block, cast=cfg.cast)
 
 
 def stats_from_kernels(cfg: NormConfig, row_shape, flat_stats):
-  """The kernels' ``(rows,)`` statistics as ``(shift, delta, rstd)``, each ``row_shape``."""
-  flat = flat_stats if cfg.center else (None, None) + tuple(flat_stats)
-  return tuple(None if s is None else s.reshape(row_shape) for s in flat)
+  """The kernels' ``(rows,)`` statistics (the op's ``residuals``, in order) as
+  ``(shift, delta, rstd)``, each ``row_shape`` (None where the op keeps none)."""
+  named = dict(zip(cfg.op.residuals, flat_stats))
+  return tuple(None if named.get(k) is None else named[k].reshape(row_shape)
+               for k in ("shift", "delta", "rstd"))
 
 
-def stats_for_kernels(cfg: NormConfig, stats):
+def stats_for_kernels(stats):
   """``(shift, delta, rstd)`` of shape ``(..., 1)`` as the kernels' float32 ``(rows,)``."""
-  flat = tuple(None if s is None else s.reshape(-1).astype(jnp.float32) for s in stats)
-  return flat if cfg.center else (None, None, flat[2])
+  return tuple(None if s is None else s.reshape(-1).astype(jnp.float32) for s in stats)
 
 
 def over_heads(cfg: NormConfig, fn, kinds: str, out_kinds: str):
@@ -133,7 +134,7 @@ def _forward_one(cfg: NormConfig, x, scale, bias):
 def _backward_one(cfg: NormConfig, x, scale, stats, dy):
   d = x.shape[-1]
   spec = kernel_spec(cfg, x, scale, has_bias=cfg.bias_dtype is not None)
-  shift, delta, rstd = stats_for_kernels(cfg, stats)
+  shift, delta, rstd = stats_for_kernels(stats)
   dx, dscale, dbias = kernels().backward.norm_backward(
       x.reshape(-1, d), dy.reshape(-1, d), _flat(scale), shift, delta, rstd, spec=spec,
       interpret=cfg.pallas.interpret)
@@ -154,7 +155,7 @@ def _add_backward_one(cfg: NormConfig, h, scale, stats, dy, dh):
   d = h.shape[-1]
   spec = kernel_spec(cfg, h, scale, has_bias=cfg.bias_dtype is not None,
                      residual_scale=cfg.residual_scale)
-  shift, delta, rstd = stats_for_kernels(cfg, stats)
+  shift, delta, rstd = stats_for_kernels(stats)
   dx, dres, dscale, dbias = kernels().backward.add_norm_backward(
       h.reshape(-1, d), dy.reshape(-1, d), None if dh is None else dh.reshape(-1, d),
       _flat(scale), shift, delta, rstd, spec=spec, x_dtype=cfg.add.x_dtype,
@@ -180,11 +181,17 @@ class PallasBackend(Backend):
 
   name = "pallas"
 
-  def refusal(self, x2_shape, dtype, mask, axis_name, fast_variance: bool = False):
-    """Why the kernels cannot take a plain call on ``x2: (rows, d)``, or None if they can."""
-    if fast_variance:
-      return ("the Pallas kernels compute the shifted-data variance only "
-              "(use_fast_variance=True)")
+  def refusal(self, x2_shape, dtype, mask, axis_name, op, options=()):
+    """Why the kernels cannot take a plain call on ``x2: (rows, d)``, or None if they can.
+
+    ``op``: the :class:`~jaxnorm._norm_ops.NormOp`; ``options``: its ``(name, value)`` pairs.
+    The kernels implement each op's statistics and no option away from its default.
+    """
+    defaults = {o.name: o.default for o in op.options}
+    changed = [f"{name}={value!r}" for name, value in options if value != defaults[name]]
+    if changed:
+      return (f"the Pallas kernels implement {op.name} without its options "
+              f"({', '.join(changed)})")
     if mask is not None:
       return "the Pallas kernels do not take a mask"
     if axis_name is not None:
