@@ -18,8 +18,7 @@ from typing import Any
 from jax import lax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
+from jaxnorm._pallas import compat as pl
 
 from jaxnorm import _math
 from jaxnorm._casting import cast_plan
@@ -92,7 +91,7 @@ def tile(spec: KernelSpec, row0, col0):
 
 def load(ref, idx, mask):
   """Masked load (zeros outside the array) promoted to float32."""
-  return plgpu.load(ref.at[idx], mask=mask, other=0.0).astype(jnp.float32)
+  return pl.load(ref.at[idx], mask=mask, other=0.0).astype(jnp.float32)
 
 
 def gamma_row(spec: KernelSpec, scale_ref, cols, col_ok):
@@ -125,7 +124,7 @@ def col_loop(spec: KernelSpec, body, init):
 
 def compiler_params(spec: KernelSpec):
   """Triton ``CompilerParams`` (they select the Triton lowering on GPUs, not Mosaic GPU)."""
-  return plgpu.CompilerParams(num_warps=spec.block.num_warps, num_stages=spec.block.num_stages)
+  return pl.compiler_params(num_warps=spec.block.num_warps, num_stages=spec.block.num_stages)
 
 
 def backward_config(cfg: BlockConfig) -> BlockConfig:
