@@ -125,15 +125,14 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask):
   * **At least** :data:`YNN_MIN_ELEMENTS` **rows**: one shared ``x - K`` (no :func:`fresh`
     views). YNNPACK takes the pivot's consumers, both row sums and the map, into one fusion, a
     loop over ``x``; separate views would add a subtraction (and a bfloat16 convert) per
-    element and per view to it (1.1-1.3x the time at 4096x256, measured).
+    element and per view to it.
   * **Fewer rows** (LayerNorm): the per-row statistics (fewer elements than the threshold)
     stay outside YNNPACK, so the sums and the map are separate fusions. A shared ``x - K``
     then has three users and is written to memory once for them (a full-size store and two
     loads more than Flax's program). With a :func:`fresh` view per sum and one for the map
     (``decouple``, as :func:`forward` does for the JVP rule), each sum's fusion subtracts the
-    pivot as it reads ``x``, and the program has Flax's shape plus the pivot's slice
-    (LayerNorm forward at 1024x4096 float32: 1.49x Flax's time before, 1.23x after, paired
-    runs in docs/perf-notes.md).
+    pivot as it reads ``x``, and the program has Flax's shape plus the pivot's slice (the
+    measurements of both choices: ``docs/perf-notes.md``, issue 23).
 
   RMSNorm keeps the shared form at every size: its one row sum reads ``x`` directly, and its
   program must stay the one XLA compiles for the published formula written by hand, which the

@@ -139,18 +139,16 @@ def block_config(rows: int, d: int, dtype: Any, device_kind: str = "",
   * ``block_rows = clamp(TARGET_TILE // block_d, 1, MAX_BLOCK_ROWS)``, at most
     ``next_pow2(rows)``: short rows are batched so a tile has about 4096 elements.
   * ``num_warps = clamp(block_rows * block_d // 1024, 1, 4)``: about 32 elements per thread,
-    at most 4 warps. Measured on an H100 (``python -m experiments tune``, 2026-11-23; see
-    ``experiments/results/gpu-h100-2026-11-23/``): at d = 4096 and 8192, one row per program
-    with 4 warps beat 8 and 16 warps in every forward case (bfloat16 LayerNorm at 16384x4096:
-    1.89 TB/s with 4 warps against 1.13 with 8), and more rows per program never helped.
+    at most 4 warps (more warps or more rows per program did not help on an H100).
   * ``bwd_num_warps = 4`` up to 4096 elements per tile, 16 above: the backward keeps four
-    tile-sized float32 arrays live; at d = 8192 with 4 warps they spill (LayerNorm float32 at
-    32768x8192: 1.34 TB/s with 4 warps, 2.04-2.14 with 16, same sweep).
+    tile-sized float32 arrays live, which spill with 4 warps at d = 8192.
   * ``bwd_programs = min(row_tiles, 2 * core_count)``: two programs per SM keep enough loads
     in flight, and the float32 partial sums they write and the reduction reads back add
-    ``16 P / (3 rows itemsize)`` to the backward's traffic for LayerNorm (half for RMSNorm):
-    4% at 8192 float32 rows of an H100 (P = 264), 1% at 32768 rows; at most 8 programs where
-    the device does not report its core count (interpret mode on a CPU).
+    ``16 P / (3 rows itemsize)`` to the backward's traffic for LayerNorm (half for RMSNorm); at
+    most 8 programs where the device does not report its core count (interpret mode on a CPU).
+
+  The measurements behind these rules are in ``docs/perf-notes.md`` ("The kernels' block
+  rules").
 
   ``dtype`` and ``device_kind`` are part of the cache key so that a per-device or per-dtype
   table (e.g. from autotuning on a GPU) can replace the rules above without changing callers.
