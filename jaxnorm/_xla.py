@@ -142,9 +142,9 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask):
   ``tests/test_casting.py``; with XLA's ``--xla_allow_excess_precision=false`` they agree
   again).
 
-  LayerNorm's fast variance (``cfg.fast_variance``) follows the same rule: on fewer rows its two
-  sums read ``x`` through views too (Flax's program otherwise writes a float32 copy of a
-  bfloat16 ``x`` for them), on more it is Flax's one YNNPACK loop.
+  LayerNorm's fast variance (its option ``use_fast_variance``) follows the same rule: on fewer
+  rows its two sums read ``x`` through views too (Flax's program otherwise writes a float32 copy
+  of a bfloat16 ``x`` for them), on more it is Flax's one YNNPACK loop.
 
   The rows counted are those of the traced ``x``: under ``jax.vmap`` the per-example rows (a
   vmap of many short sequences takes the views, whatever the batch). The choice is made per
