@@ -15,10 +15,10 @@ from jaxnorm._jacobian import layer_norm_jacobian as layer_norm_jacobian
 from jaxnorm._jacobian import rms_norm_jacobian as rms_norm_jacobian
 from jaxnorm._layer_norm import layer_norm as layer_norm
 from jaxnorm._ops import OPS as OPS
-from jaxnorm._pallas_config import BlockConfig as BlockConfig
-from jaxnorm._pallas_config import PallasConfig as PallasConfig
-from jaxnorm._pallas_config import default_block_config as default_block_config
-from jaxnorm._pallas_config import pallas_compiles_on as pallas_compiles_on
+from jaxnorm._pallas.config import BlockConfig as BlockConfig
+from jaxnorm._pallas.config import PallasConfig as PallasConfig
+from jaxnorm._pallas.config import default_block_config as default_block_config
+from jaxnorm._pallas.config import pallas_compiles_on as pallas_compiles_on
 from jaxnorm._remat import INPUT_RESIDUAL as INPUT_RESIDUAL
 from jaxnorm._remat import STATS_RESIDUAL as STATS_RESIDUAL
 from jaxnorm._casting import CASTINGS as CASTINGS

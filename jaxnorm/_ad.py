@@ -2,15 +2,16 @@ r"""The one differentiation layer: each public op is one ``jax.custom_jvp`` over
 
 Reverse mode *is* the derived custom VJP. Each op is a ``jax.custom_jvp`` function (``jax.jvp``
 needs one: JAX refuses forward mode through a ``jax.custom_vjp``) whose JVP rule returns the
-primal from the forward that keeps the statistics (:func:`jaxnorm._core.forward`, XLA or the
-Pallas forward kernel) and the tangent from ``norm_tangent_p``, a primitive that is *linear* in
-the tangents and whose transpose rule is the hand-derived backward (:func:`jaxnorm._core.backward`
-/ :func:`jaxnorm._fused.backward`, the Pallas backward kernels included). ``jax.grad``
-linearizes the JVP rule (the forward runs once, its residuals ``x, scale, mask, stats`` are kept)
-and transposes the primitive: exactly the pair ``jax.custom_vjp(fwd, bwd)`` with ``fwd`` =
-:func:`jaxnorm._core.forward` and ``bwd`` = :func:`jaxnorm._core.backward`, which
-``tests/test_one_ad_layer.py`` builds and compares bitwise, program included. An
-undifferentiated call runs :func:`jaxnorm._core.forward_only` (one pass, nothing kept).
+primal from the forward that keeps the statistics (:func:`jaxnorm._backends.forward`, on the
+call's backend) and the tangent from ``norm_tangent_p``, a primitive that is *linear* in the
+tangents and whose transpose rule is the hand-derived backward
+(:func:`jaxnorm._backends.backward` / :func:`jaxnorm._backends.add_backward`, the Pallas
+backward kernels included). ``jax.grad`` linearizes the JVP rule (the forward runs once, its
+residuals ``x, scale, mask, stats`` are kept) and transposes the primitive: exactly the pair
+``jax.custom_vjp(fwd, bwd)`` with ``fwd`` = :func:`jaxnorm._backends.forward` and ``bwd`` =
+:func:`jaxnorm._backends.backward`, which ``tests/test_one_ad_layer.py`` builds and compares
+bitwise, program included. An undifferentiated call runs :func:`jaxnorm._backends.forward_only`
+(one pass, nothing kept).
 
 The tangent (derived in ``docs/derivations.md``, "Forward mode"), per row, with
 :math:`\dot x_c = \dot x - m\text{-mean}(\dot x)` (LayerNorm; :math:`\dot x_c = \dot x` for
@@ -48,12 +49,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxnorm import _core
-from jaxnorm import _fused
+from jaxnorm import _backends
 from jaxnorm import _jax_compat as jc
 from jaxnorm import _xla
 from jaxnorm._remat import name_residuals
-from jaxnorm._spec import NormConfig
+from jaxnorm._norm_config import NormConfig
 
 __all__ = ["add_norm", "apply", "norm_tangent_p"]
 
@@ -145,15 +145,15 @@ def _cotangents_one(x, scale, mask, shift, delta, rstd, dy, dh, *, cfg: NormConf
   """One group's derived VJP: a dict of the tangent operands' cotangents."""
   stats = (shift, delta, rstd)
   if not cfg.fused:
-    dx, dscale, dbias = _core.backward(cfg, x, scale, mask, stats, dy)
+    dx, dscale, dbias = _backends.backward(cfg, x, scale, mask, stats, dy)
     return dict(zip(("tx", "tscale", "tbias"),
-                    (dx, *_core.param_cotangents(cfg, scale, dscale, dbias))))
+                    (dx, *_backends.param_cotangents(cfg, scale, dscale, dbias))))
   return dict(zip(("tx", "tr", "tscale", "tbias"),
-                  _fused.backward(cfg, x, scale, mask, stats, dy, dh)))
+                  _backends.add_backward(cfg, x, scale, mask, stats, dy, dh)))
 
 
 def _transpose(cts, *args, cfg: NormConfig, spec, groups, group_names=()):
-  """The hand-derived VJP (:func:`jaxnorm._core.backward`, fused: ``_fused.backward``)."""
+  """The hand-derived VJP (:func:`jaxnorm._backends.backward`, fused: ``add_backward``)."""
   a = _named(spec, args)
   for k in _RESIDUALS:
     if jc.is_undefined_primal(a[k]):
@@ -249,13 +249,13 @@ def _live(tangents):
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def _norm(cfg: NormConfig, x, scale, bias, mask):
-  return _core.forward_only(cfg, x, scale, bias, mask)
+  return _backends.forward_only(cfg, x, scale, bias, mask)
 
 
 def _norm_jvp(cfg: NormConfig, primals, tangents):
   x, scale, bias, mask = primals
   tx, tscale, tbias, _ = _live(tangents)
-  y, stats = _core.forward(cfg, x, scale, bias, mask)
+  y, stats = _backends.forward(cfg, x, scale, bias, mask)
   if tx is None and tscale is None and tbias is None:
     return y, jnp.zeros(y.shape, y.dtype)
   x, stats = name_residuals(x, stats)  # what reverse mode saves carries the remat names
@@ -270,13 +270,13 @@ _norm.defjvp(_norm_jvp, symbolic_zeros=True)
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def _add_norm(cfg: NormConfig, x, residual, scale, bias, mask):
-  return _fused.forward_only(cfg, x, residual, scale, bias, mask)
+  return _backends.add_forward_only(cfg, x, residual, scale, bias, mask)
 
 
 def _add_norm_jvp(cfg: NormConfig, primals, tangents):
   x, residual, scale, bias, mask = primals
   tx, tr, tscale, tbias, _ = _live(tangents)
-  y, h, stats = _fused.forward(cfg, x, residual, scale, bias, mask)
+  y, h, stats = _backends.add_forward(cfg, x, residual, scale, bias, mask)
   if tx is None and tr is None and tscale is None and tbias is None:
     return (y, h), (jnp.zeros(y.shape, y.dtype), jnp.zeros(h.shape, h.dtype))
   h_saved, stats = name_residuals(h, stats)  # what reverse mode saves carries the remat names

@@ -6,14 +6,13 @@ r"""Public residual add + norm ops: :func:`jaxnorm.add_layer_norm`, :func:`jaxno
    dx = dh + J^\top dy, \qquad d r = \alpha\, dx.
 
 Argument handling around the one ``jax.custom_jvp`` of :mod:`jaxnorm._ad`; the forward and the
-derived backward are in :mod:`jaxnorm._fused`.
+derived backward are in :mod:`jaxnorm._backends`.
 """
 
 from __future__ import annotations
 
 from jaxnorm import _ad
-from jaxnorm import _core
-from jaxnorm import _fused
+from jaxnorm import _norm_args
 
 __all__ = ["add_layer_norm", "add_rms_norm"]
 
@@ -86,11 +85,12 @@ def add_layer_norm(x, residual, scale=None, bias=None, *, residual_scale=1.0, re
     >>> bool(jnp.allclose(h, x + r)), bool(jnp.allclose(y, y_plain))
     (True, True)
   """
-  return _call(x, residual, scale, bias, center=True, residual_scale=residual_scale,
+  return _call(x, residual, scale, bias, op="layer_norm", residual_scale=residual_scale,
                residual_dtype=residual_dtype, epsilon=epsilon, axis=axis, mask=mask,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,
-               pallas=pallas, casting=casting, use_fast_variance=use_fast_variance)
+               pallas=pallas, casting=casting,
+               options={"use_fast_variance": use_fast_variance})
 
 
 def add_rms_norm(x, residual, scale=None, *, residual_scale=1.0, residual_dtype=None,
@@ -129,7 +129,7 @@ def add_rms_norm(x, residual, scale=None, *, residual_scale=1.0, residual_dtype=
     >>> y.dtype, h.dtype
     (dtype(bfloat16), dtype('float32'))
   """
-  return _call(x, residual, scale, None, center=False, residual_scale=residual_scale,
+  return _call(x, residual, scale, None, op="rms_norm", residual_scale=residual_scale,
                residual_dtype=residual_dtype, epsilon=epsilon, axis=axis, mask=mask,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,
@@ -138,7 +138,7 @@ def add_rms_norm(x, residual, scale=None, *, residual_scale=1.0, residual_dtype=
 
 def _call(x, residual, scale, bias, **kw):
   """Both public ops: prepare once, the parameters as the op takes them, ``(y, h)`` reshaped."""
-  cfg, x2, r2, mask2, restore = _fused.prepare(x, residual, scale, bias, **kw)
-  scale, bias = _core.flat_params(x, x2, scale, bias)
+  cfg, x2, r2, mask2, restore = _norm_args.prepare_add(x, residual, scale, bias, **kw)
+  scale, bias = _norm_args.flat_params(x, x2, scale, bias)
   y, h = _ad.add_norm(cfg, x2, r2, scale, bias, mask2)
   return restore(y), restore(h)

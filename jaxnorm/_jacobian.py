@@ -21,17 +21,18 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jaxnorm import _core
+from jaxnorm import _norm_args
 from jaxnorm import _xla
+from jaxnorm._xla_rows import variance_path_factor
 
 
-def _jacobian(x, scale, *, center, epsilon, axis, mask, epsilon_placement, zero_centered_scale):
-  cfg, x2, mask2, _ = _core.prepare(
-      x, scale, None, center=center, epsilon=epsilon, axis=axis, mask=mask,
+def _jacobian(x, scale, *, op, epsilon, axis, mask, epsilon_placement, zero_centered_scale):
+  cfg, x2, mask2, _ = _norm_args.prepare(
+      x, scale, None, op=op, epsilon=epsilon, axis=axis, mask=mask,
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=None, axis_index_groups=None, dtype=None, impl="xla")
-  (scale,) = _core.flat_params(x, x2, scale)
-  shift, delta, rstd = _xla.statistics(cfg, x2, mask2)
+  (scale,) = _norm_args.flat_params(x, x2, scale)
+  shift, delta, rstd = cfg.op.statistics(cfg, x2, mask2)
   ct = rstd.dtype
   xh = _xla.x_hat(cfg, x2.astype(ct), shift, delta, rstd)  # (..., d)
   d = x2.shape[-1]
@@ -39,12 +40,12 @@ def _jacobian(x, scale, *, center, epsilon, axis, mask, epsilon_placement, zero_
   m = jnp.ones_like(xh) if mask2 is None else mask2.astype(ct)  # (..., d)
   col = m / n  # (..., d): the m_j / n factor of column j
   var_path = xh[..., :, None] * (xh * col)[..., None, :]  # (..., d, d)
-  c = _xla.variance_path_factor(cfg, rstd)
+  c = variance_path_factor(cfg, rstd)
   if c is not None:
     var_path = var_path * c[..., None]
   eye = jnp.eye(d, dtype=ct).reshape((1,) * (x2.ndim - 1) + (d, d))
   jac = eye - var_path
-  if center:
+  if cfg.op.mean_path:  # the mean path
     jac = jac - col[..., None, :]
   jac = rstd[..., None] * jac
   gam = _xla.gamma(cfg, scale, x2.ndim, x2.dtype)
@@ -72,7 +73,7 @@ def layer_norm_jacobian(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None,
     ``(..., d, d)`` array in the compute dtype (float32, or float64 for float64 inputs), with
     ``d`` the product of the normalized axes and ``...`` the leading axes of ``x``.
   """
-  return _jacobian(x, scale, center=True, epsilon=epsilon, axis=axis, mask=mask,
+  return _jacobian(x, scale, op="layer_norm", epsilon=epsilon, axis=axis, mask=mask,
                    epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale)
 
 
@@ -95,5 +96,5 @@ def rms_norm_jacobian(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None,
   Returns:
     ``(..., d, d)`` array in the compute dtype.
   """
-  return _jacobian(x, scale, center=False, epsilon=epsilon, axis=axis, mask=mask,
+  return _jacobian(x, scale, op="rms_norm", epsilon=epsilon, axis=axis, mask=mask,
                    epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale)

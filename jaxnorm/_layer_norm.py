@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jaxnorm import _core
+from jaxnorm import _norm_args
 from jaxnorm import _ad
 
 
@@ -17,27 +17,16 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
      y = \gamma \odot \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} + \beta, \qquad
      \mu = \frac1d \sum_i x_i, \quad \sigma^2 = \frac1d \sum_i (x_i - \mu)^2
 
-  over the normalized ``axis``. The backward rule is the closed form of the full Jacobian
-  (direct path, mean path, variance path): with :math:`\hat x = (x - \mu)\,r`,
-  :math:`r = (\sigma^2 + \epsilon)^{-1/2}` and :math:`g = \gamma \odot dy`,
-
-  .. math::
-
-     dx = r \big(g - \overline{g} - \hat x\, \overline{g \hat x}\big), \qquad
-     d\gamma = \sum_{\text{rows}} dy \odot \hat x, \qquad d\beta = \sum_{\text{rows}} dy,
-
-  where the bar is the mean over the row. The derivation, the masked and "outside" variants are
-  in ``docs/derivations.md``; the residuals are ``x``, ``scale`` and 12 bytes per row (a float32
-  pivot, the mean's offset from it, and ``rstd``).
+  over the normalized ``axis``. ``jax.grad`` runs the hand-derived VJP and ``jax.jvp`` the
+  hand-derived tangent (one ``jax.custom_jvp``, :mod:`jaxnorm._ad`), each differentiable again
+  to any order; both, with the masked and "outside" variants, are derived in
+  ``docs/derivations.md``. Residuals: ``x``, ``scale`` and 12 bytes per row (a float32 pivot,
+  the mean's offset from it, and ``rstd``).
 
   Statistics and the backward's row reductions are computed in float32 (float64 for float64
   inputs) with a shifted-data variance that stays exact to float32 rounding for mean/std
   ratios of ``1e4`` and beyond. ``y`` comes back in ``dtype`` (default ``x.dtype``), every
-  cotangent in the dtype of its primal. Forward mode works too (``jax.jvp``, ``jax.jacfwd``):
-  the op is a ``jax.custom_jvp`` with the derived tangent
-  :math:`\dot y = \gamma r(\dot x_c - \hat x\,\overline{\hat x \dot x}) + \hat x \dot s + \dot\beta`
-  whose transpose is the backward above (:mod:`jaxnorm._ad`); both modes work to any
-  order.
+  cotangent in the dtype of its primal.
 
   Args:
     x: ``(..., *normalized_shape)`` floating array.
@@ -88,10 +77,10 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
     >>> bool(jnp.allclose(y.mean(-1), 0, atol=1e-6))
     True
   """
-  cfg, x2, mask2, restore = _core.prepare(
-      x, scale, bias, center=True, epsilon=epsilon, axis=axis, mask=mask, dtype=dtype, impl=impl,
-      epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
+  cfg, x2, mask2, restore = _norm_args.prepare(
+      x, scale, bias, op="layer_norm", epsilon=epsilon, axis=axis, mask=mask, dtype=dtype,
+      impl=impl, epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=axis_name, axis_index_groups=axis_index_groups, pallas=pallas, casting=casting,
-      use_fast_variance=use_fast_variance)
-  scale, bias = _core.flat_params(x, x2, scale, bias)
+      options={"use_fast_variance": use_fast_variance})
+  scale, bias = _norm_args.flat_params(x, x2, scale, bias)
   return restore(_ad.apply(cfg, x2, scale, bias, mask2))

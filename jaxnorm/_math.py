@@ -1,6 +1,6 @@
 r"""The formulas every implementation shares: the normalizer ``rstd`` and the variance-path factor.
 
-One home for the two rules that the XLA path (:mod:`jaxnorm._core`), the Pallas kernels
+One home for the two rules that the XLA path (:mod:`jaxnorm._xla`), the Pallas kernels
 (:mod:`jaxnorm._pallas`) and the autodiff reference (:mod:`jaxnorm.reference`) must agree on.
 Plain ``jax.numpy``/``lax`` on arrays, so they trace inside a Pallas kernel as well as in XLA.
 

@@ -36,9 +36,13 @@ from jaxnorm._add_norm import add_rms_norm as _add_rms_norm_op
 from jaxnorm._layer_norm import layer_norm as _layer_norm_op
 from jaxnorm._pointwise_ops import derf as _derf_op
 from jaxnorm._pointwise_ops import dyt as _dyt_op
+from jaxnorm._norm_ops import NORM_OPS
 from jaxnorm._rms_norm import rms_norm as _rms_norm_op
 
-KINDS = ("layer_norm", "rms_norm")
+KINDS = tuple(NORM_OPS)  # the norm family's ops (jaxnorm._norm_ops)
+# Each norm op's public function, plain and with the residual add.
+_NORM_FNS = {"layer_norm": (_layer_norm_op, _add_layer_norm_op),
+             "rms_norm": (_rms_norm_op, _add_rms_norm_op)}
 
 
 def feature_shape(x_shape: tuple[int, ...], feature_axes: Any) -> tuple[int, ...]:
@@ -188,8 +192,10 @@ def normalize(kind: str, x: Any, scale: Any, bias: Any, *, reduction_axes: Any, 
       epsilon=epsilon, axis=tuple(range(x.ndim - len(red), x.ndim)), mask=mt,
       epsilon_placement=epsilon_placement, axis_name=axis_name,
       axis_index_groups=axis_index_groups, impl=impl)
-  if kind == "layer_norm":
-    op_kwargs["use_fast_variance"] = use_fast_variance
+  # The op's own options, as its declaration lists them (LayerNorm: use_fast_variance); a
+  # layer's option the op does not declare has no effect (RMSNorm's use_fast_variance).
+  given = {"use_fast_variance": use_fast_variance}
+  op_kwargs.update({o.name: given[o.name] for o in NORM_OPS[kind].options})
   pshape = _in_op_param_shape(x, red, feat)
   if pshape is not None or (scale is None and bias is None):
     # In-op affine: scale and bias live on the reduction axes, or per head on axes just before
@@ -232,8 +238,8 @@ def _check_call(kind, x, scale, bias, reduction_axes, feature_axes, residual, re
   The arrays' dtypes, the residual's shape and the mask are checked once, by the op.
   """
   v.check_choice("kind", kind, KINDS)
-  if kind == "rms_norm" and bias is not None:
-    raise ValueError("rms_norm has no bias; got a bias array. Pass bias=None.")
+  if bias is not None and "bias" not in NORM_OPS[kind].params:
+    raise ValueError(f"{kind} has no bias; got a bias array. Pass bias=None.")
   if residual is None and residual_scale != 1.0:
     raise ValueError(f"residual_scale={residual_scale!r} multiplies the residual; pass "
                      f"residual= as well (or leave residual_scale at 1.0).")
@@ -300,13 +306,11 @@ def _affine_after(kind, x, xt, rt, scale, bias, feat, back, *, residual_scale,
 
 def _op(kind, x, residual, scale, bias, residual_scale, **kw):
   """The op of ``kind``: ``y``, or ``(y, h)`` of the residual add + norm op with ``residual``."""
+  plain, add = _NORM_FNS[kind]
+  params = (scale, bias) if "bias" in NORM_OPS[kind].params else (scale,)
   if residual is not None:
-    if kind == "layer_norm":
-      return _add_layer_norm_op(x, residual, scale, bias, residual_scale=residual_scale, **kw)
-    return _add_rms_norm_op(x, residual, scale, residual_scale=residual_scale, **kw)
-  if kind == "layer_norm":
-    return _layer_norm_op(x, scale, bias, **kw)
-  return _rms_norm_op(x, scale, **kw)
+    return add(x, residual, *params, residual_scale=residual_scale, **kw)
+  return plain(x, *params, **kw)
 
 
 def residual_input(x: Any, residual: Any) -> Any:

@@ -1,6 +1,6 @@
 """The table of jaxnorm's ops: one entry per op, read by the models, the docs and the tests.
 
-An op is declared where its family lives (the norms in :mod:`jaxnorm._core` and its helpers,
+An op is declared where its family lives (the norms in :mod:`jaxnorm._norm_ops`,
 the pointwise ops in :mod:`jaxnorm._pointwise`); this table names it once, with its public
 function, its autodiff oracle in :mod:`jaxnorm.reference`, the names of its parameters after
 ``x`` and its layer classes in :mod:`jaxnorm.nnx` and :mod:`jaxnorm.linen`. A new op adds its

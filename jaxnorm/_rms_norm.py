@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jaxnorm import _core
+from jaxnorm import _norm_args
 from jaxnorm import _ad
 
 
@@ -64,10 +64,10 @@ def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None, epsilon_placeme
     >>> bool(jnp.allclose(jaxnorm.rms_norm(3.0 * x), jaxnorm.rms_norm(x), atol=1e-5))
     True
   """
-  cfg, x2, mask2, restore = _core.prepare(
-      x, scale, None, center=False, epsilon=epsilon, axis=axis, mask=mask,
+  cfg, x2, mask2, restore = _norm_args.prepare(
+      x, scale, None, op="rms_norm", epsilon=epsilon, axis=axis, mask=mask,
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,
       pallas=pallas, casting=casting)
-  (scale,) = _core.flat_params(x, x2, scale)
+  (scale,) = _norm_args.flat_params(x, x2, scale)
   return restore(_ad.apply(cfg, x2, scale, None, mask2))

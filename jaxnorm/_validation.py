@@ -181,6 +181,51 @@ def check_out_dtype(name: str, dtype: Any):
   return dt
 
 
+def check_residual_dtype(x_dtype: Any, residual_dtype_in: Any, residual_dtype: Any):
+  """The dtype ``h`` is stored in: ``residual_dtype``, or the promoted dtype of the inputs.
+
+  ``TypeError`` unless ``residual_dtype`` is None or a floating dtype.
+  """
+  if residual_dtype is None:
+    return jnp.dtype(jnp.promote_types(x_dtype, residual_dtype_in))
+  try:
+    dt = jnp.dtype(residual_dtype)
+  except TypeError:
+    raise TypeError(f"residual_dtype must be a floating dtype (e.g. jnp.float32) or None, got "
+                    f"{residual_dtype!r}.") from None
+  if not jnp.issubdtype(dt, jnp.floating):
+    raise TypeError(f"residual_dtype must be a floating dtype (e.g. jnp.float32) or None, got "
+                    f"{dt}; the residual stream is stored in it.")
+  return dt
+
+
+def check_op_options(op: str, declared, given) -> tuple:
+  """An op's own options (bools) as sorted ``(name, value)`` pairs, defaults filled in.
+
+  ``declared``: ``(name, default)`` pairs of the op's options; ``given``: the values passed.
+  ``TypeError`` for a value that is not a bool, ``ValueError`` for an option the op lacks.
+  """
+  names = {name for name, _ in declared}
+  for name in given:
+    if name not in names:
+      raise ValueError(f"{op} has no option {name!r}; its options are {sorted(names)}.")
+  return tuple(sorted((name, check_bool(name, given.get(name, default)))
+                      for name, default in declared))
+
+
+def check_instance(name: str, value: Any, cls: type, example: str):
+  """``value`` if it is a ``cls`` (None: ``cls()``); ``TypeError`` naming ``example`` otherwise.
+
+  For configuration objects such as ``pallas=jaxnorm.PallasConfig(...)``.
+  """
+  if value is None:
+    return cls()
+  if not isinstance(value, cls):
+    raise TypeError(f"{name} must be a jaxnorm.{cls.__name__} or None, got "
+                    f"{type(value).__name__} {value!r}; e.g. {name}={example}.")
+  return value
+
+
 def check_residual_shape(residual_shape: Any, x_shape: Any) -> None:
   """Raises ``ValueError`` unless ``residual`` has exactly the shape of ``x`` (no broadcasting)."""
   if tuple(residual_shape) != tuple(x_shape):
@@ -193,7 +238,7 @@ def kernel_problem(*, dtypes: Sequence[tuple[str, Any]] = (), backend: str | Non
   """Why the Pallas kernels cannot take these dtypes or run on ``backend``; None if they can.
 
   The one statement of what the kernels support, read by every caller that decides or checks
-  ``impl="pallas"`` (the ops' ``impl`` resolution, the fused ops, :func:`jaxnorm._pallas_config.
+  ``impl="pallas"`` (the ops' ``impl`` resolution, the fused ops, :func:`jaxnorm._pallas.config.
   supported`, the checked kernel API), which wrap the reason in their own error.
 
   Args:

@@ -59,6 +59,7 @@ from flax.typing import Axes, Dtype, Initializer, PromoteDtypeFn
 
 from jaxnorm import _module_common as common
 from jaxnorm import _validation as v
+from jaxnorm._norm_ops import NORM_OPS
 
 __all__ = ["Derf", "DyT", "LayerNorm", "RMSNorm"]
 
@@ -345,7 +346,7 @@ def _call(layer: tp.Any, kind: str, x: tp.Any, scale: tp.Any, bias: tp.Any, mask
     x = jnp.asarray(x)
   # Flax NNX promotes the input and the parameters to one dtype (`dtype` when given) first.
   h = x if residual is None else common.residual_input(x, residual)
-  if kind == "layer_norm":
+  if "bias" in NORM_OPS[kind].params:  # the op's declared parameters
     h, scale, bias = layer.promote_dtype((h, scale, bias), dtype=layer.dtype)
   else:
     h, scale = layer.promote_dtype((h, scale), dtype=layer.dtype)

@@ -22,9 +22,9 @@ from jax import lax
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jaxnorm
-from jaxnorm import _pallas
+from jaxnorm._pallas import api as _pallas
 from jaxnorm import reference
-from jaxnorm._pallas_config import MAX_BLOCK_D
+from jaxnorm._pallas.config import MAX_BLOCK_D
 from _kernels import program_text
 from _backends import INTERPRET, PALLAS, XLA, Backend
 from _compat import jaxprs_in_params
@@ -276,7 +276,7 @@ def test_fused_kernels_match_add_then_plain_kernels():
   import dataclasses
 
   from jaxnorm import _ad
-  from jaxnorm import _fused
+  from jaxnorm import _norm_args
 
   ks = jax.random.split(jax.random.key(3), 6)
   x = random(ks[0], (9, 96), jnp.bfloat16)
@@ -284,8 +284,9 @@ def test_fused_kernels_match_add_then_plain_kernels():
   s, b = random(ks[2], (96,), jnp.float32, loc=1.0), random(ks[3], (96,), jnp.float32)
   dy, dh = random(ks[4], (9, 96), jnp.bfloat16), random(ks[5], (9, 96), jnp.float32)
   for center in (True, False):
-    cfg, x2, r2, _, _ = _fused.prepare(
-        x, r, s, b if center else None, center=center, residual_scale=1.5, residual_dtype=None,
+    cfg, x2, r2, _, _ = _norm_args.prepare_add(
+        x, r, s, b if center else None, op="layer_norm" if center else "rms_norm",
+        residual_scale=1.5, residual_dtype=None,
         epsilon=1e-5, axis=-1, mask=None, epsilon_placement="outside", zero_centered_scale=True,
         axis_name=None, axis_index_groups=None, dtype=None, impl="pallas",
         pallas=PALLAS.pallas)

@@ -1,5 +1,6 @@
 """``import jaxnorm`` and the XLA path leave ``jax.experimental.pallas`` unimported (issue 33):
-only a kernel launch or lowering imports it (:func:`jaxnorm._core.kernels`)."""
+only a kernel launch or lowering imports it (:func:`jaxnorm._pallas.backend.kernels`), and
+only through :mod:`jaxnorm._pallas.compat`."""
 
 import subprocess
 import sys
@@ -24,3 +25,20 @@ def test_pallas_is_imported_only_by_a_kernel_call():
   out = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True,
                        timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_pallas_api_is_imported_in_one_module():
+  """Pallas is fenced like JAX internals: only ``jaxnorm/_pallas/compat.py`` imports it."""
+  import pathlib
+  import re
+
+  import jaxnorm
+
+  package = pathlib.Path(jaxnorm.__file__).parent
+  pallas_import = re.compile(r"^\s*(from\s+jax\.experimental\.pallas\b|"
+                             r"from\s+jax\.experimental\s+import\s+.*\bpallas\b|"
+                             r"import\s+jax\.experimental\.pallas)", re.M)
+  offenders = [str(p.relative_to(package)) for p in package.rglob("*.py")
+               if p.relative_to(package) != pathlib.Path("_pallas/compat.py")
+               and pallas_import.search(p.read_text())]
+  assert offenders == []

@@ -1,8 +1,8 @@
 """One AD layer: reverse mode *is* the derived custom VJP, under every transform and platform.
 
 * Each public op is one ``jax.custom_jvp``; a ``jax.custom_vjp`` built here from the library's
-  own derived forward (``_core.forward``, ``_fused.forward``) and backward (``_core.backward``,
-  ``_fused.backward``) gives bitwise the same ``jax.vjp`` results and the same optimized
+  own derived forward (``_backends.forward``, ``_backends.add_forward``) and backward
+  (``_backends.backward``, ``_backends.add_backward``) gives bitwise the same ``jax.vjp`` results and the same optimized
   program (XLA, and the kernels in interpret mode).
 * ``grad(vmap(op))`` with batched parameters runs the derived backward (counted: calls of the
   XLA backward while tracing, and ``pallas_call``s in the gradient program) with the values of
@@ -27,8 +27,8 @@ from flax import nnx
 
 import jaxnorm
 from jaxnorm import _ad
-from jaxnorm import _core
-from jaxnorm import _fused
+from jaxnorm import _backends
+from jaxnorm import _norm_args
 from jaxnorm import _xla
 from jaxnorm import reference
 from jaxnorm.models import TransformerConfig, TransformerLM
@@ -52,16 +52,16 @@ def _plain_vjp_op(cfg):
 
   @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
   def op(cfg, x, scale, bias):
-    return _core.forward(cfg, x, scale, bias, None)[0]
+    return _backends.forward(cfg, x, scale, bias, None)[0]
 
   def fwd(cfg, x, scale, bias):
-    y, stats = _core.forward(cfg, x, scale, bias, None)
+    y, stats = _backends.forward(cfg, x, scale, bias, None)
     return y, (x, scale, stats)
 
   def bwd(cfg, res, dy):
     x, scale, stats = res
-    dx, dscale, dbias = _core.backward(cfg, x, scale, None, stats, dy)
-    return (dx, *_core.param_cotangents(cfg, scale, dscale, dbias))
+    dx, dscale, dbias = _backends.backward(cfg, x, scale, None, stats, dy)
+    return (dx, *_backends.param_cotangents(cfg, scale, dscale, dbias))
 
   op.defvjp(fwd, bwd)
   return functools.partial(op, cfg)
@@ -70,17 +70,17 @@ def _plain_vjp_op(cfg):
 def _fused_vjp_op(cfg):
   @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
   def op(cfg, x, r, scale, bias):
-    y, h, _ = _fused.forward(cfg, x, r, scale, bias, None)
+    y, h, _ = _backends.add_forward(cfg, x, r, scale, bias, None)
     return y, h
 
   def fwd(cfg, x, r, scale, bias):
-    y, h, stats = _fused.forward(cfg, x, r, scale, bias, None)
+    y, h, stats = _backends.add_forward(cfg, x, r, scale, bias, None)
     return (y, h), (h, scale, stats)
 
   def bwd(cfg, res, cts):
     h, scale, stats = res
     dy, dh = cts
-    return _fused.backward(cfg, h, scale, None, stats, dy, dh)
+    return _backends.add_backward(cfg, h, scale, None, stats, dy, dh)
 
   op.defvjp(fwd, bwd)
   return functools.partial(op, cfg)
@@ -92,11 +92,12 @@ def _optimized(f, *args):
 
 
 def _prepare(center, x, scale, bias, impl, **variant):
-  return _core.prepare(x, scale, bias, center=center, epsilon=1e-5, axis=-1, mask=None,
-                       epsilon_placement=variant.get("epsilon_placement", "inside"),
-                       zero_centered_scale=variant.get("zero_centered_scale", False),
-                       axis_name=None, axis_index_groups=None, dtype=None,
-                       casting=variant.get("casting", "float32"), **IMPLS[impl])
+  return _norm_args.prepare(x, scale, bias, op="layer_norm" if center else "rms_norm",
+                            epsilon=1e-5, axis=-1, mask=None,
+                            epsilon_placement=variant.get("epsilon_placement", "inside"),
+                            zero_centered_scale=variant.get("zero_centered_scale", False),
+                            axis_name=None, axis_index_groups=None, dtype=None,
+                            casting=variant.get("casting", "float32"), **IMPLS[impl])
 
 
 @pytest.mark.parametrize("impl", ["xla", "pallas"])
@@ -131,9 +132,9 @@ def test_fused_reverse_mode_is_the_custom_vjp(impl, center):
   x, r = _rand(0, (12, 64), jnp.bfloat16), _rand(1, (12, 64), loc=2.0)
   dy, dh = _rand(2, (12, 64), jnp.bfloat16), _rand(3, (12, 64))
   scale, bias = _rand(4, (64,), loc=1.0), (_rand(5, (64,)) if center else None)
-  cfg, x2, r2, _, _ = _fused.prepare(
-      x, r, scale, bias, center=center, residual_scale=1.5, residual_dtype=None, epsilon=1e-5,
-      axis=-1, mask=None, epsilon_placement="outside", zero_centered_scale=False,
+  cfg, x2, r2, _, _ = _norm_args.prepare_add(
+      x, r, scale, bias, op="layer_norm" if center else "rms_norm", residual_scale=1.5,
+      residual_dtype=None, epsilon=1e-5, axis=-1, mask=None, epsilon_placement="outside", zero_centered_scale=False,
       axis_name=None, axis_index_groups=None, dtype=None, **IMPLS[impl])
   ours = lambda x, r, s, b: _ad.add_norm(cfg, x, r, s, b, None)  # noqa: E731
   theirs = _fused_vjp_op(cfg)
@@ -437,8 +438,8 @@ def test_no_import_cycle():
     name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
     graph[name] = {m for m in _imports(path, package) if m != name}
   # A package's __init__ re-exports its modules: an edge from a module to an enclosing
-  # package's __init__ is the only back edge allowed (``from jaxnorm import _core`` is read as
-  # the module ``jaxnorm._core``, not as the package).
+  # package's __init__ is the only back edge allowed (``from jaxnorm import _xla`` is read as
+  # the module ``jaxnorm._xla``, not as the package).
   state = {}
 
   def visit(node, stack):
@@ -455,8 +456,8 @@ def test_no_import_cycle():
   for node in sorted(graph):
     if node not in state:
       visit(node, [])
-  assert "jaxnorm._ad" in graph and "jaxnorm._fused" in graph["jaxnorm._ad"]
-  assert "jaxnorm._ad" not in graph["jaxnorm._fused"]
+  assert "jaxnorm._ad" in graph and "jaxnorm._backends" in graph["jaxnorm._ad"]
+  assert "jaxnorm._ad" not in graph["jaxnorm._backends"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ import pytest
 from flax import nnx
 
 import jaxnorm
-from jaxnorm import _pallas, _pallas_config
+from jaxnorm._pallas import api as _pallas
+from jaxnorm._pallas import config as _pallas_config
 from jaxnorm import _validation as v
 from jaxnorm import linen as jln
 from jaxnorm import nnx as jnn

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import jaxnorm
-from jaxnorm import _pallas
+from jaxnorm._pallas import api as _pallas
 from jaxnorm import reference
-from jaxnorm._pallas_common import backward_config
-from jaxnorm._pallas_config import GPU_BACKENDS, MAX_BLOCK_D, TARGET_TILE, block_config, supported
+from jaxnorm._pallas.common import backward_config
+from jaxnorm._pallas.config import GPU_BACKENDS, MAX_BLOCK_D, TARGET_TILE, block_config, supported
 
 from _numerics import assert_allclose, assert_ulp_close
 
@@ -297,7 +297,7 @@ def test_bad_arguments_raise_clear_errors():
 
 
 def test_kernel_api_checks_through_the_ops_prepare():
-  """The kernel functions and the ops describe a call once (``_core.prepare``): each bad value
+  """The kernel functions and the ops describe a call once (``_norm_args.prepare``): each bad value
   gets the same message from both."""
   x, scale, bias, _ = _inputs(4, 16, jnp.float32)
   cases = [dict(epsilon=float("nan")), dict(epsilon=1e-5, epsilon_placement="middle"),

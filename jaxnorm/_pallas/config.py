@@ -1,12 +1,13 @@
 r"""The launch configuration of the Pallas kernels, and whether they can run a call.
 
-Light on purpose: no ``jax.experimental.pallas`` import, so deciding ``impl`` (in
-:mod:`jaxnorm._core`) costs nothing. The kernels take their block sizes from
+Light on purpose: no ``jax.experimental.pallas`` import, so deciding ``impl``
+(:func:`jaxnorm._backends.resolve_impl`) costs nothing. The kernels take their block sizes from
 :func:`block_config`, the one place that decides them (a per-device tuned table goes there),
 unless a :class:`PallasConfig` carries a :class:`BlockConfig` of its own; :func:`supported` says
 whether the kernels can run a call, with the dtype and backend rule of
-:func:`jaxnorm._validation.kernel_problem` (where :data:`GPU_BACKENDS`, the backends the Triton
-kernels compile for, and :data:`SUPPORTED_DTYPES` are defined). Public here (re-exported by
+:func:`jaxnorm._validation.kernel_problem` (where ``GPU_BACKENDS``, the backend names the Triton
+kernels compile for, and ``KERNEL_DTYPES`` are defined). :data:`GPU_PLATFORMS` are the
+lowering-platform names of the same GPUs. Public here (re-exported by
 :mod:`jaxnorm`): :class:`PallasConfig`, :class:`BlockConfig`, :func:`default_block_config`,
 :func:`pallas_compiles_on`.
 """
@@ -33,7 +34,6 @@ __all__ = [
     "supported",
 ]
 
-SUPPORTED_DTYPES = v.KERNEL_DTYPES
 GPU_BACKENDS = v.GPU_BACKENDS
 #: The lowering platforms (``jax.export`` / ``lax.platform_dependent`` names) the kernels run on.
 GPU_PLATFORMS = ("cuda", "rocm")
@@ -104,8 +104,7 @@ class BlockConfig:
 class PallasConfig:
   """How ``impl="pallas"`` (or "auto" when it picks the kernels) runs the Pallas kernels.
 
-  Passed to the ops as ``pallas=`` (and to the layers); hashable, part of the op's static
-  configuration.
+  Passed to the ops as ``pallas=``; hashable, part of the op's static configuration.
 
   Attributes:
     interpret: run the kernels in Pallas interpret mode (any backend, slowly: for tests and
@@ -140,18 +139,16 @@ def block_config(rows: int, d: int, dtype: Any, device_kind: str = "",
   * ``block_rows = clamp(TARGET_TILE // block_d, 1, MAX_BLOCK_ROWS)``, at most
     ``next_pow2(rows)``: short rows are batched so a tile has about 4096 elements.
   * ``num_warps = clamp(block_rows * block_d // 1024, 1, 4)``: about 32 elements per thread,
-    at most 4 warps. Measured on an H100 (``python -m experiments tune``, 2026-11-23; see
-    ``experiments/results/gpu-h100-2026-11-23/``): at d = 4096 and 8192, one row per program
-    with 4 warps beat 8 and 16 warps in every forward case (bfloat16 LayerNorm at 16384x4096:
-    1.89 TB/s with 4 warps against 1.13 with 8), and more rows per program never helped.
+    at most 4 warps (more warps or more rows per program did not help on an H100).
   * ``bwd_num_warps = 4`` up to 4096 elements per tile, 16 above: the backward keeps four
-    tile-sized float32 arrays live; at d = 8192 with 4 warps they spill (LayerNorm float32 at
-    32768x8192: 1.34 TB/s with 4 warps, 2.04-2.14 with 16, same sweep).
+    tile-sized float32 arrays live, which spill with 4 warps at d = 8192.
   * ``bwd_programs = min(row_tiles, 2 * core_count)``: two programs per SM keep enough loads
     in flight, and the float32 partial sums they write and the reduction reads back add
-    ``16 P / (3 rows itemsize)`` to the backward's traffic for LayerNorm (half for RMSNorm):
-    4% at 8192 float32 rows of an H100 (P = 264), 1% at 32768 rows; at most 8 programs where
-    the device does not report its core count (interpret mode on a CPU).
+    ``16 P / (3 rows itemsize)`` to the backward's traffic for LayerNorm (half for RMSNorm); at
+    most 8 programs where the device does not report its core count (interpret mode on a CPU).
+
+  The measurements behind these rules are in ``docs/perf-notes.md`` ("The kernels' block
+  rules").
 
   ``dtype`` and ``device_kind`` are part of the cache key so that a per-device or per-dtype
   table (e.g. from autotuning on a GPU) can replace the rules above without changing callers.

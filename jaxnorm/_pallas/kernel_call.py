@@ -30,8 +30,8 @@ import jax.numpy as jnp
 
 from jaxnorm import _jax_compat as jc
 from jaxnorm import _validation as v
-from jaxnorm._pallas_config import GPU_PLATFORMS
-from jaxnorm._spec import NormConfig
+from jaxnorm._pallas.config import GPU_PLATFORMS
+from jaxnorm._norm_config import NormConfig
 
 __all__ = ["kernel_call"]
 

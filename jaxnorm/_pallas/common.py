@@ -1,9 +1,9 @@
 r"""Internal API: what the forward and backward Pallas kernels share.
 
-Used by :mod:`jaxnorm._pallas_forward`, :mod:`jaxnorm._pallas_backward` and the callers that
-launch them (:mod:`jaxnorm._core`, :mod:`jaxnorm._fused`, :mod:`jaxnorm._pallas`). Names without
+Used by :mod:`jaxnorm._pallas.forward`, :mod:`jaxnorm._pallas.backward` and the callers that
+launch them (:mod:`jaxnorm._pallas.backend`, :mod:`jaxnorm._pallas.api`). Names without
 a leading underscore are the package's internal API. Everything here trusts its arguments: they
-were checked once, by the public op or by the checked kernel API of :mod:`jaxnorm._pallas`.
+were checked once, by the public op or by the checked kernel API of :mod:`jaxnorm._pallas.api`.
 
 A tile is ``block_rows`` rows by ``block_d`` columns of the ``(rows, d)`` input, loaded masked
 and promoted to float32; rows wider than one block loop over column blocks (:func:`col_loop`).
@@ -18,12 +18,11 @@ from typing import Any
 from jax import lax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
+from jaxnorm._pallas import compat as pl
 
 from jaxnorm import _math
 from jaxnorm._casting import cast_plan
-from jaxnorm._pallas_config import BlockConfig, default_block_config
+from jaxnorm._pallas.config import BlockConfig, default_block_config
 
 
 _F32_PLAN = cast_plan("float32", jnp.float32)  # every stage in float32: nothing rounds
@@ -92,7 +91,7 @@ def tile(spec: KernelSpec, row0, col0):
 
 def load(ref, idx, mask):
   """Masked load (zeros outside the array) promoted to float32."""
-  return plgpu.load(ref.at[idx], mask=mask, other=0.0).astype(jnp.float32)
+  return pl.load(ref.at[idx], mask=mask, other=0.0).astype(jnp.float32)
 
 
 def gamma_row(spec: KernelSpec, scale_ref, cols, col_ok):
@@ -125,7 +124,7 @@ def col_loop(spec: KernelSpec, body, init):
 
 def compiler_params(spec: KernelSpec):
   """Triton ``CompilerParams`` (they select the Triton lowering on GPUs, not Mosaic GPU)."""
-  return plgpu.CompilerParams(num_warps=spec.block.num_warps, num_stages=spec.block.num_stages)
+  return pl.compiler_params(num_warps=spec.block.num_warps, num_stages=spec.block.num_stages)
 
 
 def backward_config(cfg: BlockConfig) -> BlockConfig:

@@ -1,12 +1,14 @@
 """Internal API: the one static description of a norm call, :class:`NormConfig`.
 
-Built once per call by :func:`jaxnorm._core.prepare` (plain ops, layers, models, the Jacobian)
-or :func:`jaxnorm._fused.prepare` (the residual add + norm ops), validated there, and trusted
-everywhere below: the XLA formulas (:mod:`jaxnorm._xla`), the kernel launches (which derive
-their :class:`jaxnorm._pallas_common.KernelSpec` from it) and the differentiation rules
+Built once per call by :func:`jaxnorm._norm_args.prepare` (plain ops, layers, models, the
+Jacobian) or :func:`jaxnorm._norm_args.prepare_add` (the residual add + norm ops), validated
+there, and trusted everywhere below: the backends (:mod:`jaxnorm._backends`: the XLA formulas
+of :mod:`jaxnorm._xla`, the kernel launches, which derive their
+:class:`jaxnorm._pallas.common.KernelSpec` from it) and the differentiation rules
 (:mod:`jaxnorm._ad`). A residual add + norm call is the same description with :attr:`add` set.
 Hashable: it is a static argument of ``jax.custom_jvp`` and a parameter of the tangent
-primitive. Imports nothing of jaxnorm but :mod:`jaxnorm._casting` and the Pallas config.
+primitive. Imports nothing of jaxnorm but :mod:`jaxnorm._casting`, the op declarations and the
+Pallas config.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import dataclasses
 from typing import Any
 
 from jaxnorm._casting import CastPlan, cast_plan
-from jaxnorm._pallas_config import PallasConfig
+from jaxnorm._norm_ops import NormOp
+from jaxnorm._pallas.config import PallasConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +40,7 @@ class AddConfig:
 class NormConfig:
   """Static configuration of one call (hashable; a ``nondiff_argnums`` value)."""
 
-  center: bool  # True: LayerNorm (subtract the mean). False: RMSNorm.
+  op: NormOp  # The op: its declaration in jaxnorm._norm_ops.NORM_OPS (LayerNorm, RMSNorm).
   epsilon: float  # Python float >= 0.
   epsilon_placement: str  # "inside": rsqrt(v + eps). "outside": 1 / (sqrt(v) + eps).
   zero_centered_scale: bool  # gamma = 1 + scale instead of scale.
@@ -54,11 +57,15 @@ class NormConfig:
   cast: CastPlan | None = None  # The affine stage's dtypes (casting=); None: "float32".
   add: AddConfig | None = None  # The residual add of add_layer_norm/add_rms_norm, or None.
   # Sizes of the per-head axes of scale/bias (x's axes just before the normalized ones that the
-  # parameters also span); () when they are shared by every row. See :func:`_core.params`.
+  # parameters also span); () when they are shared by every row. See :func:`_norm_args.flat_params`.
   heads: tuple = ()
-  # LayerNorm only: the variance as E[x^2] - E[x]^2 (clamped at 0), Flax's fast form, instead of
-  # the shifted-data form (use_fast_variance=True; XLA only). See :func:`_xla.statistics`.
-  fast_variance: bool = False
+  # The op's own options (NormOp.options) as sorted (name, value) pairs, each checked once
+  # (e.g. LayerNorm's ("use_fast_variance", False)). Read with :meth:`option`.
+  options: tuple = ()
+
+  def option(self, name: str):
+    """The value of the op's option ``name`` (see :class:`jaxnorm._norm_ops.Option`)."""
+    return dict(self.options)[name]
 
   def plan(self, x_dtype) -> CastPlan:
     """The :class:`CastPlan` of this call (``"float32"`` when none was set)."""

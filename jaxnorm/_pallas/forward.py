@@ -22,11 +22,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
+from jaxnorm._pallas import compat as pl
 
-from jaxnorm._pallas_common import KernelSpec, col_loop, compiler_params, gamma_row, load, rstd
-from jaxnorm._pallas_common import iota, plan_of, tile
+from jaxnorm._pallas.common import KernelSpec, col_loop, compiler_params, gamma_row, load, rstd
+from jaxnorm._pallas.common import iota, plan_of, tile
 
 
 def _row_statistics(spec: KernelSpec, load_x, x0, mask0):
@@ -82,15 +81,15 @@ def _normalize_tile(spec: KernelSpec, load_x, scale_ref, bias_ref, y_ref, stat_r
     b = load(bias_ref, (cds,), col_ok)[None, :] if spec.has_bias else None
     # The casting mode's output map (jaxnorm._casting), the XLA path's own rule.
     y = plan_of(spec).normalized_affine(xc, r[:, None], gam, b)
-    plgpu.store(y_ref.at[rds, cds], y.astype(y_ref.dtype), mask=mask)
+    pl.store(y_ref.at[rds, cds], y.astype(y_ref.dtype), mask=mask)
     if h_ref is not None:
-      plgpu.store(h_ref.at[rds, cds], x.astype(h_ref.dtype), mask=mask)
+      pl.store(h_ref.at[rds, cds], x.astype(h_ref.dtype), mask=mask)
     return carry
 
   col_loop(spec, out_body, 0)
   stats = (shift, delta, r) if spec.center else (r,)
   for ref, value in zip(stat_refs, stats):
-    plgpu.store(ref.at[rows_ds], value, mask=row_ok)
+    pl.store(ref.at[rows_ds], value, mask=row_ok)
 
 
 def _split_refs(spec: KernelSpec, refs, n_in: int, n_out: int):

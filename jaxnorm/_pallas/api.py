@@ -1,10 +1,10 @@
 r"""The checked kernel API: LayerNorm/RMSNorm Pallas kernels (Triton backend) on ``(rows, d)``.
 
 Normalization is memory-bound on a GPU, so the kernels move each byte once: the forward
-(:mod:`jaxnorm._pallas_forward`) reads ``x`` once and writes ``y`` and the per-row statistics;
-the backward (:mod:`jaxnorm._pallas_backward`) reads ``x`` and ``dy`` once and writes ``dx``,
+(:mod:`jaxnorm._pallas.forward`) reads ``x`` once and writes ``y`` and the per-row statistics;
+the backward (:mod:`jaxnorm._pallas.backward`) reads ``x`` and ``dy`` once and writes ``dx``,
 with ``dscale``/``dbias`` summed deterministically by a second small kernel. Feature sizes larger
-than one block (``d > _pallas_config.MAX_BLOCK_D``) loop over column blocks; blocks are powers
+than one block (``d > config.MAX_BLOCK_D``) loop over column blocks; blocks are powers
 of two and loads are masked, so any ``d`` works.
 
 Math (the same derived formulas as the XLA path in :mod:`jaxnorm._xla`), per row, with
@@ -30,11 +30,11 @@ variance is taken with two passes over the row held in registers; the residuals 
 ``delta``, ``rstd`` mean the same thing as on the XLA path, so either backward can consume them.
 
 This module is the boundary of the kernels used on their own (tests, benchmarks): every function
-describes its call with the ops' own :func:`jaxnorm._core.prepare` (one check per rule, the
+describes its call with the ops' own :func:`jaxnorm._norm_args.prepare` (one check per rule, the
 same messages as the ops), checks what only this API takes (2-D ``x``, per-row statistics,
 cotangents), and launches the kernels from the launch spec the ops derive
-(:func:`jaxnorm._core.pallas_spec`). Block sizes come
-from :func:`jaxnorm._pallas_config.default_block_config`. On a CPU the kernels run in Pallas
+(:func:`jaxnorm._pallas.backend.kernel_spec`). Block sizes come
+from :func:`jaxnorm._pallas.config.default_block_config`. On a CPU the kernels run in Pallas
 interpret mode (``interpret=True``; the public ops take it as
 ``pallas=jaxnorm.PallasConfig(interpret=True)``).
 """
@@ -43,11 +43,13 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jaxnorm import _core
+from jaxnorm import _norm_args
 from jaxnorm import _validation as v
-from jaxnorm._pallas_backward import add_norm_backward, norm_backward
-from jaxnorm._pallas_config import supported
-from jaxnorm._pallas_forward import add_norm_forward, norm_forward
+from jaxnorm._norm_ops import NORM_OPS
+from jaxnorm._pallas.backend import kernel_spec
+from jaxnorm._pallas.backward import add_norm_backward, norm_backward
+from jaxnorm._pallas.config import supported
+from jaxnorm._pallas.forward import add_norm_forward, norm_forward
 
 __all__ = [
     "add_layer_norm_bwd",
@@ -61,24 +63,25 @@ __all__ = [
 ]
 
 
-def _spec(x, scale, bias, *, center, epsilon, epsilon_placement, zero_centered_scale, interpret,
+def _spec(x, scale, bias, *, op, epsilon, epsilon_placement, zero_centered_scale, interpret,
           has_bias=None, residual_scale=1.0, x_name="x"):
-  """The launch spec of a kernel-API call, from the ops' own :func:`jaxnorm._core.prepare`.
+  """The launch spec of a kernel-API call, from the ops' own :func:`jaxnorm._norm_args.prepare`.
 
-  One description of a call and one check per rule: ``prepare`` checks ``x``, ``scale``,
-  ``bias``, ``epsilon`` and the choices exactly as for the public ops and builds the
-  :class:`~jaxnorm._spec.NormConfig` that :func:`jaxnorm._core.pallas_spec` turns into the
-  launch spec, as the ops do. What is the kernel API's own contract is checked here on top:
-  ``x`` is 2-D, non-empty and of a dtype the kernels take (:func:`jaxnorm._pallas_config.
-  supported`, the ops' own statement of it), and the parameters are one ``(d,)`` row (no
-  per-head parameters: map the kernels over heads yourself). Whether the platform compiles the
-  kernels is Pallas's to say when the call is lowered (``interpret=True`` runs anywhere).
+  One description of a call and one check per rule: ``prepare`` checks ``x``, ``scale``, ``bias``,
+  ``epsilon`` and the choices exactly as for the public ops and builds the
+  :class:`~jaxnorm._norm_config.NormConfig` that :func:`jaxnorm._pallas.backend.kernel_spec` turns
+  into the launch spec, as the ops do. What is the kernel API's own contract is checked here on
+  top: ``x`` is 2-D, non-empty and of a dtype the kernels take
+  (:func:`jaxnorm._pallas.config.supported`, the ops' own statement of it), and the parameters are
+  one ``(d,)`` row (no per-head parameters: map the kernels over heads yourself). Whether the
+  platform compiles the kernels is Pallas's to say when the call is lowered (``interpret=True``
+  runs anywhere).
   ``has_bias``: whether the spec has a bias (a backward's ``dbias``); default ``bias is not
   None``. ``x_name``: what the messages call ``x`` (``h`` in the fused backward).
   """
   v.check_bool("interpret", interpret)
-  cfg, _, _, _ = _core.prepare(
-      x, scale, bias, center=center, epsilon=epsilon, axis=-1, mask=None,
+  cfg, _, _, _ = _norm_args.prepare(
+      x, scale, bias, op=op, epsilon=epsilon, axis=-1, mask=None,
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=None, axis_index_groups=None, dtype=None, impl="xla", x_name=x_name)
   if x.ndim != 2:
@@ -93,9 +96,9 @@ def _spec(x, scale, bias, *, center, epsilon, epsilon_placement, zero_centered_s
                      f"(one row shared by every row of {x_name}), got "
                      f"{[None if p is None else tuple(p.shape) for p in (scale, bias)]}; map "
                      f"the kernels over the heads for per-head parameters.")
-  return _core.pallas_spec(cfg, x, scale, has_bias=bias is not None if has_bias is None
-                           else v.check_bool("has_bias", has_bias),
-                           residual_scale=residual_scale)
+  return kernel_spec(cfg, x, scale, has_bias=bias is not None if has_bias is None
+                     else v.check_bool("has_bias", has_bias),
+                     residual_scale=residual_scale)
 
 
 def _check_rows(name: str, stat, rows: int, x_name: str = "x") -> None:
@@ -144,8 +147,9 @@ def layer_norm_fwd(x, scale, bias, *, epsilon, epsilon_placement="inside",
     ``x[:, 0]``), ``delta`` (mean of ``x - shift``) and ``rstd``, each float32 ``(rows,)``. The
     row mean is ``shift + delta``.
   """
-  spec = _spec(x, scale, bias, center=True, epsilon=epsilon, epsilon_placement=epsilon_placement,
-               zero_centered_scale=zero_centered_scale, interpret=interpret)
+  spec = _spec(x, scale, bias, op="layer_norm", epsilon=epsilon,
+               epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
+               interpret=interpret)
   return norm_forward(x, scale, bias, spec=spec, out_dtype=_out_dtype(out_dtype, x),
                       interpret=interpret)
 
@@ -171,8 +175,9 @@ def rms_norm_fwd(x, scale, *, epsilon, epsilon_placement="inside", zero_centered
   Returns:
     ``(y, rstd)``: ``y: (rows, d)`` in ``out_dtype``, ``rstd`` float32 ``(rows,)``.
   """
-  spec = _spec(x, scale, None, center=False, epsilon=epsilon, epsilon_placement=epsilon_placement,
-               zero_centered_scale=zero_centered_scale, interpret=interpret)
+  spec = _spec(x, scale, None, op="rms_norm", epsilon=epsilon,
+               epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
+               interpret=interpret)
   return norm_forward(x, scale, None, spec=spec, out_dtype=_out_dtype(out_dtype, x),
                       interpret=interpret)
 
@@ -204,8 +209,9 @@ def layer_norm_bwd(x, scale, shift, delta, rstd, dy, *, epsilon, epsilon_placeme
     ``(dx, dscale, dbias)``: ``dx`` in ``x.dtype``; ``dscale`` in ``scale.dtype`` or None;
     ``dbias`` float32 ``(d,)`` (the bias is not an input; the caller casts it) or None.
   """
-  spec = _spec(x, scale, None, center=True, epsilon=epsilon, epsilon_placement=epsilon_placement,
-               zero_centered_scale=zero_centered_scale, interpret=interpret, has_bias=has_bias)
+  spec = _spec(x, scale, None, op="layer_norm", epsilon=epsilon,
+               epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
+               interpret=interpret, has_bias=has_bias)
   for name, stat in (("shift", shift), ("delta", delta), ("rstd", rstd)):
     _check_rows(name, stat, spec.rows)
   _check_like("dy", dy, x)
@@ -235,8 +241,9 @@ def rms_norm_bwd(x, scale, rstd, dy, *, epsilon, epsilon_placement="inside",
   Returns:
     ``(dx, dscale)``: ``dx`` in ``x.dtype``; ``dscale`` in ``scale.dtype`` or None.
   """
-  spec = _spec(x, scale, None, center=False, epsilon=epsilon, epsilon_placement=epsilon_placement,
-               zero_centered_scale=zero_centered_scale, interpret=interpret)
+  spec = _spec(x, scale, None, op="rms_norm", epsilon=epsilon,
+               epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
+               interpret=interpret)
   _check_rows("rstd", rstd, spec.rows)
   _check_like("dy", dy, x)
   dx, dscale, _ = norm_backward(x, dy, scale, None, None, rstd.astype(jnp.float32), spec=spec,
@@ -253,10 +260,10 @@ def _check_dtype(name: str, dtype) -> jnp.dtype:
   return jnp.dtype(dtype)
 
 
-def _add_spec(x, residual, scale, bias, *, center, residual_scale, epsilon, epsilon_placement,
+def _add_spec(x, residual, scale, bias, *, op, residual_scale, epsilon, epsilon_placement,
               zero_centered_scale, interpret):
   """:func:`_spec` of a residual add + norm forward, ``residual`` checked as the fused ops do."""
-  spec = _spec(x, scale, bias, center=center, epsilon=epsilon,
+  spec = _spec(x, scale, bias, op=op, epsilon=epsilon,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                interpret=interpret, residual_scale=v.check_residual_scale(residual_scale))
   v.check_floating("residual", residual)
@@ -295,7 +302,7 @@ def add_layer_norm_fwd(x, residual, scale, bias, *, epsilon, residual_scale=1.0,
     ``(y, h, shift, delta, rstd)``: ``y`` in ``out_dtype``, ``h`` in ``h_dtype``, and the float32
     ``(rows,)`` statistics of ``h`` as in :func:`layer_norm_fwd`.
   """
-  spec = _add_spec(x, residual, scale, bias, center=True, residual_scale=residual_scale,
+  spec = _add_spec(x, residual, scale, bias, op="layer_norm", residual_scale=residual_scale,
                    epsilon=epsilon, epsilon_placement=epsilon_placement,
                    zero_centered_scale=zero_centered_scale, interpret=interpret)
   h_dtype = _check_dtype("h_dtype", h_dtype or jnp.promote_types(x.dtype, residual.dtype))
@@ -315,7 +322,7 @@ def add_rms_norm_fwd(x, residual, scale, *, epsilon, residual_scale=1.0, h_dtype
   Returns:
     ``(y, h, rstd)``.
   """
-  spec = _add_spec(x, residual, scale, None, center=False, residual_scale=residual_scale,
+  spec = _add_spec(x, residual, scale, None, op="rms_norm", residual_scale=residual_scale,
                    epsilon=epsilon, epsilon_placement=epsilon_placement,
                    zero_centered_scale=zero_centered_scale, interpret=interpret)
   h_dtype = _check_dtype("h_dtype", h_dtype or jnp.promote_types(x.dtype, residual.dtype))
@@ -323,14 +330,14 @@ def add_rms_norm_fwd(x, residual, scale, *, epsilon, residual_scale=1.0, h_dtype
                           h_dtype=h_dtype, interpret=interpret)
 
 
-def _add_bwd(h, scale, stats, dy, dh, *, center, has_bias, residual_scale, x_dtype,
+def _add_bwd(h, scale, stats, dy, dh, *, op, has_bias, residual_scale, x_dtype,
              residual_dtype, epsilon, epsilon_placement, zero_centered_scale, interpret):
   """The checks and the launch of both fused backwards (``h`` in the role of ``x``)."""
-  spec = _spec(h, scale, None, center=center, epsilon=epsilon,
+  spec = _spec(h, scale, None, op=op, epsilon=epsilon,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                interpret=interpret, has_bias=has_bias,
                residual_scale=v.check_residual_scale(residual_scale), x_name="h")
-  for name, stat in zip(("shift", "delta", "rstd") if center else ("rstd",), stats):
+  for name, stat in zip(NORM_OPS[op].residuals, stats):
     _check_rows(name, stat, spec.rows, "h")
   _check_like("dy", dy, h, "h")
   if dh is not None:
@@ -338,7 +345,8 @@ def _add_bwd(h, scale, stats, dy, dh, *, center, has_bias, residual_scale, x_dty
   x_dtype = _check_dtype("x_dtype", x_dtype or h.dtype)
   residual_dtype = _check_dtype("residual_dtype", residual_dtype or h.dtype)
   f32 = [s.astype(jnp.float32) for s in stats]
-  shift, delta, rstd = f32 if center else (None, None, f32[0])
+  named = dict(zip(NORM_OPS[op].residuals, f32))
+  shift, delta, rstd = (named.get(k) for k in ("shift", "delta", "rstd"))
   return add_norm_backward(h, dy, dh, scale, shift, delta, rstd, spec=spec, x_dtype=x_dtype,
                            residual_dtype=residual_dtype, interpret=interpret)
 
@@ -372,7 +380,7 @@ def add_layer_norm_bwd(h, scale, shift, delta, rstd, dy, dh, *, epsilon, residua
   Returns:
     ``(dx, dresidual, dscale, dbias)``; ``dbias`` in float32 (the caller casts it) or None.
   """
-  return _add_bwd(h, scale, (shift, delta, rstd), dy, dh, center=True, has_bias=has_bias,
+  return _add_bwd(h, scale, (shift, delta, rstd), dy, dh, op="layer_norm", has_bias=has_bias,
                   residual_scale=residual_scale, x_dtype=x_dtype, residual_dtype=residual_dtype,
                   epsilon=epsilon, epsilon_placement=epsilon_placement,
                   zero_centered_scale=zero_centered_scale, interpret=interpret)
@@ -391,7 +399,7 @@ def add_rms_norm_bwd(h, scale, rstd, dy, dh, *, epsilon, residual_scale=1.0, x_d
     ``(dx, dresidual, dscale)``.
   """
   dx, dres, dscale, _ = _add_bwd(
-      h, scale, (rstd,), dy, dh, center=False, has_bias=False, residual_scale=residual_scale,
+      h, scale, (rstd,), dy, dh, op="rms_norm", has_bias=False, residual_scale=residual_scale,
       x_dtype=x_dtype, residual_dtype=residual_dtype, epsilon=epsilon,
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       interpret=interpret)

@@ -31,12 +31,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
+from jaxnorm._pallas import compat as pl
 
 from jaxnorm import _math
-from jaxnorm._pallas_common import KernelSpec, backward_config, col_loop, compiler_params
-from jaxnorm._pallas_common import ds, fori, gamma_row, iota, load, tile
+from jaxnorm._pallas.common import KernelSpec, backward_config, col_loop, compiler_params
+from jaxnorm._pallas.common import ds, fori, gamma_row, iota, load, tile
 
 
 def _tile_terms(spec: KernelSpec, x_ref, dy_ref, scale_ref, row0, col0, stats):
@@ -93,7 +92,7 @@ def _store_partials(spec: KernelSpec, ds_ref, db_ref, pid, cds, col_ok, ds, db, 
   for ref, value, present in ((ds_ref, ds, spec.has_scale), (db_ref, db, spec.has_bias)):
     if present:
       prev = load(ref, (pid, cds), col_ok) if add else 0.0
-      plgpu.store(ref.at[pid, cds], prev + value, mask=col_ok)
+      pl.store(ref.at[pid, cds], prev + value, mask=col_ok)
 
 
 def _dx_program(spec: KernelSpec, x_ref, dy_ref, scale_ref, stat_refs, ds_ref, db_ref, emit_dx):
@@ -163,7 +162,7 @@ def norm_backward_kernel_dx(spec: KernelSpec, *refs):
   (x_ref, dy_ref), scale_ref, stat_refs, (dx_ref,), ds_ref, db_ref = _split_refs(spec, refs, 2, 1)
 
   def emit_dx(rds, cds, mask, dx):
-    plgpu.store(dx_ref.at[rds, cds], dx.astype(dx_ref.dtype), mask=mask)
+    pl.store(dx_ref.at[rds, cds], dx.astype(dx_ref.dtype), mask=mask)
 
   _dx_program(spec, x_ref, dy_ref, scale_ref, stat_refs, ds_ref, db_ref, emit_dx)
 
@@ -182,10 +181,10 @@ def add_norm_backward_kernel_dx(spec: KernelSpec, has_dh: bool, split_dx: bool, 
   def emit_dx(rds, cds, mask, dx):
     if dh_ref is not None:
       dx = dx + load(dh_ref, (rds, cds), mask)
-    plgpu.store(dx_ref.at[rds, cds], dx.astype(dx_ref.dtype), mask=mask)
+    pl.store(dx_ref.at[rds, cds], dx.astype(dx_ref.dtype), mask=mask)
     if dres_ref is not None:
       dres = dx if alpha == 1.0 else alpha * dx
-      plgpu.store(dres_ref.at[rds, cds], dres.astype(dres_ref.dtype), mask=mask)
+      pl.store(dres_ref.at[rds, cds], dres.astype(dres_ref.dtype), mask=mask)
 
   _dx_program(spec, h_ref, dy_ref, scale_ref, stat_refs, ds_ref, db_ref, emit_dx)
 
@@ -208,7 +207,7 @@ def backward_kernel_dscale_dbias(n_parts: int, rows: int, d: int, block_rows: in
   init = tuple(jnp.zeros((block_rows, block_d), jnp.float32) for _ in part_refs)
   accs = fori(pl.cdiv(rows, block_rows), body, init)
   for acc, out_ref in zip(accs, out_refs):
-    plgpu.store(out_ref.at[cds], jnp.sum(acc, axis=0).astype(out_ref.dtype), mask=col_ok)
+    pl.store(out_ref.at[cds], jnp.sum(acc, axis=0).astype(out_ref.dtype), mask=col_ok)
 
 
 def _param_grads(parts, scale, spec: KernelSpec, interpret: bool):
@@ -224,7 +223,7 @@ def _param_grads(parts, scale, spec: KernelSpec, interpret: bool):
                         blk.reduce_block_d),
       out_shape=[jax.ShapeDtypeStruct((d,), dt) for dt in dtypes],
       grid=(pl.cdiv(d, blk.reduce_block_d),),
-      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+      compiler_params=pl.compiler_params(num_warps=4, num_stages=1),
       interpret=interpret,
       name="jaxnorm_norm_param_reduce",
   )(*parts))

@@ -1,0 +1,76 @@
+r"""Internal API: the one interface every backend of the norm family implements.
+
+A backend (an entry of :data:`jaxnorm._backends.BACKENDS`) runs the norm ops on ``(..., d)``
+arrays prepared by :mod:`jaxnorm._norm_args` and described by a
+:class:`jaxnorm._norm_config.NormConfig`, whose ``impl`` names the backend. It has six methods,
+the plain op and the residual add + norm op each in three roles:
+
+* ``forward_only``: the value of an undifferentiated call, nothing kept;
+* ``forward``: the value and the per-row statistics reverse mode keeps (the JVP rule's primal);
+* ``backward``: the derived VJP (run where :mod:`jaxnorm._ad` transposes the tangent map).
+
+The math is the op's (:mod:`jaxnorm._norm_ops`, derived in ``docs/derivations.md``); a backend
+says only how it is computed. :class:`Backend` gives the residual add + norm as the composition
+of an add in XLA and the backend's own plain op (what the XLA backend runs); a backend with fused
+kernels overrides the three ``add_*`` methods. Imports nothing of jaxnorm but the XLA formulas.
+"""
+
+from __future__ import annotations
+
+from jaxnorm import _xla
+
+__all__ = ["Backend"]
+
+
+class Backend:
+  """The methods of a backend; the ``add_*`` ones default to add-then-plain-op.
+
+  Every method takes the static config first and trusts it. ``stats`` is the op's residual
+  tuple ``(shift, delta, rstd)``, each ``(..., 1)`` in the compute dtype (None where the op
+  keeps none, e.g. RMSNorm's shift and delta). Parameter cotangents come back in their primals'
+  shapes and dtypes, not yet summed over the mesh axes their primal is replicated on
+  (:func:`jaxnorm._backends.param_cotangents` does that).
+  """
+
+  name = ""
+
+  def forward_only(self, cfg, x, scale, bias, mask):
+    """``y``: the value of an undifferentiated call."""
+    raise NotImplementedError
+
+  def forward(self, cfg, x, scale, bias, mask):
+    """``(y, stats)``: the value and the statistics reverse mode keeps."""
+    raise NotImplementedError
+
+  def backward(self, cfg, x, scale, mask, stats, dy, dx_dtype=None):
+    """``(dx, dscale, dbias)``; ``dx`` in ``dx_dtype`` (None: ``x.dtype``)."""
+    raise NotImplementedError
+
+  def add_forward_only(self, cfg, x, residual, scale, bias, mask):
+    """``(y, h)`` of the residual add + norm, nothing kept."""
+    h = _xla.residual_add(cfg, x, residual)
+    return self.forward_only(cfg, h, scale, bias, mask), h
+
+  def add_forward(self, cfg, x, residual, scale, bias, mask):
+    """``(y, h, stats)``: the statistics are the plain op's at ``h``."""
+    h = _xla.residual_add(cfg, x, residual)
+    y, stats = self.forward(cfg, h, scale, bias, mask)
+    return y, h, stats
+
+  def add_backward(self, cfg, h, scale, mask, stats, dy, dh):
+    """``(dx, dresidual, dscale, dbias)``: ``dx = dh + J^T dy``, ``dresidual = alpha dx``.
+
+    ``J^T dy`` is the plain op's backward at ``h``, kept in the compute dtype until ``dh``
+    (None: ``h`` unused downstream) is added, so each cotangent is rounded once.
+    """
+    ct = _xla.compute_dtype(h.dtype)
+    # h goes in as stored, so the backward's barriers see it and no float32 copy of a narrow
+    # h is materialized.
+    dn, dscale, dbias = self.backward(cfg, h, scale, mask, stats, dy, dx_dtype=ct)
+    total = dn if dh is None else dn + dh.astype(ct)  # (..., d)
+    dx = total.astype(cfg.add.x_dtype)
+    if cfg.residual_scale == 1.0 and cfg.add.residual_dtype == cfg.add.x_dtype:
+      dres = dx  # one array for both input cotangents
+    else:
+      dres = (cfg.residual_scale * total).astype(cfg.add.residual_dtype)
+    return dx, dres, dscale, dbias

@@ -1,0 +1,167 @@
+"""Internal API: the table of backends, the choice of one for a call, and the dispatch to it.
+
+:data:`BACKENDS` maps a name to an object with the methods of
+:class:`jaxnorm._backend_interface.Backend`: ``"xla"`` (:mod:`jaxnorm._xla_backend`, runs
+everywhere) and ``"pallas"`` (:mod:`jaxnorm._pallas.backend`, the Triton kernels). Adding a
+backend is one module implementing the interface and one entry here (``docs/ops.md``).
+
+A call's ``impl`` is resolved once, when it is prepared (:func:`resolve_impl`): "xla",
+"pallas", or "platform" (``impl="auto"`` on a call the kernels take: the kernels where the
+program is lowered for a GPU, XLA elsewhere). :func:`run` then looks the method up in the table
+for the resolved backend, behind the primitive that lowers the kernels per platform
+(:func:`jaxnorm._pallas.kernel_call.kernel_call`) where they may run. The functions below are
+what the differentiation layer (:mod:`jaxnorm._ad`) and the tests call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+
+import jax.numpy as jnp
+from jax import lax
+
+from jaxnorm import _jax_compat
+from jaxnorm import _validation as v
+from jaxnorm._xla_rows import match_vma
+from jaxnorm._norm_config import NormConfig
+from jaxnorm._pallas.backend import PALLAS
+from jaxnorm._pallas.config import GPU_PLATFORMS
+from jaxnorm._pallas.kernel_call import kernel_call
+from jaxnorm._xla_backend import XLA
+
+__all__ = ["BACKENDS", "add_backward", "add_forward", "add_forward_only", "backward", "forward",
+           "forward_only", "param_cotangents", "resolve_add_impl", "resolve_impl", "run"]
+
+BACKENDS = types.MappingProxyType({"xla": XLA, "pallas": PALLAS})
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing a backend (once, when a call is prepared).
+
+
+def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()) -> str:
+  """Resolves ``impl`` in {"auto", "xla", "pallas"} to "xla", "pallas" or "platform".
+
+  "auto" on a call the kernels take (:meth:`PallasBackend.refusal` has no objection) is "platform":
+  the kernels where the program is lowered for a GPU and XLA elsewhere, decided per lowering
+  platform (:func:`run`), not from the default backend at trace time; any other call is "xla". It
+  never fails where "xla" works. "pallas" raises a ``ValueError`` saying why when the kernels
+  cannot take the call (``op``, a :class:`~jaxnorm._norm_ops.NormOp`, with its ``options``, the
+  ``(name, value)`` pairs of :attr:`NormConfig.options`); whether the platform can compile them is
+  asked where the program is lowered (:mod:`jaxnorm._pallas.kernel_call`), for each platform it is
+  lowered for.
+  """
+  v.check_choice("impl", impl, v.IMPLS)
+  if impl == "xla":
+    return "xla"
+  why_not = BACKENDS["pallas"].refusal(x2_shape, dtype, mask, axis_name, op, options)
+  if impl == "auto":
+    return "xla" if why_not is not None else "platform"
+  if why_not is not None:
+    raise ValueError(v.pallas_refusal(why_not))
+  return "pallas"
+
+
+def resolve_add_impl(cfg: NormConfig, dtypes, impl: str) -> NormConfig:
+  """``cfg`` with impl="xla" where the fused kernels cannot take one of ``dtypes`` ("auto")."""
+  if cfg.impl == "xla":
+    return cfg
+  reason = BACKENDS["pallas"].add_refusal(dtypes)
+  if reason is None:
+    return cfg
+  if impl == "auto":
+    return dataclasses.replace(cfg, impl="xla")
+  raise ValueError(v.pallas_refusal(reason))
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatch.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Method:
+  """``BACKENDS[cfg.impl].<name>(cfg, *args, **static)``: a hashable function of the config
+  (a parameter of the kernel-call primitive, which swaps in ``impl="xla"`` to type it)."""
+
+  name: str
+  static: tuple = ()
+
+  def __call__(self, cfg: NormConfig, *args):
+    return getattr(BACKENDS[cfg.impl], self.name)(cfg, *args, **dict(self.static))
+
+
+def run(cfg: NormConfig, name: str, *args, **static):
+  """The backend method ``name`` of the resolved ``cfg.impl`` on ``args``.
+
+  "platform" is decided per lowering platform: a ``lax.platform_dependent`` whose GPU branches
+  run the kernels and whose default branch runs XLA. Only the branch of the platform a program
+  is lowered for is compiled, so ``jax.export(..., platforms=["cuda"])`` from a CPU host carries
+  the kernels and ``["tpu"]`` the XLA formulas; both branches return the same shapes and
+  dtypes. The kernels run behind :func:`jaxnorm._pallas.kernel_call.kernel_call`, so every
+  branch can be differentiated again.
+  """
+  fn = _Method(name, tuple(sorted(static.items())))
+  if cfg.impl == "xla":
+    return fn(cfg, *args)
+  pal = dataclasses.replace(cfg, impl="pallas")
+  if cfg.impl == "pallas":
+    return kernel_call(pal, fn, *args)
+  xla = dataclasses.replace(cfg, impl="xla")
+  # A program lowered for several platforms lowers every branch for each of them: the kernels'
+  # branch then lowers to the XLA path where the kernels do not compile (elsewhere="xla").
+  kernels = functools.partial(kernel_call, pal, fn, elsewhere="xla")
+  gpu = dict.fromkeys(GPU_PLATFORMS, kernels)
+  return lax.platform_dependent(*args, default=functools.partial(fn, xla), **gpu)
+
+
+def param_cotangents(cfg: NormConfig, scale, dscale, dbias):
+  """``dscale``/``dbias`` in their primals' shapes and dtypes, summed over replicated mesh axes."""
+  if dscale is not None:
+    dscale = dscale.reshape(scale.shape).astype(scale.dtype)
+    dscale = match_vma(dscale, _jax_compat.varying_axes(scale))
+  if dbias is not None:
+    dbias = dbias.reshape(cfg.bias_shape).astype(cfg.bias_dtype)
+    dbias = match_vma(dbias, cfg.bias_vma)
+  return dscale, dbias
+
+
+def forward_only(cfg: NormConfig, x, scale, bias, mask):
+  """``y`` of ``x: (..., d)``, nothing kept: the value of an undifferentiated call."""
+  return run(cfg, "forward_only", x, scale, bias, mask)
+
+
+def forward(cfg: NormConfig, x, scale, bias, mask):
+  """``(y, stats)`` of ``x: (..., d)``: the value and what reverse mode keeps."""
+  return run(cfg, "forward", x, scale, bias, mask)
+
+
+def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None):
+  """``(dx, dscale, dbias)``: the derived VJP; ``dx`` in ``dx_dtype`` (default ``x.dtype``).
+
+  ``dscale``/``dbias`` come back unreduced over mesh axes: see :func:`param_cotangents`.
+  """
+  dx_dtype = None if dx_dtype is None else jnp.dtype(dx_dtype)
+  return run(cfg, "backward", x, scale, mask, stats, dy, dx_dtype=dx_dtype)
+
+
+def add_forward_only(cfg: NormConfig, x, residual, scale, bias, mask):
+  """``(y, h)`` of the residual add + norm, nothing kept."""
+  return run(cfg, "add_forward_only", x, residual, scale, bias, mask)
+
+
+def add_forward(cfg: NormConfig, x, residual, scale, bias, mask):
+  """``(y, h, stats)`` of the residual add + norm (stats: the plain op's at ``h``)."""
+  return run(cfg, "add_forward", x, residual, scale, bias, mask)
+
+
+def add_backward(cfg: NormConfig, h, scale, mask, stats, dy, dh):
+  """``(dx, dresidual, dscale, dbias)``, each in its primal's dtype, summed over the mesh axes
+  its primal is replicated on. ``dh`` None: ``h`` unused downstream (nothing added)."""
+  dx, dres, dscale, dbias = run(cfg, "add_backward", h, scale, mask, stats, dy, dh)
+  dscale, dbias = param_cotangents(cfg, scale, dscale, dbias)
+  add = cfg.add
+  dx = match_vma(dx, add.x_vma)
+  dres = match_vma(dres, add.residual_vma)
+  return dx, dres, dscale, dbias

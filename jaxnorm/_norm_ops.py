@@ -1,0 +1,203 @@
+r"""Internal API: the norm family's ops, each declared once: :data:`NORM_OPS`.
+
+An op of the family normalizes the trailing axis of ``x: (..., d)`` by per-row statistics,
+``y = gamma * x_hat + beta`` with ``x_hat = x_c * r``. A :class:`NormOp` says what differs
+between its members; everything else (the forward, the derived backward and tangent, the
+Jacobian, batching, sharding, the kernels' launch) is written once for the family and reads
+the declaration from the call's :class:`~jaxnorm._norm_config.NormConfig` (``cfg.op``):
+
+* ``statistics``: how the per-row statistics are computed (XLA ops), ``(shift, delta, rstd)``:
+  LayerNorm's mean and variance from shifted data, RMSNorm's mean square;
+* ``mean_path``: whether the op centres the row, :math:`x_c = x - \mu` (LayerNorm) or
+  :math:`x_c = x` (RMSNorm); it decides :meth:`NormOp.centered` and the mean-path term of the
+  backward, the tangent and the Jacobian (the variance-path factor :math:`c` is the family's,
+  :func:`jaxnorm._xla_rows.variance_path_factor`);
+* ``residuals``: the per-row statistics reverse mode keeps (the kernels return exactly these);
+* ``params``: the array parameters after ``x``; ``options``: the op's own switches
+  (:class:`Option`, e.g. LayerNorm's ``use_fast_variance``);
+* ``xla_forward_views``: how XLA:CPU's undifferentiated forward reads ``x`` on few rows
+  (:func:`jaxnorm._xla.forward_only`).
+
+The math, derivations and numerics are in ``docs/derivations.md``. A new op of the family is one
+more entry here with its statistics (``docs/ops.md``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any, Callable
+
+import jax.numpy as jnp
+
+from jaxnorm._xla_rows import compute_dtype, count, first_pivot, fresh, normalizer, psum, row_sums
+
+__all__ = ["NORM_OPS", "NormOp", "Option"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+  """A switch of one op beyond the family's arguments (a Python bool, checked once).
+
+  Attributes:
+    name: the keyword of the public op and the layer (e.g. ``use_fast_variance``).
+    default: its value when not given.
+  """
+
+  name: str
+  default: Any = False
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class NormOp:
+  """The declaration of one op of the norm family (hashable: part of the static config).
+
+  Attributes:
+    name: the op's name (``jaxnorm.<name>``, ``OPS[name]``).
+    statistics: ``(cfg, x, mask, *, decouple) -> (shift, delta, rstd)``, each ``(..., 1)`` in
+      the compute dtype, None where the op has no such statistic.
+    mean_path: whether the row is centred (:meth:`centered`) and the derivatives carry the
+      mean-path term.
+    residuals: the names of the statistics reverse mode keeps, in ``(shift, delta, rstd)``
+      order (the kernels return these, in this order).
+    params: the array parameters after ``x``, in call order.
+    options: the op's own options (:class:`Option`).
+    xla_forward_views: whether XLA's undifferentiated forward reads ``x`` through separate
+      views on fewer rows than YNNPACK takes whole (:func:`jaxnorm._xla.forward_only`).
+  """
+
+  name: str
+  statistics: Callable[..., tuple]
+  mean_path: bool
+  residuals: tuple[str, ...]
+  params: tuple[str, ...]
+  options: tuple[Option, ...] = ()
+  xla_forward_views: bool = False
+
+  def __repr__(self):
+    return f"NormOp({self.name!r})"
+
+  def centered(self, xf, shift, delta):
+    """``x_c``: ``(x - shift) - delta`` (exact where ``x`` is near the pivot; ``delta`` None:
+    ``x - shift``), or ``x`` itself without a mean path; ``xf`` in the compute dtype."""
+    if not self.mean_path:
+      return xf
+    return xf - shift if delta is None else (xf - shift) - delta
+
+
+def _layer_norm_statistics(cfg, x, mask, *, decouple: bool = True):
+  r"""Row statistics of ``x: (..., d)`` in the compute dtype, from shifted data.
+
+  .. math::
+
+     \delta = \tfrac1n \sum_i m_i (x_i - K), \qquad
+     v = \tfrac1n \sum_i m_i (x_i - K)^2 - \delta^2, \qquad \mu = K + \delta.
+
+  The pivot ``K`` is the row's first element (:func:`~jaxnorm._xla_rows.first_pivot`, as in the
+  kernels) for a row without a mask or a sharded feature axis: the two sums then depend on nothing
+  but ``x`` and are the only passes over it. Otherwise it is the plain (rounded) mean, a reduction
+  first, which every shard agrees on and which ignores masked-out entries. Either way ``x - K`` is
+  exact wherever it is small (Sterbenz), so the variance does not lose the digits that ``E[x^2] -
+  E[x]^2`` loses at a large mean/std ratio. The price of the first element: when it lies ``k``
+  standard deviations from the row's mean, ``v`` comes out of a difference of two terms of size
+  about ``k^2 v`` and loses about ``2 log2(k)`` bits (3 bits at ``k = 3``; a row whose first
+  feature is an outlier channel 100 standard deviations out keeps about 10 of float32's 24); the
+  mean pivot loses nothing there.
+
+  ``decouple``: the two shifted sums read ``x`` through separate :func:`~jaxnorm._xla_rows.fresh`
+  views (for when the statistics are outputs of the jitted program, e.g. residuals, and for
+  LayerNorm's forward alone on fewer rows than YNNPACK takes whole); False lets them share ``x -
+  shift`` (the forward alone otherwise, :func:`jaxnorm._xla.forward_only`).
+
+  With the option ``use_fast_variance=True``: Flax's ``E[x^2] - E[x]^2`` instead,
+  :func:`_fast_statistics`, which returns ``(mean, None, rstd)``.
+
+  Returns ``(shift, delta, rstd)``, each ``(..., 1)``; the row mean is ``shift + delta``.
+  """
+  ct = compute_dtype(x.dtype)
+  xf = x.astype(ct)
+  n = count(cfg, mask, x.shape, ct)
+  if cfg.option("use_fast_variance"):
+    return _fast_statistics(cfg, x, mask, n, decouple=decouple)
+  if mask is None and cfg.axis_name is None:
+    shift = first_pivot(x)  # no reduction to wait for
+  else:
+    # The plain (rounded) mean: every shard agrees on it, and it ignores masked-out (possibly
+    # garbage) entries, which a masked-out first element could be.
+    (s0,) = row_sums(xf, mask=mask)
+    shift = psum(cfg, s0) / n
+  # The two shifted sums each see their own view of x (see fresh): when the statistics are
+  # residuals, XLA:CPU computes each in its own fusion, and would otherwise write x - shift (in
+  # float32) to memory once for both to read.
+  x1, shift1, mask1 = fresh(x, shift, mask) if decouple else (x, shift, mask)
+  (s1,) = row_sums(x1.astype(ct) - shift1, mask=mask1)
+  shift2, x2, mask2 = fresh(shift, x, mask) if decouple else (shift, x, mask)
+  xs2 = x2.astype(ct) - shift2
+  (s2,) = row_sums(xs2 * xs2, mask=mask2)
+  if cfg.axis_name is not None:
+    s1, s2 = psum(cfg, jnp.stack([s1, s2]))
+  delta = s1 / n
+  var = jnp.maximum(s2 / n - delta * delta, 0.0)
+  return shift, delta, normalizer(cfg, var)
+
+
+def _fast_statistics(cfg, x, mask, n, *, decouple: bool):
+  r"""``(mean, None, rstd)`` with Flax's fast variance (``use_fast_variance=True``).
+
+  .. math::
+
+     \mu = \tfrac1n \sum_i m_i x_i, \qquad
+     v = \max\big(\tfrac1n \sum_i m_i x_i^2 - \mu^2,\ 0\big)
+
+  Both sums read ``x`` directly (one level of row sums, as in Flax's program), so ``v`` is the
+  difference of two terms of size about :math:`\mu^2 + v` and loses about
+  :math:`2\log_2(|\mu|/\sigma)` of float32's 24 bits (all of them at mean/std ``4e3``; the clamp at
+  0 then gives :math:`r = \epsilon^{-1/2}`). The mean is the shift and there is no offset
+  (``delta`` is None): :meth:`NormOp.centered` is ``x - mean``, and the derived rules, which take
+  the statistics the forward produced, differentiate this same function. ``decouple`` as in
+  :func:`_layer_norm_statistics`.
+  """
+  ct = compute_dtype(x.dtype)
+  x1, mask1 = fresh(x, mask) if decouple else (x, mask)
+  (s1,) = row_sums(x1.astype(ct), mask=mask1)
+  # (x twice: with no mask, a barrier over (x,) alone would be merged with the first one.)
+  mask2, x2, _ = fresh(mask, x, x) if decouple else (mask, x, x)
+  xf2 = x2.astype(ct)
+  (s2,) = row_sums(xf2 * xf2, mask=mask2)
+  if cfg.axis_name is not None:
+    s1, s2 = psum(cfg, jnp.stack([s1, s2]))
+  mean = s1 / n
+  var = jnp.maximum(s2 / n - mean * mean, 0.0)
+  return mean, None, normalizer(cfg, var)
+
+
+def _rms_norm_statistics(cfg, x, mask, *, decouple: bool = True):
+  r"""``(None, None, rstd)`` of ``x: (..., d)``: the reciprocal root mean square.
+
+  .. math:: r = \mathrm{rstd}\big(\tfrac1n {\textstyle\sum_i} m_i x_i^2\big)
+
+  One row sum read straight from ``x`` (``decouple`` has nothing to separate).
+  """
+  del decouple
+  ct = compute_dtype(x.dtype)
+  xf = x.astype(ct)
+  if mask is None and cfg.axis_name is None:
+    # jnp.mean, as Flax and the published formulas write it: called eagerly, it is one
+    # compiled program (sum and divide) like theirs, which XLA:CPU may round differently
+    # from a sum and a divide compiled apart (jax 0.8.1: 2 of 6 rows of a (6, 40) input).
+    # Jitted, the compiled program is the same as the sum and divide's.
+    ms = jnp.mean(xf * xf, axis=-1, keepdims=True)
+  else:
+    (ss,) = row_sums(xf * xf, mask=mask)
+    ms = psum(cfg, ss) / count(cfg, mask, x.shape, ct)
+  return None, None, normalizer(cfg, ms)
+
+
+NORM_OPS = types.MappingProxyType({
+    "layer_norm": NormOp("layer_norm", _layer_norm_statistics, mean_path=True,
+                         residuals=("shift", "delta", "rstd"), params=("scale", "bias"),
+                         options=(Option("use_fast_variance", False),),
+                         xla_forward_views=True),
+    "rms_norm": NormOp("rms_norm", _rms_norm_statistics, mean_path=False,
+                       residuals=("rstd",), params=("scale",)),
+})

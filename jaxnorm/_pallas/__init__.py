@@ -1,0 +1,18 @@
+"""The Pallas (Triton) backend of the norm family: every piece of Pallas code lives here.
+
+Importing this package, :mod:`~jaxnorm._pallas.config`, :mod:`~jaxnorm._pallas.kernel_call` or
+:mod:`~jaxnorm._pallas.backend` does not import ``jax.experimental.pallas``: ``import jaxnorm``
+and every XLA-path call leave it out of ``sys.modules``. The kernel modules,
+:mod:`~jaxnorm._pallas.common` (with the fence around Pallas API differences),
+:mod:`~jaxnorm._pallas.forward` and :mod:`~jaxnorm._pallas.backward`, are imported where a
+kernel is traced (:func:`jaxnorm._pallas.backend.kernels`); the checked kernel API
+:mod:`~jaxnorm._pallas.api` serves tests and benchmarks.
+
+Modules:
+  config: :class:`PallasConfig`, :class:`BlockConfig`, the block-size heuristic and whether
+    the kernels take a call (public names re-exported by :mod:`jaxnorm`).
+  kernel_call: the primitive the kernels run behind (differentiable again, lowered per platform).
+  backend: the ``"pallas"`` entry of the backend table (:mod:`jaxnorm._backends`).
+  common, forward, backward: the kernels.
+  api: the kernels on their own, on checked ``(rows, d)`` arguments.
+"""
