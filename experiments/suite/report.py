@@ -255,8 +255,8 @@ def _noise_line(eval_bytes: int, noise: dict | None, dyt: dict | None = None) ->
            if a is not None and b is not None and math.isfinite(float(a)) and math.isfinite(float(b))]
   if diffs:
     return (f"- Evaluation noise, measured by the dyt study (the same final model on a second, disjoint set of "
-            f"held-out windows): |difference| median {statistics.median(diffs):.3f}, at most {max(diffs):.3f} nats over "
-            f"{len(diffs)} runs (it includes what differs between the two window sets). The other studies' "
+            f"held-out windows): |difference| median {statistics.median(diffs):.3f}, at most {max(diffs):.3f} nats "
+            f"over {len(diffs)} runs (it includes what differs between the two window sets). The other studies' "
             f"evaluations of {eval_bytes:,} bytes per point are not measured twice: with a per-byte loss s.d. of "
             f"about 2 nats, about {2 / max(eval_bytes, 1) ** 0.5:.2f} nat (an estimate).")
   return (f"- Evaluation on {eval_bytes:,} bytes per point: with a per-byte loss s.d. of about 2 nats, about "
