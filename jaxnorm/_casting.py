@@ -86,9 +86,8 @@ class CastPlan:
     (:attr:`factors_first`): the per-row and the per-feature factor multiplied first,
     :math:`y = x_c\,(r\,\gamma) + \beta`, Flax's order (jitted, RMSNorm compiles to Flax's
     ``RMSNorm`` program: bit for bit), one float32 rounding away from
-    :math:`(x_c r)\,\gamma`; on XLA:CPU it compiles to Flax's loop
-    (1.2x faster than :math:`(x_c r)\,\gamma` for bfloat16 RMSNorm at 4096x256 and
-    8192x1024, ``docs/perf-notes.md``).
+    :math:`(x_c r)\,\gamma`; on XLA:CPU it compiles to Flax's loop (its cost against
+    :math:`(x_c r)\,\gamma`: ``docs/perf-notes.md``).
     """
     if gam is None or not self.factors_first:
       return self.affine_of(centered * rstd, gam, bias)[1]

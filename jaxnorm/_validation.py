@@ -65,6 +65,20 @@ def check_bool(name: str, value: Any) -> bool:
   return value
 
 
+def check_positive_int(name: str, value: Any) -> int:
+  """``value`` as a Python int >= 1 (a bool is not an int here).
+
+  Raises:
+    TypeError: ``value`` is not a Python int.
+    ValueError: it is below 1.
+  """
+  if isinstance(value, bool) or not isinstance(value, int):
+    raise TypeError(f"{name} must be a Python int, got {type(value).__name__} {value!r}.")
+  if value < 1:
+    raise ValueError(f"{name} must be >= 1, got {value}.")
+  return value
+
+
 def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
   """Checks that a string option is one of ``choices``: ``ValueError`` otherwise, any type.
 

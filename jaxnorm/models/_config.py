@@ -32,13 +32,6 @@ QK_NORM_SCALES = ("per_head", "shared")
 WEIGHT_GROUPS = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")
 
 
-def _check_positive_int(name: str, value: Any) -> None:
-  if isinstance(value, bool) or not isinstance(value, int):
-    raise TypeError(f"{name} must be a Python int, got {type(value).__name__} {value!r}.")
-  if value < 1:
-    raise ValueError(f"{name} must be >= 1, got {value}.")
-
-
 def _check_pointwise_alpha(value: Any) -> tuple[float, float]:
   """``pointwise_alpha`` as two Python floats (attention, other)."""
   if not isinstance(value, (tuple, list)) or len(value) != 2:
@@ -134,7 +127,7 @@ class TransformerConfig:
 
   def __post_init__(self):
     for name in ("vocab_size", "max_len", "d_model", "n_layers", "n_heads", "d_ff"):
-      _check_positive_int(name, getattr(self, name))
+      v.check_positive_int(name, getattr(self, name))
     v.check_choice("norm_position", self.norm_position, NORM_POSITIONS)
     v.check_choice("norm_type", self.norm_type, NORM_TYPES)
     v.check_choice("norm_impl", self.norm_impl, NORM_IMPLS)
@@ -209,7 +202,7 @@ def deepnorm_alpha_beta(n_layers: int) -> tuple[float, float]:
   Returns:
     ``(alpha, beta)`` as Python floats.
   """
-  _check_positive_int("n_layers", n_layers)
+  v.check_positive_int("n_layers", n_layers)
   return (2.0 * n_layers) ** 0.25, (8.0 * n_layers) ** -0.25
 
 
