@@ -59,22 +59,23 @@ __all__ = ["add_norm", "apply", "norm_tangent_p"]
 
 # Operand names of the primitive. Residuals first (``x`` is the normalized input: ``h`` for
 # the fused op), then the tangents it is linear in. Absent ones (no scale, no mask, RMSNorm's
-# shift/delta, a symbolic-zero tangent) are left out; ``spec`` lists the present ones in order.
+# shift/delta, a symbolic-zero tangent) are left out; ``operand_names`` lists the present ones in
+# order.
 _RESIDUALS = ("x", "scale", "mask", "shift", "delta", "rstd")
 _TANGENTS = ("tx", "tr", "tscale", "tbias")
 _PARAMS = frozenset({"scale", "tscale", "tbias"})  # shape (groups..., d)
 
 
-def _named(spec, args) -> dict:
+def _named(operand_names, args) -> dict:
   named = dict.fromkeys(_RESIDUALS + _TANGENTS)
-  named.update(zip(spec, args))
+  named.update(zip(operand_names, args))
   return named
 
 
 def _pack(**named):
-  """``(spec, args)`` for the primitive from keyword operands; None ones are left out."""
-  spec = tuple(k for k in _RESIDUALS + _TANGENTS if named.get(k) is not None)
-  return spec, [named[k] for k in spec]
+  """``(operand_names, args)`` for the primitive from keyword operands; None ones are left out."""
+  operand_names = tuple(k for k in _RESIDUALS + _TANGENTS if named.get(k) is not None)
+  return operand_names, [named[k] for k in operand_names]
 
 
 def _over_groups(fn, groups: int, names: tuple = ()):
@@ -94,9 +95,9 @@ def _over_groups(fn, groups: int, names: tuple = ()):
 # The tangent formula (XLA ops: :func:`jaxnorm._xla.tangent`).
 
 
-def _formula_one(*args, cfg: NormConfig, spec):
+def _formula_one(*args, cfg: NormConfig, operand_names):
   """One group's value: ``[dot y]`` (plain op) or ``[dot y, dot h]`` (fused op)."""
-  a = _named(spec, args)
+  a = _named(operand_names, args)
   stats = (a["shift"], a["delta"], a["rstd"])
   if not cfg.fused:
     return [_xla.tangent(cfg, a["x"], a["scale"], a["mask"], stats, a["tx"], a["tscale"],
@@ -115,8 +116,8 @@ def _formula_one(*args, cfg: NormConfig, spec):
   return [ty, th]
 
 
-def _formula(*args, cfg, spec, groups, group_names=()):
-  return _over_groups(functools.partial(_formula_one, cfg=cfg, spec=spec), groups,
+def _formula(*args, cfg, operand_names, groups, group_names=()):
+  return _over_groups(functools.partial(_formula_one, cfg=cfg, operand_names=operand_names), groups,
                       group_names)(*args)
 
 
@@ -129,11 +130,11 @@ norm_tangent_p.def_impl(_formula)
 jc.register_lowering(norm_tangent_p, _formula)
 
 
-def _abstract_eval(*avals, cfg, spec, groups, group_names=()):
+def _abstract_eval(*avals, cfg, operand_names, groups, group_names=()):
   """Outputs shaped like ``x``, varying over the union of every operand's mesh axes."""
   del groups, group_names
   axes = frozenset().union(*(jc.aval_varying_axes(av) for av in avals))
-  base = jc.with_varying_axes(_named(spec, avals)["x"], axes)
+  base = jc.with_varying_axes(_named(operand_names, avals)["x"], axes)
   dtypes = [cfg.out_dtype] + ([cfg.h_dtype] if cfg.fused else [])
   return [base.update(dtype=dt, weak_type=False) for dt in dtypes]
 
@@ -141,7 +142,7 @@ def _abstract_eval(*avals, cfg, spec, groups, group_names=()):
 norm_tangent_p.def_abstract_eval(_abstract_eval)
 
 
-def _cotangents_one(x, scale, mask, shift, delta, rstd, dy, dh, *, cfg: NormConfig, spec):
+def _cotangents_one(x, scale, mask, shift, delta, rstd, dy, dh, *, cfg: NormConfig, operand_names):
   """One group's derived VJP: a dict of the tangent operands' cotangents."""
   stats = (shift, delta, rstd)
   if not cfg.fused:
@@ -152,24 +153,24 @@ def _cotangents_one(x, scale, mask, shift, delta, rstd, dy, dh, *, cfg: NormConf
                   _backends.add_backward(cfg, x, scale, mask, stats, dy, dh)))
 
 
-def _transpose(cts, *args, cfg: NormConfig, spec, groups, group_names=()):
+def _transpose(cts, *args, cfg: NormConfig, operand_names, groups, group_names=()):
   """The hand-derived VJP (:func:`jaxnorm._backends.backward`, fused: ``add_backward``)."""
-  a = _named(spec, args)
+  a = _named(operand_names, args)
   for k in _RESIDUALS:
     if jc.is_undefined_primal(a[k]):
       raise ValueError(f"jaxnorm's tangent map is linear in the tangents only, not in {k!r}.")
   if all(isinstance(ct, jc.Zero) for ct in cts):
     return [None] * len(args)
-  if "tbias" not in spec and cfg.bias_dtype is not None:
+  if "tbias" not in operand_names and cfg.bias_dtype is not None:
     cfg = _replace_bias(cfg)  # no dbias wanted
   x = a["x"]
   dy = cts[0]
   dy = jnp.zeros(x.shape, cfg.out_dtype) if isinstance(dy, jc.Zero) else dy
   dh = None if not cfg.fused or isinstance(cts[1], jc.Zero) else cts[1]  # h unused: skipped
-  body = functools.partial(_cotangents_one, cfg=cfg, spec=spec)
+  body = functools.partial(_cotangents_one, cfg=cfg, operand_names=operand_names)
   d = _over_groups(body, groups, group_names)(x, a["scale"], a["mask"], a["shift"], a["delta"],
                                               a["rstd"], dy, dh)
-  return [d.get(k) if k in _TANGENTS else None for k in spec]
+  return [d.get(k) if k in _TANGENTS else None for k in operand_names]
 
 
 def _replace_bias(cfg: NormConfig) -> NormConfig:
@@ -179,7 +180,7 @@ def _replace_bias(cfg: NormConfig) -> NormConfig:
 jc.register_transpose(norm_tangent_p, _transpose)
 
 
-def _jvp(primals, tangents, *, cfg, spec, groups, group_names=()):
+def _jvp(primals, tangents, *, cfg, operand_names, groups, group_names=()):
   """Second order: the primitive again for the value, autodiff of the formula for the tangent."""
   live = [i for i, t in enumerate(tangents) if not isinstance(t, jc.Zero)]
 
@@ -187,9 +188,10 @@ def _jvp(primals, tangents, *, cfg, spec, groups, group_names=()):
     args = list(primals)
     for i, val in zip(live, vals):
       args[i] = val
-    return _formula(*args, cfg=cfg, spec=spec, groups=groups, group_names=group_names)
+    return _formula(*args, cfg=cfg, operand_names=operand_names, groups=groups,
+                    group_names=group_names)
 
-  out = norm_tangent_p.bind(*primals, cfg=cfg, spec=spec, groups=groups,
+  out = norm_tangent_p.bind(*primals, cfg=cfg, operand_names=operand_names, groups=groups,
                             group_names=group_names)
   _, tout = jax.jvp(f, [primals[i] for i in live], [tangents[i] for i in live])
   return out, tout
@@ -198,7 +200,8 @@ def _jvp(primals, tangents, *, cfg, spec, groups, group_names=()):
 jc.register_jvp(norm_tangent_p, _jvp)
 
 
-def _batch(args, dims, *, vmap_axis_name, vmap_axis_size, cfg, spec, groups, group_names=()):
+def _batch(args, dims, *, vmap_axis_name, vmap_axis_size, cfg, operand_names, groups,
+           group_names=()):
   """Batching that keeps the primitive (and so the derived transpose) for every operand.
 
   No parameter batched: the batch axis of the row-like operands is more rows, placed right
@@ -213,12 +216,13 @@ def _batch(args, dims, *, vmap_axis_name, vmap_axis_size, cfg, spec, groups, gro
   names = cfg.axis_name if isinstance(cfg.axis_name, tuple) else (cfg.axis_name,)
   split = vmap_axis_name is not None and vmap_axis_name in names
   if all(dm is None for dm in dims) and not split:  # nothing batched here
-    out = norm_tangent_p.bind(*args, cfg=cfg, spec=spec, groups=groups, group_names=group_names)
+    out = norm_tangent_p.bind(*args, cfg=cfg, operand_names=operand_names, groups=groups,
+                              group_names=group_names)
     return out, [None] * len(out)
   size = next((a.shape[dm] for a, dm in zip(args, dims) if dm is not None), vmap_axis_size)
-  if not split and not any(dm is not None for k, dm in zip(spec, dims) if k in _PARAMS):
+  if not split and not any(dm is not None for k, dm in zip(operand_names, dims) if k in _PARAMS):
     new = []
-    for k, a, dm in zip(spec, args, dims):
+    for k, a, dm in zip(operand_names, args, dims):
       if k not in _PARAMS:
         if dm is None:
           a = jnp.broadcast_to(jnp.expand_dims(a, groups),
@@ -226,12 +230,13 @@ def _batch(args, dims, *, vmap_axis_name, vmap_axis_size, cfg, spec, groups, gro
         else:
           a = jnp.moveaxis(a, dm, groups)
       new.append(a)
-    out = norm_tangent_p.bind(*new, cfg=cfg, spec=spec, groups=groups, group_names=group_names)
+    out = norm_tangent_p.bind(*new, cfg=cfg, operand_names=operand_names, groups=groups,
+                              group_names=group_names)
     return out, [groups] * len(out)
   new = [jnp.broadcast_to(a, (size,) + a.shape) if dm is None else jnp.moveaxis(a, dm, 0)
          for a, dm in zip(args, dims)]
   inner = tuple(group_names) + (None,) * (groups - len(group_names))
-  out = norm_tangent_p.bind(*new, cfg=cfg, spec=spec, groups=groups + 1,
+  out = norm_tangent_p.bind(*new, cfg=cfg, operand_names=operand_names, groups=groups + 1,
                             group_names=((vmap_axis_name if split else None),) + inner)
   return out, [0] * len(out)
 
@@ -259,9 +264,9 @@ def _norm_jvp(cfg: NormConfig, primals, tangents):
   if tx is None and tscale is None and tbias is None:
     return y, jnp.zeros(y.shape, y.dtype)
   x, stats = name_residuals(x, stats)  # what reverse mode saves carries the remat names
-  spec, args = _pack(x=x, scale=scale, mask=mask, shift=stats[0], delta=stats[1],
+  operand_names, args = _pack(x=x, scale=scale, mask=mask, shift=stats[0], delta=stats[1],
                      rstd=stats[2], tx=tx, tscale=tscale, tbias=tbias)
-  (ty,) = norm_tangent_p.bind(*args, cfg=cfg, spec=spec, groups=0)
+  (ty,) = norm_tangent_p.bind(*args, cfg=cfg, operand_names=operand_names, groups=0)
   return y, ty
 
 
@@ -280,9 +285,9 @@ def _add_norm_jvp(cfg: NormConfig, primals, tangents):
   if tx is None and tr is None and tscale is None and tbias is None:
     return (y, h), (jnp.zeros(y.shape, y.dtype), jnp.zeros(h.shape, h.dtype))
   h_saved, stats = name_residuals(h, stats)  # what reverse mode saves carries the remat names
-  spec, args = _pack(x=h_saved, scale=scale, mask=mask, shift=stats[0], delta=stats[1],
+  operand_names, args = _pack(x=h_saved, scale=scale, mask=mask, shift=stats[0], delta=stats[1],
                      rstd=stats[2], tx=tx, tr=tr, tscale=tscale, tbias=tbias)
-  ty, th = norm_tangent_p.bind(*args, cfg=cfg, spec=spec, groups=0)
+  ty, th = norm_tangent_p.bind(*args, cfg=cfg, operand_names=operand_names, groups=0)
   return (y, h), (ty, th)
 
 

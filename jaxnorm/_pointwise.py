@@ -232,14 +232,14 @@ _RESIDUALS = ("x", "alpha", "shift", "scale")
 _TANGENTS = ("tx", "talpha", "tshift", "tscale", "tbias")
 
 
-def _named(spec, args) -> dict:
+def _named(operand_names, args) -> dict:
   named = dict.fromkeys(_RESIDUALS + _TANGENTS)
-  named.update(zip(spec, args))
+  named.update(zip(operand_names, args))
   return named
 
 
-def _formula(*args, cfg: PointwiseConfig, spec):
-  a = _named(spec, args)
+def _formula(*args, cfg: PointwiseConfig, operand_names):
+  a = _named(operand_names, args)
   return [_tangent(cfg, *(a[k] for k in _RESIDUALS + _TANGENTS))]
 
 
@@ -249,9 +249,9 @@ pointwise_tangent_p.def_impl(_formula)
 jc.register_lowering(pointwise_tangent_p, _formula)
 
 
-def _abstract_eval(*avals, cfg: PointwiseConfig, spec):
+def _abstract_eval(*avals, cfg: PointwiseConfig, operand_names):
   """The broadcast shape of the operands, varying over the union of their mesh axes."""
-  del spec
+  del operand_names
   shape = jnp.broadcast_shapes(*(av.shape for av in avals))
   axes = frozenset().union(*(jc.aval_varying_axes(av) for av in avals))
   base = avals[0].update(shape=shape, dtype=cfg.out_dtype, weak_type=False)
@@ -265,10 +265,10 @@ def _aval(a):
   return a.aval if jc.is_undefined_primal(a) else jax.typeof(a)
 
 
-def _transpose(cts, *args, cfg: PointwiseConfig, spec):
+def _transpose(cts, *args, cfg: PointwiseConfig, operand_names):
   """The derived VJP (:func:`backward`), each cotangent summed over the mesh axes its operand
   is replicated on."""
-  a = _named(spec, args)
+  a = _named(operand_names, args)
   for k in _RESIDUALS:
     if a[k] is not None and jc.is_undefined_primal(a[k]):
       raise ValueError(f"jaxnorm's pointwise tangent map is linear in the tangents only, not in "
@@ -282,13 +282,13 @@ def _transpose(cts, *args, cfg: PointwiseConfig, spec):
     extra = jc.varying_axes(c) - jc.aval_varying_axes(_aval(a[k]))
     if extra:
       cts[k] = lax.psum(c, tuple(sorted(extra, key=str)))
-  return [cts.get(k) for k in spec]
+  return [cts.get(k) for k in operand_names]
 
 
 jc.register_transpose(pointwise_tangent_p, _transpose)
 
 
-def _jvp(primals, tangents, *, cfg: PointwiseConfig, spec):
+def _jvp(primals, tangents, *, cfg: PointwiseConfig, operand_names):
   """Higher orders: the primitive for the value, autodiff of the formula for the tangent."""
   live = [i for i, t in enumerate(tangents) if not isinstance(t, jc.Zero)]
 
@@ -296,9 +296,9 @@ def _jvp(primals, tangents, *, cfg: PointwiseConfig, spec):
     args = list(primals)
     for i, val in zip(live, vals):
       args[i] = val
-    return _formula(*args, cfg=cfg, spec=spec)
+    return _formula(*args, cfg=cfg, operand_names=operand_names)
 
-  out = pointwise_tangent_p.bind(*primals, cfg=cfg, spec=spec)
+  out = pointwise_tangent_p.bind(*primals, cfg=cfg, operand_names=operand_names)
   _, tout = jax.jvp(f, [primals[i] for i in live], [tangents[i] for i in live])
   return out, tout
 
@@ -306,7 +306,7 @@ def _jvp(primals, tangents, *, cfg: PointwiseConfig, spec):
 jc.register_jvp(pointwise_tangent_p, _jvp)
 
 
-def _batch(args, dims, *, vmap_axis_name, vmap_axis_size, cfg: PointwiseConfig, spec):
+def _batch(args, dims, *, vmap_axis_name, vmap_axis_size, cfg: PointwiseConfig, operand_names):
   """Batch axes to the front; an unbatched operand gets a size-1 axis and broadcasts.
 
   Every operand then has one more axis and the primitive applies as it is: a batched
@@ -316,7 +316,7 @@ def _batch(args, dims, *, vmap_axis_name, vmap_axis_size, cfg: PointwiseConfig, 
   del vmap_axis_name, vmap_axis_size
   new = [jnp.expand_dims(a, 0) if d is None else jnp.moveaxis(a, d, 0)
          for a, d in zip(args, dims)]
-  return pointwise_tangent_p.bind(*new, cfg=cfg, spec=spec), [0]
+  return pointwise_tangent_p.bind(*new, cfg=cfg, operand_names=operand_names), [0]
 
 
 jc.register_batching(pointwise_tangent_p, _batch)
@@ -341,10 +341,11 @@ def _pointwise_jvp(cfg: PointwiseConfig, primals, tangents):
   tx, talpha, tshift, tscale, tbias = (_live(t) for t in tangents)
   named = dict(x=checkpoint_name(x, INPUT_RESIDUAL), alpha=alpha, shift=shift,
                scale=scale, tx=tx, talpha=talpha, tshift=tshift, tscale=tscale, tbias=tbias)
-  spec = tuple(k for k in _RESIDUALS + _TANGENTS if named[k] is not None)
-  if not set(spec) & set(_TANGENTS):
+  operand_names = tuple(k for k in _RESIDUALS + _TANGENTS if named[k] is not None)
+  if not set(operand_names) & set(_TANGENTS):
     return y, jnp.zeros(y.shape, y.dtype)
-  (ty,) = pointwise_tangent_p.bind(*(named[k] for k in spec), cfg=cfg, spec=spec)
+  (ty,) = pointwise_tangent_p.bind(*(named[k] for k in operand_names), cfg=cfg,
+                                   operand_names=operand_names)
   return y, ty
 
 

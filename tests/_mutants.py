@@ -163,11 +163,11 @@ def vmap_ignores_batched_parameters():
 
   right = batching.fancy_primitive_batchers[_ad.norm_tangent_p]
 
-  def wrong(axis_data, args, dims, *, spec, **params):
+  def wrong(axis_data, args, dims, *, operand_names, **params):
     args = [jnp.take(a, 0, axis=dm) if k in _ad._PARAMS and dm is not None else a
-            for k, a, dm in zip(spec, args, dims)]
-    dims = [None if k in _ad._PARAMS else dm for k, dm in zip(spec, dims)]
-    return right(axis_data, args, dims, spec=spec, **params)
+            for k, a, dm in zip(operand_names, args, dims)]
+    dims = [None if k in _ad._PARAMS else dm for k, dm in zip(operand_names, dims)]
+    return right(axis_data, args, dims, operand_names=operand_names, **params)
 
   batching.fancy_primitive_batchers[_ad.norm_tangent_p] = wrong
   try:
