@@ -126,7 +126,7 @@ def test_causal(position, positions):
 
 def test_rotary_scores_depend_on_offsets_only():
   """RoPE: <rot(q, t), rot(k, s)> depends on t - s only; position 0 is the identity."""
-  from jaxnorm.models._transformer import _rotary
+  from jaxnorm.models._layers import _rotary
   dh, t = 8, 6
   q = jax.random.normal(jax.random.key(0), (dh,))
   k = jax.random.normal(jax.random.key(1), (dh,))

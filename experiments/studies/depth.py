@@ -185,8 +185,15 @@ def plot(ctx, runs: dict, points: dict, update: dict, cfg: Config, unigram: floa
   Returns:
     The PNG file names.
   """
-  colors = {"post": "C3", "pre": "C0", "sandwich": "C2", "deepnorm": "C4"}
-  files = []
+  return [_plot_final(ctx, points, cfg, unigram, lr), _plot_curves(ctx, runs, cfg, unigram),
+          _plot_update(ctx, update, cfg)]
+
+
+_COLORS = {"post": "C3", "pre": "C0", "sandwich": "C2", "deepnorm": "C4"}  # one colour per layout
+
+
+def _plot_final(ctx, points: dict, cfg: Config, unigram: float, lr: float) -> str:
+  """``depth_final.png`` of :func:`plot`; returns its file name."""
   fig, ax = ctx.subplots(figsize=(6, 4))
   for i, pos in enumerate(trained(cfg)):
     ds = [L for L in cfg.depths if pos in trained_at(cfg, L)]
@@ -194,11 +201,11 @@ def plot(ctx, runs: dict, points: dict, update: dict, cfg: Config, unigram: floa
     m = [points[f"{pos}/L{L}"]["mean"] for L in ds]
     lo = [m[j] - min(points[f"{pos}/L{L}"]["values"]) for j, L in enumerate(ds)]
     hi = [max(points[f"{pos}/L{L}"]["values"]) - m[j] for j, L in enumerate(ds)]
-    ax.errorbar(x, m, yerr=[lo, hi], fmt="o-", color=colors[pos], capsize=3, label=pos)
+    ax.errorbar(x, m, yerr=[lo, hi], fmt="o-", color=_COLORS[pos], capsize=3, label=pos)
     for j, L in enumerate(ds):
       n = sum(1 for f in points[f"{pos}/L{L}"]["failures"] if f)
       if n:
-        ax.annotate(f"fail {n}/{len(cfg.seeds)}", (x[j], m[j]), fontsize=7, color=colors[pos],
+        ax.annotate(f"fail {n}/{len(cfg.seeds)}", (x[j], m[j]), fontsize=7, color=_COLORS[pos],
                     xytext=(3, 5), textcoords="offset points")
   ax.axhline(unigram, color="k", ls=":", lw=1, label="unigram")
   ax.axhline(unigram - PAST_PLATEAU, color="grey", ls="--", lw=0.8, label=f"unigram - {PAST_PLATEAU}")
@@ -211,8 +218,11 @@ def plot(ctx, runs: dict, points: dict, update: dict, cfg: Config, unigram: floa
                f"{len(cfg.seeds)} seeds)", fontsize=9)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7)
-  files.append(ctx.save_figure(fig, "depth_final.png"))
+  return ctx.save_figure(fig, "depth_final.png")
 
+
+def _plot_curves(ctx, runs: dict, cfg: Config, unigram: float) -> str:
+  """``depth_curves.png`` of :func:`plot`; returns its file name."""
   styles = ["-", "--", ":", "-."]
   fig, ax = ctx.subplots(figsize=(6.5, 4))
   markers = "osd^v<>"
@@ -221,10 +231,10 @@ def plot(ctx, runs: dict, points: dict, update: dict, cfg: Config, unigram: floa
       for si, r in enumerate(runs.get(f"{pos}/L{L}", [])):
         if r["val_curve"]:
           s, v = zip(*r["val_curve"])
-          ax.plot(s, [float(x) for x in v], styles[di % 4], color=colors[pos], marker=markers[si % 7], ms=2,
+          ax.plot(s, [float(x) for x in v], styles[di % 4], color=_COLORS[pos], marker=markers[si % 7], ms=2,
                   lw=1, label=f"{pos} L={L}" if si == 0 else None)
         if r["diverged"]:
-          ax.axvline(r["diverged_at"], color=colors[pos], ls=styles[di % 4], lw=0.8)
+          ax.axvline(r["diverged_at"], color=_COLORS[pos], ls=styles[di % 4], lw=0.8)
   ax.axhline(unigram, color="k", ls=":", lw=1)
   top = unigram + 1.0
   n_clip, init_losses = 0, []
@@ -236,8 +246,8 @@ def plot(ctx, runs: dict, points: dict, update: dict, cfg: Config, unigram: floa
             init_losses.append(float(v))
           elif float(v) > top:
             n_clip += 1
-            ax.plot([s_], [top], marker="^", color=colors[pos], ms=6, clip_on=False)
-            ax.annotate(f"{float(v):.2f}", (s_, top), fontsize=6, color=colors[pos], textcoords="offset points",
+            ax.plot([s_], [top], marker="^", color=_COLORS[pos], ms=6, clip_on=False)
+            ax.annotate(f"{float(v):.2f}", (s_, top), fontsize=6, color=_COLORS[pos], textcoords="offset points",
                         xytext=(3, -8))
   ax.set_ylim(unigram - 1.2, top)
   if init_losses:
@@ -248,8 +258,11 @@ def plot(ctx, runs: dict, points: dict, update: dict, cfg: Config, unigram: floa
   ax.set_xlabel("step")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=6, ncol=2)
-  files.append(ctx.save_figure(fig, "depth_curves.png"))
+  return ctx.save_figure(fig, "depth_curves.png")
 
+
+def _plot_update(ctx, update: dict, cfg: Config) -> str:
+  """``update_vs_depth.png`` of :func:`plot`; returns its file name."""
   import matplotlib.ticker
   udepths = sorted(cfg.update_depths or cfg.depths)
   fig, axes = ctx.subplots(1, cfg.update_steps, figsize=(3.2 * cfg.update_steps, 3.2), squeeze=False, sharey=True)
@@ -257,7 +270,7 @@ def plot(ctx, runs: dict, points: dict, update: dict, cfg: Config, unigram: floa
     ax = axes[0, s]
     for pos in cfg.positions:
       v = [update[f"{pos}/L{L}"]["mean"][s] for L in udepths]
-      ax.plot(udepths, v, "o-", color=colors[pos], label=pos)
+      ax.plot(udepths, v, "o-", color=_COLORS[pos], label=pos)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xticks(udepths, [str(L) for L in udepths])
@@ -268,8 +281,7 @@ def plot(ctx, runs: dict, points: dict, update: dict, cfg: Config, unigram: floa
   axes[0, 0].set_ylabel("||F(x;θ_t) - F(x;θ_0)|| / ||F(x;θ_0)||")
   axes[0, 0].legend(fontsize=7)
   fig.suptitle("DeepNet's model update of the final hidden state over the first steps (seed mean)", fontsize=9)
-  files.append(ctx.save_figure(fig, "update_vs_depth.png"))
-  return files
+  return ctx.save_figure(fig, "update_vs_depth.png")
 
 
 def report_section(summary: dict, rel: str) -> str:

@@ -195,7 +195,13 @@ def plot(ctx, runs: dict, grid: dict, lrs: list[float], cfg: Config, unigram: fl
   Returns:
     The PNG file names.
   """
-  files = []
+  return [_plot_heatmap(ctx, grid, lrs, cfg, unigram, telling, extra_points),
+          _plot_curves(ctx, runs, grid, cfg, unigram, telling)]
+
+
+def _plot_heatmap(ctx, grid: dict, lrs: list[float], cfg: Config, unigram: float, telling: float,
+                  extra_points: dict) -> str:
+  """``heatmap.png`` of :func:`plot`; returns its file name."""
   layouts = [("post", "layer_norm", "Post-LN (LayerNorm)"), ("pre", "layer_norm", "Pre-LN (LayerNorm)")]
   if any(k[3] == "rms_norm" for k in extra_points):
     layouts += [("post", "rms_norm", "Post-LN (RMSNorm)"), ("pre", "rms_norm", "Pre-LN (RMSNorm)")]
@@ -226,8 +232,12 @@ def plot(ctx, runs: dict, grid: dict, lrs: list[float], cfg: Config, unigram: fl
       ax.get_xticklabels()[lrs.index(telling)].set_color("red")
   fig.suptitle(f"Final val loss, mean of {len(cfg.seeds)} seeds (unigram {unigram:.2f}; "
                f"div = diverged, stall = within {STALL_NATS} of unigram; red tick = telling rate)", fontsize=8)
-  files.append(ctx.save_figure(fig, "heatmap.png"))
+  return ctx.save_figure(fig, "heatmap.png")
 
+
+def _plot_curves(ctx, runs: dict, grid: dict, cfg: Config, unigram: float, telling: float) -> str:
+  """``curves_telling_rate.png`` of :func:`plot`; returns its file name."""
+  all_means = [p["mean"] for p in grid.values()]
   fig, ax = ctx.subplots(figsize=(6.5, 3.8))
   top = unigram + 0.6
   clipped, init_losses, clipped_at, labels = [], [], {}, {}
@@ -273,8 +283,7 @@ def plot(ctx, runs: dict, grid: dict, lrs: list[float], cfg: Config, unigram: fl
   ax.set_ylabel("validation loss (nats/byte)")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7)
-  files.append(ctx.save_figure(fig, "curves_telling_rate.png"))
-  return files
+  return ctx.save_figure(fig, "curves_telling_rate.png")
 
 
 def units(cfg: Config) -> list:
@@ -290,6 +299,39 @@ def units(cfg: Config) -> list:
   out += [train_unit("warmup", f"{pos}-{norm}-{init}-telling-w{wu}-s{seed}", cfg.n_layers, cfg.steps, pos, norm)
           for pos, wu, norm, init in extra for seed in cfg.seeds]
   return out
+
+
+def _train_points(ctx, cfg: Config, specs: list[dict], extra_kw: dict) -> dict:
+  """Trains (or loads from the cache) every spec of ``specs`` for every seed of ``cfg``.
+
+  Returns:
+    ``{(norm_position, lr, warmup, norm_type, init): [run dict per seed]}``, each run dict with
+    ``spec``, ``seed``, ``run`` (its folder name) and the summary's final losses, divergence
+    and curves.
+  """
+  out = {}
+  for spec, seed in ctx.iterate([(s, seed) for s in specs for seed in cfg.seeds], desc="runs"):
+    r = train_run(ctx, spec, cfg.n_layers, cfg.steps, seed=seed, **extra_kw)
+    key = (spec["norm_position"], spec["lr"], spec["warmup"], spec["norm_type"], spec["init"])
+    out.setdefault(key, []).append({
+        "spec": spec, "seed": seed, "run": r.path.name,
+        **{k: r.summary.get(k) for k in ("final_val_loss", "final_val_loss_alt", "diverged", "diverged_at",
+                                         "val_curve")},
+        "train_curve": r.summary.get("train_curve")})
+  return out
+
+
+def _save_raw(ctx, all_runs: dict, unigram: float) -> None:
+  """Writes ``runs.json`` (every run, by point label) and ``final.csv`` (one row per run: its
+  point, seed, final validation loss, divergence step and failure)."""
+  ser = {label(k): v for k, v in all_runs.items()}
+  ctx.save_json("runs.json", ser)
+  rows = []
+  for k, v in all_runs.items():
+    for r in v:
+      rows.append([label(k), r["seed"], r["final_val_loss"], r["diverged_at"],
+                   failed(r, unigram) or ""])
+  ctx.save_csv("final.csv", ["point", "seed", "final_val_loss", "diverged_at", "failure"], rows)
 
 
 def run(ctx, cfg: Config) -> dict:
@@ -310,20 +352,8 @@ def run(ctx, cfg: Config) -> dict:
   lrs = grid_lrs(cfg, d)
   extra_kw = {"decay_timescale": cfg.decay_timescale}
 
-  def train_points(specs):
-    out = {}
-    for spec, seed in ctx.iterate([(s, seed) for s in specs for seed in cfg.seeds], desc="runs"):
-      r = train_run(ctx, spec, cfg.n_layers, cfg.steps, seed=seed, **extra_kw)
-      key = (spec["norm_position"], spec["lr"], spec["warmup"], spec["norm_type"], spec["init"])
-      out.setdefault(key, []).append({
-          "spec": spec, "seed": seed, "run": r.path.name,
-          **{k: r.summary.get(k) for k in ("final_val_loss", "final_val_loss_alt", "diverged", "diverged_at",
-                                           "val_curve")},
-          "train_curve": r.summary.get("train_curve")})
-    return out
-
   specs = [_spec(pos, lr, w) for lr in lrs for pos, w in grid_layouts(cfg)]
-  all_runs = train_points(specs)
+  all_runs = _train_points(ctx, cfg, specs, extra_kw)
   shared = set_rises(all_runs)
   runs = {(k[0], k[1], k[2]): v for k, v in all_runs.items()}
   grid = {k: point(v, unigram) for k, v in runs.items()}
@@ -336,7 +366,7 @@ def run(ctx, cfg: Config) -> dict:
     extra_specs += [_spec(pos, telling, w, norm="rms_norm") for pos, w in grid_layouts(cfg) if w in (0, long_)]
   if cfg.small_init:
     extra_specs += [_spec(pos, telling, 0, init="small") for pos in ("post", "pre")]
-  extra_runs = train_points(extra_specs)
+  extra_runs = _train_points(ctx, cfg, extra_specs, extra_kw)
   set_rises(extra_runs, shared)
   all_runs.update(extra_runs)
   extra_points = {(k[0], k[1], k[2], k[3] if k[4] == "xavier" else "small_init"): point(v, unigram)
@@ -363,14 +393,7 @@ def run(ctx, cfg: Config) -> dict:
                         warmup=long_, **extra_kw)
   schedule = describe_schedule(tc).replace(f"peak {telling:g}", "peak lr").replace(
       f"warm-up {long_}", f"warm-up {'/'.join(map(str, cfg.warmups))}")
-  ser = {label(k): v for k, v in all_runs.items()}
-  ctx.save_json("runs.json", ser)
-  rows = []
-  for k, v in all_runs.items():
-    for r in v:
-      rows.append([label(k), r["seed"], r["final_val_loss"], r["diverged_at"],
-                   failed(r, unigram) or ""])
-  ctx.save_csv("final.csv", ["point", "seed", "final_val_loss", "diverged_at", "failure"], rows)
+  _save_raw(ctx, all_runs, unigram)
   files = plot(ctx, runs, grid, lrs, cfg, unigram, telling, extra_points)
   return {"claims": claims, "files": files, "seeds": list(cfg.seeds), "lrs": lrs, "telling_lr": telling,
           "telling_text": telling_text,

@@ -264,6 +264,32 @@ def robust(fn: Callable, grid: dict, lrs: list[float], n_seeds: int, *args) -> d
   return {"holds": final, "ours": ours + "; " + "; ".join(notes), "per_seed": per, "leave_one_out": flips}
 
 
+def _criteria(cfg: Design, eval_every: int, target: float) -> dict[str, str]:
+  """The criterion text of each claim of :func:`verdicts` (``{claim id: text}``), stated with the
+  design's longest warm-up, the evaluation interval and the speed ``target``."""
+  long_ = max(cfg.warmups)
+  late = f"; a comparison that reads a run that left the plateau after {LATE_FRACTION:.0%} of the run is not judged"
+  return {
+      "xiong_postln_needs_warmup": f"per judged rate where Pre-LN without warm-up trains: yes if Post-LN without "
+      f"warm-up fails (diverges or ends within {STALL_NATS} nats of the unigram plateau) in every seed while with "
+      f"warm-up {long_} it trains and is better by more than {MARGIN} nats in every seed (paired per seed); partly "
+      "if warm-up helps beyond that in some seeds/rates only; no if nowhere" + late,
+      "xiong_postln_lr_sensitive": "per Post-LN warm-up, against Pre-LN without warm-up: rate-sensitive if above a "
+      "rate where Post-LN trains in every seed there is one where it fails in every seed while Pre-LN trains in "
+      "every seed; a warm-up where Post-LN trains at no rate fails outright and is not judged; yes/partly/no = "
+      "all/some/none of the judged warm-ups" + late,
+      "xiong_preln_no_warmup": f"at each judged rate where Post-LN with warm-up {long_} trains in every seed, Pre-LN "
+      f"without warm-up is worse by more than {MARGIN} nats in no seed (paired); yes/partly/no = all/some/none of "
+      "these rates" + late,
+      "xiong_preln_faster": f"Pre-LN without warm-up vs Post-LN with warm-up {long_}, at each judged rate where "
+      "Post-LN trains and each at its best rate: per seed, the first evaluation (every "
+      f"{eval_every} steps) at or below a target {TARGET_BELOW} nats under the unigram plateau ({target:.3f}), "
+      f"which either can miss; faster = <= {FASTER:.0%} of Post-LN's steps (of the run where Post-LN never gets "
+      "there); a seed where "
+      "neither reaches it is not judged; yes/partly/no = all/some/none of the (comparison, seed) cases" + late,
+  }
+
+
 def verdicts(grid: dict, lrs: list[float], cfg: Design, unigram: float, eval_every: int) -> tuple[list[dict], dict]:
   """The claims of the grid (LayerNorm, Xavier).
 
@@ -305,26 +331,7 @@ def verdicts(grid: dict, lrs: list[float], cfg: Design, unigram: float, eval_eve
   judged = judged_rates(grid, lrs, cfg.steps)
   third = cfg.steps // 3
   target = unigram - TARGET_BELOW
-  late = f"; a comparison that reads a run that left the plateau after {LATE_FRACTION:.0%} of the run is not judged"
-  crits = {
-      "xiong_postln_needs_warmup": f"per judged rate where Pre-LN without warm-up trains: yes if Post-LN without "
-      f"warm-up fails (diverges or ends within {STALL_NATS} nats of the unigram plateau) in every seed while with "
-      f"warm-up {long_} it trains and is better by more than {MARGIN} nats in every seed (paired per seed); partly "
-      "if warm-up helps beyond that in some seeds/rates only; no if nowhere" + late,
-      "xiong_postln_lr_sensitive": "per Post-LN warm-up, against Pre-LN without warm-up: rate-sensitive if above a "
-      "rate where Post-LN trains in every seed there is one where it fails in every seed while Pre-LN trains in "
-      "every seed; a warm-up where Post-LN trains at no rate fails outright and is not judged; yes/partly/no = "
-      "all/some/none of the judged warm-ups" + late,
-      "xiong_preln_no_warmup": f"at each judged rate where Post-LN with warm-up {long_} trains in every seed, Pre-LN "
-      f"without warm-up is worse by more than {MARGIN} nats in no seed (paired); yes/partly/no = all/some/none of "
-      "these rates" + late,
-      "xiong_preln_faster": f"Pre-LN without warm-up vs Post-LN with warm-up {long_}, at each judged rate where "
-      "Post-LN trains and each at its best rate: per seed, the first evaluation (every "
-      f"{eval_every} steps) at or below a target {TARGET_BELOW} nats under the unigram plateau ({target:.3f}), "
-      f"which either can miss; faster = <= {FASTER:.0%} of Post-LN's steps (of the run where Post-LN never gets "
-      "there); a seed where "
-      "neither reaches it is not judged; yes/partly/no = all/some/none of the (comparison, seed) cases" + late,
-  }
+  crits = _criteria(cfg, eval_every, target)
   rules = {"xiong_postln_needs_warmup": (needs_warmup, (long_, cfg.steps), True),
            "xiong_postln_lr_sensitive": (lr_sensitive, (cfg.warmups, cfg.steps), False),
            "xiong_preln_no_warmup": (preln_no_warmup, (long_, cfg.steps), False),

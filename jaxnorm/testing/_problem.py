@@ -1,0 +1,217 @@
+"""The problem a :func:`jaxnorm.testing.check_rule` call compares: the rule, the reference and
+the arguments as functions of the differentiable leaves, the float64 oracle and the comparison.
+
+Contract: :class:`_Problem` validates the arguments (``TypeError``/``ValueError``, named),
+draws every random tangent, cotangent and condition direction from one generator seeded by
+``seed`` (so a call is reproducible: the order of the draws is the order of the checks), and
+compares a rule's results with the oracle element by element within the
+:class:`~jaxnorm.testing.Tolerance` budget, returning :class:`~jaxnorm.testing.Outcome` values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxnorm.testing._condition import magnitude
+from jaxnorm.testing._report import Outcome
+from jaxnorm.testing._tolerance import ulp
+
+_DIRECTIONS = 2  # random sign draws of the condition magnitude
+
+
+def _enable_x64():
+  """``jax.enable_x64(True)`` (a context manager; jax.experimental's name before 0.8)."""
+  enable = getattr(jax, "enable_x64", None)
+  if enable is None or not callable(enable):  # pragma: no cover (older JAX)
+    from jax.experimental import enable_x64 as enable
+  return enable(True)
+
+
+def _is_float(a) -> bool:
+  """Whether ``a`` is an array (or array-like with a dtype) of a floating dtype."""
+  return hasattr(a, "dtype") and jnp.issubdtype(jnp.dtype(a.dtype), jnp.floating)
+
+
+class _Problem:
+  """The rule, the reference and the arguments, as functions of the differentiable leaves."""
+
+  def __init__(self, rule, reference, args, kwargs, nondiff_argnums, tolerance, nonfinite,
+               seed):
+    if not callable(rule) or not callable(reference):
+      raise TypeError(f"rule and reference must be callables, got {type(rule).__name__} and "
+                      f"{type(reference).__name__}.")
+    if not isinstance(args, (tuple, list)):
+      raise TypeError(f"args must be a tuple of the rule's positional arguments, got "
+                      f"{type(args).__name__}; wrap a single argument: args=(x,).")
+    nondiff = tuple(nondiff_argnums)
+    for i in nondiff:
+      if not isinstance(i, int) or not -len(args) <= i < len(args):
+        raise ValueError(f"nondiff_argnums must hold indices of args (0 to {len(args) - 1}), "
+                         f"got {nondiff_argnums!r}.")
+    nondiff = {i % len(args) for i in nondiff}
+    if nonfinite not in ("any", "match"):
+      raise ValueError(f"nonfinite must be 'any' or 'match', got {nonfinite!r}.")
+    self.rule, self.reference = rule, reference
+    self.kwargs = dict(kwargs or {})
+    self.tol, self.nonfinite = tolerance, nonfinite
+    self.rng = np.random.default_rng(seed)
+    self.cache = {}
+    flat, self.treedef = jax.tree_util.tree_flatten_with_path(tuple(args))
+    self.names = ["args" + jax.tree_util.keystr(path) for path, _ in flat]
+    self.fixed = [np.asarray(leaf) if hasattr(leaf, "dtype") else leaf for _, leaf in flat]
+    self.diff = [i for i, (path, leaf) in enumerate(flat)
+                 if path[0].idx not in nondiff and _is_float(leaf)]
+    self.arg_of = [flat[i][0][0].idx for i in self.diff]
+    if not self.diff:
+      raise ValueError("args hold no floating array to differentiate (all leaves are "
+                       "non-float or in nondiff_argnums).")
+    self.x64 = any(_is_float(v) and jnp.dtype(v.dtype) == jnp.float64 for v in self.fixed)
+    self.z0 = [self.fixed[i] for i in self.diff]
+    names = []
+
+    def probe(*z):
+      names[:], values = self._outputs(rule, z, False, None)
+      return values
+
+    with self.context():
+      self.out_avals = list(jax.eval_shape(probe, *self.z0))
+    self.out_paths = names
+    if not self.out_avals:
+      raise ValueError("the rule returns no floating array to compare.")
+
+  # ------------------------------------------------------------------ building functions
+
+  def context(self):
+    """Where the rule runs: with float64 switched on only if an argument is float64."""
+    return _enable_x64() if self.x64 else contextlib.nullcontext()
+
+  def _outputs(self, f, z, f64, subset):
+    leaves = list(self.fixed)
+    positions = range(len(self.diff)) if subset is None else subset
+    for pos, v in zip(positions, z):
+      leaves[self.diff[pos]] = v
+    leaves = [jnp.asarray(v, jnp.float64) if f64 and _is_float(v) else
+              (jnp.asarray(v) if hasattr(v, "dtype") else v) for v in leaves]
+    out = f(*self.treedef.unflatten(leaves), **self.kwargs)
+    flat = jax.tree_util.tree_flatten_with_path(out)[0]
+    keep = [(p, o) for p, o in flat if _is_float(o)]
+    return ["out" + jax.tree_util.keystr(p) for p, _ in keep], [o for _, o in keep]
+
+  def primal(self, f, f64, *, wrap=None, subset=None, outs=None):
+    """``f`` as a function of the differentiable leaves (of ``subset``, the others fixed at
+    their values) returning its floating outputs (those of ``outs``) as a list."""
+
+    def h(*z):
+      values = self._outputs(f, z, f64, subset)[1]
+      return [values[k] for k in (range(len(values)) if outs is None else outs)]
+
+    return h if wrap is None else wrap(h)
+
+  # ------------------------------------------------------------------ random draws
+
+  def draw(self, like) -> np.ndarray:
+    """A standard normal array of ``like``'s shape and dtype (a tangent or a cotangent)."""
+    return self.rng.standard_normal(like.shape).astype(np.dtype(like.dtype))
+
+  # ------------------------------------------------------------------ the comparison
+
+  def oracle(self, ref_fn, z, in_axes=None):
+    """``(expected, magnitude)``: ``ref_fn`` at ``z`` in float64 and its condition magnitude
+    (:mod:`jaxnorm.testing._condition`), both lists of float64 NumPy arrays."""
+    seed = int(self.rng.integers(2 ** 16))
+    with _enable_x64():
+      fn = ref_fn if in_axes is None else jax.vmap(ref_fn, in_axes=in_axes)
+      run = jax.jit(lambda *z64: magnitude(fn, z64, directions=_DIRECTIONS, seed=seed))
+      e, m = run(*[np.asarray(a).astype(np.float64) for a in z])
+      e = [np.asarray(a, np.float64) for a in e]
+      m = [np.asarray(a, np.float64) for a in m]
+    return e, m
+
+  def compare(self, check, got, expected, magnitude, names):
+    """An :class:`Outcome` and the per-element budgets (for the adjoint identity)."""
+    worst, worst_ulps, detail, budgets, failed = -1.0, 0.0, "", [], False
+    for name, a, e, m in zip(names, got, expected, magnitude):
+      a = np.asarray(a)
+      if a.shape != e.shape:
+        return Outcome(check, "fail", np.inf, np.inf,
+                       f"{name}: shape {a.shape}, the oracle's {e.shape}"), None
+      dt = a.dtype
+      a64 = a.astype(np.float64)
+      budget = self.tol.budget(e, m, dt)
+      budgets.append(budget)
+      fin = np.isfinite(e)
+      err = np.abs(a64 - e)
+      # A value beyond the dtype's range rounds to an infinity: the same infinity is exact.
+      big = fin & (np.abs(e) > float(jnp.finfo(dt).max))
+      over_ok = big & np.isinf(a64) & (np.sign(a64) == np.sign(e))
+      checked = fin & np.isfinite(budget) & ~over_ok
+      bad = checked & (~np.isfinite(a64) | (err > budget))
+      if self.nonfinite == "match":
+        nan_e, nan_a = np.isnan(e), np.isnan(a64)
+        bad |= (~fin & ((nan_e != nan_a) | (~nan_e & (a64 != e))))
+      ratio = np.where(checked, err / budget, -1.0)
+      ratio = np.where(bad, np.where(np.isfinite(ratio), ratio, np.inf), ratio)
+      if ratio.size and ratio.max() > worst:
+        idx = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+        worst = float(ratio[idx])
+        u = ulp(e[idx], dt)
+        worst_ulps = float(err[idx] / u) if np.isfinite(err[idx]) else np.inf
+        with np.errstate(over="ignore"):
+          kappa = float(m[idx] / max(abs(e[idx]), 1e-300)) if np.isfinite(m[idx]) else np.inf
+        detail = (f"{name}{[int(i) for i in idx]}: got {float(a64[idx]):.9g}, float64 oracle "
+                  f"{float(e[idx]):.17g}, "
+                  f"error {worst_ulps:.3g} ulp of {dt.name}, allowed {budget[idx] / u:.3g} ulp "
+                  f"(condition {kappa:.3g}; {int(bad.sum())} of {a.size} elements over)")
+      failed |= bool(bad.any())
+    status = "fail" if failed else "pass"
+    return Outcome(check, status, max(worst, 0.0), worst_ulps,
+                   detail if failed else ""), budgets
+
+  def split_oracle(self, ref_fn, z, counts: dict):
+    """Computes one oracle whose outputs are several checks' (``counts``: key -> how many
+    outputs, in order) and caches each check's part under its key."""
+    expected, magnitude = self.oracle(ref_fn, z)
+    i = 0
+    for key, k in counts.items():
+      self.cache[key] = expected[i:i + k], magnitude[i:i + k]
+      i += k
+
+  def run_split(self, mode, rule_fn, z, parts):
+    """Runs ``rule_fn(*z)`` once and compares its consecutive outputs with the cached oracle
+    of each ``(key, names)`` of ``parts``: ``{key: (outcome, got, budgets)}``."""
+    try:
+      with self.context():
+        got = [np.asarray(a) for a in rule_fn(*[jnp.asarray(a) for a in z])]
+    except Exception as exc:  # a rule that fails under a transformation fails the check
+      detail = f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+      return {key: (Outcome(key + mode, "fail", np.inf, np.inf, detail), None, None)
+              for key, _ in parts}
+    out, i = {}, 0
+    for key, names in parts:
+      sub = got[i:i + len(names)]
+      i += len(names)
+      outcome, budgets = self.compare(key + mode, sub, *self.cache[key], names)
+      out[key] = (outcome, sub, budgets)
+    return out
+
+  def run(self, check, rule_fn, ref_fn, z, names, in_axes=None, key=None):
+    """Runs ``rule_fn(*z)`` and compares it with the oracle: ``(outcome, got, budgets)``.
+
+    ``key`` names the oracle's computation: checks with the same key (the VJP eagerly, under
+    ``jit`` and ``jax.checkpoint``) reuse its values instead of recomputing them.
+    """
+    try:
+      with self.context():
+        got = [np.asarray(a) for a in rule_fn(*[jnp.asarray(a) for a in z])]
+    except Exception as exc:  # a rule that fails under a transformation fails the check
+      return Outcome(check, "fail", np.inf, np.inf,
+                     f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"), None, None
+    if key is None or key not in self.cache:
+      self.cache[key] = self.oracle(ref_fn, z, in_axes)
+    expected, magnitude = self.cache[key]
+    outcome, budgets = self.compare(check, got, expected, magnitude, names)
+    return outcome, got, budgets
