@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, Mapping
 
 import jax.numpy as jnp
 import numpy as np
@@ -105,6 +105,21 @@ def check_options(epsilon: Any, epsilon_placement: Any, zero_centered_scale: Any
   v.check_choice("impl", impl, v.IMPLS)
   v.check_choice("casting", casting, CASTINGS)
   return epsilon
+
+
+def check_layer_options(kind: str, options: Mapping[str, Any]) -> float:
+  """:func:`check_options` of a norm layer's options, given by name (the layer's attributes).
+
+  ``options`` holds ``epsilon``, ``epsilon_placement``, ``zero_centered_scale``, ``impl``,
+  ``casting`` and the op's own options (``NORM_OPS[kind].options``: LayerNorm's
+  ``use_fast_variance``; RMSNorm's flag of that name is not checked, it has no effect).
+
+  Returns:
+    ``epsilon`` as a Python float.
+  """
+  own = {o.name: options[o.name] for o in NORM_OPS[kind].options}
+  return check_options(options["epsilon"], options["epsilon_placement"],
+                       options["zero_centered_scale"], options["impl"], options["casting"], **own)
 
 
 def output_dtype(*args: Any, dtype: Any = None) -> Any:

@@ -134,11 +134,24 @@ def _layer_norm_statistics(cfg, x, mask, *, decouple: bool = True):
   shift2, x2, mask2 = fresh(shift, x, mask) if decouple else (shift, x, mask)
   xs2 = x2.astype(ct) - shift2
   (s2,) = row_sums(xs2 * xs2, mask=mask2)
+  delta, rstd = _mean_and_rstd(cfg, s1, s2, n)
+  return shift, delta, rstd
+
+
+def _mean_and_rstd(cfg, s1, s2, n):
+  r"""``(m, rstd)`` of a row from its sum :math:`s_1` and sum of squares :math:`s_2`.
+
+  .. math:: m = s_1 / n, \qquad v = \max(s_2 / n - m^2,\ 0)
+
+  with both sums first added up over the devices of ``cfg.axis_name`` (one ``psum``). The sums
+  are of ``x - shift`` (:func:`_layer_norm_statistics`: ``m`` is the offset ``delta``) or of
+  ``x`` (:func:`_fast_statistics`: ``m`` is the mean); ``rstd`` is :func:`normalizer` of ``v``.
+  """
   if cfg.axis_name is not None:
     s1, s2 = psum(cfg, jnp.stack([s1, s2]))
-  delta = s1 / n
-  var = jnp.maximum(s2 / n - delta * delta, 0.0)
-  return shift, delta, normalizer(cfg, var)
+  m = s1 / n
+  var = jnp.maximum(s2 / n - m * m, 0.0)
+  return m, normalizer(cfg, var)
 
 
 def _fast_statistics(cfg, x, mask, n, *, decouple: bool):
@@ -164,11 +177,8 @@ def _fast_statistics(cfg, x, mask, n, *, decouple: bool):
   mask2, x2, _ = fresh(mask, x, x) if decouple else (mask, x, x)
   xf2 = x2.astype(ct)
   (s2,) = row_sums(xf2 * xf2, mask=mask2)
-  if cfg.axis_name is not None:
-    s1, s2 = psum(cfg, jnp.stack([s1, s2]))
-  mean = s1 / n
-  var = jnp.maximum(s2 / n - mean * mean, 0.0)
-  return mean, None, normalizer(cfg, var)
+  mean, rstd = _mean_and_rstd(cfg, s1, s2, n)
+  return mean, None, rstd
 
 
 def _rms_norm_statistics(cfg, x, mask, *, decouple: bool = True):

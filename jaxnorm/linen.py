@@ -155,8 +155,7 @@ class LayerNorm(nn.Module):
   casting: str = "float32"
 
   def __post_init__(self):
-    common.check_options(self.epsilon, self.epsilon_placement, self.zero_centered_scale,
-                         self.impl, self.casting, self.use_fast_variance)
+    common.check_layer_options("layer_norm", common.layer_options(self))
     super().__post_init__()
 
   @nn.compact
@@ -241,8 +240,7 @@ class RMSNorm(nn.Module):
   casting: str = "float32"
 
   def __post_init__(self):
-    common.check_options(self.epsilon, self.epsilon_placement, self.zero_centered_scale,
-                         self.impl, self.casting)
+    common.check_layer_options("rms_norm", common.layer_options(self))
     super().__post_init__()
 
   @nn.compact

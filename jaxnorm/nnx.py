@@ -77,6 +77,33 @@ def _param(rngs: nnx.Rngs, use: bool, init: tp.Any, shape: tuple[int, ...], dtyp
   return nnx.Param(init(rngs.params(), shape, dtype), **metadata)
 
 
+# The constructor arguments of LayerNorm and RMSNorm that go into the parameters (their
+# initializers, metadata and keys) rather than into attributes of their own.
+_PARAM_ARGS = ("self", "rngs", "scale_init", "bias_init", "scale_metadata", "bias_metadata")
+
+
+def _init_norm(layer: nnx.Module, name: str, kind: str, args: dict[str, tp.Any]) -> None:
+  """The shared constructor body of :class:`LayerNorm` and :class:`RMSNorm`.
+
+  ``args`` is the constructor's ``locals()`` on entry: its arguments by name. Checks them
+  (``num_features`` a positive int, errors naming ``name``; the options with
+  :func:`common.check_layer_options`), creates ``scale`` then, for an op with a bias, ``bias``
+  (keys drawn in that order, as in Flax, so that the same Rngs give the same initial values:
+  ``nnx.Param`` of shape ``(num_features,)``, or None when not used), and stores every other
+  argument under its own name, in the constructor's order (``num_features`` as an int,
+  ``epsilon`` as a float).
+  """
+  fields = {k: a for k, a in args.items() if k not in _PARAM_ARGS}
+  fields["num_features"] = common.check_num_features_arg(name, fields["num_features"])
+  fields["epsilon"] = common.check_layer_options(kind, fields)
+  shape = (fields["num_features"],)
+  for p in NORM_OPS[kind].params:  # ("scale",) or ("scale", "bias")
+    setattr(layer, p, _param(args["rngs"], fields[f"use_{p}"], args[f"{p}_init"], shape,
+                             fields["param_dtype"], args[f"{p}_metadata"]))
+  for k, a in fields.items():
+    setattr(layer, k, a)
+
+
 class LayerNorm(nnx.Module):
   r"""Layer normalization (https://arxiv.org/abs/1607.06450) with a custom VJP.
 
@@ -160,34 +187,7 @@ class LayerNorm(nnx.Module):
       impl: str = "auto",
       casting: str = "float32",
   ):
-    num_features = common.check_num_features_arg("LayerNorm", num_features)
-    epsilon = common.check_options(epsilon, epsilon_placement, zero_centered_scale, impl,
-                                   casting, use_fast_variance)
-    feature_shape = (num_features,)
-
-    # Keys are drawn scale first, then bias, as in Flax, so that the same Rngs give the same
-    # initial values.
-    self.scale: nnx.Param[jax.Array] | None = _param(
-        rngs, use_scale, scale_init, feature_shape, param_dtype, scale_metadata)
-    self.bias: nnx.Param[jax.Array] | None = _param(
-        rngs, use_bias, bias_init, feature_shape, param_dtype, bias_metadata)
-
-    self.num_features = num_features
-    self.epsilon = epsilon
-    self.dtype = dtype
-    self.param_dtype = param_dtype
-    self.use_bias = use_bias
-    self.use_scale = use_scale
-    self.reduction_axes = reduction_axes
-    self.feature_axes = feature_axes
-    self.axis_name = axis_name
-    self.axis_index_groups = axis_index_groups
-    self.use_fast_variance = use_fast_variance
-    self.promote_dtype = promote_dtype
-    self.epsilon_placement = epsilon_placement
-    self.zero_centered_scale = zero_centered_scale
-    self.impl = impl
-    self.casting = casting
+    _init_norm(self, "LayerNorm", "layer_norm", locals())
 
   def __call__(self, x: jax.Array, *, mask: tp.Optional[jax.Array] = None,
                residual: tp.Optional[jax.Array] = None, residual_scale: float = 1.0):
@@ -288,29 +288,7 @@ class RMSNorm(nnx.Module):
       impl: str = "auto",
       casting: str = "float32",
   ):
-    num_features = common.check_num_features_arg("RMSNorm", num_features)
-    epsilon = common.check_options(epsilon, epsilon_placement, zero_centered_scale, impl,
-                                   casting)
-    feature_shape = (num_features,)
-
-    self.scale: nnx.Param[jax.Array] | None = _param(
-        rngs, use_scale, scale_init, feature_shape, param_dtype, scale_metadata)
-
-    self.num_features = num_features
-    self.epsilon = epsilon
-    self.dtype = dtype
-    self.param_dtype = param_dtype
-    self.use_scale = use_scale
-    self.reduction_axes = reduction_axes
-    self.feature_axes = feature_axes
-    self.axis_name = axis_name
-    self.axis_index_groups = axis_index_groups
-    self.use_fast_variance = use_fast_variance
-    self.promote_dtype = promote_dtype
-    self.epsilon_placement = epsilon_placement
-    self.zero_centered_scale = zero_centered_scale
-    self.impl = impl
-    self.casting = casting
+    _init_norm(self, "RMSNorm", "rms_norm", locals())
 
   def __call__(self, x: jax.Array, *, mask: tp.Optional[jax.Array] = None,
                residual: tp.Optional[jax.Array] = None, residual_scale: float = 1.0):

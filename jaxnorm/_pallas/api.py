@@ -260,16 +260,22 @@ def _check_dtype(name: str, dtype) -> jnp.dtype:
   return jnp.dtype(dtype)
 
 
-def _add_spec(x, residual, scale, bias, *, op, residual_scale, epsilon, epsilon_placement,
-              zero_centered_scale, interpret):
-  """:func:`_spec` of a residual add + norm forward, ``residual`` checked as the fused ops do."""
+def _add_fwd(x, residual, scale, bias, *, op, residual_scale, h_dtype, epsilon,
+             epsilon_placement, zero_centered_scale, out_dtype, interpret):
+  """The checks and the launch of both fused residual add + norm forwards.
+
+  :func:`_spec` of the forward, ``residual`` checked as the fused ops do, ``h_dtype`` defaulted
+  to the promoted dtype of ``x`` and ``residual``; returns :func:`add_norm_forward`'s tuple.
+  """
   spec = _spec(x, scale, bias, op=op, epsilon=epsilon,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                interpret=interpret, residual_scale=v.check_residual_scale(residual_scale))
   v.check_floating("residual", residual)
   v.check_residual_shape(residual.shape, x.shape)
   _check_dtype("residual", residual.dtype)
-  return spec
+  h_dtype = _check_dtype("h_dtype", h_dtype or jnp.promote_types(x.dtype, residual.dtype))
+  return add_norm_forward(x, residual, scale, bias, spec=spec, out_dtype=_out_dtype(out_dtype, x),
+                          h_dtype=h_dtype, interpret=interpret)
 
 
 def add_layer_norm_fwd(x, residual, scale, bias, *, epsilon, residual_scale=1.0, h_dtype=None,
@@ -302,12 +308,10 @@ def add_layer_norm_fwd(x, residual, scale, bias, *, epsilon, residual_scale=1.0,
     ``(y, h, shift, delta, rstd)``: ``y`` in ``out_dtype``, ``h`` in ``h_dtype``, and the float32
     ``(rows,)`` statistics of ``h`` as in :func:`layer_norm_fwd`.
   """
-  spec = _add_spec(x, residual, scale, bias, op="layer_norm", residual_scale=residual_scale,
-                   epsilon=epsilon, epsilon_placement=epsilon_placement,
-                   zero_centered_scale=zero_centered_scale, interpret=interpret)
-  h_dtype = _check_dtype("h_dtype", h_dtype or jnp.promote_types(x.dtype, residual.dtype))
-  return add_norm_forward(x, residual, scale, bias, spec=spec, out_dtype=_out_dtype(out_dtype, x),
-                          h_dtype=h_dtype, interpret=interpret)
+  return _add_fwd(x, residual, scale, bias, op="layer_norm", residual_scale=residual_scale,
+                  h_dtype=h_dtype, epsilon=epsilon, epsilon_placement=epsilon_placement,
+                  zero_centered_scale=zero_centered_scale, out_dtype=out_dtype,
+                  interpret=interpret)
 
 
 def add_rms_norm_fwd(x, residual, scale, *, epsilon, residual_scale=1.0, h_dtype=None,
@@ -322,12 +326,10 @@ def add_rms_norm_fwd(x, residual, scale, *, epsilon, residual_scale=1.0, h_dtype
   Returns:
     ``(y, h, rstd)``.
   """
-  spec = _add_spec(x, residual, scale, None, op="rms_norm", residual_scale=residual_scale,
-                   epsilon=epsilon, epsilon_placement=epsilon_placement,
-                   zero_centered_scale=zero_centered_scale, interpret=interpret)
-  h_dtype = _check_dtype("h_dtype", h_dtype or jnp.promote_types(x.dtype, residual.dtype))
-  return add_norm_forward(x, residual, scale, None, spec=spec, out_dtype=_out_dtype(out_dtype, x),
-                          h_dtype=h_dtype, interpret=interpret)
+  return _add_fwd(x, residual, scale, None, op="rms_norm", residual_scale=residual_scale,
+                  h_dtype=h_dtype, epsilon=epsilon, epsilon_placement=epsilon_placement,
+                  zero_centered_scale=zero_centered_scale, out_dtype=out_dtype,
+                  interpret=interpret)
 
 
 def _add_bwd(h, scale, stats, dy, dh, *, op, has_bias, residual_scale, x_dtype,
