@@ -7,27 +7,11 @@ with ``dscale``/``dbias`` summed deterministically by a second small kernel. Fea
 than one block (``d > config.MAX_BLOCK_D``) loop over column blocks; blocks are powers
 of two and loads are masked, so any ``d`` works.
 
-Math (the same derived formulas as the XLA path in :mod:`jaxnorm._xla`), per row, with
-:math:`\gamma` = ``scale`` or ``1 + scale`` (``zero_centered_scale``) or 1:
-
-.. math::
-
-   K = x_0,\quad \delta = \tfrac1d\sum_i (x_i - K),\quad
-   v = \tfrac1d\sum_i (x_i - K - \delta)^2,\quad
-   r = \frac{1}{\sqrt{v + \epsilon}}\ \text{("inside")}\ \text{or}\
-       \frac{1}{\sqrt v + \epsilon}\ \text{("outside")},
-
-   \hat x = (x - K - \delta)\, r \ \text{(LayerNorm)},\qquad \hat x = x\, r,\ v = \tfrac1d\sum_i
-   x_i^2 \ \text{(RMSNorm)},\qquad y = \gamma \odot \hat x + \beta,
-
-   g = dy \odot \gamma,\qquad
-   dx = r\Big(g - \overline{g} - c\, \hat x\, \overline{g \hat x}\Big),\qquad
-   d\text{scale} = \sum_\text{rows} dy \odot \hat x,\qquad d\beta = \sum_\text{rows} dy,
-
-where the bars are row means, :math:`\overline g` is absent for RMSNorm, and :math:`c = 1`
-("inside") or :math:`c = 1/(1 - \epsilon r)` ("outside", 0 on a zero-variance row). The
-variance is taken with two passes over the row held in registers; the residuals ``shift``,
-``delta``, ``rstd`` mean the same thing as on the XLA path, so either backward can consume them.
+The kernels compute the same derived formulas as the XLA path (:mod:`jaxnorm._xla`): the
+shifted-data statistics with the row's first element as pivot, the forward, and the backward's
+direct, mean and variance paths, as derived in ``docs/derivations.md`` (in a kernel the
+variance takes two passes over the row held in registers). The residuals ``shift``,
+``delta``, ``rstd`` mean the same thing on both paths, so either backward can consume them.
 
 This module is the boundary of the kernels used on their own (tests, benchmarks): every function
 describes its call with the ops' own :func:`jaxnorm._norm_args.prepare` (one check per rule, the
