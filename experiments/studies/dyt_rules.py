@@ -210,24 +210,36 @@ def _fmt_d(d) -> str:
   return "missing" if d is None else f"{d[0]:+.3f} (alt {d[1]:+.3f})"
 
 
-def zhu_dyt_matches_norm(cells, *, epochs, unigram) -> dict:
-  crit = (f"at the largest T/P, per seed: DyT matches a reference (LN, RMS) if |val(DyT) - val(ref)| <= {REL:.0%} of "
-          "val(ref) on both sets of validation windows; yes = both references in every seed, partly = some, no = none; "
-          "needs T3, T4 and >= 3 seeds")
+def _compare_at_top(cells, norm: str, others, passes, tags: tuple[str, str]):
+  """``(oks, per_seed, parts)`` of ``norm`` against each of ``others``, every T/P and seed listed.
+
+  A pair passes where both validation differences ``x`` (:func:`_diff`, ``norm`` minus the
+  other) satisfy ``passes(x, val(other))``; only the largest T/P is judged (``oks``, and per
+  seed), and its parts carry ``tags`` (pass, fail).
+  """
   tpps = _tpps(cells)
   hi = tpps[-1] if tpps else None
   oks, per, parts = [], {}, []
   for t in tpps:
     for s in _seeds(cells):
-      for ref in REFS:
-        d = _diff(cells, "dyt", ref, t, s)
-        ok = d is not None and all(abs(x) <= REL * _f(cells[(ref, t, s)]["val"]) for x in d)
+      for other in others:
+        d = _diff(cells, norm, other, t, s)
+        ok = d is not None and all(passes(x, _f(cells[(other, t, s)]["val"])) for x in d)
         tag = ""
         if t == hi:
           oks.append(ok)
           per.setdefault(s, []).append(ok)
-          tag = " [ok]" if ok else " [differs]"
-        parts.append(f"T/P {t:g} s{s} DyT-{NAMES[ref]} {_fmt_d(d)}{tag}")
+          tag = f" [{tags[0] if ok else tags[1]}]"
+        parts.append(f"T/P {t:g} s{s} {NAMES[norm]}-{NAMES[other]} {_fmt_d(d)}{tag}")
+  return oks, per, parts
+
+
+def zhu_dyt_matches_norm(cells, *, epochs, unigram) -> dict:
+  crit = (f"at the largest T/P, per seed: DyT matches a reference (LN, RMS) if |val(DyT) - val(ref)| <= {REL:.0%} of "
+          "val(ref) on both sets of validation windows; yes = both references in every seed, partly = some, no = none; "
+          "needs T3, T4 and >= 3 seeds")
+  oks, per, parts = _compare_at_top(
+      cells, "dyt", REFS, lambda x, ref: abs(x) <= REL * ref, ("ok", "differs"))
   return _finish("zhu_dyt_matches_norm", crit, oks, per, parts,
                  testability(cells, epochs=epochs, unigram=unigram, need=("T3", "T4"),
                              norms=("layer_norm", "rms_norm", "dyt")))
@@ -255,20 +267,8 @@ def derf_beats_all(cells, *, epochs, unigram) -> dict:
           f"<= -{REL:.0%} "
           "of val(other) on both sets of validation windows; yes = all three in every seed, partly = some, no = none; "
           "needs T3, T4")
-  tpps = _tpps(cells)
-  hi = tpps[-1] if tpps else None
-  oks, per, parts = [], {}, []
-  for t in tpps:
-    for s in _seeds(cells):
-      for other in ("layer_norm", "rms_norm", "dyt"):
-        d = _diff(cells, "derf", other, t, s)
-        ok = d is not None and all(x <= -REL * _f(cells[(other, t, s)]["val"]) for x in d)
-        tag = ""
-        if t == hi:
-          oks.append(ok)
-          per.setdefault(s, []).append(ok)
-          tag = " [beats]" if ok else " [does not]"
-        parts.append(f"T/P {t:g} s{s} Derf-{NAMES[other]} {_fmt_d(d)}{tag}")
+  oks, per, parts = _compare_at_top(
+      cells, "derf", ("layer_norm", "rms_norm", "dyt"), lambda x, other: x <= -REL * other, ("beats", "does not"))
   return _finish("derf_beats_all", crit, oks, per, parts,
                  testability(cells, epochs=epochs, unigram=unigram, need=("T3", "T4")))
 
