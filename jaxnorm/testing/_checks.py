@@ -27,7 +27,8 @@ from jaxnorm.testing._tolerance import Tolerance
 __all__ = ["MODES", "TRANSFORMS", "Outcome", "Report", "RuleCheckError", "check_rule"]
 
 MODES = ("rev", "fwd")
-# The base checks run under jax.jit. eager: the same op by op, without jit. vmap: jax.vmap
+# Every check runs its function of the rule under jax.jit (one compiled program a check), but
+# eager: the base checks op by op, without jit. vmap: jax.vmap
 # over every argument (batched parameters). vmap_unbatched: over the first argument only.
 # grad2: reverse over reverse (and forward over reverse where forward mode exists).
 # checkpoint: jax.checkpoint around the rule. scan: the rule as a lax.scan body. zeros:
@@ -122,11 +123,12 @@ class _Run:
   def runs(self, mode, wrap):
     """The base checks, with the rule run through ``wrap`` (jax.jit, or eagerly)."""
     p, rev = self.p, self.rev
-    outs = p.run_split(mode, wrap(self.value_and_vjp), self.z0 + (self.cts if rev else []),
-                       [("value", self.out_names)] + ([("vjp", self.grads)] if rev else []))
+    outs = p.run_split(mode, self.value_and_vjp, self.z0 + (self.cts if rev else []),
+                       [("value", self.out_names)] + ([("vjp", self.grads)] if rev else []),
+                       wrap=wrap)
     if self.fwd:
-      outs["jvp"] = p.run(f"jvp{mode}", wrap(self.jvp_rule), self.jvp_ref, self.z0 + self.tans,
-                          self.tangent_names, key="jvp")
+      outs["jvp"] = p.run(f"jvp{mode}", self.jvp_rule, self.jvp_ref, self.z0 + self.tans,
+                          self.tangent_names, key="jvp", wrap=wrap)
     return outs
 
 

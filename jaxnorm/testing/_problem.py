@@ -180,12 +180,12 @@ class _Problem:
       self.cache[key] = expected[i:i + k], magnitude[i:i + k]
       i += k
 
-  def run_split(self, mode, rule_fn, z, parts):
-    """Runs ``rule_fn(*z)`` once and compares its consecutive outputs with the cached oracle
-    of each ``(key, names)`` of ``parts``: ``{key: (outcome, got, budgets)}``."""
+  def run_split(self, mode, rule_fn, z, parts, wrap=jax.jit):
+    """Runs ``wrap(rule_fn)(*z)`` once and compares its consecutive outputs with the cached
+    oracle of each ``(key, names)`` of ``parts``: ``{key: (outcome, got, budgets)}``."""
     try:
       with self.context():
-        got = [np.asarray(a) for a in rule_fn(*[jnp.asarray(a) for a in z])]
+        got = [np.asarray(a) for a in wrap(rule_fn)(*[jnp.asarray(a) for a in z])]
     except Exception as exc:  # a rule that fails under a transformation fails the check
       detail = f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
       return {key: (Outcome(key + mode, "fail", np.inf, np.inf, detail), None, None)
@@ -198,15 +198,18 @@ class _Problem:
       out[key] = (outcome, sub, budgets)
     return out
 
-  def run(self, check, rule_fn, ref_fn, z, names, in_axes=None, key=None):
-    """Runs ``rule_fn(*z)`` and compares it with the oracle: ``(outcome, got, budgets)``.
+  def run(self, check, rule_fn, ref_fn, z, names, in_axes=None, key=None, wrap=jax.jit):
+    """Runs ``wrap(rule_fn)(*z)`` and compares it with the oracle: ``(outcome, got, budgets)``.
+
+    ``wrap`` is ``jax.jit`` except for the eager check: one compiled program per check, where
+    an unjitted transformation would compile each primitive on its own.
 
     ``key`` names the oracle's computation: checks with the same key (the VJP eagerly, under
     ``jit`` and ``jax.checkpoint``) reuse its values instead of recomputing them.
     """
     try:
       with self.context():
-        got = [np.asarray(a) for a in rule_fn(*[jnp.asarray(a) for a in z])]
+        got = [np.asarray(a) for a in wrap(rule_fn)(*[jnp.asarray(a) for a in z])]
     except Exception as exc:  # a rule that fails under a transformation fails the check
       return Outcome(check, "fail", np.inf, np.inf,
                      f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"), None, None
