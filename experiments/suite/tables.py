@@ -1,8 +1,9 @@
-"""The suite's tables of prose kept as data: TOML files next to this module.
+"""The suite's data tables: TOML files next to this module.
 
-``claims.toml`` (:mod:`experiments.suite.claims`) and ``rule_changes.toml``
-(:mod:`experiments.suite.rule_changes`) hold text, not logic; their modules define the fields,
-check every entry and expose the tables as before. In such a file the ``[texts]`` table names texts
+``presets.toml`` (:mod:`experiments.suite.presets`), ``claims.toml``
+(:mod:`experiments.suite.claims`) and ``rule_changes.toml`` (:mod:`experiments.suite.rule_changes`)
+hold sizes and text, not logic; their modules define the fields, check the entries and expose the
+tables as before. In such a file the ``[texts]`` table names texts
 (a citation, a shared condition) that its other strings use as ``{NAME}``; a text may use the texts
 above it, and ``{{``/``}}`` write a literal brace. Arrays are read as tuples.
 """
