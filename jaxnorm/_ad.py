@@ -99,7 +99,7 @@ def _formula_one(*args, cfg: NormConfig, operand_names):
   """One group's value: ``[dot y]`` (plain op) or ``[dot y, dot h]`` (fused op)."""
   a = _named(operand_names, args)
   stats = (a["shift"], a["delta"], a["rstd"])
-  if not cfg.fused:
+  if not cfg.has_add:
     return [_xla.tangent(cfg, a["x"], a["scale"], a["mask"], stats, a["tx"], a["tscale"],
                          a["tbias"])]
   h = a["x"]
@@ -135,7 +135,7 @@ def _abstract_eval(*avals, cfg, operand_names, groups, group_names=()):
   del groups, group_names
   axes = frozenset().union(*(jc.aval_varying_axes(av) for av in avals))
   base = jc.with_varying_axes(_named(operand_names, avals)["x"], axes)
-  dtypes = [cfg.out_dtype] + ([cfg.h_dtype] if cfg.fused else [])
+  dtypes = [cfg.out_dtype] + ([cfg.h_dtype] if cfg.has_add else [])
   return [base.update(dtype=dt, weak_type=False) for dt in dtypes]
 
 
@@ -145,7 +145,7 @@ norm_tangent_p.def_abstract_eval(_abstract_eval)
 def _cotangents_one(x, scale, mask, shift, delta, rstd, dy, dh, *, cfg: NormConfig, operand_names):
   """One group's derived VJP: a dict of the tangent operands' cotangents."""
   stats = (shift, delta, rstd)
-  if not cfg.fused:
+  if not cfg.has_add:
     dx, dscale, dbias = _backends.backward(cfg, x, scale, mask, stats, dy)
     return dict(zip(("tx", "tscale", "tbias"),
                     (dx, *_backends.param_cotangents(cfg, scale, dscale, dbias))))
@@ -166,7 +166,7 @@ def _transpose(cts, *args, cfg: NormConfig, operand_names, groups, group_names=(
   x = a["x"]
   dy = cts[0]
   dy = jnp.zeros(x.shape, cfg.out_dtype) if isinstance(dy, jc.Zero) else dy
-  dh = None if not cfg.fused or isinstance(cts[1], jc.Zero) else cts[1]  # h unused: skipped
+  dh = None if not cfg.has_add or isinstance(cts[1], jc.Zero) else cts[1]  # h unused: skipped
   body = functools.partial(_cotangents_one, cfg=cfg, operand_names=operand_names)
   d = _over_groups(body, groups, group_names)(x, a["scale"], a["mask"], a["shift"], a["delta"],
                                               a["rstd"], dy, dh)

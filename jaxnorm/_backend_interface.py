@@ -12,7 +12,8 @@ the plain op and the residual add + norm op each in three roles:
 The math is the op's (:mod:`jaxnorm._norm_ops`, derived in ``docs/derivations.md``); a backend
 says only how it is computed. :class:`Backend` gives the residual add + norm as the composition
 of an add in XLA and the backend's own plain op (what the XLA backend runs); a backend with fused
-kernels overrides the three ``add_*`` methods. Imports nothing of jaxnorm but the XLA formulas.
+add + norm kernels overrides the three ``add_*`` methods. Imports nothing of jaxnorm but the XLA
+formulas.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()) ->
 
 
 def resolve_add_impl(cfg: NormConfig, dtypes, impl: str) -> NormConfig:
-  """``cfg`` with impl="xla" where the fused kernels cannot take one of ``dtypes`` ("auto")."""
+  """``cfg`` with impl="xla" where the add + norm kernels cannot take one of ``dtypes`` ("auto")."""
   if cfg.impl == "xla":
     return cfg
   reason = BACKENDS["pallas"].add_refusal(dtypes)

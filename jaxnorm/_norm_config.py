@@ -23,7 +23,7 @@ from jaxnorm._pallas.config import PallasConfig
 
 @dataclasses.dataclass(frozen=True)
 class AddConfig:
-  """The residual add of a fused call, :math:`h = x + \\alpha r` (``NormConfig.add``)."""
+  """The residual add of an add + norm call, :math:`h = x + \\alpha r` (``NormConfig.add``)."""
 
   residual_scale: float  # alpha in h = x + alpha * residual.
   h_dtype: Any  # dtype h is stored in (residual_dtype).
@@ -72,16 +72,16 @@ class NormConfig:
     return self.cast if self.cast is not None else cast_plan("float32", x_dtype)
 
   @property
-  def fused(self) -> bool:
+  def has_add(self) -> bool:
     """Whether this is a residual add + norm call (outputs ``y`` and ``h``)."""
     return self.add is not None
 
   @property
   def h_dtype(self):
-    """The dtype of ``h`` (fused calls only)."""
+    """The dtype of ``h`` (residual add + norm calls only)."""
     return self.add.h_dtype
 
   @property
   def residual_scale(self) -> float:
-    """alpha of the residual add (fused calls only)."""
+    """alpha of the residual add (residual add + norm calls only)."""
     return self.add.residual_scale

@@ -62,17 +62,14 @@ def derf(x, alpha, shift, scale=None, bias=None, *, dtype=None):
     x: floating array of any shape.
     alpha: :math:`\alpha`, a floating array broadcasting against ``x`` from its trailing axes
       (the paper's learnable scalar: shape ``()``).
-    shift: :math:`s`, likewise (the paper's learnable scalar shift).
-    scale: :math:`\gamma`, likewise (usually ``(d,)``); None for none.
-    bias: :math:`\beta`, likewise; None for none.
-    dtype: dtype of ``y``; default ``x.dtype``.
+    shift: :math:`s`, likewise (the paper's learnable scalar shift); required.
+    scale, bias, dtype: :math:`\gamma`, :math:`\beta` and the dtype of ``y``, as in :func:`dyt`.
 
   Returns:
     ``y`` with the shape of ``x``.
 
   Raises:
-    TypeError: ``x`` or a parameter not a floating array; ``dtype`` not floating.
-    ValueError: a parameter whose shape does not broadcast against ``x``'s trailing axes.
+    TypeError, ValueError: as :func:`dyt`; ``TypeError`` also for ``shift=None``.
   """
   if shift is None:
     raise TypeError("shift must be a floating array (Derf's learned shift s; pass "

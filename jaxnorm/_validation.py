@@ -93,7 +93,7 @@ def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
 def check_residual_scale(value: Any) -> float:
   """``residual_scale`` (alpha in ``h = x + alpha * residual``) as a finite Python float.
 
-  The one rule for the residual add + norm ops and the fused kernels' checked API: a real
+  The one rule for the residual add + norm ops and their kernels' checked API: a real
   number, or a concrete scalar array (converted); not a bool, not a traced value (alpha is
   static configuration, like epsilon), not NaN or infinite.
   """

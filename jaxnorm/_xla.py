@@ -137,8 +137,8 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask):
   RMSNorm keeps the shared form at every size: its one row sum reads ``x`` directly, and its
   program must stay the one XLA compiles for the published formula written by hand, which the
   casting modes match bit for bit inside models jitted in one program with the hand-written
-  formula (views would stop XLA from keeping a fused bfloat16 input in float32, as it may for
-  the hand-written formula: a llama-mode decoder's bfloat16 logits then differ,
+  formula (views would stop XLA from keeping a bfloat16 input of its fusion in float32, as it may
+  for the hand-written formula: a llama-mode decoder's bfloat16 logits then differ,
   ``tests/test_casting.py``; with XLA's ``--xla_allow_excess_precision=false`` they agree
   again).
 

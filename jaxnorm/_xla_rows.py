@@ -105,7 +105,7 @@ def fresh(*arrays):
 def first_pivot(x):
   """The row's first element, ``(..., 1)`` in the compute dtype: a pivot with no reduction.
 
-  Sliced from a :func:`fresh` view of ``x``: XLA:CPU cannot put a slice into the fused loop
+  Sliced from a :func:`fresh` view of ``x``: XLA:CPU cannot put a slice into the loop fusion
   of the row sums, and without the barrier it hoists the float32 convert of a bfloat16 ``x``
   out of that loop for the slice to share (a full-size float32 copy). With it, the slice is a
   small fusion of its own that reads one element per row, and the sums' loop reads ``x``.

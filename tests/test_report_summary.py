@@ -43,6 +43,16 @@ def test_rule_changes_render_and_refuse_empty_entries():
     rule_changes.RuleChange("", ("x",), "what", "why", True)
 
 
+def test_tables_fill_named_texts_and_read_arrays_as_tuples(tmp_path):
+  from experiments.suite import tables
+  path = tmp_path / "t.toml"
+  path.write_text('[texts]\nA = "x"\nB = "{A}y"\n\n[rows.r]\ntext = "{B}, {{literal}}"\nids = ["a", "b"]\n')
+  assert tables.load(path) == {"rows": {"r": {"text": "xy, {literal}", "ids": ("a", "b")}}}
+  path.write_text('[texts]\nB = "{A}"\nA = "x"\n')
+  with pytest.raises(KeyError, match="A"):
+    tables.load(path)
+
+
 def test_qk_and_lns_claims_are_tallied_and_summarized_like_the_others():
   from experiments.studies import norm_scaling_rules, qk_norm_rules
   flat = {"first": 4.0, "peak": 8.0, "growth": 2.0}   # no logit growth: the instability not reproduced

@@ -264,6 +264,40 @@ def _by_mode(vs_flax: list[dict], modes) -> tuple[list[str], list[tuple[tuple, d
   return present, list(rows.items())
 
 
+def _row(cells) -> str:
+  """One line of a markdown table; an empty cell is written ``| |``."""
+  return "|" + "".join(f" {c} |" if c != "" else " |" for c in cells)
+
+
+def _table(title: str, columns, rows, intro: tuple[str, ...] = ()) -> list[str]:
+  """A section of ``bench.md``: the heading ``title``, the paragraphs ``intro``, then a table with
+  the header ``columns`` and one line per row of cell strings."""
+  return (["", title, ""] + [line for par in intro for line in (par, "")]
+          + [_row(columns), "|" + "---|" * len(columns)] + [_row(r) for r in rows])
+
+
+_KEY = ("op", "impl", "shape", "dtype", "mode")  # the fields that name a result row
+
+
+def _cells(r: dict, names) -> list[str]:
+  return [str(r[n]) for n in names]
+
+
+def _timing_cells(r: dict) -> list[str]:
+  """Time, GB/s, % of copy and note of a timing row; the status and its reason where not ok."""
+  if r["status"] == "ok":
+    return [f"{r['median_s'] * 1e6:.1f}", f"{r['gbps']:.1f}", f"{r['pct_copy']:.0f}", ""]
+  return [r["status"], "", "", r.get("reason", "")]
+
+
+def _ratio(v) -> str:
+  return "n/a" if v is None else f"{v:.2f}"
+
+
+def _mib(v) -> str:
+  return "n/a" if v is None else f"{v / 2**20:.1f}"
+
+
 def _markdown(report: dict) -> str:
   lines = [f"# jaxnorm benchmark — {report['device']} ({report['backend']})", "",
            f"date {report['date']}, versions {report['versions']}", ""]
@@ -272,68 +306,40 @@ def _markdown(report: dict) -> str:
     lines += [f"machine: {m['cpu_model']} {m.get('cpu_ids', '')}, {m['cpu_count']} CPUs; vector extensions "
               f"{' '.join(m['vector_extensions'])}; XLA_FLAGS `{m['xla_flags']}`; load average "
               f"(1, 5, 15 min) {m['loadavg']} at the start, {m.get('loadavg_end')} at the end", ""]
-  lines += [
-           f"command: `python -m experiments bench {' '.join(report['argv'])}`; clock "
-           f"{report.get('clock', 'wall')} ({report['repeats']} interleaved rounds)", "",
-           "## Copy bandwidth (x * 2)", "", "| shape | dtype | GB/s |", "|---|---|---|"]
-  for c in report["copy"]:
-    lines.append(f"| {c['shape']} | {c['dtype']} | {c['gbps']:.1f} |")
-  lines += ["", "## Timings", "",
-            "| op | impl | shape | dtype | mode | time (us) | GB/s | % of copy | note |",
-            "|---|---|---|---|---|---|---|---|---|"]
-  for r in report["results"]:
-    if r["status"] == "ok":
-      lines.append(f"| {r['op']} | {r['impl']} | {r['shape']} | {r['dtype']} | {r['mode']} | "
-                   f"{r['median_s'] * 1e6:.1f} | {r['gbps']:.1f} | {r['pct_copy']:.0f} | |")
-    else:
-      lines.append(f"| {r['op']} | {r['impl']} | {r['shape']} | {r['dtype']} | {r['mode']} | "
-                   f"{r['status']} | | | {r.get('reason', '')} |")
-  lines += ["", "## LayerNorm / RMSNorm time ratio", "",
-            "| impl | shape | dtype | mode | LN/RMS |", "|---|---|---|---|---|"]
-  for r in report["ln_over_rms"]:
-    lines.append(f"| {r['impl']} | {r['shape']} | {r['dtype']} | {r['mode']} | "
-                 f"{r['ln_over_rms']:.2f} |")
+  lines.append(f"command: `python -m experiments bench {' '.join(report['argv'])}`; clock "
+               f"{report.get('clock', 'wall')} ({report['repeats']} interleaved rounds)")
+  lines += _table("## Copy bandwidth (x * 2)", ["shape", "dtype", "GB/s"],
+                  [[c["shape"], c["dtype"], f"{c['gbps']:.1f}"] for c in report["copy"]])
+  lines += _table("## Timings", ["op", "impl", "shape", "dtype", "mode", "time (us)", "GB/s", "% of copy", "note"],
+                  [_cells(r, _KEY) + _timing_cells(r) for r in report["results"]])
+  lines += _table("## LayerNorm / RMSNorm time ratio", ["impl", "shape", "dtype", "mode", "LN/RMS"],
+                  [_cells(r, _KEY[1:]) + [f"{r['ln_over_rms']:.2f}"] for r in report["ln_over_rms"]])
   modes, by_mode = _by_mode(report["vs_flax"], ALL_MODES)
-  lines += ["", "## Time relative to flax-linen, side by side (< 1 is faster)", "",
-            "Each ratio is jaxnorm's median over Flax's, both sampled interleaved in this run.", "",
-            "| op | impl | shape | dtype | " + " | ".join(modes) + " |",
-            "|---|---|---|---|" + "---|" * len(modes)]
-  for (op, impl, shape, dtype), ratios in by_mode:
-    cells = " | ".join("n/a" if m not in ratios else f"{ratios[m]:.2f}" for m in modes)
-    lines.append(f"| {op} | {impl} | {shape} | {dtype} | {cells} |")
+  lines += _table("## Time relative to flax-linen, side by side (< 1 is faster)",
+                  ["op", "impl", "shape", "dtype", *modes],
+                  [[*key, *("n/a" if m not in ratios else f"{ratios[m]:.2f}" for m in modes)]
+                   for key, ratios in by_mode],
+                  intro=("Each ratio is jaxnorm's median over Flax's, both sampled interleaved in this run.",))
   if report.get("like_for_like"):
-    lines += ["", "## Like for like: per-round time ratios (< 1 is faster)", "",
-              "jaxnorm's default (accurate) variance against Flax's `use_fast_variance=False`, "
-              "its `use_fast_variance=True` against Flax's default; the median and the 90% "
-              "quantile of the ratios of samples taken in the same interleaved round.", "",
-              "| op | impl | baseline | shape | dtype | mode | median | q90 | rounds |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    for r in report["like_for_like"]:
-      lines.append(f"| {r['op']} | {r['impl']} | {r['baseline']} | {r['shape']} | {r['dtype']} | "
-                   f"{r['mode']} | {r['median']:.2f} | {r['q90']:.2f} | {r['rounds']} |")
-  lines += ["", "## Time relative to flax-linen (< 1 is faster)", "",
-            "| op | impl | shape | dtype | mode | time / flax |", "|---|---|---|---|---|---|"]
-  for r in report["vs_flax"]:
-    lines.append(f"| {r['op']} | {r['impl']} | {r['shape']} | {r['dtype']} | {r['mode']} | "
-                 f"{r['time_over_flax']:.2f} |")
-  lines += ["", "## Fused residual add + norm: time relative to add + plain op (< 1: fusion "
-            "is faster)", "",
-            "| op | impl | shape | dtype | mode | fused (us) | fused / unfused | fused / flax |",
-            "|---|---|---|---|---|---|---|---|"]
-  f2 = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
-  for r in report.get("fused", []):
-    lines.append(f"| {r['op']} | {r['impl']} | {r['shape']} | {r['dtype']} | {r['mode']} | "
-                 f"{r['fused_s'] * 1e6:.1f} | {f2(r['fused_over_unfused'])} | "
-                 f"{f2(r['fused_over_flax'])} |")
-  lines += ["", "## Memory of the jitted fwd+bwd (memory_analysis)", "",
-            "| op | impl | shape | dtype | temp (MiB) | peak (MiB) |", "|---|---|---|---|---|---|"]
-  for m in report["memory"]:
-    mem = m["memory"] or {}
-    temp = mem.get("temp_size_in_bytes")
-    peak = mem.get("peak_memory_in_bytes")
-    f = lambda v: "n/a" if v is None else f"{v / 2**20:.1f}"  # noqa: E731
-    lines.append(f"| {m['op']} | {m['impl']} | {m['shape']} | {m['dtype']} | {f(temp)} | "
-                 f"{f(peak)} |")
+    lines += _table("## Like for like: per-round time ratios (< 1 is faster)",
+                    ["op", "impl", "baseline", "shape", "dtype", "mode", "median", "q90", "rounds"],
+                    [_cells(r, ("op", "impl", "baseline", *_KEY[2:]))
+                     + [f"{r['median']:.2f}", f"{r['q90']:.2f}", str(r["rounds"])] for r in report["like_for_like"]],
+                    intro=("jaxnorm's default (accurate) variance against Flax's `use_fast_variance=False`, "
+                           "its `use_fast_variance=True` against Flax's default; the median and the 90% "
+                           "quantile of the ratios of samples taken in the same interleaved round.",))
+  lines += _table("## Time relative to flax-linen (< 1 is faster)",
+                  ["op", "impl", "shape", "dtype", "mode", "time / flax"],
+                  [_cells(r, _KEY) + [f"{r['time_over_flax']:.2f}"] for r in report["vs_flax"]])
+  lines += _table("## Fused residual add + norm: time relative to add + plain op (< 1: fusion is faster)",
+                  ["op", "impl", "shape", "dtype", "mode", "fused (us)", "fused / unfused", "fused / flax"],
+                  [_cells(r, _KEY) + [f"{r['fused_s'] * 1e6:.1f}", _ratio(r["fused_over_unfused"]),
+                                      _ratio(r["fused_over_flax"])] for r in report.get("fused", [])])
+  lines += _table("## Memory of the jitted fwd+bwd (memory_analysis)",
+                  ["op", "impl", "shape", "dtype", "temp (MiB)", "peak (MiB)"],
+                  [_cells(m, _KEY[:4]) + [_mib((m["memory"] or {}).get(k))
+                                          for k in ("temp_size_in_bytes", "peak_memory_in_bytes")]
+                   for m in report["memory"]])
   return "\n".join(lines) + "\n"
 
 

@@ -163,9 +163,11 @@ def _fused_jaxnorm(impl: str, interpret: bool):
   return build
 
 
-def _unfused_jaxnorm(impl: str, interpret: bool):
+def _unfused(plain_builder: Callable[[str], Callable]):
+  """The residual add, then the plain op of ``plain_builder`` (``(op) -> f(x, scale, bias)``): the
+  builder ``(add_op) -> f(x, residual, scale, bias) -> (y, h)`` that the fused op is timed against."""
   def build(op: str):
-    plain = _jaxnorm(impl, interpret)(_plain(op))
+    plain = plain_builder(_plain(op))
 
     def f(x, r, scale, bias):
       h = x + r
@@ -174,24 +176,15 @@ def _unfused_jaxnorm(impl: str, interpret: bool):
   return build
 
 
-def _unfused_flax(op: str):
-  plain = _flax_linen(_plain(op))
-
-  def f(x, r, scale, bias):
-    h = x + r
-    return plain(h, scale, bias), h
-  return f
-
-
 def fused_implementations(interpret: bool = False) -> dict[str, Callable[[str], Callable]]:
-  """Name -> builder ``(op) -> f(x, residual, scale, bias) -> (y, h)`` for the fused ops."""
-  return {
-      "jaxnorm-xla": _fused_jaxnorm("xla", interpret),
-      "unfused-xla": _unfused_jaxnorm("xla", interpret),
-      "jaxnorm-pallas": _fused_jaxnorm("pallas", interpret),
-      "unfused-pallas": _unfused_jaxnorm("pallas", interpret),
-      "flax-linen": _unfused_flax,
-  }
+  """Name -> builder ``(op) -> f(x, residual, scale, bias) -> (y, h)`` for the fused ops: per jaxnorm
+  backend the fused op and the add followed by the plain op, then Flax's add + LayerNorm/RMSNorm."""
+  table = {}
+  for impl in ("xla", "pallas"):
+    table["jaxnorm-" + impl] = _fused_jaxnorm(impl, interpret)
+    table["unfused-" + impl] = _unfused(_jaxnorm(impl, interpret))
+  table["flax-linen"] = _unfused(_flax_linen)
+  return table
 
 
 FUSED_IMPLEMENTATIONS = tuple(fused_implementations())

@@ -3,7 +3,7 @@ r"""The verdict rules of the ``dyt`` study (:mod:`experiments.studies.dyt`): whe
 Plain numbers in, claim dicts out (no training, no JAX); ``tests/test_dyt_rules.py`` feeds every rule
 synthetic results for each verdict. Drafted while the pilots on seeds 100-102 ran (their learning-rate
 stage seen, not their range stage), revised once after the pilots (T4: the best, not the final,
-validation loss decides whether a reference run trained; ``experiments/suite/rule_changes.py``) and
+validation loss decides whether a reference run trained; ``experiments/suite/rule_changes.toml``) and
 frozen before any run of the report's seeds 0-2 (``experiments/results/pilots/dyt/README.md``); the
 report names its commit.
 

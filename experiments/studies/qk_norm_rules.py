@@ -149,16 +149,21 @@ def claim_logit_growth(per_seed: dict) -> dict:
     ok = q["growth"] < GROWTH_FACTOR and q["peak"] <= n["peak"] / LOGIT_RATIO
     oks.append(ok)
     parts.append(text + (" [ok]" if ok else " [fails]"))
-  holds, ours = claims_lib.verdict(oks), "; ".join(parts)
+  ours = "; ".join(parts)
   if oks and len(set(oks)) > 1:
     ours += " (the seeds disagree)"
+  return _claim("wortsman_qk_removes_logit_growth", crit, oks, claims_lib.verdict(oks), ours, parts,
+                f"in no seed did Pre-LN without QK-norm at the top rate grow its largest attention logit >= "
+                f"{GROWTH_FACTOR:g}x to >= {MIN_PEAK_LOGIT:g} (the instability was not reproduced)")
+
+
+def _claim(cid: str, crit: str, oks: list[bool], holds: str, ours: str, parts: list[str], none_judged: str) -> dict:
+  """A claim's result from its judged seeds' ``oks``: where none was judged, "not testable" for the
+  reason ``none_judged`` (and :data:`NEEDS`) followed by the measured numbers ``ours``."""
   if not oks:
-    holds, why = claims_lib.not_testable([
-        f"in no seed did Pre-LN without QK-norm at the top rate grow its largest attention logit >= "
-        f"{GROWTH_FACTOR:g}x to >= {MIN_PEAK_LOGIT:g} (the instability was not reproduced); {NEEDS}"])
+    holds, why = claims_lib.not_testable([f"{none_judged}; {NEEDS}"])
     ours = why + ". Measured: " + ours
-  return {"id": "wortsman_qk_removes_logit_growth", "criterion": crit, "ours": ours, "holds": holds,
-          "per_seed": parts}
+  return {"id": cid, "criterion": crit, "ours": ours, "holds": holds, "per_seed": parts}
 
 
 def _sens_oks(per_seed: dict, drop: tuple | None = None) -> tuple[list[bool], list[str]]:
@@ -217,13 +222,9 @@ def claim_lr_sensitivity(per_seed: dict) -> dict:
   if flips:
     holds = "partly"
     ours += "; not robust: leaving out " + ", ".join(flips) + " changes the verdict"
-  if not oks:
-    holds, why = claims_lib.not_testable([
-        f"in no seed did Pre-LN without QK-norm reproduce the logit growth, an LR sensitivity >= "
-        f"{MIN_SENSITIVITY:g} nats and a loss-level instability that the QK-norm run avoided; {NEEDS}"])
-    ours = why + ". Measured: " + ours
-  return {"id": "wortsman_qk_lr_sensitivity", "criterion": crit, "ours": ours, "holds": holds,
-          "per_seed": parts}
+  return _claim("wortsman_qk_lr_sensitivity", crit, oks, holds, ours, parts,
+                f"in no seed did Pre-LN without QK-norm reproduce the logit growth, an LR sensitivity >= "
+                f"{MIN_SENSITIVITY:g} nats and a loss-level instability that the QK-norm run avoided")
 
 
 def claim_post_ln(per_seed: dict) -> dict:

@@ -60,7 +60,7 @@ def claims_rows(summaries: dict[str, dict]) -> list[dict]:
     for c in summary.get("claims", []):
       if c["id"] not in claims_lib.CLAIMS:
         raise ValueError(f"experiment {name!r} reports an unknown claim id {c['id']!r}; "
-                         f"add it to experiments/suite/claims.py.")
+                         f"add it to experiments/suite/claims.toml.")
       measured[c["id"]] = c
   rows = []
   for cid, claim in claims_lib.CLAIMS.items():

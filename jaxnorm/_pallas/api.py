@@ -109,7 +109,7 @@ def _out_dtype(out_dtype, x):
 
 def layer_norm_fwd(x, scale, bias, *, epsilon, epsilon_placement="inside",
                    zero_centered_scale=False, out_dtype=None, interpret=False):
-  r"""Fused LayerNorm forward: ``y`` and the float32 row statistics in one pass over ``x``.
+  r"""LayerNorm forward kernel: ``y`` and the float32 row statistics in one pass over ``x``.
 
   .. math::
 
@@ -140,7 +140,7 @@ def layer_norm_fwd(x, scale, bias, *, epsilon, epsilon_placement="inside",
 
 def rms_norm_fwd(x, scale, *, epsilon, epsilon_placement="inside", zero_centered_scale=False,
                  out_dtype=None, interpret=False):
-  r"""Fused RMSNorm forward: ``y`` and the float32 ``rstd`` in one pass over ``x``.
+  r"""RMSNorm forward kernel: ``y`` and the float32 ``rstd`` in one pass over ``x``.
 
   .. math::
 
@@ -168,7 +168,7 @@ def rms_norm_fwd(x, scale, *, epsilon, epsilon_placement="inside", zero_centered
 
 def layer_norm_bwd(x, scale, shift, delta, rstd, dy, *, epsilon, epsilon_placement="inside",
                    zero_centered_scale=False, has_bias=True, interpret=False):
-  r"""Fused LayerNorm backward from the residuals of :func:`layer_norm_fwd` (or the XLA path).
+  r"""LayerNorm backward kernels from the residuals of :func:`layer_norm_fwd` (or the XLA path).
 
   .. math::
 
@@ -206,7 +206,7 @@ def layer_norm_bwd(x, scale, shift, delta, rstd, dy, *, epsilon, epsilon_placeme
 
 def rms_norm_bwd(x, scale, rstd, dy, *, epsilon, epsilon_placement="inside",
                  zero_centered_scale=False, interpret=False):
-  r"""Fused RMSNorm backward from the ``rstd`` residual.
+  r"""RMSNorm backward kernels from the ``rstd`` residual.
 
   .. math::
 

@@ -48,7 +48,7 @@ def _weight_init(config: TransformerConfig, *, gain: float = 1.0, residual: bool
 
 
 def _qkv_init(config: TransformerConfig, v_gain: float):
-  """Initializer of the fused (d, 3d) [W^Q | W^K | W^V] kernel, each part initialized alone."""
+  """Initializer of the one (d, 3d) [W^Q | W^K | W^V] kernel, each part initialized alone."""
   qk_init = jax.nn.initializers.zeros if config.qk_zero_init else _weight_init(config)
   v_init = _weight_init(config, gain=v_gain)
 
@@ -154,7 +154,7 @@ def _rotary(x: jax.Array) -> jax.Array:
 
 
 class CausalSelfAttention(nnx.Module):
-  r"""Multi-head causal self-attention with a fused QKV projection.
+  r"""Multi-head causal self-attention with one QKV projection (a (d, 3d) kernel).
 
   .. math::
 
