@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -290,10 +291,10 @@ def test_init_instrumentation(corpus):
   from experiments.harness.train import init_params, layer_grad_norms, loss_and_stats
   graphdef, params, paths = init_params(TINY_MODEL, 0)
   per_batch = []
+  grad = jax.jit(jax.grad(lambda p, x, y: loss_and_stats(graphdef, p, x, y)[0]))  # one compile
   for i in range(2):
     x, y = data_lib.batch_at(corpus.train, i, batch_size=4, seq_len=16, seed=0)
-    g = jax.grad(lambda p: loss_and_stats(graphdef, p, x, y)[0])(params)
-    per_batch.append(g)
+    per_batch.append(grad(params, x, y))
   mean = jax.tree.map(lambda a, b: (a + b) / 2, *per_batch)
   np.testing.assert_allclose(stats["mlp_out"], layer_grad_norms(mean, paths)["mlp_out"], rtol=1e-4)
   mean_of_norms = np.mean([layer_grad_norms(g, paths)["mlp_out"] for g in per_batch], axis=0)
@@ -434,8 +435,10 @@ def test_two_process_run_matches_single_process(reference_run, tmp_path):
   ref, _ = reference_run
   data = tmp_path / "tiny.txt"
   data.write_text(TEXT)
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
-         "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
+  # One device a process; the conftest's other compile flags are kept (they halve the compiles).
+  flags = re.sub(r"--xla_force_host_platform_device_count=\d+",
+                 "--xla_force_host_platform_device_count=1", os.environ["XLA_FLAGS"])
+  env = {**os.environ, "XLA_FLAGS": flags, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
   port = _free_port()
   procs = [subprocess.Popen(
       [sys.executable, "-m", "experiments", "train", *REF_CLI, "--eval-every", "0", "--data",
