@@ -212,7 +212,6 @@ def plot(ctx, sp, train) -> list[str]:
   ax.set_xticklabels(labels, fontsize=6, rotation=60, ha="right")
   ax.set_ylabel("time reduction RMS vs LN (%)")
   ax.set_title("Op level (blue jaxnorm, orange Flax)", fontsize=10)
-  ax.legend(fontsize=7)
   ax = axes[1]
   keys = list(train)
   ax.bar(np.arange(len(keys)), [train[k]["tokens_per_s"] for k in keys],
