@@ -365,6 +365,25 @@ def test_bench_command_on_cpu(tmp_path):
   assert "| layer_norm | jaxnorm-xla |" in (tmp_path / "bench.md").read_text()
 
 
+def test_bench_tables_interpret_the_kernels():
+  """With ``interpret=True`` every jaxnorm entry of the bench's tables runs (its kernels
+  interpreted) and agrees with XLA: the plain ops' and the fused ops' (the fused table's Pallas
+  entry once ran the compiled kernels and refused a CPU)."""
+  from experiments.bench import impls
+
+  x = jnp.arange(8 * 64, dtype=jnp.float32).reshape(8, 64) / 64
+  r, s, b = jnp.full((8, 64), 0.5), jnp.linspace(0.5, 1.5, 64), jnp.linspace(-1, 1, 64)
+  plain, fused = impls.implementations(interpret=True), impls.fused_implementations(interpret=True)
+  for op in ("layer_norm", "rms_norm"):
+    want = plain["jaxnorm-xla"](op)(x, s, b)
+    np.testing.assert_allclose(plain["jaxnorm-pallas"](op)(x, s, b), want, rtol=1e-5, atol=1e-5)
+    want_y, want_h = fused["jaxnorm-xla"]("add_" + op)(x, r, s, b)
+    for impl in ("jaxnorm-pallas", "unfused-pallas"):
+      y, h = fused[impl]("add_" + op)(x, r, s, b)
+      np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-5)
+      np.testing.assert_array_equal(h, want_h)
+
+
 def test_kernels_run_under_x64(x64):
   """With ``jax_enable_x64`` on, float32 calls still run the kernels (every index int32), and
   give the values they give without it: forward, gradient, plain and fused, with the column

@@ -157,9 +157,13 @@ def _fused_jaxnorm(impl: str, interpret: bool):
     if impl == "pallas" and not interpret:
       _require_gpu("jaxnorm pallas")
     fn = getattr(jaxnorm, op)
+    # Interpret mode: the fused kernels interpreted, as the plain ops' (_jaxnorm_interpreted).
+    kw = dict(epsilon=EPSILON, impl=impl)
+    if impl == "pallas" and interpret:
+      kw["pallas"] = jaxnorm.PallasConfig(interpret=True)
     if op == "add_layer_norm":
-      return lambda x, r, scale, bias: fn(x, r, scale, bias, epsilon=EPSILON, impl=impl)
-    return lambda x, r, scale, bias: fn(x, r, scale, epsilon=EPSILON, impl=impl)
+      return lambda x, r, scale, bias: fn(x, r, scale, bias, **kw)
+    return lambda x, r, scale, bias: fn(x, r, scale, **kw)
   return build
 
 
