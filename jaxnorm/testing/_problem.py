@@ -60,6 +60,7 @@ class _Problem:
     self.tol, self.nonfinite = tolerance, nonfinite
     self.rng = np.random.default_rng(seed)
     self.cache = {}
+    self.dtypes = {}  # result name -> the dtype it must have (see compare)
     flat, self.treedef = jax.tree_util.tree_flatten_with_path(tuple(args))
     self.names = ["args" + jax.tree_util.keystr(path) for path, _ in flat]
     self.fixed = [np.asarray(leaf) if hasattr(leaf, "dtype") else leaf for _, leaf in flat]
@@ -132,13 +133,21 @@ class _Problem:
     return e, m
 
   def compare(self, check, got, expected, magnitude, names):
-    """An :class:`Outcome` and the per-element budgets (for the adjoint identity)."""
+    """An :class:`Outcome` and the per-element budgets (for the adjoint identity).
+
+    A result named in ``self.dtypes`` must have that dtype (a cotangent its primal's, a tangent
+    its output's, as JAX's own rules give them; JAX does not check a ``custom_vjp`` backward's).
+    """
     worst, worst_ulps, detail, budgets, failed = -1.0, 0.0, "", [], False
     for name, a, e, m in zip(names, got, expected, magnitude):
       a = np.asarray(a)
       if a.shape != e.shape:
         return Outcome(check, "fail", np.inf, np.inf,
                        f"{name}: shape {a.shape}, the oracle's {e.shape}"), None
+      want = self.dtypes.get(name)
+      if want is not None and a.dtype != want:
+        return Outcome(check, "fail", np.inf, np.inf,
+                       f"{name}: dtype {a.dtype.name}, expected {want.name}"), None
       dt = a.dtype
       a64 = a.astype(np.float64)
       budget = self.tol.budget(e, m, dt)
