@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxnorm._jax_compat import eval_jaxpr
 from jaxnorm.testing._condition import magnitude
 from jaxnorm.testing._report import Outcome
 from jaxnorm.testing._tolerance import ulp
@@ -126,8 +127,16 @@ class _Problem:
     seed = int(self.rng.integers(2 ** 16))
     with _enable_x64():
       fn = ref_fn if in_axes is None else jax.vmap(ref_fn, in_axes=in_axes)
-      run = jax.jit(lambda *z64: magnitude(fn, z64, directions=_DIRECTIONS, seed=seed))
-      e, m = run(*[np.asarray(a).astype(np.float64) for a in z])
+      z64 = [np.asarray(a).astype(np.float64) for a in z]
+      # Traced once, then compiled with the jaxpr's constants (the random sign arrays, one per
+      # intermediate result and direction) as arguments instead of literals in the program:
+      # compiling a 12 x 8200 LayerNorm's oracle took 4.1 s with them inside, 1.4 s as arguments
+      # (and the program no longer depends on the seed, so the compilation cache can reuse it).
+      closed, shape = jax.make_jaxpr(
+          lambda *a: magnitude(fn, a, directions=_DIRECTIONS, seed=seed), return_shape=True)(*z64)
+      flat = jax.jit(lambda consts, *a: eval_jaxpr(closed.jaxpr, consts, *a))(
+          list(closed.consts), *z64)
+      e, m = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shape), flat)
       e = [np.asarray(a, np.float64) for a in e]
       m = [np.asarray(a, np.float64) for a in m]
     return e, m
