@@ -44,8 +44,8 @@ __all__ = [
 ]
 
 def eval_jaxpr(jaxpr, consts, *args):
-  """Evaluates a jaxpr on ``args`` (``jax.core.eval_jaxpr``; used by ``jaxnorm.testing``'s
-  condition estimate, which walks the reference's graph)."""
+  """Evaluates a jaxpr on ``args`` (``jax.core.eval_jaxpr``; ``jaxnorm.testing`` compiles its
+  oracle's jaxpr with the constants as arguments)."""
   return jax.core.eval_jaxpr(jaxpr, consts, *args)
 
 

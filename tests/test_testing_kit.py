@@ -248,6 +248,32 @@ def test_adversarial_rows_are_drawn():
   assert seen == {"normal", "large_mean", "constant", "tiny", "huge"}, seen
 
 
+def test_cotangent_and_tangent_dtypes_are_checked():
+  """A backward that returns a float32 cotangent for a bfloat16 input (JAX accepts it) fails
+  the VJP check, naming the dtypes."""
+
+  @jax.custom_vjp
+  def double(x):
+    return x * 2
+
+  double.defvjp(lambda x: (double(x), None), lambda _, g: (g.astype(jnp.float32) * 2,))
+  report = jt.check_rule(double, lambda x: x * 2, (jnp.ones(3, jnp.bfloat16),), transforms=(),
+                         raise_on_failure=False)
+  (failure,) = report.failures
+  assert failure.check == "vjp" and "dtype float32, expected bfloat16" in failure.detail
+
+
+def test_masks_keep_one_element_per_row():
+  @settings(max_examples=20, derandomize=True, database=None)
+  @given(m=jt.masks(jt.shapes(max_rank=3, last=(1, 2, 5)), p=0.0))
+  def example(m):
+    assert m.dtype == jnp.bool_ and bool(np.all(np.asarray(m).sum(-1) == 1))
+
+  example()
+  with pytest.raises(ValueError, match="0 <= p <= 1"):
+    jt.masks((2, 3), p=1.5)
+
+
 def test_import_jaxnorm_does_not_import_hypothesis():
   code = ("import sys, jaxnorm, jaxnorm.testing; assert 'hypothesis' not in sys.modules; "
           "jaxnorm.testing.arrays; assert 'hypothesis' in sys.modules")

@@ -5,9 +5,10 @@ calling them) against autodiff of a plain reference evaluated in float64: values
 random cotangents, JVPs with random tangents, the adjoint identity between the two, under
 ``jit``, ``vmap``, second order, ``jax.checkpoint``, ``lax.scan`` and symbolic zeros, within
 :class:`Tolerance` budgets in ulps of each result's dtype. It needs only JAX. The hypothesis
-strategies (:func:`arrays`, :func:`dtypes`, :func:`shapes`, :data:`ROW_KINDS`) and profiles
-(:data:`CI_PROFILE`, :data:`THOROUGH_PROFILE`) are loaded from ``jaxnorm.testing._strategies``
-on first use, so hypothesis is needed only by who uses them (``pip install jaxnorm[testing]``).
+strategies (:func:`arrays`, :func:`dtypes`, :func:`masks`, :func:`shapes`,
+:data:`ROW_KINDS`) and profiles (:data:`CI_PROFILE`, :data:`THOROUGH_PROFILE`) are loaded from
+``jaxnorm.testing._strategies`` on first use, so hypothesis is needed only by who uses them
+(``pip install jaxnorm[testing]``).
 """
 
 from jaxnorm.testing._checks import MODES as MODES
@@ -20,7 +21,7 @@ from jaxnorm.testing._tolerance import Tolerance as Tolerance
 from jaxnorm.testing._tolerance import ulp as ulp
 
 # Names of jaxnorm.testing._strategies, imported on first access (it imports hypothesis).
-_LAZY = ("CI_PROFILE", "ROW_KINDS", "THOROUGH_PROFILE", "arrays", "dtypes", "shapes")
+_LAZY = ("CI_PROFILE", "ROW_KINDS", "THOROUGH_PROFILE", "arrays", "dtypes", "masks", "shapes")
 
 __all__ = ["MODES", "TRANSFORMS", "Outcome", "Report", "RuleCheckError", "Tolerance",
            "check_rule", "ulp", *_LAZY]

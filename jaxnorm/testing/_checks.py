@@ -98,6 +98,16 @@ class _Run:
     self.jvp_rule, self.jvp_ref = _jvp_of(self.h_rule, self.n), _jvp_of(self.h_ref, self.n)
     self.rev = "rev" in modes
     self.fwd = "fwd" in modes
+    # The dtype each result must have: a cotangent (first or second order) its primal's, a
+    # tangent its output's (a VJP's tangent its primal's), as JAX's own rules give them.
+    in_dtypes = [np.dtype(a.dtype) for a in self.z0]
+    out_dtypes = [np.dtype(av.dtype) for av in p.out_avals]
+    for prefix, names, dts in (("", self.out_names, out_dtypes), ("d ", self.in_names, in_dtypes),
+                               ("tangent of ", self.out_names, out_dtypes),
+                               ("d2 ", self.in_names, in_dtypes),
+                               ("d2 cotangent of ", self.out_names, out_dtypes),
+                               ("tangent of d ", self.in_names, in_dtypes)):
+      p.dtypes.update({prefix + nm: dt for nm, dt in zip(names, dts)})
 
   def add(self, outcome: Outcome) -> Outcome:
     """Records ``outcome`` (in the report's order)."""
@@ -120,11 +130,24 @@ class _Run:
     """The rule's value and VJP of ``(z, c)``, one program under jit."""
     return self.h_rule(*zc[:self.n]) + (self.vjp_rule(*zc) if self.rev else [])
 
+  def value_vjp_jvp(self, *zct):
+    """The same and the JVP of ``(z, c, t)``: one program where forward mode exists."""
+    n, n_ct = self.n, len(self.cts)
+    return (self.value_and_vjp(*zct[:n + (n_ct if self.rev else 0)]) +
+            self.jvp_rule(*zct[:n], *zct[n + n_ct:]))
+
   def runs(self, mode, wrap):
-    """The base checks, with the rule run through ``wrap`` (jax.jit, or eagerly)."""
+    """The base checks, with the rule run through ``wrap`` (jax.jit, or eagerly): value, VJP
+    and JVP in one program; if it raises, value and VJP apart from the JVP, so that the report
+    says which of them raised (a ``jax.custom_vjp``'s JVP does)."""
     p, rev = self.p, self.rev
-    outs = p.run_split(mode, self.value_and_vjp, self.z0 + (self.cts if rev else []),
-                       [("value", self.out_names)] + ([("vjp", self.grads)] if rev else []),
+    parts = [("value", self.out_names)] + ([("vjp", self.grads)] if rev else [])
+    if self.fwd:
+      outs = p.run_split(mode, self.value_vjp_jvp, self.z0 + self.cts + self.tans,
+                         parts + [("jvp", self.tangent_names)], wrap=wrap)
+      if not any(o.detail.startswith("raised") for o, _, _ in outs.values()):
+        return outs
+    outs = p.run_split(mode, self.value_and_vjp, self.z0 + (self.cts if rev else []), parts,
                        wrap=wrap)
     if self.fwd:
       outs["jvp"] = p.run(f"jvp{mode}", self.jvp_rule, self.jvp_ref, self.z0 + self.tans,

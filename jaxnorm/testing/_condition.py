@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxnorm._jax_compat import Literal, eval_jaxpr
+from jaxnorm._jax_compat import Literal
 
 __all__ = ["magnitude"]
 
@@ -33,17 +33,35 @@ def _is_float(a) -> bool:
   return jnp.issubdtype(jnp.result_type(a), jnp.floating)
 
 
-class _Perturb:
-  """``a * (1 + eps * r)`` with a fresh random sign array ``r`` per call (fixed at trace)."""
+@jax.custom_jvp
+def _site(a, r, eps):
+  """``a * (1 + eps . r)`` to first order: the value ``a`` itself (exactly, infinities too), the
+  tangent ``da + (deps . r) a`` (``r``: one sign array per direction, stacked)."""
+  del r, eps
+  return a
 
-  def __init__(self, eps, seed):
-    self.eps, self.rng = eps, np.random.default_rng(seed)
+
+@_site.defjvp
+def _site_jvp(primals, tangents):
+  a, r, _ = primals
+  da, _, deps = tangents
+  return a, da + jnp.tensordot(deps, r, axes=1) * a
+
+
+class _Perturb:
+  """Marks each value it is called on as a rounding site: a fresh random sign array per call
+  and direction ``k`` (from direction ``k``'s own generator, fixed at trace)."""
+
+  def __init__(self, eps, seed, directions):
+    self.eps = eps
+    self.rngs = [np.random.default_rng(seed * 1000 + k) for k in range(directions)]
 
   def __call__(self, a):
     if not _is_float(a):
       return a
-    r = self.rng.choice([-1.0, 1.0], size=np.shape(a)).astype(np.dtype(jnp.result_type(a)))
-    return a + self.eps.astype(jnp.result_type(a)) * r * a
+    dt = np.dtype(jnp.result_type(a))
+    r = np.stack([g.choice([-1.0, 1.0], size=np.shape(a)).astype(dt) for g in self.rngs])
+    return _site(a, r, self.eps.astype(dt))
 
 
 def _bind_params(eqn):
@@ -96,14 +114,14 @@ def magnitude(fn, z, *, directions: int = 3, seed: int = 0):
     ``fn(*z)`` and, per output, :math:`M` (the same shape), as lists.
   """
   closed = jax.make_jaxpr(fn)(*z)
-  values = eval_jaxpr(closed.jaxpr, closed.consts, *z)
-  mags = []
-  for k in range(directions):
 
-    def run(eps, k=k):
-      perturb = _Perturb(eps, seed * 1000 + k)
-      return _eval(closed.jaxpr, closed.consts, [perturb(a) for a in z], perturb)
+  def run(eps):
+    perturb = _Perturb(eps, seed, directions)
+    return _eval(closed.jaxpr, closed.consts, [perturb(a) for a in z], perturb)
 
-    zero = jnp.zeros((), jnp.result_type(float))
-    mags.append([jnp.abs(t) for t in jax.jvp(run, (zero,), (jnp.ones_like(zero),))[1]])
-  return values, [jnp.max(jnp.stack(ms), axis=0) for ms in zip(*mags)]
+  # The derivative along each direction's unit vector, batched: the evaluation itself (the
+  # values, unperturbed) runs once and only the tangents are per direction.
+  zero = jnp.zeros((directions,), jnp.result_type(float))
+  values, tangents = jax.vmap(lambda t: jax.jvp(run, (zero,), (t,)), out_axes=(None, 0))(
+      jnp.eye(directions, dtype=zero.dtype))
+  return list(values), [jnp.max(jnp.abs(t), axis=0) for t in tangents]

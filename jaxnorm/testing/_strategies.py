@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import HealthCheck, settings, strategies as st
 
-__all__ = ["CI_PROFILE", "ROW_KINDS", "THOROUGH_PROFILE", "arrays", "dtypes", "shapes"]
+__all__ = ["CI_PROFILE", "ROW_KINDS", "THOROUGH_PROFILE", "arrays", "dtypes", "masks", "shapes"]
 
 # "normal": loc + scale * N(0, 1). "large_mean": a mean 1e2, 1e3 or 1e4 times the spread (where
 # E[x^2] - E[x]^2 loses every digit). "constant": one value (a zero variance). "tiny": values
@@ -148,5 +148,36 @@ def arrays(dtype, shape, *, loc: float = 0.0, scale: float = 1.0, kinds=_FINITE_
       with jax.enable_x64(True):
         return jnp.asarray(values)
     return jnp.asarray(values)
+
+  return build()
+
+
+def masks(shape, *, p: float = 0.7) -> st.SearchStrategy:
+  """Boolean masks (True: the element takes part in the statistics) with at least one True in
+  every row (slice along the last axis), so that no normalized group is empty.
+
+  Args:
+    shape: a shape tuple or a strategy of them; rank >= 1.
+    p: the probability of True of each element but the one per row that is always True.
+
+  Returns:
+    A strategy of boolean ``jax.Array`` values (held fixed by
+    :func:`jaxnorm.testing.check_rule`: not a floating leaf).
+  """
+  if not 0.0 <= p <= 1.0:
+    raise ValueError(f"masks needs 0 <= p <= 1, got p={p!r}.")
+  shape_st = shape if isinstance(shape, st.SearchStrategy) else st.just(tuple(shape))
+
+  @st.composite
+  def build(draw):
+    shp = tuple(int(s) for s in draw(shape_st))
+    if not shp:
+      raise ValueError("masks needs a shape of rank >= 1 (rows along the last axis), got ().")
+    rng = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
+    m = rng.random(shp) < p
+    if shp[-1]:
+      keep = rng.integers(shp[-1], size=shp[:-1])
+      np.put_along_axis(m, keep[..., None], True, axis=-1)
+    return jnp.asarray(m)
 
   return build()
