@@ -21,7 +21,10 @@ from jaxnorm.testing._condition import magnitude
 from jaxnorm.testing._report import Outcome
 from jaxnorm.testing._tolerance import ulp
 
-_DIRECTIONS = 2  # random sign draws of the condition magnitude
+# Random sign draws of the condition magnitude (its tangents are batched: more cost little).
+# Two left a masked 1024-wide RMSNorm's input gradient element at 0.02 x its value (a 5.69
+# ulp error allowed 3.29 ulp: a false failure); M is then the largest of four.
+_DIRECTIONS = 4
 
 
 def _enable_x64():
