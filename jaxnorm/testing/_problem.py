@@ -239,10 +239,11 @@ class _Problem:
 # Compiled oracles by reference graph (its jaxpr's text, which names every shape and dtype, and
 # the seed), most recent last: a check of the same reference at the same shapes (another dtype
 # of the rule, another backend, a repeated configuration) reuses the program with its own
-# inputs and constants. Bounded in entries and in the sign arrays kept.
+# inputs and constants. Bounded in entries and in the sign arrays kept (all entries together:
+# the least recently used go first).
 _ORACLES = collections.OrderedDict()
 _ORACLES_MAX = 64
-_ORACLE_MAX_SIGN_BYTES = 64 * 2 ** 20
+_ORACLES_MAX_SIGN_BYTES = 256 * 2 ** 20
 
 
 def _compiled_oracle(closed, z64, seed):
@@ -261,7 +262,7 @@ def _compiled_oracle(closed, z64, seed):
   key = None if opaque else (text, seed, _DIRECTIONS)
   if key is not None and key in _ORACLES:
     _ORACLES.move_to_end(key)
-    return _ORACLES[key]
+    return _ORACLES[key][:3]
 
   def traced(consts, *a):
     return magnitude(lambda *b: eval_jaxpr(closed.jaxpr, consts, *b), a,
@@ -270,8 +271,10 @@ def _compiled_oracle(closed, z64, seed):
   mag, shape = jax.make_jaxpr(traced, return_shape=True)(list(closed.consts), *z64)
   run = jax.jit(lambda signs, consts, *a: eval_jaxpr(mag.jaxpr, signs, *consts, *a))
   entry = run, list(mag.consts), jax.tree_util.tree_structure(shape)
-  if key is not None and sum(np.asarray(c).nbytes for c in mag.consts) <= _ORACLE_MAX_SIGN_BYTES:
-    _ORACLES[key] = entry
-    if len(_ORACLES) > _ORACLES_MAX:
+  nbytes = sum(np.asarray(c).nbytes for c in mag.consts)
+  if key is not None and nbytes <= _ORACLES_MAX_SIGN_BYTES // 4:
+    _ORACLES[key] = (*entry, nbytes)
+    while (len(_ORACLES) > _ORACLES_MAX
+           or sum(e[-1] for e in _ORACLES.values()) > _ORACLES_MAX_SIGN_BYTES):
       _ORACLES.popitem(last=False)
   return entry
