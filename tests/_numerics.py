@@ -51,13 +51,6 @@ def assert_allclose(actual, expected, dtype=None, *, what=""):
                              rtol=tol, atol=tol, err_msg=what)
 
 
-def rel_err(actual, expected) -> float:
-  a = np.asarray(jnp.asarray(actual, jnp.float64 if jax.config.jax_enable_x64 else jnp.float32))
-  e = np.asarray(jnp.asarray(expected, a.dtype))
-  denom = max(float(np.max(np.abs(e))) if e.size else 0.0, 1e-30)
-  return float(np.max(np.abs(a - e))) / denom if e.size else 0.0
-
-
 def assert_close(actual, expected, dtype=None, *, tol=None, floor=0.0, what=""):
   """Asserts ``max|actual - expected| <= tol * max(max|expected|, floor)``.
 
@@ -78,34 +71,6 @@ def assert_close(actual, expected, dtype=None, *, tol=None, floor=0.0, what=""):
   denom = max(float(np.max(np.abs(e[fin]), initial=0.0)), float(floor), 1e-30)
   err = float(np.max(np.abs(a[fin] - e[fin]), initial=0.0)) / denom
   assert err <= tol, f"{what}: relative error {err:.3g} > {tol:.3g} ({jnp.dtype(dtype).name})"
-
-
-def natural_scales(x, gamma, dy, *, d, epsilon, epsilon_placement, center, mask=None):
-  """Magnitudes of y, dx, dscale, dbias from float64 NumPy: the floors for assert_close.
-
-  dx is a cancelling combination of ``rstd * |g|`` terms, dscale and dbias sums over rows of
-  ``|dy * x_hat|`` and ``|dy|``; rounding errors scale with these, not with the result.
-  """
-  shape = np.shape(x)
-  x = _host_f32(x).astype(np.float64).reshape(-1, d)
-  dy = _host_f32(dy).astype(np.float64).reshape(x.shape)
-  g = np.ones(x.shape[-1]) if gamma is None else _host_f32(gamma).astype(np.float64).reshape(-1)
-  m = np.ones_like(x) if mask is None else np.broadcast_to(np.asarray(mask), shape).reshape(x.shape)
-  n = m.sum(-1, keepdims=True)
-  mu = (m * x).sum(-1, keepdims=True) / n if center else 0.0
-  var = (m * (x - mu) ** 2).sum(-1, keepdims=True) / n
-  if epsilon_placement == "inside":
-    rstd = 1.0 / np.sqrt(var + epsilon)
-  else:
-    rstd = 1.0 / (np.sqrt(var) + epsilon)
-  xh = (x - mu) * rstd
-  return dict(
-      y=float(np.max(np.abs(g)) * max(1.0, float(np.max(np.abs(xh))))),
-      dx=float(np.max(rstd * np.abs(dy * g).sum(-1, keepdims=True) / n.clip(1))) +
-      float(np.max(rstd * np.abs(dy * g))),
-      dscale=float(np.max(np.abs(dy * xh).sum(0))),
-      dbias=float(np.max(np.abs(dy).sum(0))),
-  )
 
 
 def _host_f32(a) -> np.ndarray:

@@ -1,13 +1,32 @@
-"""The fused residual add + norm ops against ``jax.vjp`` of a float64 reference (add, then
-:mod:`jaxnorm.reference`), with random cotangents on *both* outputs ``y`` and ``h``.
+"""The fused residual add + norm ops against float64 autodiff of a reference (add, then
+:mod:`jaxnorm.reference`), through the public kit (:func:`jaxnorm.testing.check_rule`): values,
+random cotangents on *both* outputs ``y`` and ``h`` (or ``y`` alone: a symbolic-zero cotangent
+for ``h``), each output and cotangent in its own dtype, element by element within the kit's ulp
+budgets.
 
-Covers hypothesis shapes, every variant (epsilon placement, zero-centred scale, mask, with and
-without scale/bias, a residual multiplier), every dtype (float32, bfloat16, float16, a float32
-stream under bfloat16 activations), the transformations (jit, vmap, grad-of-grad, remat, scan,
-shard_map) and the argument errors. The value and gradient checks are one battery,
-:class:`FusedBattery`, run on each backend (:mod:`_backends`): :class:`TestXla` and
-:class:`TestPallas` (the kernels, in interpret mode off a GPU); the kernels' own cases (row
-blocks, the column loop, the fused kernels' outputs) follow it.
+The value and derivative checks are one battery, :class:`FusedBattery`, run on each backend
+(:mod:`_backends`): :class:`TestXla` and :class:`TestPallas` (the kernels, in interpret mode off
+a GPU).
+
+* ``test_rule_matches_float64_reference``: hypothesis draws the op, the shape (rank 1 to 3, one
+  or two normalized axes), the dtypes of ``x`` and of the residual (a float32 stream under
+  16-bit ``x`` among them), scale and bias (each present or not), a mask (where the backend
+  takes one), the residual multiplier, epsilon and its placement, a zero-centred scale, whether
+  ``h`` is used, ``x``'s rows (the kit's adversarial kinds; normal rows only under second order)
+  and the residual's location. Each example checks the value, the VJP, the JVP with random tangents on
+  every input, the adjoint identity under ``jax.jit``, and one drawn transformation of
+  :data:`jaxnorm.testing.TRANSFORMS`.
+* ``test_every_variant_and_dtype``: a fixed grid, op x dtype x epsilon placement x zero-centred
+  scale (a residual multiplier 1.7 without it), value and VJP under ``jax.jit`` (what it
+  checked before the kit); each float32 entry adds one transformation
+  (``_backends.GRID_TRANSFORMS``: every one once per battery and backend).
+* fixed cases (value and VJP): a float32 stream under bfloat16 activations (and the same with
+  ``residual_dtype`` and ``dtype`` float32), a mask without ``jax.jit``, ``h`` unused without
+  ``jax.jit`` over two normalized axes without parameters; the kernels' own cases (row blocks,
+  the column loop, an unused stream) follow the battery.
+
+The transformations in a model (remat in a scanned stack, ``shard_map``), the kernels' outputs
+and the argument errors follow.
 """
 
 import functools
@@ -24,18 +43,22 @@ from jax.sharding import Mesh, PartitionSpec as P
 import jaxnorm
 from jaxnorm._pallas import api as _pallas
 from jaxnorm import reference
+from jaxnorm import testing as jt
 from jaxnorm._pallas.config import MAX_BLOCK_D
 from _kernels import program_text
-from _backends import INTERPRET, PALLAS, XLA, Backend
+from _backends import (INTERPRET, PALLAS, SECOND_ORDER_DTYPES, XLA, Backend, grid_transforms,
+                       x_kinds)
 from _compat import jaxprs_in_params
-from _numerics import (assert_close, assert_ulp_close, host_mask, host_random, natural_scales, random,
-                       tol_for)
+from _numerics import assert_close, assert_ulp_close, random, tol_for
 
 OPS = {
     "layer_norm": (jaxnorm.add_layer_norm, reference.layer_norm, True),
     "rms_norm": (jaxnorm.add_rms_norm, reference.rms_norm, False),
 }
 D_LOOP = MAX_BLOCK_D + 8  # two column blocks in the kernels
+# The fixed cases check the value and the VJP, as they did before the kit (forward mode is in
+# every hypothesis example, and tests/test_forward_mode.py).
+REV = ("rev",)
 
 
 def _coarse(*dtypes):
@@ -43,104 +66,85 @@ def _coarse(*dtypes):
   return max(tol_for(d) for d in dtypes)
 
 
-def _reference(op_name, *, alpha, h_dtype, out_dtype, kw):
-  """``(x, r, scale, bias) -> (y, h)`` in float64: add, round h to ``h_dtype``, normalize.
+def _check(op_name, *, x, r, scale=None, bias=None, mask=None, alpha=1.0, residual_dtype=None,
+           out_dtype=None, kw=None, use_dh=True, transforms=(), modes=jt.MODES,
+           h_given=False, backend: Backend = XLA):
+  """``check_rule`` of the fused op on ``backend`` against the float64 reference (add, round
+  ``h`` to its dtype, normalize), and the outputs' dtypes and shapes. ``use_dh=False``: only
+  ``y`` is an output, so the op's backward gets a symbolic-zero cotangent for ``h``.
 
-  The rounding of ``h`` is straight-through (its value is the stored one, its derivative the
-  identity), so the reference's gradient is the exact gradient of the function the op computes.
+  The reference rounds as the op does (``alpha r`` and the sum in float32, then ``h`` once to
+  its dtype), each rounding straight-through (its value the rounded one, its derivative the
+  identity), so the reference's derivatives are those of the function the op computes. A 16-bit
+  ``h`` is an intermediate rounded to its dtype (the kit's ``compute_dtype``): jitted, XLA may
+  normalize the unrounded float32 sum instead (its default ``xla_allow_excess_precision``; seen
+  as 62 float16 ulps of ``y`` at condition 700), eagerly the rounded ``h``.
+
+  ``h_given=True``: the same roundings done on the host, their result passed to both functions
+  as a last, fixed argument that the reference's ``h`` takes as its value (straight-through):
+  the reference is then one float64 program for every dtype of ``x`` and ``r``, which the kit
+  compiles once (the grid's). Not under a batching transform, which would batch ``x`` and ``r``
+  but not it.
   """
-  _, ref, has_bias = OPS[op_name]
-
-  def f(x, r, scale, bias):
-    h = x + alpha * r
-    h = h + lax.stop_gradient(h.astype(h_dtype).astype(h.dtype) - h)
-    args = (h, scale, bias) if has_bias else (h, scale)
-    return ref(*args, **kw), h
-
-  return f
-
-
-def _vjp(f, args, cts, use_dh):
-  """``((y, h), cotangents)`` of ``f`` at ``args`` for the cotangents ``cts = (dy, dh)``."""
-  if use_dh:
-    out, pull = jax.vjp(f, *args)
-    return out, pull(cts)
-  y, pull = jax.vjp(lambda *a: f(*a)[0], *args)  # h unused: its cotangent is a symbolic zero
-  return (y, f(*args)[1]), pull(cts[0])
-
-
-@functools.partial(jax.jit, static_argnames=("op_name", "alpha", "h_dtype", "kw", "use_dh"))
-def _reference_vjp(args, cts, mask, *, op_name, alpha, h_dtype, kw, use_dh):
-  """:func:`_vjp` of the float64 reference (``kw``: the ops' static arguments as sorted items).
-
-  One jit at module level, so that a configuration and shapes compile once: the backends'
-  batteries share the reference of their fixed cases.
-  """
-  has_bias = OPS[op_name][2]
-  ref = _reference(op_name, alpha=alpha, h_dtype=h_dtype, out_dtype=None, kw=dict(kw, mask=mask))
-  return _vjp(lambda x, r, *p: ref(x, r, *(p if has_bias else (p[0], None))), args, cts, use_dh)
-
-
-def _check(op_name, *, shape, axis=-1, x_dtype="float32", r_dtype=None, residual_dtype=None,
-           out_dtype=None, use_scale=True, use_bias=True, use_mask=False, alpha=1.0,
-           epsilon=1e-3, epsilon_placement="inside", zero_centered_scale=False, loc=1.0,
-           seed=0, use_dh=True, use_jit=True, backend: Backend = XLA):
-  op, _, has_bias = OPS[op_name]
-  x_dtype = jnp.dtype(x_dtype)
-  r_dtype = jnp.dtype(r_dtype or x_dtype)
-  h_dtype = jnp.dtype(residual_dtype or jnp.promote_types(x_dtype, r_dtype))
-  y_dtype = jnp.dtype(out_dtype or x_dtype)
-  n_norm = len(axis) if isinstance(axis, tuple) else 1
-  norm_shape = shape[len(shape) - n_norm:]
-  rng = np.random.default_rng(seed)
-  x = host_random(rng, shape, x_dtype, scale=1.5)
-  r = host_random(rng, shape, r_dtype, loc=loc, scale=1.5)
-  scale = host_random(rng, norm_shape, x_dtype, loc=1.0, scale=0.5) if use_scale else None
-  bias = host_random(rng, norm_shape, x_dtype) if use_bias and has_bias else None
-  dy = host_random(rng, shape, y_dtype)
-  dh = host_random(rng, shape, h_dtype) if use_dh else None
-  mask = host_mask(rng, shape) if use_mask else None
-  kw = dict(epsilon=epsilon, axis=axis, mask=mask, epsilon_placement=epsilon_placement,
-            zero_centered_scale=zero_centered_scale)
+  op, ref, has_bias = OPS[op_name]
+  kw = dict(kw or {}, mask=mask)
+  h_dtype = jnp.dtype(residual_dtype or jnp.promote_types(x.dtype, r.dtype))
   params = (scale, bias) if has_bias else (scale,)
+  rule = functools.partial(op, residual_scale=alpha, residual_dtype=residual_dtype,
+                           dtype=out_dtype, **kw, **backend.kw)
+  y, h = jax.eval_shape(rule, x, r, *params)
+  assert y.dtype == jnp.dtype(out_dtype or x.dtype) and h.dtype == h_dtype
+  assert y.shape == h.shape == x.shape
 
-  def mine(x, r, *p):
-    return op(x, r, *p, residual_scale=alpha, residual_dtype=residual_dtype, dtype=out_dtype,
-              **backend.kw, **kw)
+  a = float(np.float32(alpha))
 
-  def run(args, cts):
-    return _vjp(mine, args, cts, use_dh)
+  def plain(x, r, *p):
+    s = r if alpha == 1.0 else _rounded(a * r, jnp.float32)
+    h = _rounded(_rounded(x + s, jnp.float32), h_dtype)
+    return ref(h, *p, **kw), h
 
-  (y, h), grads = (jax.jit(run) if use_jit else run)((x, r, *params), (dy, dh))
-  with jax.enable_x64(True):
-    f64 = lambda a: None if a is None else jnp.asarray(np.asarray(a).astype(np.float64))  # noqa: E731
-    ref_params = tuple(map(f64, params)) if has_bias else (f64(scale), None)
-    static_kw = tuple(sorted((k, val) for k, val in kw.items() if k != "mask"))
-    (y_ref, h_ref), grads_ref = _reference_vjp(
-        (f64(x), f64(r), *ref_params[:len(params)]), (f64(dy), f64(dh)), mask, op_name=op_name,
-        alpha=alpha, h_dtype=h_dtype, kw=static_kw, use_dh=use_dh)
-    y_ref, h_ref = np.asarray(y_ref), np.asarray(h_ref)
-    grads_ref = [None if g is None else np.asarray(g) for g in grads_ref]
+  args = (x, r, *params)
+  if h_given:
+    assert not {"vmap", "vmap_unbatched", "scan"} & set(transforms), transforms
+    x64, r64 = (np.asarray(v).astype(np.float64) for v in (x, r))
+    s64 = r64 if alpha == 1.0 else (a * r64).astype(np.float32).astype(np.float64)
+    h_q = jnp.asarray((x64 + s64).astype(np.float32).astype(h_dtype))
+    rule = (lambda f: lambda *a: f(*a[:-1]))(rule)
 
-  assert y.dtype == y_dtype and h.dtype == h_dtype and y.shape == h.shape == shape
-  gam = None if scale is None else (1.0 + np.asarray(scale).astype(np.float32)
-                                    if zero_centered_scale else scale)
-  fl = natural_scales(h, gam, dy, d=int(np.prod(norm_shape)), epsilon=epsilon,
-                      epsilon_placement=epsilon_placement, center=has_bias, mask=mask)
-  dh_mag = 0.0 if dh is None else float(np.max(np.abs(np.asarray(dh).astype(np.float32))))
-  assert_close(y, jnp.asarray(y_ref, jnp.float32), tol=_coarse(y_dtype, h_dtype), floor=fl["y"],
-               what="y")
-  assert_close(h, jnp.asarray(h_ref, jnp.float32), tol=tol_for(h_dtype), what="h")
-  names = ["dx", "dresidual", "dscale", "dbias"]
-  floors = [fl["dx"] + dh_mag, abs(alpha) * (fl["dx"] + dh_mag), fl["dscale"], fl["dbias"]]
-  primals = [x, r, *params]
-  for name, g, g_ref, a, floor in zip(names, grads, grads_ref, primals, floors):
-    if a is None:
-      assert g is None, name
-      continue
-    assert g.dtype == a.dtype and g.shape == a.shape, (name, g.dtype, a.dtype)
-    assert_close(g, jnp.asarray(g_ref, jnp.float32), tol=_coarse(a.dtype, h_dtype),
-                 floor=floor, what=name)
+    def plain(x, r, *p_h):
+      *p, h_q = p_h
+      h = x + a * r
+      h = h + lax.stop_gradient(h_q.astype(h.dtype) - h)
+      return ref(h, *p, **kw), h
+
+    args += (h_q,)
+  if not use_dh:
+    rule, plain = (lambda f: lambda *a: f(*a)[0])(rule), (lambda f: lambda *a: f(*a)[0])(plain)
+  tol = jt.Tolerance(compute_dtype=h_dtype if jnp.finfo(h_dtype).bits < 32 else None)
+  jt.check_rule(rule, plain, args, nondiff_argnums=(len(args) - 1,) if h_given else (),
+                modes=modes, transforms=transforms, tolerance=tol)
+
+
+def _rounded(a, dtype):
+  """``a`` rounded to ``dtype``, kept in ``a``'s dtype, with the identity as derivative."""
+  return a + lax.stop_gradient(a.astype(dtype).astype(a.dtype) - a)
+
+
+def _normal(rng, shape, dtype, loc=0.0, scale=1.0):
+  """``loc + scale * N(0, 1)`` drawn with NumPy, in ``dtype``."""
+  return jnp.asarray((loc + scale * rng.standard_normal(shape)).astype(jnp.dtype(dtype)))
+
+
+def _inputs(op_name, shape, x_dtype="float32", r_dtype=None, *, use_scale=True, use_bias=True,
+            axis=-1, loc=1.0, seed=0):
+  """``x``, ``r``, ``scale``, ``bias`` for :func:`_check` (the parameters over the normalized
+  trailing axes of ``axis``)."""
+  rng = np.random.default_rng(seed)
+  norm_shape = shape[len(shape) - (len(axis) if isinstance(axis, tuple) else 1):]
+  return dict(x=_normal(rng, shape, x_dtype, scale=1.5),
+              r=_normal(rng, shape, r_dtype or x_dtype, loc=loc, scale=1.5),
+              scale=_normal(rng, norm_shape, x_dtype, 1.0, 0.5) if use_scale else None,
+              bias=_normal(rng, norm_shape, x_dtype) if use_bias and OPS[op_name][2] else None)
 
 
 # --------------------------------------------------------------------------- the battery
@@ -148,74 +152,92 @@ def _check(op_name, *, shape, axis=-1, x_dtype="float32", r_dtype=None, residual
 
 @st.composite
 def cases(draw, backend: Backend):
+  """One fused op, its configuration, its arguments and one of the kit's transformations."""
+  op_name = draw(st.sampled_from(list(OPS)))
   rank = draw(st.integers(1, 3))
   n_norm = draw(st.integers(1, min(2, rank)))
   if n_norm == 1:
     norm_shape = [draw(st.sampled_from([d for d in [1, 3, 16, 33, 100, 256] if d <= backend.max_d]))]
   else:
     norm_shape = [draw(st.integers(1, 12)) for _ in range(2)]
-  lead = [draw(st.integers(1, 4)) for _ in range(rank - n_norm)]
+  shape = tuple([draw(st.integers(1, 4)) for _ in range(rank - n_norm)] + norm_shape)
   x_dtype = draw(st.sampled_from(["float32", "bfloat16", "float16"]))
+  r_dtype = draw(st.sampled_from([x_dtype, "float32"]))
+  kw = dict(axis=tuple(range(-n_norm, 0)) if n_norm > 1 else -1,
+            epsilon=draw(st.sampled_from([1e-6, 1e-3, 0.1])),
+            epsilon_placement=draw(st.sampled_from(["inside", "outside"])),
+            zero_centered_scale=draw(st.booleans()))
+  transform = draw(st.sampled_from([t for t in jt.TRANSFORMS if t != "grad2" or
+                                    {x_dtype, r_dtype} <= set(SECOND_ORDER_DTYPES)]))
+  normal = dict(kinds=("normal",))
   return dict(
-      shape=tuple(lead + norm_shape),
-      axis=tuple(range(-n_norm, 0)) if n_norm > 1 else -1,
-      x_dtype=x_dtype,
-      r_dtype=draw(st.sampled_from([x_dtype, "float32"])),
-      use_scale=draw(st.booleans()),
-      use_bias=draw(st.booleans()),
+      op_name=op_name,
+      x=draw(jt.arrays(x_dtype, shape, scale=1.5, kinds=x_kinds(transform))),
+      r=draw(jt.arrays(r_dtype, shape, loc=draw(st.sampled_from([0.0, 3.0])), scale=1.5,
+                       **normal)),
+      scale=draw(st.none() | jt.arrays(x_dtype, norm_shape, loc=1.0, scale=0.5, **normal)),
+      bias=draw(st.none() | jt.arrays(x_dtype, norm_shape, **normal)) if OPS[op_name][2] else None,
       # A backend without masks (the kernels) never draws one: test_ops_errors checks it raises.
-      use_mask=draw(st.booleans()) if backend.masks else False,
+      mask=draw(st.none() | jt.masks(shape)) if backend.masks else None,
       alpha=draw(st.sampled_from([1.0, 0.5, 2.4])),
-      epsilon=draw(st.sampled_from([1e-6, 1e-3, 0.1])),
-      epsilon_placement=draw(st.sampled_from(["inside", "outside"])),
-      zero_centered_scale=draw(st.booleans()),
+      kw=kw,
       use_dh=draw(st.booleans()),
-      loc=draw(st.sampled_from([0.0, 3.0])),
-      seed=draw(st.integers(0, 2**16)),
+      transforms=(transform,),
   )
 
 
 class FusedBattery:
-  """Values and both cotangents against the float64 reference, written once against
-  ``self.backend``; one subclass per backend."""
+  """Values, both cotangents and the tangents against the float64 reference, written once
+  against ``self.backend``; one subclass per backend."""
 
   backend: Backend
 
-  @pytest.mark.parametrize("op_name", list(OPS))
-  def test_vjp_matches_float64_reference(self, op_name):
-    @self.backend.given(12, case=cases(self.backend))
+  def test_rule_matches_float64_reference(self):
+    @self.backend.given(6, case=cases(self.backend))
     def example(case):
-      _check(op_name, backend=self.backend, **case)
+      _check(backend=self.backend, **case)
 
   @pytest.mark.parametrize("op_name", list(OPS))
   @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
   @pytest.mark.parametrize("placement", ["inside", "outside"])
   @pytest.mark.parametrize("zero_centered", [False, True])
   def test_every_variant_and_dtype(self, op_name, dtype, placement, zero_centered):
-    """A fixed grid so that no variant/dtype combination depends on hypothesis' draws."""
-    _check(op_name, shape=(3, 5, 48), x_dtype=dtype, epsilon_placement=placement,
-           zero_centered_scale=zero_centered, alpha=1.0 if zero_centered else 1.7,
-           backend=self.backend)
+    """A fixed grid so that no variant/dtype combination depends on hypothesis' draws (``h``
+    given, so that a variant's reference is one program for its three dtypes)."""
+    transforms = grid_transforms(op_name, dtype, placement, zero_centered)
+    _check(op_name, **_inputs(op_name, (3, 5, 48), dtype), alpha=1.0 if zero_centered else 1.7,
+           kw=dict(epsilon=1e-3, epsilon_placement=placement, zero_centered_scale=zero_centered),
+           transforms=transforms, modes=REV, backend=self.backend,
+           h_given=not {"vmap", "vmap_unbatched", "scan"} & set(transforms))
 
   @pytest.mark.parametrize("op_name", list(OPS))
   def test_float32_stream_under_bfloat16_activations(self, op_name):
     # x bf16 (a sub-layer output), residual f32 (the stream): h f32, y bf16, dx bf16, dres f32.
-    _check(op_name, shape=(4, 64), x_dtype="bfloat16", r_dtype="float32", loc=3.0,
-           backend=self.backend)
+    _check(op_name, **_inputs(op_name, (4, 64), "bfloat16", "float32", loc=3.0),
+           kw=dict(epsilon=1e-3), modes=REV, backend=self.backend)
     # The same with a bf16 residual stored in float32 from now on, and y requested in float32.
-    _check(op_name, shape=(4, 64), x_dtype="bfloat16", residual_dtype="float32",
-           out_dtype="float32", alpha=0.5, backend=self.backend)
+    _check(op_name, **_inputs(op_name, (4, 64), "bfloat16"), residual_dtype="float32",
+           out_dtype="float32", alpha=0.5, kw=dict(epsilon=1e-3), modes=REV,
+           backend=self.backend)
 
   @pytest.mark.parametrize("op_name", list(OPS))
   def test_masked_eager(self, op_name):
     self.backend.skip_unless(mask=True)
-    _check(op_name, shape=(2, 3, 40), use_mask=True, use_jit=False, epsilon_placement="outside",
+    mask = np.random.default_rng(1).random((2, 3, 40)) < 0.7
+    mask[..., 0] = True
+    _check(op_name, **_inputs(op_name, (2, 3, 40)), mask=jnp.asarray(mask),
+           kw=dict(epsilon=1e-3, epsilon_placement="outside"), transforms=("eager",), modes=REV,
            backend=self.backend)
 
   @pytest.mark.parametrize("op_name", list(OPS))
   def test_eager_unused_stream(self, op_name):
-    _check(op_name, shape=(2, 4, 6), axis=(-2, -1), use_scale=False, use_bias=False,
-           use_dh=False, use_jit=False, backend=self.backend)
+    """Op by op, ``h`` unused (a symbolic-zero cotangent for it), over two normalized axes
+    without parameters."""
+    _check(op_name, **_inputs(op_name, (2, 4, 6), axis=(-2, -1), use_scale=False,
+                              use_bias=False),
+           kw=dict(axis=(-2, -1), epsilon=1e-3), use_dh=False, transforms=("eager",), modes=REV,
+           backend=self.backend)
+
 
 class TestXla(FusedBattery):
   backend = XLA
@@ -267,7 +289,13 @@ PALLAS_CASES = [
                          ids=lambda c: f"{c[0]}-{c[1][0]}x{c[1][1]}-{c[2]}-{c[3]}")
 def test_pallas_kernels_match_reference(case):
   op_name, shape, x_dtype, r_dtype, variant = case
-  _check(op_name, shape=shape, x_dtype=x_dtype, r_dtype=r_dtype, backend=PALLAS, **variant)
+  variant = dict(variant)
+  inputs = _inputs(op_name, shape, x_dtype, r_dtype, use_scale=variant.pop("use_scale", True),
+                   use_bias=variant.pop("use_bias", True))
+  use_dh = variant.pop("use_dh", True)
+  alpha = variant.pop("alpha", 1.0)
+  _check(op_name, **inputs, alpha=alpha, kw=dict(epsilon=1e-3, **variant), use_dh=use_dh,
+         modes=REV, backend=PALLAS)
 
 
 def test_fused_kernels_match_add_then_plain_kernels():

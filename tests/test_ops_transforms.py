@@ -1,4 +1,4 @@
-"""The ops under JAX's transformations: jit, vmap, grad-of-grad, hessian, checkpoint, scan."""
+"""The ops under JAX's transformations: jit, vmap, second order (the kit), checkpoint, scan."""
 
 import chex
 import jax
@@ -7,6 +7,7 @@ import pytest
 
 import jaxnorm
 from jaxnorm import reference
+from jaxnorm import testing as jt
 from _numerics import assert_close, random
 
 OPS = [
@@ -26,11 +27,6 @@ def _args(d=12, lead=(3, 4), dtype=jnp.float32, seed=0):
           random(ks[3], lead + (d,), dtype))
 
 
-def _loss(op, w):
-  # A loss whose gradient is not degenerate (a plain sum is: LayerNorm's dx of sum(y) is 0).
-  return lambda x, s, b: jnp.sum(jnp.sin(op(x, s, b)) * w)
-
-
 @pytest.mark.parametrize("op,ref", OPS, ids=IDS)
 def test_vmap_matches_batched(op, ref):
   x, s, b, dy = _args()
@@ -48,15 +44,11 @@ def test_vmap_matches_batched(op, ref):
 
 
 @pytest.mark.parametrize("op,ref", OPS, ids=IDS)
-def test_grad_of_grad_and_hessian(x64, op, ref):
-  x, s, b, w = _args(d=6, lead=(2,), dtype=jnp.float64)
-  # grad of (a scalar function of the gradient)
-  gg = lambda f: jax.grad(lambda x: jnp.sum(jax.grad(_loss(f, w))(x, s, b) ** 2))(x)
-  assert_close(gg(op), gg(ref), jnp.float64, what="grad-of-grad")
-  h = jax.hessian(_loss(op, w), argnums=(0, 1))(x, s, b)
-  h_ref = jax.hessian(_loss(ref, w), argnums=(0, 1))(x, s, b)
-  for a, e in zip(jax.tree.leaves(h), jax.tree.leaves(h_ref)):
-    assert_close(a, e, jnp.float64, what="hessian")
+def test_second_order(x64, op, ref):
+  """Reverse over reverse and forward over reverse (the Hessian-vector products ``jax.hessian``
+  is built from), with random directions, against the float64 reference: the kit's "grad2"."""
+  x, s, b, _ = _args(d=6, lead=(2,), dtype=jnp.float64)
+  jt.check_rule(op, ref, (x, s, b), transforms=("grad2",))
 
 
 @pytest.mark.parametrize("op,ref", OPS, ids=IDS)
