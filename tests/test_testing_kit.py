@@ -214,3 +214,18 @@ def test_nan_and_inf_rows_stay_in_their_rows():
                          nonfinite="match")
   assert [o.check for o in report.outcomes if o.status == "skip"] == [
       "adjoint <J t, c> = <t, J^T c>"], str(report)
+
+
+def test_adjoint_identity_skips_where_the_oracle_is_not_finite():
+  """A constant row with epsilon outside the square root: the reference's derivative is NaN
+  (the sqrt of a zero variance) while jaxnorm's rule takes the limit. The comparisons skip those
+  elements; the adjoint identity, with no finite budget to bound it, is skipped and says why
+  (it failed this correct rule with "allowed 0" before)."""
+  kw = dict(epsilon=1e-3, epsilon_placement="outside", zero_centered_scale=True, casting="llama")
+  x = jnp.asarray([3.25, 3.25], jnp.bfloat16)
+  s = jnp.asarray([1.0625, 0.93359375], jnp.bfloat16)
+  report = jt.check_rule(lambda x, s: jaxnorm.layer_norm(x, s, **kw),
+                         lambda x, s: reference.layer_norm(x, s, **kw), (x, s), transforms=(),
+                         tolerance=jt.Tolerance(compute_dtype=jnp.bfloat16))
+  (adjoint,) = [o for o in report.outcomes if o.check.startswith("adjoint")]
+  assert adjoint.status == "skip" and "not finite" in adjoint.detail, adjoint
