@@ -78,6 +78,69 @@ def _pack(**named):
   return operand_names, [named[k] for k in operand_names]
 
 
+def _upcast(tree):
+  """``tree`` with every 16-bit floating array converted to float32 (None and others kept)."""
+  def up(a):
+    if a is not None and jnp.issubdtype(a.dtype, jnp.floating) and jnp.finfo(a.dtype).bits < 32:
+      return a.astype(jnp.float32)
+    return a
+  return jax.tree_util.tree_map(up, tree)
+
+
+def _wide_jvp(fn):
+  """``fn`` (arrays and None in, a pytree of arrays and None out), with a JVP that autodiff takes
+  on float32 copies of its 16-bit primals and tangents, the tangents rounded once to the
+  outputs' dtypes; its value is ``fn``'s own program.
+
+  Second order differentiates the derived rules' own programs (the forward that keeps the
+  statistics, the backward, the tangent map). They read a 16-bit input through several views,
+  each converted to float32 apart; autodiff's transpose of each convert rounds that use's
+  cotangent to 16 bits, and the uses are then summed in 16 bits, where they may cancel
+  (``docs/derivations.md``, "Second order in 16 bits"). Converted once, at entry, the uses are
+  summed in float32 and rounded once. First order never differentiates these programs, so its
+  programs are unchanged.
+  """
+  wrapped = jax.custom_jvp(fn)
+
+  def rule(primals, tangents):
+    out = wrapped(*primals)
+    _, t = jax.jvp(fn, _upcast(primals), _upcast(tangents))
+    return out, jax.tree_util.tree_map(lambda t, o: t.astype(o.dtype), t, out)
+
+  wrapped.defjvp(rule)
+  return wrapped
+
+
+def _wide_backward(cfg: NormConfig, fn):
+  """The derived backward ``fn(x, scale, mask, stats, *cotangents)``, with a JVP (second order)
+  taken by autodiff on float32 copies of its 16-bit operands, the statistics recomputed from
+  ``x`` inside it, the tangents rounded once to the outputs' dtypes; its value is ``fn``'s own.
+
+  The statistics are ``S(x)`` wherever JAX calls the backward (its residuals come from the
+  forward), so their incoming tangents are ``S'(x) tx`` and are not read: recomputing them
+  here keeps every path from ``x`` in one float32 program, summed before the one rounding, where
+  the forward's JVP would round its share of ``x``'s cotangent to 16 bits apart
+  (``docs/derivations.md``, "Second order in 16 bits").
+  """
+  wrapped = jax.custom_jvp(fn)
+
+  def rule(primals, tangents):
+    out = wrapped(*primals)
+    x, scale, mask, stats, *cts = _upcast(primals)
+    tx, tscale, _, _, *tcts = _upcast(tangents)
+
+    def of_x(x, scale, *cts):
+      fresh_stats = _xla.statistics(cfg, x, mask)
+      kept = tuple(None if a is None else b for a, b in zip(stats, fresh_stats))
+      return fn(x, scale, mask, kept, *cts)
+
+    _, t = jax.jvp(of_x, (x, scale, *cts), (tx, tscale, *tcts))
+    return out, jax.tree_util.tree_map(lambda t, o: t.astype(o.dtype), t, out)
+
+  wrapped.defjvp(rule)
+  return wrapped
+
+
 def _over_groups(fn, groups: int, names: tuple = ()):
   """``fn`` mapped over ``groups`` leading axes of every argument and result (``jax.vmap``).
 
@@ -146,11 +209,13 @@ def _cotangents_one(x, scale, mask, shift, delta, rstd, dy, dh, *, cfg: NormConf
   """One group's derived VJP: a dict of the tangent operands' cotangents."""
   stats = (shift, delta, rstd)
   if not cfg.has_add:
-    dx, dscale, dbias = _backends.backward(cfg, x, scale, mask, stats, dy)
+    dx, dscale, dbias = _wide_backward(cfg, functools.partial(_backends.backward, cfg))(
+        x, scale, mask, stats, dy)
     return dict(zip(("tx", "tscale", "tbias"),
                     (dx, *_backends.param_cotangents(cfg, scale, dscale, dbias))))
   return dict(zip(("tx", "tr", "tscale", "tbias"),
-                  _backends.add_backward(cfg, x, scale, mask, stats, dy, dh)))
+                  _wide_backward(cfg, functools.partial(_backends.add_backward, cfg))(
+                      x, scale, mask, stats, dy, dh)))
 
 
 def _transpose(cts, *args, cfg: NormConfig, operand_names, groups, group_names=()):
@@ -193,8 +258,9 @@ def _jvp(primals, tangents, *, cfg, operand_names, groups, group_names=()):
 
   out = norm_tangent_p.bind(*primals, cfg=cfg, operand_names=operand_names, groups=groups,
                             group_names=group_names)
-  _, tout = jax.jvp(f, [primals[i] for i in live], [tangents[i] for i in live])
-  return out, tout
+  # Taken on float32 copies of 16-bit operands, rounded once at the end (see _wide_jvp).
+  _, tout = jax.jvp(f, _upcast([primals[i] for i in live]), _upcast([tangents[i] for i in live]))
+  return out, [t.astype(o.dtype) for t, o in zip(tout, out)]
 
 
 jc.register_jvp(norm_tangent_p, _jvp)
@@ -260,7 +326,7 @@ def _norm(cfg: NormConfig, x, scale, bias, mask):
 def _norm_jvp(cfg: NormConfig, primals, tangents):
   x, scale, bias, mask = primals
   tx, tscale, tbias, _ = _live(tangents)
-  y, stats = _backends.forward(cfg, x, scale, bias, mask)
+  y, stats = _wide_jvp(functools.partial(_backends.forward, cfg))(x, scale, bias, mask)
   if tx is None and tscale is None and tbias is None:
     return y, jnp.zeros(y.shape, y.dtype)
   x, stats = name_residuals(x, stats)  # what reverse mode saves carries the remat names
@@ -281,7 +347,8 @@ def _add_norm(cfg: NormConfig, x, residual, scale, bias, mask):
 def _add_norm_jvp(cfg: NormConfig, primals, tangents):
   x, residual, scale, bias, mask = primals
   tx, tr, tscale, tbias, _ = _live(tangents)
-  y, h, stats = _backends.add_forward(cfg, x, residual, scale, bias, mask)
+  y, h, stats = _wide_jvp(functools.partial(_backends.add_forward, cfg))(
+      x, residual, scale, bias, mask)
   if tx is None and tr is None and tscale is None and tbias is None:
     return (y, h), (jnp.zeros(y.shape, y.dtype), jnp.zeros(h.shape, h.dtype))
   h_saved, stats = name_residuals(h, stats)  # what reverse mode saves carries the remat names
