@@ -74,22 +74,10 @@ PALLAS = Backend(
 )
 
 
-# What the batteries hand to jaxnorm.testing.check_rule, bounded where the kit found jaxnorm
-# off its budgets (docs/testing.md, "Found in jaxnorm"), until that is mended: second order (the
-# kit's "grad2") in bfloat16/float16 is 20-60 ulps off the float64 oracle, so it is drawn in
-# these dtypes only.
-SECOND_ORDER_DTYPES = ("float32", "float64")
-
-
-def x_kinds(transform: str) -> tuple[str, ...]:
-  """The row kinds (:data:`jaxnorm.testing.ROW_KINDS`) of an input ``x`` checked under
-  ``transform``: every finite kind, but only "normal" rows for second order ("grad2"), which
-  is off its float32 budget on adversarial rows (docs/testing.md: 260 ulp at budget 73 on a
-  two-axis group mixing large-mean and normal rows; about 1.5% with epsilon outside the square
-  root on tiny rows, where ``1 - epsilon * rstd`` cancels)."""
-  if transform == "grad2":
-    return ("normal",)
-  return tuple(k for k in ROW_KINDS if k not in ("nan", "inf"))
+# The row kinds (jaxnorm.testing.ROW_KINDS) the batteries draw for x: every finite kind, under
+# every transformation (second order was drawn in float32/float64 on "normal" rows only until
+# jaxnorm's second order in 16 bits was mended, docs/testing.md).
+FINITE_KINDS = tuple(k for k in ROW_KINDS if k not in ("nan", "inf"))
 
 
 # The transformation (of jaxnorm.testing.TRANSFORMS) each float32 entry of a battery's fixed
