@@ -51,8 +51,10 @@ import jax.numpy as jnp
 
 from jaxnorm import _backends
 from jaxnorm import _jax_compat as jc
+from jaxnorm import _math
 from jaxnorm import _xla
 from jaxnorm._remat import name_residuals
+from jaxnorm._xla_backend import XLA
 from jaxnorm._norm_config import NormConfig
 
 __all__ = ["add_norm", "apply", "norm_tangent_p"]
@@ -111,18 +113,24 @@ def _wide_jvp(fn):
   return wrapped
 
 
-def _wide_backward(cfg: NormConfig, fn):
-  """The derived backward ``fn(x, scale, mask, stats, *cotangents)``, with a JVP (second order)
-  taken by autodiff on float32 copies of its 16-bit operands, the statistics recomputed from
-  ``x`` inside it, the tangents rounded once to the outputs' dtypes; its value is ``fn``'s own.
+def _wide_backward(cfg: NormConfig, fn, xla_fn):
+  """The derived backward ``fn(x, scale, mask, stats, *cotangents)`` (on the call's backend),
+  with a JVP (second order) that autodiff takes of the same backward in XLA ops, ``xla_fn``
+  (``jaxnorm._xla_backend.XLA``'s), on float32 copies of its 16-bit operands, with the
+  statistics recomputed from ``x`` inside it, the tangents rounded once to the outputs' dtypes;
+  its value is ``fn``'s own.
 
   The statistics are ``S(x)`` wherever JAX calls the backward (its residuals come from the
   forward), so their incoming tangents are ``S'(x) tx`` and are not read: recomputing them
   here keeps every path from ``x`` in one float32 program, summed before the one rounding, where
-  the forward's JVP would round its share of ``x``'s cotangent to 16 bits apart
+  the forward's JVP would round its share of ``x``'s cotangent to 16 bits apart. With epsilon
+  outside the square root, the variance-path factor is taken from the recomputed standard
+  deviation (:func:`jaxnorm._math.variance_path_factor_of_std`), not from ``rstd``, whose
+  ``1 - eps*rstd`` cancels where the deviation is far below epsilon
   (``docs/derivations.md``, "Second order in 16 bits").
   """
   wrapped = jax.custom_jvp(fn)
+  outside = cfg.epsilon_placement == "outside"
 
   def rule(primals, tangents):
     out = wrapped(*primals)
@@ -132,7 +140,9 @@ def _wide_backward(cfg: NormConfig, fn):
     def of_x(x, scale, *cts):
       fresh_stats = _xla.statistics(cfg, x, mask)
       kept = tuple(None if a is None else b for a, b in zip(stats, fresh_stats))
-      return fn(x, scale, mask, kept, *cts)
+      c = (_math.variance_path_factor_of_std(_xla.row_std(cfg, x, mask, fresh_stats),
+                                             cfg.epsilon) if outside else None)
+      return xla_fn(x, scale, mask, kept, *cts, c=c)
 
     _, t = jax.jvp(of_x, (x, scale, *cts), (tx, tscale, *tcts))
     return out, jax.tree_util.tree_map(lambda t, o: t.astype(o.dtype), t, out)
@@ -209,12 +219,14 @@ def _cotangents_one(x, scale, mask, shift, delta, rstd, dy, dh, *, cfg: NormConf
   """One group's derived VJP: a dict of the tangent operands' cotangents."""
   stats = (shift, delta, rstd)
   if not cfg.has_add:
-    dx, dscale, dbias = _wide_backward(cfg, functools.partial(_backends.backward, cfg))(
+    dx, dscale, dbias = _wide_backward(cfg, functools.partial(_backends.backward, cfg),
+                                       functools.partial(XLA.backward, cfg))(
         x, scale, mask, stats, dy)
     return dict(zip(("tx", "tscale", "tbias"),
                     (dx, *_backends.param_cotangents(cfg, scale, dscale, dbias))))
   return dict(zip(("tx", "tr", "tscale", "tbias"),
-                  _wide_backward(cfg, functools.partial(_backends.add_backward, cfg))(
+                  _wide_backward(cfg, functools.partial(_backends.add_backward, cfg),
+                                 functools.partial(XLA.add_backward, cfg))(
                       x, scale, mask, stats, dy, dh)))
 
 

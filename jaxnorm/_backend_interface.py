@@ -58,8 +58,10 @@ class Backend:
     y, stats = self.forward(cfg, h, scale, bias, mask)
     return y, h, stats
 
-  def add_backward(self, cfg, h, scale, mask, stats, dy, dh):
+  def add_backward(self, cfg, h, scale, mask, stats, dy, dh, **backward_kw):
     """``(dx, dresidual, dscale, dbias)``: ``dx = dh + J^T dy``, ``dresidual = alpha dx``.
+
+    ``backward_kw`` go to :meth:`backward` (the XLA backend's ``c``, for second order).
 
     ``J^T dy`` is the plain op's backward at ``h``, kept in the compute dtype until ``dh``
     (None: ``h`` unused downstream) is added, so each cotangent is rounded once.
@@ -67,7 +69,8 @@ class Backend:
     ct = _xla.compute_dtype(h.dtype)
     # h goes in as stored, so the backward's barriers see it and no float32 copy of a narrow
     # h is materialized.
-    dn, dscale, dbias = self.backward(cfg, h, scale, mask, stats, dy, dx_dtype=ct)
+    dn, dscale, dbias = self.backward(cfg, h, scale, mask, stats, dy, dx_dtype=ct,
+                                      **backward_kw)
     total = dn if dh is None else dn + dh.astype(ct)  # (..., d)
     dx = total.astype(cfg.add.x_dtype)
     if cfg.residual_scale == 1.0 and cfg.add.residual_dtype == cfg.add.x_dtype:

@@ -166,8 +166,21 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask):
   return lax.platform_dependent(x, scale, bias, mask, cpu=views, default=shared)
 
 
-def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None):
+def row_std(cfg: NormConfig, x, mask, stats):
+  r""":math:`\sqrt v` of each row, ``(..., 1)``: the masked mean square of :func:`centered`
+  (psum'd over ``axis_name``), from ``stats`` of the same ``x``; two-pass, so no digits are lost
+  to a large mean. For second order (:func:`jaxnorm._ad._wide_backward`), not a forward."""
+  ct = compute_dtype(x.dtype)
+  xc = centered(cfg, x.astype(ct), stats[0], stats[1])
+  (s,) = row_sums(xc * xc, mask=mask)
+  return jnp.sqrt(psum(cfg, s) / count(cfg, mask, x.shape, ct))
+
+
+def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None, c=None):
   """The closed-form backward in XLA ops; ``dx`` in ``dx_dtype`` (default ``x.dtype``).
+
+  ``c``: the variance-path factor, where the caller has it from the standard deviation
+  (:func:`jaxnorm._math.variance_path_factor_of_std`; second order); None: from ``rstd``.
 
   Written as ``dx = rstd * (g - m * mean(g)) + A * m * x_c`` with the per-row coefficient
   ``A = -c * rstd**3 * sum(g * x_c) / n`` (``x_c = x - mean``, so ``rstd * x_c = x_hat``): the
@@ -204,7 +217,8 @@ def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None):
   n = count(cfg, mask, x.shape, ct)  # (..., 1)
   xv, dyv, statsv, scalev = fresh(x, dy, stats, scale)
   rstd = statsv[2]  # (..., 1)
-  c = variance_path_factor(cfg, rstd)  # (..., 1) or None
+  if c is None:
+    c = variance_path_factor(cfg, rstd)  # (..., 1) or None
   (sum_gxc,) = row_sums(g_of(dyv, scalev) * centered_of(xv, statsv))  # (..., 1)
   if cfg.op.mean_path:
     dyv, _, scalev = fresh(dy, rstd, scale)

@@ -26,9 +26,9 @@ class XlaBackend(Backend):
     """``(y, stats)`` (:func:`jaxnorm._xla.forward`)."""
     return _xla.forward(cfg, x, scale, bias, mask)
 
-  def backward(self, cfg, x, scale, mask, stats, dy, dx_dtype=None):
-    """``(dx, dscale, dbias)`` (:func:`jaxnorm._xla.backward`)."""
-    return _xla.backward(cfg, x, scale, mask, stats, dy, dx_dtype=dx_dtype)
+  def backward(self, cfg, x, scale, mask, stats, dy, dx_dtype=None, c=None):
+    """``(dx, dscale, dbias)`` (:func:`jaxnorm._xla.backward`; ``c`` as there)."""
+    return _xla.backward(cfg, x, scale, mask, stats, dy, dx_dtype=dx_dtype, c=c)
 
 
 XLA = XlaBackend()

@@ -82,6 +82,20 @@ def test_second_order_in_16_bits(name, dtype):
 
 
 @pytest.mark.parametrize("op,ref", OPS, ids=IDS)
+def test_second_order_with_epsilon_outside_on_tiny_rows(op, ref):
+  """Epsilon outside the square root, far above the rows' deviation (5e-7 against 0.1): the
+  variance-path factor ``1 / (1 - eps*rstd)`` keeps few digits there, and second order took
+  its derivative: 600 to 1,750 times the kit's float32 budget. Second order takes ``c`` from
+  the recomputed standard deviation instead (``jaxnorm/_ad.py``, ``_wide_backward``)."""
+  kw = dict(epsilon=0.1, epsilon_placement="outside")
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(5e-7 * rng.standard_normal((2, 33)), jnp.float32)
+  s = jnp.asarray(1 + 0.5 * rng.standard_normal(33), jnp.float32)
+  jt.check_rule(lambda x, s: op(x, s, None, **kw), lambda x, s: ref(x, s, None, **kw), (x, s),
+                transforms=("grad2",))
+
+
+@pytest.mark.parametrize("op,ref", OPS, ids=IDS)
 def test_checkpoint_and_scan(op, ref):
   x, s, b, w = _args(d=8, lead=(5,))
   stack_s = jnp.stack([s, s * 0.5, s * 2.0])
