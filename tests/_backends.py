@@ -74,19 +74,10 @@ PALLAS = Backend(
 )
 
 
-# The finite row kinds of jaxnorm.testing.ROW_KINDS.
+# The finite row kinds of jaxnorm.testing.ROW_KINDS, which the batteries draw for x under every
+# transformation (second order was drawn in float32/float64 on "normal" rows only until
+# jaxnorm's second order was mended, docs/testing.md).
 FINITE_KINDS = tuple(k for k in ROW_KINDS if k not in ("nan", "inf"))
-
-
-def x_kinds(transform: str, kw: dict) -> tuple[str, ...]:
-  """The row kinds a battery draws for ``x`` under ``transform``, for the op's keyword
-  arguments ``kw``: every finite kind, but under second order ("grad2") no "large_mean" rows
-  beside others in a group normalized over two axes, where jaxnorm's float32 second order is
-  off the kit's budget (1 of 12 such inputs, at 1.6 times it; docs/testing.md, "Found in
-  jaxnorm")."""
-  if transform == "grad2" and isinstance(kw.get("axis"), tuple):
-    return tuple(k for k in FINITE_KINDS if k != "large_mean")
-  return FINITE_KINDS
 
 
 # The transformation (of jaxnorm.testing.TRANSFORMS) each float32 entry of a battery's fixed
