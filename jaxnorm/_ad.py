@@ -89,25 +89,31 @@ def _upcast(tree):
   return jax.tree_util.tree_map(up, tree)
 
 
-def _wide_jvp(fn):
-  """``fn`` (arrays and None in, a pytree of arrays and None out), with a JVP that autodiff takes
-  on float32 copies of its 16-bit primals and tangents, the tangents rounded once to the
-  outputs' dtypes; its value is ``fn``'s own program.
+def _wide_tangent(fn, primals, tangents, out):
+  """The tangent of ``fn`` at ``primals`` along ``tangents``, by autodiff on float32 copies of
+  the 16-bit ones (each converted once), rounded once to the dtypes of ``out`` (``fn``'s value).
 
   Second order differentiates the derived rules' own programs (the forward that keeps the
   statistics, the backward, the tangent map). They read a 16-bit input through several views,
   each converted to float32 apart; autodiff's transpose of each convert rounds that use's
   cotangent to 16 bits, and the uses are then summed in 16 bits, where they may cancel
   (``docs/derivations.md``, "Second order in 16 bits"). Converted once, at entry, the uses are
-  summed in float32 and rounded once. First order never differentiates these programs, so its
-  programs are unchanged.
+  summed in float32 and rounded once.
   """
+  _, t = jax.jvp(fn, _upcast(primals), _upcast(tangents))
+  return jax.tree_util.tree_map(lambda t, o: t.astype(o.dtype), t, out)
+
+
+def _wide_jvp(fn, tangent_fn=None):
+  """``fn`` (arrays and None in, a pytree of arrays and None out) with its own value, and a JVP
+  that is :func:`_wide_tangent` of ``tangent_fn(*primals)`` (default: ``fn`` itself). First
+  order never differentiates these programs, so its programs are unchanged."""
   wrapped = jax.custom_jvp(fn)
 
   def rule(primals, tangents):
     out = wrapped(*primals)
-    _, t = jax.jvp(fn, _upcast(primals), _upcast(tangents))
-    return out, jax.tree_util.tree_map(lambda t, o: t.astype(o.dtype), t, out)
+    f = fn if tangent_fn is None else tangent_fn(*primals)
+    return out, _wide_tangent(f, primals, tangents, out)
 
   wrapped.defjvp(rule)
   return wrapped
@@ -115,47 +121,37 @@ def _wide_jvp(fn):
 
 def _wide_backward(cfg: NormConfig, fn, xla_fn):
   """The derived backward ``fn(x, scale, mask, stats, *cotangents)`` (on the call's backend),
-  with a JVP (second order) that autodiff takes of the same backward in XLA ops, ``xla_fn``
-  (``jaxnorm._xla_backend.XLA``'s), on float32 copies of its 16-bit operands, with the
-  statistics recomputed from ``x`` inside it, the tangents rounded once to the outputs' dtypes;
-  its value is ``fn``'s own.
+  with a JVP (second order) that :func:`_wide_tangent` takes of the same backward in XLA ops,
+  ``xla_fn`` (``jaxnorm._xla_backend.XLA``'s), with the statistics recomputed from ``x``.
 
   The statistics are ``S(x)`` wherever JAX calls the backward (its residuals come from the
-  forward), so their incoming tangents are ``S'(x) tx`` and are not read: recomputing them
-  here keeps every path from ``x`` in one float32 program, summed before the one rounding, where
-  the forward's JVP would round its share of ``x``'s cotangent to 16 bits apart. With epsilon
-  outside the square root, the variance-path factor is taken from the recomputed standard
-  deviation (:func:`jaxnorm._math.variance_path_factor_of_std`), not from ``rstd``, whose
-  ``1 - eps*rstd`` cancels where the deviation is far below epsilon; and the statistics are
-  taken about the plain mean, not the first element (``docs/derivations.md``, "Second order in
-  16 bits").
+  forward), so their incoming tangents are ``S'(x) tx``, which the recomputation gives: every
+  path from ``x`` is then in one float32 program, summed before the one rounding, where the
+  forward's JVP would round its share of ``x``'s cotangent to 16 bits apart. They are taken
+  about the plain mean, as for masked rows (an all-true mask where there is none): the first
+  element as pivot loses about 2 log2(k) bits of the variance when it lies k deviations from the
+  mean, which the second derivative amplifies. With epsilon outside the square root, the
+  variance-path factor comes from the recomputed standard deviation
+  (:func:`jaxnorm._math.variance_path_factor_of_std`), not from ``rstd``, whose
+  ``1 - eps*rstd`` cancels where the deviation is far below epsilon (``docs/derivations.md``,
+  "Second order in 16 bits").
   """
-  wrapped = jax.custom_jvp(fn)
   outside = cfg.epsilon_placement == "outside"
 
-  def rule(primals, tangents):
-    out = wrapped(*primals)
-    x, scale, mask, stats, *cts = _upcast(primals)
-    tx, tscale, _, _, *tcts = _upcast(tangents)
-
-    # The statistics about the plain mean, as for masked rows (an all-true mask where there is
-    # none): the first element as pivot loses about 2 log2(k) bits of the variance when it lies
-    # k deviations from the mean, which the second derivative amplifies (a 2 x 15 x 23 group
-    # mixing rows of mean 1e4 with normal rows: 1.6 times the kit's float32 budget).
+  def of_x(x, scale, mask, stats, *cts):
     stats_mask = jnp.ones(x.shape, bool) if mask is None else mask
+    fresh_stats = _xla.statistics(cfg, x, stats_mask)
+    kept = tuple(None if a is None else b for a, b in zip(stats, fresh_stats))
+    c = (_math.variance_path_factor_of_std(_xla.row_std(cfg, x, mask, fresh_stats),
+                                           cfg.epsilon) if outside else None)
+    return xla_fn(x, scale, mask, kept, *cts, c=c)
 
-    def of_x(x, scale, *cts):
-      fresh_stats = _xla.statistics(cfg, x, stats_mask)
-      kept = tuple(None if a is None else b for a, b in zip(stats, fresh_stats))
-      c = (_math.variance_path_factor_of_std(_xla.row_std(cfg, x, mask, fresh_stats),
-                                             cfg.epsilon) if outside else None)
-      return xla_fn(x, scale, mask, kept, *cts, c=c)
+  def tangent_fn(x, scale, mask, stats, *cts):
+    # Differentiated in x, scale and the cotangents; the mask is fixed, the statistics' incoming
+    # tangents are not read (recomputed inside).
+    return lambda x, scale, mask_, stats_, *cts: of_x(x, scale, mask, stats, *cts)
 
-    _, t = jax.jvp(of_x, (x, scale, *cts), (tx, tscale, *tcts))
-    return out, jax.tree_util.tree_map(lambda t, o: t.astype(o.dtype), t, out)
-
-  wrapped.defjvp(rule)
-  return wrapped
+  return _wide_jvp(fn, tangent_fn)
 
 
 def _over_groups(fn, groups: int, names: tuple = ()):
@@ -277,9 +273,7 @@ def _jvp(primals, tangents, *, cfg, operand_names, groups, group_names=()):
 
   out = norm_tangent_p.bind(*primals, cfg=cfg, operand_names=operand_names, groups=groups,
                             group_names=group_names)
-  # Taken on float32 copies of 16-bit operands, rounded once at the end (see _wide_jvp).
-  _, tout = jax.jvp(f, _upcast([primals[i] for i in live]), _upcast([tangents[i] for i in live]))
-  return out, [t.astype(o.dtype) for t, o in zip(tout, out)]
+  return out, _wide_tangent(f, [primals[i] for i in live], [tangents[i] for i in live], out)
 
 
 jc.register_jvp(norm_tangent_p, _jvp)
