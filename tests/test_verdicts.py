@@ -54,6 +54,7 @@ def _warm_verdicts(table, cfg=CFG, late=()):
   _, grid = _warm_grid(table, cfg)
   for key, i in late:
     grid[key]["left_plateau"][i] = 100
+  grid = {k: seeds.late_counts_as_stalled(p, cfg.steps) for k, p in grid.items()}
   claims, _ = warmup_rules.verdicts(grid, [LO, HI], cfg, U, 20)
   return {c["id"]: c for c in claims}
 
@@ -72,7 +73,9 @@ def test_needs_warmup(table, want):
 def test_needs_warmup_seeds_disagree_and_stalled_losses_show():
   c = _warm_verdicts({("post", 0): {HI: [3.16, None, STALL]}})["xiong_postln_needs_warmup"]
   assert "3.160 stalled" in c["ours"] and "diverged at step 30" in c["ours"]
-  assert c["per_seed"] == ["yes"] * 3 and c["holds"] == "yes" and "any one (rate, seed) left out" in c["ours"]
+  assert c["per_seed"] == ["yes"] * 3 and c["holds"] == "yes"
+  assert "(0.001, 0.001, 0.001) without, (0.01, 0.01, 0.01) with warm-up 20" in c["ours"]
+  assert "+1, +1, +1 grid step(s)" in c["ours"]
   c = _warm_verdicts({("post", 0): {HI: [STALL] * 3}, ("post", LONG): {HI: [2.0, STALL, 2.0]}})
   c = c["xiong_postln_needs_warmup"]
   assert c["per_seed"] == ["yes", "no", "yes"] and c["holds"] == "partly" and "the seeds disagree" in c["ours"]
@@ -89,15 +92,21 @@ def test_needs_warmup_not_testable_by_design():
   assert warmup_rules.design_reasons(CFG, 3, True) == []
 
 
-@pytest.mark.parametrize("late_key", [("post", HI, 0), ("post", HI, LONG), ("pre", HI, 0)])
-def test_late_runs_are_not_judged_on_either_side(late_key):
-  """One late run on either side of the comparison takes the rate out, whichever side it is on: the yes at
-  HI is gone and LO alone (no gain there) says no."""
-  c = _warm_verdicts({("post", 0): {HI: [STALL, None, STALL]}}, late=[(late_key, 1)])
+def test_a_late_exit_counts_as_stalled():
+  """Issue 44: a run still on the plateau at 2/3 of the run is stalled whatever its final loss, so a Post-LN
+  run that sat on the plateau without warm-up is the effect (yes), and the rate is not dropped; a late Pre-LN
+  run still takes its rate out of the judged ones (a failure there cannot be told from a slow start)."""
+  late_post = [(("post", HI, 0), i) for i in range(3)]
+  c = _warm_verdicts({}, late=late_post)["xiong_postln_needs_warmup"]
+  assert c["holds"] == "yes", c["ours"]
+  c = _warm_verdicts({("post", 0): {HI: [STALL, None, STALL]}}, late=[(("pre", HI, 0), 1)])
   c = c["xiong_postln_needs_warmup"]
-  assert c["holds"] == "no", c["ours"]
-  assert ("did not leave the plateau by step 40 at 0.01" if late_key[0] == "pre"
-          else "left the plateau late (step 100 of 120): not judged") in c["ours"]
+  assert c["holds"] == "no" and "did not leave the plateau by step 40 at 0.01" in c["ours"], c["ours"]
+  p = seeds.late_counts_as_stalled(seeds.point([_run(2.0), _run(2.0)], U), STEPS)
+  assert p["failures"] == [None, None] and p["late"] == [False, False]
+  q = dict(p, left_plateau=[40, 100])
+  q = seeds.late_counts_as_stalled(q, STEPS)
+  assert q["failures"] == [None, "stalled"] and q["late"] == [False, True] and not q["trains"]
 
 
 def test_needs_warmup_is_paired_and_says_where_warmup_hurts():
@@ -154,13 +163,14 @@ def test_lr_sensitive(table, want):
     assert "fails outright" in c["ours"]
 
 
-def test_lr_sensitive_late_runs_count_on_neither_side():
-  """A late run takes its rate out of both "breaks" and "survives" (issue 31: the filter was one-sided)."""
-  c = _warm_verdicts({("post", 0): BREAK[0]}, late=[(("post", HI, 0), 0)])["xiong_postln_lr_sensitive"]
-  assert c["holds"] == "no" and "left the plateau late" in c["ours"]   # warm-up 0 not judged, LONG: no break
+def test_lr_sensitive_late_runs_count_as_stalled():
+  """Issue 44: a late exit is a stalled run on either side (before, it took its rate out of the judgement)."""
+  late_hi = [(("post", HI, w), i) for w in CFG.warmups for i in range(3)]
+  c = _warm_verdicts({}, late=late_hi)["xiong_postln_lr_sensitive"]
+  assert c["holds"] == "yes", c["ours"]                      # late at HI in every seed = breaks at HI
   c = _warm_verdicts({("post", w): v for w, v in BREAK.items()},
                      late=[(("post", LO, 0), 2), (("post", LO, LONG), 2)])["xiong_postln_lr_sensitive"]
-  assert c["holds"] == NT and "1 usable rate(s)" in c["ours"]         # the surviving rate is late: nothing judged
+  assert c["holds"] == NT and "at no judged rate" in c["ours"]   # the only surviving rate now fails in a seed
 
 
 @pytest.mark.parametrize("table, want", [
@@ -253,17 +263,20 @@ def test_admin_deep_postln_fails(post6, post12, want):
     assert "confound" in c["ours"]
 
 
-def test_admin_not_testable_by_design_or_late_exit_on_any_side():
+def test_admin_not_testable_by_design_or_late_exit_counts_as_stalled():
   small = depth.Config(depths=(1, 2), positions=("post", "pre"), steps=STEPS, seeds=(0, 1, 2))
   c = depth_rules.admin_claim({}, small, U)
   assert c["holds"] == NT and "depth >= 12" in c["ours"]
   two = depth.Config(depths=(6, 12), positions=("post", "pre"), steps=STEPS, seeds=(0, 1))
   assert depth_rules.admin_claim({}, two, U)["holds"] == NT
-  for key in ("post/L12", "pre/L12", "post/L6"):
+  # Issue 44: a late exit is a stalled run. Deep Post-LN late: still a failure (yes); deep Pre-LN late: the
+  # depth is too short to judge; shallow Post-LN late: it fails at L=6, the rate is confounded.
+  for key, want, why in (("post/L12", "yes", ""), ("pre/L12", NT, "too short"), ("post/L6", NT, "confounded")):
     points = _depth_points(TRAIN3, [STALL] * 3)
     points[key]["left_plateau"] = [100, 40, 40]
+    points = {k: seeds.late_counts_as_stalled(p, STEPS) for k, p in points.items()}
     c = _admin(points)
-    assert c["holds"] == NT and "late" in c["ours"], key
+    assert c["holds"] == want and why in c["ours"], (key, c["ours"])
   points = _depth_points(TRAIN3, [None, STALL, STALL])
   points["deepnorm/L12"] = seeds.point([_run(2.0), _run(STALL), _run(2.0)], U)
   assert "DeepNorm fails at L=12 in 1/3 seeds" in _admin(points)["ours"]

@@ -30,7 +30,7 @@ import dataclasses
 import numpy as np
 
 from experiments.studies.depth_rules import PAST_PLATEAU, verdicts
-from experiments.studies.seeds import failed, format_finals, format_rises, point, set_rises
+from experiments.studies.seeds import failed, format_finals, format_rises, late_counts_as_stalled, point, set_rises
 from experiments.suite.study import Unit, train_unit
 
 TITLE = "Depth: Post-LN, Pre-LN, Sandwich, DeepNorm (Liu et al. 2020; Wang et al. 2022)"
@@ -146,7 +146,7 @@ def run(ctx, cfg: Config) -> dict:
         "train_curve": r.summary.get("train_curve")})
   set_rises(runs)
   for k, v in runs.items():
-    points[k] = point(v, unigram)
+    points[k] = late_counts_as_stalled(point(v, unigram), cfg.steps)
   update = {}
   udepths = cfg.update_depths or cfg.depths
   uspecs = [(pos, L, seed) for L in udepths for pos in cfg.positions for seed in (cfg.update_seeds or cfg.seeds)]

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from experiments.studies.seeds import STALL_NATS, format_finals, left_plateau_by, seed_points, subset
+from experiments.studies.seeds import LATE_FRACTION, STALL_NATS, format_finals, left_plateau_by, seed_points, subset
 from experiments.suite import claims as claims_lib
 
 
@@ -28,7 +28,6 @@ class Design(Protocol):
 
 
 DEEP = 12                # Admin's failing depth
-LATE_FRACTION = 2 / 3    # a run that leaves the plateau after this fraction of the run started late
 MIN_SEEDS = 3            # issue 31: at least three seeds, compared per seed
 MIN_SPAN = 4             # the update probe's depths must span at least this factor
 PAST_PLATEAU = 0.5       # nats below unigram Pre-LN must reach for a depth to be judged
@@ -51,14 +50,10 @@ def _admin_core(points: dict, cfg: Design, unigram: float) -> tuple[str, str]:
   for L in [L for L in cfg.depths if L >= DEEP]:
     post, pre = points[f"post/L{L}"], points[f"pre/L{L}"]
     desc = f"L={L}: Post-LN {format_finals(post)} vs Pre-LN {format_finals(pre)}"
-    lt = [s for p in (shallow, post, pre) for s in p.get("left_plateau", [])
-          if s is not None and s > LATE_FRACTION * cfg.steps]
     if not left_plateau_by(pre, first_third):
       parts.append(desc + f" (too short: Pre-LN did not leave the plateau by step {first_third}; not judged)")
     elif not (pre["trains"] and max(pre["values"]) <= unigram - PAST_PLATEAU):
       parts.append(desc + " (Pre-LN not past the plateau: not judged)")
-    elif lt:
-      parts.append(desc + f" (a compared run left the plateau late, step {max(lt)} of {cfg.steps}: not judged)")
     else:
       parts.append(desc)
       oks.append(post["fails"])
@@ -73,8 +68,8 @@ def admin_claim(points: dict, cfg: Design, unigram: float) -> dict:
   """``admin_deep_postln_fails`` with each seed alone and each seed left out beside it (see :func:`verdicts`)."""
   crit = (f"at a rate fixed by the pilots where Post-LN trains at the shallowest depth: judged at depths >= {DEEP} "
           f"where Pre-LN left the plateau by step {cfg.steps // 3} and ends >= {PAST_PLATEAU} nats below the unigram "
-          f"plateau in every seed, and no compared run (shallow Post-LN, deep Post-LN, deep Pre-LN) left the plateau "
-          f"in the last third; Post-LN fails = diverged or within {STALL_NATS} nats of the plateau; yes if it fails "
+          f"plateau in every seed; Post-LN fails = diverged, or within {STALL_NATS} nats of the plateau at the end or "
+          f"still there at {LATE_FRACTION:.0%} of the run (late exits are listed); yes if it fails "
           "in every seed at every judged depth, partly at some or in some seeds, no at none; yes also needs every "
           "seed alone and every one seed left out to say yes; not testable if shallow Post-LN fails in any seed")
   reasons = []

@@ -136,6 +136,28 @@ def point(runs_by_seed: list[dict], unigram: float) -> dict:
           "curves": [[(int(s), float(v)) for s, v in (r.get("val_curve") or [])] for r in runs_by_seed]}
 
 
+LATE_FRACTION = 2 / 3   # a run still on the plateau at this fraction of its length counts as stalled (issue 44)
+
+
+def late_counts_as_stalled(p: dict, steps: int) -> dict:
+  r"""The :func:`point` ``p`` with a run that was still on the plateau at :data:`LATE_FRACTION` of the run
+  counted as *stalled*, whatever its final loss (issue 44).
+
+  A seed fails if it diverged, or if it left the plateau (:func:`left_plateau_at`) only after
+  :math:`\tfrac{2}{3} T` or never, or if its final loss is back on the plateau. A run that sat on the
+  plateau for most of the run is the effect a warm-up claim is about, not noise, and the verdict no longer
+  depends on whether the exit fell just before or just after the last evaluation. ``late`` (per seed)
+  marks the runs that left the plateau late but ended below it: they are listed, not hidden.
+  """
+  lp = p.get("left_plateau")
+  if lp is None:
+    return p
+  late = [s is not None and s > LATE_FRACTION * steps for s in lp]
+  fails = [f if f else ("stalled" if s is None or lt else None) for f, s, lt in zip(p["failures"], lp, late)]
+  return {**p, "failures": fails, "trains": not any(fails), "fails": all(fails),
+          "late": [lt and f != "diverged" for lt, f in zip(late, p["failures"])]}
+
+
 def subset(p: dict, keep: list[int]) -> dict:
   """The :func:`point` ``p`` restricted to the seeds at positions ``keep`` (statistics recomputed)."""
   vals = [p["values"][i] for i in keep]
@@ -145,7 +167,7 @@ def subset(p: dict, keep: list[int]) -> dict:
          "finals": [p["finals"][i] for i in keep],
          "diverged_at": [p.get("diverged_at", [None] * len(p["values"]))[i] for i in keep],
          "failures": fails, "trains": not any(fails), "fails": bool(fails) and all(fails)}
-  for key in ("left_plateau", "rise", "curves"):
+  for key in ("left_plateau", "rise", "curves", "late"):
     if key in p:
       out[key] = [p[key][i] for i in keep]
   return out

@@ -19,9 +19,14 @@ rate, so a :math:`d \times d` matrix's output moves by about :math:`\eta\, d` re
 The report checks both ends (every layout trains at the bottom; Pre-LN is worse at the top than
 at its best rate).
 
-**Failure.** A run *fails* if it diverges (NaN/Inf or a loss above ``divergence_loss``) or ends
-*stalled*: final validation loss within :data:`STALL_NATS` (0.1 nats) of the unigram plateau of
-the validation batches (:meth:`experiments.suite.runs.RunsMixin.unigram`).
+**Failure.** A run *fails* if it diverges (NaN/Inf or a loss above ``divergence_loss``) or is
+*stalled*: validation loss within :data:`STALL_NATS` (0.1 nats) of the unigram plateau of the
+validation batches (:meth:`experiments.suite.runs.RunsMixin.unigram`) at the end, or still at 2/3
+of the run (:func:`experiments.studies.seeds.late_counts_as_stalled`, issue 44).
+
+**The design (issue 44).** Five rates over the decade (a quarter decade apart), 200-step runs,
+warm-ups 0 and 40, chosen on the pilot seeds 100-102 (preset ``cpu-pilot``); the report runs on
+seeds 10-12.
 
 **The telling rate (rule fixed before any verdict is read).** Among the grid rates at which
 Pre-LN without warm-up trains in every seed, the one with the largest seed-mean gap "Post-LN
@@ -44,14 +49,16 @@ from typing import NamedTuple
 
 import numpy as np
 
-from experiments.studies.seeds import STALL_NATS, failed, format_finals, format_rises, point, set_rises
+from experiments.studies import warmup_figures
+from experiments.studies.seeds import (STALL_NATS, failed, format_finals, format_rises, late_counts_as_stalled, point,
+                                      set_rises)
 from experiments.studies.warmup_rules import MARGIN, describe, verdicts
 from experiments.suite.runs import train_run
 from experiments.suite.study import train_unit
 
 TITLE = "Warm-up x learning-rate grid (Xiong et al. 2020, Sec. 3.2 / Fig. 2)"
 RAW_DATA = ('runs.json', 'final.csv')  # files the report links under the claims
-HEADLINE = ("heatmap.png",)             # figures of the report's first screen
+HEADLINE = ("final_vs_rate.png",)             # figures of the report's first screen
 
 LR_TIMES_D = (0.0632, 0.2, 0.632, 2.0)  # peak lr x d_model: 1.5 decades (see the module docstring)
 
@@ -196,7 +203,9 @@ def plot(ctx, runs: dict, grid: dict, lrs: list[float], cfg: Config, unigram: fl
     The PNG file names.
   """
   return [_plot_heatmap(ctx, grid, lrs, cfg, unigram, telling, extra_points),
-          _plot_curves(ctx, runs, grid, cfg, unigram, telling)]
+          _plot_curves(ctx, runs, grid, cfg, unigram, telling),
+          warmup_figures.plot_final_vs_rate(ctx, grid, lrs, cfg, unigram),
+          warmup_figures.plot_curves_grid(ctx, grid, lrs, cfg, unigram)]
 
 
 def _plot_heatmap(ctx, grid: dict, lrs: list[float], cfg: Config, unigram: float, telling: float,
@@ -356,7 +365,7 @@ def run(ctx, cfg: Config) -> dict:
   all_runs = _train_points(ctx, cfg, specs, extra_kw)
   shared = set_rises(all_runs)
   runs = {(k[0], k[1], k[2]): v for k, v in all_runs.items()}
-  grid = {k: point(v, unigram) for k, v in runs.items()}
+  grid = {k: late_counts_as_stalled(point(v, unigram), cfg.steps) for k, v in runs.items()}
   long_ = cfg.warmups[-1]
   telling = telling_rate(grid, lrs, long_)
   telling_text = telling_uncertainty(grid, lrs, long_, telling)
@@ -369,8 +378,8 @@ def run(ctx, cfg: Config) -> dict:
   extra_runs = _train_points(ctx, cfg, extra_specs, extra_kw)
   set_rises(extra_runs, shared)
   all_runs.update(extra_runs)
-  extra_points = {(k[0], k[1], k[2], k[3] if k[4] == "xavier" else "small_init"): point(v, unigram)
-                  for k, v in extra_runs.items()}
+  extra_points = {(k[0], k[1], k[2], k[3] if k[4] == "xavier" else "small_init"):
+                  late_counts_as_stalled(point(v, unigram), cfg.steps) for k, v in extra_runs.items()}
 
   claims, extra = verdicts(grid, lrs, cfg, unigram, ctx.preset["train"]["eval_every"])
   noise = eval_noise(runs, lrs, cfg.warmups[-1])
@@ -435,10 +444,11 @@ def report_section(summary: dict, rel: str) -> str:
       f"timescale for every warm-up). Post-LN at warm-ups {list(cfg['warmups'])}, Pre-LN without warm-up. Peak "
       f"lr = c / d for c in {list(cfg['lr_times_d'])} (lr {', '.join(f'{x:g}' for x in summary['lrs'])}; Adam "
       "moves a d x d matrix's output by about lr x d). Rates, length, warm-ups and seeds were chosen from pilot "
-      "runs on seeds 100-102, which this report does not use (`experiments/results/pilots/README.md`), and "
-      f"committed before this run. A run fails if it diverges or ends within {STALL_NATS} nats of the unigram "
-      f"plateau of the validation batches ({summary['unigram_nats']:.3f} nats/byte: the byte-frequency model's loss "
-      "on exactly those bytes). Telling rate (rule: largest seed-mean gap between "
+      "runs on seeds 100-102, which this report does not use (preset `cpu-pilot`, "
+      "`experiments/results/pilots/flagship-44/`), and committed before this run. A run fails if it diverges, or "
+      f"is within {STALL_NATS} nats of the unigram plateau of the validation batches "
+      f"({summary['unigram_nats']:.3f} nats/byte: the byte-frequency model's loss on exactly those bytes) at the end "
+      "or still at 2/3 of the run (a late exit counts as stalled and is listed). Telling rate (rule: largest seed-mean gap between "
       f"Post-LN without and with the long warm-up where Pre-LN trains): **{summary['telling_lr']:g}**; "
       f"{summary.get('telling_text', '')}. It picks where the curves and the RMSNorm / small-init "
       "observations are shown; no other study reuses it.", "",
@@ -449,6 +459,11 @@ def report_section(summary: dict, rel: str) -> str:
       f"![heat maps]({rel}/heatmap.png)", "",
       "*Heat maps: final validation loss (seed mean; colour bar in nats/byte) of every grid point, one panel per "
       "layout; a failed point is written in bold white with its failure and how many seeds failed.*", "",
+      f"![final loss against the peak rate, every seed]({rel}/final_vs_rate.png)", "",
+      "*Final validation loss against the peak rate, one panel per layout, every seed its own marker (open: the "
+      "run failed).*", "",
+      f"![validation curves of every seed at every grid point]({rel}/curves_grid.png)", "",
+      "*Validation curves of every seed at every grid point (rows: layouts; columns: rates).*", "",
       f"![curves at the telling rate]({rel}/curves_telling_rate.png)", "",
       "*Validation curves at the telling rate: seed mean (line) and min-max band over seeds, per layout and "
       "warm-up; a value above the axis is marked by a triangle at the top edge with its value written.*", "",

@@ -13,10 +13,15 @@ report at 87da7be had been seen (the report's "Rule changes" section).
 *judged* rate: Pre-LN without warm-up left the plateau within the first third of the run in
 every seed). Unmet conditions give "not testable" with the reason.
 
-**Every run alike.** A run that left the plateau after :data:`LATE_FRACTION` of the run *left
-late*: whether it ends stalled is fragile. The filter applies to every run a rule reads, on both
-sides of a comparison: a comparison that reads a late run is not judged, whichever side it is
-on. A diverged run and a stalled one both *fail*; a run *trains* otherwise.
+**Every run alike.** A run still on the plateau at :data:`~experiments.studies.seeds.LATE_FRACTION`
+of the run (it left late, or never) counts as *stalled* (issue 44: before, a comparison that read a
+late run was not judged, which dropped the very rate where warm-up mattered); its late exit is
+listed beside the verdict. A diverged run and a stalled one both *fail*; a run *trains* otherwise.
+
+**The warm-up claim's natural statistic (issue 44).** Per seed, the highest grid rate at which
+Post-LN trains, without and with the long warm-up (Xiong et al.'s Fig. 2 reading: warm-up lets
+Post-LN train at larger peak rates), on the judged rates; the paired loss gain per rate stays
+beside it.
 
 **Paired, per seed, robust.** Runs with the same seed share data order and init, so every
 difference is taken per seed and holds in a seed beyond :data:`MARGIN`. Every rule is run on the
@@ -31,7 +36,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from experiments.studies.seeds import STALL_NATS, format_finals, seed_points, subset
+from experiments.studies.seeds import LATE_FRACTION, STALL_NATS, format_finals, seed_points, subset
 from experiments.suite import claims as claims_lib
 
 
@@ -48,7 +53,6 @@ MARGIN = 0.05              # nats: a paired (same-seed) difference beyond this h
 FASTER = 0.9               # Pre-LN is "faster" if it needs <= this fraction of Post-LN's steps
 TARGET_BELOW = 0.5         # nats: the speed target, this far below the unigram plateau (both layouts can miss it)
 MAX_WARMUP_FRACTION = 0.2  # the longest warm-up must be at most this fraction of the run
-LATE_FRACTION = 2 / 3      # a run that leaves the plateau after this fraction of the run left late
 MIN_SEEDS = 3              # a paired comparison needs at least this many seeds
 MIN_EVALS = 4              # the speed claim needs at least this many evaluations per run
 
@@ -72,20 +76,6 @@ def _fmt_diffs(d: list[float]) -> str:
   return "(" + ", ".join(f"{x:+.3f}" for x in d) + ")"
 
 
-def late_steps(p: dict, steps: int) -> list[int]:
-  r"""The plateau-leaving steps of the seeds of ``p`` that came after :data:`LATE_FRACTION` of the run.
-
-  .. math:: \text{late} = \{ s_i : s_i > \tfrac{2}{3} T \}
-  """
-  return [s for s in p.get("left_plateau", []) if s is not None and s > LATE_FRACTION * steps]
-
-
-def late_note(points: list[dict], steps: int) -> str:
-  """``""`` if no run of ``points`` left late, else the clause that says which steps (not judged)."""
-  lt = [s for p in points for s in late_steps(p, steps)]
-  return f"a compared run left the plateau late (step {max(lt)} of {steps}): not judged" if lt else ""
-
-
 def design_reasons(cfg: Design, n_seeds: int, warmup_fraction: bool) -> list[str]:
   """The design conditions of the grid's claims that the preset does not meet (empty: all met)."""
   reasons = []
@@ -106,58 +96,64 @@ def judged_rates(grid: dict, lrs: list[float], steps: int) -> list[float]:
   return [lr for lr in lrs if early(grid.get(("pre", lr, 0)))]
 
 
+def highest_trained(grid: dict, lrs: list[float], pos: str, w: int) -> list[float | None]:
+  """Per seed, the highest of ``lrs`` at which the layout ``(pos, w)`` trains (None: at none of them)."""
+  n = len(grid[(pos, lrs[0], w)]["failures"])
+  return [max([lr for lr in lrs if not grid[(pos, lr, w)]["failures"][i]], default=None) for i in range(n)]
+
+
+def _rate_text(rates: list[float | None]) -> str:
+  return "(" + ", ".join("none" if r is None else f"{r:g}" for r in rates) + ")"
+
+
 def needs_warmup(grid: dict, lrs: list[float], long_: int, steps: int) -> tuple[str, str]:
   """``xiong_postln_needs_warmup`` on the judged rates ``lrs`` (see :func:`verdicts`)."""
-  parts, helped, strict = [], [], []
+  del steps  # late runs are already stalled (seeds.late_counts_as_stalled)
+  r0, rw = highest_trained(grid, lrs, "post", 0), highest_trained(grid, lrs, "post", long_)
+  idx = {lr: k for k, lr in enumerate(lrs)}
+  shift = [idx.get(b, -1) - idx.get(a, -1) for a, b in zip(r0, rw)]
+  parts = [f"highest judged rate at which Post-LN trains, per seed: {_rate_text(r0)} without, {_rate_text(rw)} "
+           f"with warm-up {long_}; warm-up moves it by {', '.join(f'{x:+d}' for x in shift)} grid step(s)"]
+  helped = []
   for lr in lrs:
-    p0, pw, pre0 = grid[("post", lr, 0)], grid[("post", lr, long_)], grid[("pre", lr, 0)]
+    p0, pw = grid[("post", lr, 0)], grid[("post", lr, long_)]
     gain = paired(p0, pw)
-    helps = [g > MARGIN for g in gain]
+    helped += [g > MARGIN for g in gain]
     hurts = sum(g < -MARGIN for g in gain)
-    text = (f"lr {lr:g}: Post-LN {describe(p0)} without vs {describe(pw)} with warm-up {long_}; paired gain "
-            f"{_fmt_diffs(gain)}: helps beyond {MARGIN} in {sum(helps)}/{len(helps)} seeds"
-            + (f", hurts in {hurts}" if hurts else "") + f"; Pre-LN without {describe(pre0)}")
-    if not pre0["trains"]:
-      parts.append(text + " (Pre-LN without warm-up fails too: not judged)")
-      continue
-    note = late_note([p0, pw, pre0], steps)
-    if note:
-      parts.append(f"{text} ({note})")
-      continue
-    helped += helps
-    strict.append(p0["fails"] and pw["trains"] and all(helps))
-    parts.append(text)
-  if not strict:
-    return claims_lib.not_testable(["no judged rate where Pre-LN trains and no compared run left the plateau "
-                                    "late: " + ("; ".join(parts) or "no judged rate")])
-  return ("yes" if any(strict) else ("partly" if any(helped) else "no")), "; ".join(parts)
+    parts.append(f"lr {lr:g}: Post-LN {describe(p0)} without vs {describe(pw)} with; paired gain "
+                 f"{_fmt_diffs(gain)}" + (f", hurts in {hurts}" if hurts else ""))
+  raised = [x >= 1 for x in shift]
+  if all(raised):
+    holds = "yes"
+  elif any(raised) or any(helped):
+    holds = "partly"
+  else:
+    holds = "no"
+  if any(x < 0 for x in shift):
+    parts.append("warm-up lowered the highest rate in some seed")
+  return holds, "; ".join(parts)
 
 
 def lr_sensitive(grid: dict, lrs: list[float], warmups, steps: int) -> tuple[str, str]:
   """``xiong_postln_lr_sensitive`` on the judged rates ``lrs`` (see :func:`verdicts`)."""
+  del steps  # late runs are already stalled (seeds.late_counts_as_stalled)
   parts, oks = [], []
   for w in warmups:
-    usable, late_lrs = [], []
-    for lr in lrs:
-      (late_lrs if late_note([grid[("post", lr, w)], grid[("pre", lr, 0)]], steps) else usable).append(lr)
-    survives = [lr for lr in usable if grid[("post", lr, w)]["trains"]]
-    breaks = [lr for lr in usable if survives and lr > min(survives) and grid[("pre", lr, 0)]["trains"]
+    survives = [lr for lr in lrs if grid[("post", lr, w)]["trains"]]
+    breaks = [lr for lr in lrs if survives and lr > min(survives) and grid[("pre", lr, 0)]["trains"]
               and grid[("post", lr, w)]["fails"]]
-    skipped = f" (not read, a run left the plateau late: {', '.join(f'{x:g}' for x in late_lrs)})" if late_lrs else ""
-    if len(usable) < 2:
-      parts.append(f"warm-up {w}: {len(usable)} usable rate(s), a sensitivity needs >= 2{skipped}")
+    if len(lrs) < 2:
+      parts.append(f"warm-up {w}: {len(lrs)} judged rate(s), a sensitivity needs >= 2")
       continue
     if not survives:
-      parts.append(f"warm-up {w}: Post-LN trains in every seed at no usable rate (fails outright: not "
-                   f"judged){skipped}")
+      parts.append(f"warm-up {w}: Post-LN trains in every seed at no judged rate (fails outright: not judged)")
       continue
     oks.append(bool(breaks))
     parts.append(f"warm-up {w}: Post-LN trains in every seed at {', '.join(f'{x:g}' for x in survives)}; "
                  + (f"fails in every seed at {', '.join(f'{x:g}' for x in breaks)} where Pre-LN without warm-up "
-                    "trains" if breaks else "no larger rate where it fails in every seed while Pre-LN trains")
-                 + skipped)
+                    "trains" if breaks else "no larger rate where it fails in every seed while Pre-LN trains"))
   if not oks:
-    return claims_lib.not_testable(["no warm-up with two usable rates at which Post-LN trains at one: "
+    return claims_lib.not_testable(["no warm-up with two judged rates at which Post-LN trains at one: "
                                     + "; ".join(parts)])
   return claims_lib.verdict(oks), "; ".join(parts)
 
@@ -171,10 +167,6 @@ def preln_no_warmup(grid: dict, lrs: list[float], long_: int, steps: int) -> tup
       continue
     diff = paired(pre0, post_w)
     text = f"lr {lr:g}: {describe(pre0)} vs {describe(post_w)}, paired Pre - Post {_fmt_diffs(diff)}"
-    note = late_note([post_w, pre0], steps)
-    if note:
-      parts.append(f"{text} ({note})")
-      continue
     oks.append(all(x <= MARGIN for x in diff))
     parts.append(text)
   if not oks:
@@ -205,10 +197,6 @@ def faster(grid: dict, lrs: list[float], long_: int, steps: int, target: float) 
   oks, parts = [], []
   for name, lr_pre, lr_post in pairs:
     pre, post = grid[("pre", lr_pre, 0)], grid[("post", lr_post, long_)]
-    note = late_note([pre, post], steps)
-    if note:
-      parts.append(f"{name}: {note}")
-      continue
     seeds_txt = []
     for c_pre, c_post in zip(pre["curves"], post["curves"]):
       s_pre, s_post = steps_to_reach(c_pre, target), steps_to_reach(c_post, target)
@@ -231,7 +219,7 @@ def drop_run(grid: dict, lr: float, i: int) -> dict:
           for k, p in grid.items()}
 
 
-def robust(fn: Callable, grid: dict, lrs: list[float], n_seeds: int, *args) -> dict:
+def robust(fn: Callable, grid: dict, lrs: list[float], n_seeds: int, *args, leave_one_out: bool = True) -> dict:
   """Runs the rule ``fn(grid, lrs, *args) -> (holds, text)`` pooled, per seed and leave-one-out.
 
   ``yes`` stays ``yes`` only if every seed alone and every grid with one (rate, seed) left out
@@ -246,7 +234,7 @@ def robust(fn: Callable, grid: dict, lrs: list[float], n_seeds: int, *args) -> d
   holds, ours = fn(grid, lrs, *args)
   per = [fn(seed_points(grid, i), lrs, *args)[0] for i in range(n_seeds)]
   flips = []
-  if holds == "yes" and n_seeds > 1:
+  if holds == "yes" and n_seeds > 1 and leave_one_out:
     for lr in lrs:
       for i in range(n_seeds):
         v = fn(drop_run(grid, lr, i), lrs, *args)[0]
@@ -259,7 +247,7 @@ def robust(fn: Callable, grid: dict, lrs: list[float], n_seeds: int, *args) -> d
   if flips:
     final = "partly"
     notes.append("not robust: leaving out " + "; ".join(f"seed #{i} at lr {lr:g} gives {v}" for lr, i, v in flips))
-  elif holds == "yes" and n_seeds > 1:
+  elif holds == "yes" and n_seeds > 1 and leave_one_out:
     notes.append("yes with any one (rate, seed) left out")
   return {"holds": final, "ours": ours + "; " + "; ".join(notes), "per_seed": per, "leave_one_out": flips}
 
@@ -268,12 +256,14 @@ def _criteria(cfg: Design, eval_every: int, target: float) -> dict[str, str]:
   """The criterion text of each claim of :func:`verdicts` (``{claim id: text}``), stated with the
   design's longest warm-up, the evaluation interval and the speed ``target``."""
   long_ = max(cfg.warmups)
-  late = f"; a comparison that reads a run that left the plateau after {LATE_FRACTION:.0%} of the run is not judged"
+  late = (f"; a run that diverged, or was still within {STALL_NATS} nats of the unigram plateau at "
+          f"{LATE_FRACTION:.0%} of the run (left late or never), or ends there, fails (stalled); late exits are listed")
   return {
-      "xiong_postln_needs_warmup": f"per judged rate where Pre-LN without warm-up trains: yes if Post-LN without "
-      f"warm-up fails (diverges or ends within {STALL_NATS} nats of the unigram plateau) in every seed while with "
-      f"warm-up {long_} it trains and is better by more than {MARGIN} nats in every seed (paired per seed); partly "
-      "if warm-up helps beyond that in some seeds/rates only; no if nowhere" + late,
+      "xiong_postln_needs_warmup": f"per seed, the highest judged rate at which Post-LN trains, without and with "
+      f"warm-up {long_} (judged rates: Pre-LN without warm-up left the plateau within the first third in every "
+      "seed): yes if warm-up raises it by at least one grid step in every seed; partly if in some seeds, or if "
+      f"warm-up improves the paired final loss by more than {MARGIN} nats at some (rate, seed); no otherwise; "
+      "the paired loss gain per rate is shown beside it" + late,
       "xiong_postln_lr_sensitive": "per Post-LN warm-up, against Pre-LN without warm-up: rate-sensitive if above a "
       "rate where Post-LN trains in every seed there is one where it fails in every seed while Pre-LN trains in "
       "every seed; a warm-up where Post-LN trains at no rate fails outright and is not judged; yes/partly/no = "
@@ -297,11 +287,11 @@ def verdicts(grid: dict, lrs: list[float], cfg: Design, unigram: float, eval_eve
   grid holds Post-LN at every warm-up and Pre-LN without warm-up at every rate. ``unigram`` is
   the plateau of the runs' validation batches.
 
-  * ``xiong_postln_needs_warmup`` (long warm-up vs none): at a judged rate where Pre-LN without
-    warm-up trains, *strict* if Post-LN without warm-up fails in every seed while with the long
-    warm-up it trains and is better beyond :data:`MARGIN` in every seed (paired). yes if strict at
-    some rate; partly if warm-up helps beyond the margin in some (rate, seed); no if in none.
-    Where warm-up hurts it says so.
+  * ``xiong_postln_needs_warmup`` (long warm-up vs none, issue 44): per seed, the highest judged
+    rate at which Post-LN trains without and with the long warm-up (:func:`highest_trained`). yes
+    if warm-up raises it by at least one grid step in every seed; partly if in some seeds, or if
+    the paired final loss gains more than :data:`MARGIN` at some (rate, seed); no otherwise. Where
+    warm-up lowers it, it says so.
   * ``xiong_postln_lr_sensitive``, per Post-LN warm-up against Pre-LN without warm-up: among the
     usable judged rates, Post-LN *survives* a rate if it trains in every seed and *breaks* at a
     larger one if it fails in every seed while Pre-LN trains in every seed (both read with the
@@ -350,7 +340,9 @@ def verdicts(grid: dict, lrs: list[float], cfg: Design, unigram: float, eval_eve
       holds, ours = claims_lib.not_testable(design)
       claims.append({"id": cid, "criterion": crit, "ours": ours, "holds": holds})
       continue
-    c = robust(fn, grid, judged, n, *args)
+    # A per-seed statistic across rates (needs_warmup) has no (rate, seed) to leave out: its robustness
+    # is every seed alone.
+    c = robust(fn, grid, judged, n, *args, leave_one_out=cid != "xiong_postln_needs_warmup")
     if short_text:
       c["ours"] += f" ({short_text})"
     if design:
@@ -359,5 +351,8 @@ def verdicts(grid: dict, lrs: list[float], cfg: Design, unigram: float, eval_eve
     claims.append({"id": cid, "criterion": crit, **c})
   surv = {"post": {w: max([lr for lr in lrs if grid[("post", lr, w)]["trains"]], default=None) for w in cfg.warmups},
           "pre": {0: max([lr for lr in lrs if grid[("pre", lr, 0)]["trains"]], default=None)}}
+  per_seed = {f"post|{w}": highest_trained(grid, judged or lrs, "post", w) for w in cfg.warmups}
+  per_seed["pre|0"] = highest_trained(grid, lrs, "pre", 0)
   return claims, {"max_surviving": {p: {str(w): v for w, v in d.items()} for p, d in surv.items()},
+                  "highest_trained_per_seed": per_seed,
                   "judged_lrs": judged, "target": target}

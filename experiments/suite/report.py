@@ -204,7 +204,7 @@ def instabilities(summaries: dict, runs_scan: list[dict] | None = None) -> list[
     for i, s in enumerate(p.get("left_plateau") or []):
       if s is not None and s > 2 * steps / 3:
         lines.append(f"{where} `{key}` seed {seeds[i] if i < len(seeds) else i}: left the plateau late, at step {s} "
-                     f"of {steps} (a 'stalled' verdict at this length would be fragile)")
+                     f"of {steps}; it counts as stalled (still on the plateau at 2/3 of the run)")
   return lines
 
 

@@ -1,0 +1,78 @@
+"""Compare the verdict tables of several result folders of the same preset (issue 44, goal 4).
+
+``python -m experiments.suite.compare_verdicts NAME=DIR [NAME=DIR ...] [--out FILE.md]`` reads each
+folder's ``<study>/done.json`` (the studies' claims as the suite wrote them), prints one markdown
+table (claim x folder, the verdict in each) and exits with status 1 if any claim's verdict differs
+between the folders, 0 if every verdict is the same everywhere. The folders are runs of one design
+under different float trajectories (for example the default XLA:CPU program, ``XLA_FLAGS=
+--xla_cpu_max_isa=AVX2``, another emitter); a verdict that differs between them hinges on rounding.
+Observations (``holds == "obs"``) are left out: they carry no verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+__all__ = ["main", "verdict_table", "verdicts_of"]
+
+
+def verdicts_of(folder: str | pathlib.Path) -> dict[str, str]:
+  """``{"study/claim_id": verdict}`` of every finished study in ``folder`` (its ``*/done.json``).
+
+  Raises:
+    ValueError: ``folder`` holds no finished study.
+  """
+  folder = pathlib.Path(folder)
+  out = {}
+  for done in sorted(folder.glob("*/done.json")):
+    for c in json.loads(done.read_text()).get("claims", []):
+      if c.get("holds") != "obs":
+        out[f"{done.parent.name}/{c['id']}"] = c["holds"]
+  if not out:
+    raise ValueError(f"folder must hold finished studies (<study>/done.json with claims), got none in {folder}")
+  return out
+
+
+def verdict_table(runs: dict[str, dict[str, str]]) -> tuple[str, bool]:
+  """The markdown table of ``runs`` (``{name: verdicts_of(...)}``) and whether every verdict agrees."""
+  names = list(runs)
+  claims = sorted({c for v in runs.values() for c in v})
+  lines = ["| claim | " + " | ".join(names) + " | same |", "|---" * (len(names) + 2) + "|"]
+  same_all = True
+  for c in claims:
+    vals = [runs[n].get(c, "-") for n in names]
+    same = len(set(vals)) == 1
+    same_all &= same
+    lines.append(f"| `{c}` | " + " | ".join(vals) + f" | {'yes' if same else '**no**'} |")
+  return "\n".join(lines), same_all
+
+
+def main(argv: list[str] | None = None) -> int:
+  """Command line (see the module docstring)."""
+  ap = argparse.ArgumentParser(prog="python -m experiments.suite.compare_verdicts", description=__doc__.split("\n")[0])
+  ap.add_argument("runs", nargs="+", metavar="NAME=DIR", help="a label and a results folder")
+  ap.add_argument("--out", default=None, help="also write the table to this markdown file")
+  args = ap.parse_args(argv)
+  runs = {}
+  for item in args.runs:
+    name, sep, folder = item.partition("=")
+    if not sep or not name or not folder:
+      ap.error(f"each run must be NAME=DIR, got {item!r}")
+    try:
+      runs[name] = verdicts_of(folder)
+    except ValueError as e:
+      ap.error(str(e))
+  table, same = verdict_table(runs)
+  text = table + "\n\n" + ("Every verdict is the same in every folder." if same else
+                           "Some verdicts differ: the design or a rule hinges on rounding.") + "\n"
+  print(text)
+  if args.out:
+    pathlib.Path(args.out).write_text(text)
+  return 0 if same else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
