@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import statistics
+
 import pytest
 
 from experiments.suite import claims as claims_lib
@@ -102,3 +105,30 @@ def test_instabilities_read_every_run_of_every_study(tmp_path):
   assert lines == ["run `qk-pre-noqk-L2-lr0.3-s0`: diverged (training loss above the harness's threshold or not "
                    "finite) at step 2 of 120",
                    "run `vjp-post-rms_norm`: training loss spiked by 8.28 nats to 11.18 at step 43"]
+
+
+def _numbers(text: str) -> list[float]:
+  return [float(x) for x in re.findall(r"[+-]?\d+\.\d+", text)]
+
+
+def test_dyt_noise_line_uses_per_run_differences():
+  """Issue 44: the noise line pairs each run's two window sets, never the seed mean, min and max of a
+  summary (which gave 0.027 / 0.283 for the committed cpu-extra runs instead of 0.038 / 0.325)."""
+  from experiments.studies import dyt
+  cfg = dyt.Config(tokens_per_param=(1.0,), seeds=(0, 1, 2))
+  vals = {"layer_norm": [(2.0, 2.3), (2.5, 2.1), (2.2, 2.25)], "rms_norm": [(2.0, 2.02), (2.1, 2.16), (2.9, 2.0)],
+          "dyt": [(3.0, 3.07), (3.1, 3.11), (3.2, 3.23)], "derf": [(2.0, 2.5), (2.0, 2.04), (2.0, 2.08)]}
+  cells = {(n, 1.0, s): {"val": v, "val_alt": a, "train": 1.0, "saturation": None, "epochs": 1.0,
+                          "unique_bytes": 100, "val_curve": [[0, 5.0], [10, v]]}
+           for n, runs in vals.items() for s, (v, a) in enumerate(runs)}
+  per_run = sorted(abs(v - a) for runs in vals.values() for v, a in runs)
+  noise = {"single": {"median": statistics.median(per_run), "max": max(per_run), "n": len(per_run)}}
+  summary = {"table": dyt._table(cells, cfg), "eval_noise": noise}
+  line = report._noise_line(4096, None, summary)
+  median, most = _numbers(line)[:2]
+  assert median == pytest.approx(statistics.median(per_run), abs=5e-4)
+  assert most == pytest.approx(max(per_run), abs=5e-4)
+  assert f"over {len(per_run)} runs" in line
+  # Without per-run values (an older summary) the line is the estimate, never a pairing of summaries.
+  assert "an estimate" in report._noise_line(4096, None, {"table": summary["table"]})
+  assert dyt.eval_noise(list(cells.values()))["single"] == pytest.approx(noise["single"])

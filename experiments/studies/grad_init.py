@@ -375,3 +375,10 @@ def report_section(summary: dict, rel: str) -> str:
                  f"{', '.join(f'{v:.2f}' for v in r['per_seed'])} |")
   lines.append("")
   return "\n".join(lines)
+
+
+def reanalyse(ctx, cfg: Config, summary: dict) -> dict:
+  """The summary with its claims judged again from the analysis kept in the folder's ``data.json`` (no
+  measuring; tables and figures kept; :mod:`experiments.suite.reanalyse`)."""
+  from experiments.suite.registry import read_json
+  return {**summary, "claims": verdicts(read_json(ctx.exp_dir / "data.json")["analysis"], cfg)}

@@ -301,3 +301,13 @@ def report_section(summary: dict, rel: str) -> str:
                  + f" | {float(r['peak_logits'][-1]):.3g} |")
   lines.append("")
   return "\n".join(lines)
+
+
+def reanalyse(ctx, cfg: Config, summary: dict) -> dict:
+  """The summary with its claims judged again from the folder's ``runs.json`` (no training; the
+  tables and figures are kept: they do not depend on the rules; :mod:`experiments.suite.reanalyse`)."""
+  from experiments.suite.registry import read_json
+  runs = {(r["position"], bool(r["qk_norm"]), float(r["lr"]), int(r["seed"])): r
+          for r in read_json(ctx.exp_dir / "runs.json")}
+  claims, _ = judge(runs, cfg)
+  return {**summary, "claims": claims}

@@ -25,9 +25,7 @@ tables; this module adds the claims list and the raw-data line after it.
 from __future__ import annotations
 
 import dataclasses
-import math
 import pathlib
-import statistics
 from typing import Any
 
 from experiments.studies.seeds import SPIKE_NATS
@@ -243,22 +241,22 @@ def _summary(state: dict, rows: list[dict], summaries: dict) -> list[str]:
 
 def _noise_line(eval_bytes: int, noise: dict | None, dyt: dict | None = None) -> str:
   """The limitation line on evaluation noise: measured where the warm-up grid measured it, else
-  where the dyt study did (two disjoint sets of validation windows per run), else an estimate."""
+  where the dyt study did (its ``eval_noise``: per run, |val - val_alt|, the same final model on two
+  disjoint sets of validation windows), else an estimate. Only per-run differences are used (a
+  summary's seed mean, min and max are never paired across window sets)."""
   if noise and noise.get("single"):
     s, p = noise["single"], noise.get("paired")
     return (f"- Evaluation on {eval_bytes:,} bytes per point. Measured noise (the same final model on a second set of "
             f"validation windows): median {s['median']:.3f}, at most {s['max']:.3f} nats over {s['n']} runs"
             + (f"; a paired warm-up gain moves by median {p['median']:.3f}, at most {p['max']:.3f}" if p else "")
             + "; the rules' paired margin is 0.05 nats.")
-  diffs = [abs(float(a) - float(b)) for row in (dyt or {}).get("table", [])
-           for a, b in zip(row.get("val", []), row.get("val_alt", []))
-           if a is not None and b is not None and math.isfinite(float(a)) and math.isfinite(float(b))]
-  if diffs:
+  d = ((dyt or {}).get("eval_noise") or {}).get("single")
+  if d:
     return (f"- Evaluation noise, measured by the dyt study (the same final model on a second, disjoint set of "
-            f"held-out windows): |difference| median {statistics.median(diffs):.3f}, at most {max(diffs):.3f} nats "
-            f"over {len(diffs)} runs (it includes what differs between the two window sets). The other studies' "
-            f"evaluations of {eval_bytes:,} bytes per point are not measured twice: with a per-byte loss s.d. of "
-            f"about 2 nats, about {2 / max(eval_bytes, 1) ** 0.5:.2f} nat (an estimate).")
+            f"held-out windows): |difference| median {d['median']:.3f}, at most {d['max']:.3f} nats over {d['n']} "
+            f"runs (it includes what differs between the two window sets). The other studies' evaluations of "
+            f"{eval_bytes:,} bytes per point are not measured twice: with a per-byte loss s.d. of about 2 nats, about "
+            f"{2 / max(eval_bytes, 1) ** 0.5:.2f} nat (an estimate).")
   return (f"- Evaluation on {eval_bytes:,} bytes per point: with a per-byte loss s.d. of about 2 nats, about "
           f"{2 / max(eval_bytes, 1) ** 0.5:.2f} nat of noise per evaluation (an estimate: not measured in this run).")
 
