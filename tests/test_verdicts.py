@@ -17,6 +17,7 @@ import pytest
 from experiments.studies import (depth, depth_rules, grad_init, grad_init_rules, invariance_rules, seeds, speed_rules,
                                  vjp_rules, warmup, warmup_rules)
 from experiments.suite import claims as claims_lib
+from _text_numbers import number_after, numbers
 from jaxnorm.models import WEIGHT_GROUPS
 
 U = 3.0          # unigram plateau of the synthetic runs
@@ -102,7 +103,8 @@ def test_late_runs_are_not_judged_on_either_side(late_key):
 
 def test_needs_warmup_is_paired_and_says_where_warmup_hurts():
   c = _warm_verdicts({("post", LONG): {LO: [2.1, 2.2, 2.1]}})["xiong_postln_needs_warmup"]
-  assert "hurts in 3" in c["ours"] and "(-0.100, -0.200, -0.100)" in c["ours"] and c["holds"] == "no"
+  assert "hurts in 3" in c["ours"] and c["holds"] == "no"
+  assert numbers(c["ours"].split("paired gain (")[1].split(")")[0]) == pytest.approx([-0.1, -0.2, -0.1])
 
 
 def test_grid_helpers_and_config_checks():
@@ -115,7 +117,7 @@ def test_grid_helpers_and_config_checks():
   assert extra["target"] == pytest.approx(TARGET)
   assert warmup.telling_rate(grid, [LO, HI], LONG) == HI
   text = warmup.telling_uncertainty(grid, [LO, HI], LONG, HI)
-  assert "per seed" in text and "runner-up 0.001" in text
+  assert "per seed" in text and number_after(text, "runner-up") == pytest.approx(0.001, abs=5e-4)
   assert warmup.grid_lrs(CFG, 64) == [0.001563, 0.01562]
   assert warmup.GridKey.parse(warmup.label(("pre", HI, 40, "rms_norm"))) == ("pre", HI, 40, "rms_norm")
   with pytest.raises(ValueError, match="warmups must be"):
@@ -297,8 +299,10 @@ def test_deepnet_update(post, deep, want):
   """Issue 32: a step holds only if both halves of the contrast do (DeepNorm growing as N^0.6 is a no)."""
   c = depth_rules.update_claim(_update(post, deep), DCFG)
   assert c["holds"] == want, c["ours"]
-  assert "saturated: not judged" in c["ours"] and "Pre-LN e = +0.00" in c["ours"]
-  assert f"DeepNorm e = {deep:+.2f} (per seed {deep:+.2f}, {deep:+.2f})" in c["ours"]
+  # Numbers, not text: Pre-LN's flat line has a slope of +-1e-17, "-0.00" on an AVX2 CPU (issue 44).
+  assert "saturated: not judged" in c["ours"] and number_after(c["ours"], "Pre-LN e =") == pytest.approx(0, abs=5e-3)
+  assert number_after(c["ours"], "DeepNorm e =") == pytest.approx(deep, abs=5e-3)
+  assert numbers(c["ours"].split("DeepNorm e =")[1].split(")")[0])[1:3] == pytest.approx([deep, deep], abs=5e-3)
 
 
 def test_deepnet_update_partly_when_some_steps_hold():
@@ -595,7 +599,8 @@ def test_largest_rise_finds_a_spike_that_recovers():
   assert r == {"rise": pytest.approx(5.94), "step": 40, "peak": 8.54}
   p = seeds.point([dict(_run(2.4), train_curve=curve), dict(_run(2.4), train_curve=[(1, 5.0), (2, 4.0)])], U)
   text = seeds.format_rises(p)
-  assert "**spike** +5.94 to 8.54 at step 40" in text and "+0.00 (never rises)" in text
+  assert numbers(text.split("**spike**")[1])[:3] == pytest.approx([5.94, 8.54, 40])
+  assert numbers(text.split("(never rises)")[0])[-1] == pytest.approx(0, abs=5e-3) and "-0.00" not in text
   assert seeds.largest_rise([]) is None and seeds.seed_point(p, 0)["rise"] == [p["rise"][0]]
 
 

@@ -242,7 +242,7 @@ def plot_curves(ctx, cells: dict, cfg: Config) -> str:
         ax.plot(xs, ys, "-", lw=1, color=f"C{i}", alpha=0.8, label=NAMES[norm] if j == 0 else None)
         k = int(np.argmin(ys))
         ax.plot([xs[k]], [ys[k]], "o", ms=3, color=f"C{i}")
-    ax.set_title(f"T/P {t:g} ({cells[(recipe.NORMS[0], t, cfg.seeds[0])]['epochs']:.2f} epochs)", fontsize=10)
+    ax.set_title(f"T/P {t:g} ({cells[(recipe.NORMS[0], t, cfg.seeds[0])]['epochs']:z.2f} epochs)", fontsize=10)
     ax.set_xlabel("step")
     ax.set_ylim(top=min(ax.get_ylim()[1], 4.5))
     ax.grid(alpha=0.3)
@@ -290,7 +290,7 @@ def report_section(summary: dict, rel: str) -> str:
       f"position table) with LayerNorm, RMSNorm, DyT or Derf in every norm position, {cfg['steps']} steps of "
       f"{cfg['batch_size']} x {cfg['seq_len']} bytes in every cell, the unique training bytes set by tokens per "
       f"parameter {fmt['tpps']}; seeds {', '.join(map(str, cfg['seeds']))}; peak rates {lrs}. Validation on the "
-      f"held-out files (two sets of windows; plateau {float(summary['unigram']):.3f} nats). Lines: seed means; "
+      f"held-out files (two sets of windows; plateau {float(summary['unigram']):z.3f} nats). Lines: seed means; "
       "bands: the seeds' range.", "",
       f"![loss against tokens per parameter]({rel}/dyt_loss.png)", "",
       f"![gap and saturation]({rel}/dyt_gap.png)", ""]
@@ -303,10 +303,10 @@ def report_section(summary: dict, rel: str) -> str:
   for r in summary["table"]:
     v, a, t, g, s = ([from_json_float(x) for x in r[k]] for k in ("val", "val_alt", "train", "gap", "saturation"))
     b = [from_json_float(x) for x in r["best"]] if "best" in r else None
-    sat = "-" if not np.isfinite(s[0]) else f"{s[0]:.1%}"
-    best = "-" if b is None else f"{b[0]:.3f} [{b[1]:.3f}, {b[2]:.3f}]"
-    lines.append(f"| {r['tpp']:g} | {r['unique_bytes']:,} | {r['epochs']:.2f} | {NAMES[r['norm']]} | {v[0]:.3f} "
-                 f"[{v[1]:.3f}, {v[2]:.3f}] | {best} | {a[0]:.3f} | {t[0]:.3f} | {g[0]:+z.3f} | {sat} |")
+    sat = "-" if not np.isfinite(s[0]) else f"{s[0]:z.1%}"
+    best = "-" if b is None else f"{b[0]:z.3f} [{b[1]:z.3f}, {b[2]:z.3f}]"
+    lines.append(f"| {r['tpp']:g} | {r['unique_bytes']:,} | {r['epochs']:z.2f} | {NAMES[r['norm']]} | {v[0]:z.3f} "
+                 f"[{v[1]:z.3f}, {v[2]:z.3f}] | {best} | {a[0]:z.3f} | {t[0]:z.3f} | {g[0]:+z.3f} | {sat} |")
   lines += ["", "Recipes, ours beside each paper's:", "",
             "| | ours | Zhu et al. 2025 (DyT) | Chen et al. 2025 (Derf) | Verma 2026 (artifact) |",
             "|---|---|---|---|---|"]

@@ -236,16 +236,16 @@ def testability(cells: dict, *, epochs: dict, unigram: float, need=("T1", "T2", 
     gl = [gap(cells.get(("layer_norm", lo, s))) - gap(cells.get(("layer_norm", hi, s))) for s in seeds]
     gl = [g for g in gl if math.isfinite(g)]
     if not gl or float(np.mean(gl)) < OVERFIT_NATS:
-      shown = f"{float(np.mean(gl)):.3f}" if gl else "not measured"
+      shown = f"{float(np.mean(gl)):z.3f}" if gl else "not measured"
       out.append(f"LayerNorm's gap (val - train) at T/P {lo:g} exceeds its gap at {hi:g} by {shown} nats, "
                  f"less than {OVERFIT_NATS:g}: data are not scarce in the sense of overfitting (T2)")
   if "T3" in need and _f(epochs.get(hi)) > MAX_RICH_EPOCHS:
-    out.append(f"the largest T/P {hi:g} is seen {_f(epochs.get(hi)):.2f} times, more than {MAX_RICH_EPOCHS:g} (T3)")
+    out.append(f"the largest T/P {hi:g} is seen {_f(epochs.get(hi)):z.2f} times, more than {MAX_RICH_EPOCHS:g} (T3)")
   if "T5" in need:
     trained = trained_tokens_per_param(epochs, hi)
     if not trained >= MIN_TRAINED_TPP:
       params = next((c.get("params") for c in cells.values() if c and c.get("params")), None)
-      out.append(f"outside the papers' regime: the largest T/P trains {trained:.2f} tokens per parameter"
+      out.append(f"outside the papers' regime: the largest T/P trains {trained:z.2f} tokens per parameter"
                  + (f" ({params:,} parameters)" if params else "")
                  + f", fewer than {MIN_TRAINED_TPP:g}; {PAPERS_REGIME} (T5)")
   if "T4" in need:
@@ -253,10 +253,10 @@ def testability(cells: dict, *, epochs: dict, unigram: float, need=("T1", "T2", 
            if n in norms and c.get("diverged")]
     if bad:
       out.append("diverged: " + ", ".join(bad) + " (T4)")
-    stuck = [f"{NAMES[n]} T/P {t:g} s{s} (best {best_val(c):.3f})" for (n, t, s), c in sorted(cells.items(), key=str)
+    stuck = [f"{NAMES[n]} T/P {t:g} s{s} (best {best_val(c):z.3f})" for (n, t, s), c in sorted(cells.items(), key=str)
              if n in REFS and n in norms and not c.get("diverged") and best_val(c) > unigram - TRAINED_NATS]
     if stuck:
-      out.append(f"reference runs that did not leave the plateau {unigram:.3f} by {TRAINED_NATS:g}: "
+      out.append(f"reference runs that did not leave the plateau {unigram:z.3f} by {TRAINED_NATS:g}: "
                  + ", ".join(stuck) + " (T4)")
   return out
 
@@ -315,7 +315,7 @@ def _compare_at_top(cells, norm: str, others, passes, tags: tuple[str, str]):
 
 
 def zhu_dyt_matches_norm(cells, *, epochs, unigram) -> dict:
-  crit = (f"at the largest T/P, per seed: DyT matches a reference (LN, RMS) if |val(DyT) - val(ref)| <= {REL:.0%} of "
+  crit = (f"at the largest T/P, per seed: DyT matches a reference (LN, RMS) if |val(DyT) - val(ref)| <= {REL:z.0%} of "
           "val(ref) on each set of validation windows (the best-of-curve losses where a final checkpoint overfit); "
           "yes = both references in every seed, partly = some, no = none; needs T3, T4, T5 (the papers' regime) and "
           ">= 3 seeds")
@@ -345,7 +345,7 @@ def zhu_alpha_width(best_alpha: dict) -> dict:
 
 def derf_beats_all(cells, *, epochs, unigram) -> dict:
   crit = (f"at the largest T/P, per seed: Derf beats a competitor (LN, RMS, DyT) if val(Derf) - val(other) "
-          f"<= -{REL:.0%} of val(other) on each set of validation windows (the best-of-curve losses where a final "
+          f"<= -{REL:z.0%} of val(other) on each set of validation windows (the best-of-curve losses where a final "
           "checkpoint overfit); yes = all three in every seed, partly = some, no = none; needs T3, T4, T5 (the papers' "
           "regime)")
   oks, per, parts = _compare_at_top(
@@ -367,7 +367,7 @@ def derf_gain(cells, tpp, seed) -> tuple[bool, str]:
 
 def derf_generalization(cells, *, epochs, unigram) -> dict:
   crit = (f"judged at the largest T/P in a seed only where Derf has a gain to explain: its validation loss at least "
-          f"{REL:.0%} below both LN's and RMS's on each set of windows (as derf_beats_all counts a win); there, Table "
+          f"{REL:z.0%} below both LN's and RMS's on each set of windows (as derf_beats_all counts a win); there, Table "
           f"13's order of the training loss (final model on its training bytes): LN < Derf, RMS < Derf, Derf < DyT, "
           f"each by > {ORDER_NATS:g} nats; yes = all three in every judged seed, partly = some, no = none; "
           "not testable where no seed has the gain; the gaps val - train are shown; needs T3, T4, T5")
@@ -381,7 +381,7 @@ def derf_generalization(cells, *, epochs, unigram) -> dict:
       gain, gain_text = derf_gain(cells, hi, s)
       gains.append(gain)
       text = (f"T/P {hi:g} s{s} Derf's validation loss {gain_text}; train "
-              + ", ".join(f"{NAMES[n]} {v:.3f}" for n, v in tr.items())
+              + ", ".join(f"{NAMES[n]} {v:z.3f}" for n, v in tr.items())
               + "; gap " + ", ".join(f"{NAMES[n]} {gap(x):+z.3f}" for n, x in c.items() if x))
       if not gain:
         parts.append(text + " [not judged: no gain over the norms]")
@@ -394,14 +394,14 @@ def derf_generalization(cells, *, epochs, unigram) -> dict:
   untestable = testability(cells, epochs=epochs, unigram=unigram, need=("T3", "T4", "T5"))
   if tpps and not any(gains):
     untestable.append(f"Derf has no gain over the norms to explain at T/P {tpps[-1]:g} in any seed (its validation "
-                      f"loss is not {REL:.0%} below both LN's and RMS's)")
+                      f"loss is not {REL:z.0%} below both LN's and RMS's)")
   return _finish("derf_generalization", crit, oks, per, parts, untestable)
 
 
 def _regime_sign(cid, other, cells, *, epochs, unigram) -> dict:
   crit = (f"{NAMES[other]} against LN, per seed, relative difference (val - val(LN)) / val(LN) on each set of "
-          f"validation windows, each over its own LN loss: helps at the smallest T/P if <= -{REL:.0%}, hurts at the "
-          f"largest if >= +{REL:.0%}; where a final checkpoint has overfit (final > best of its curve + "
+          f"validation windows, each over its own LN loss: helps at the smallest T/P if <= -{REL:z.0%}, hurts at the "
+          f"largest if >= +{REL:z.0%}; where a final checkpoint has overfit (final > best of its curve + "
           f"{OVERFIT_FINAL_NATS:g} nats) the best point of each curve is compared instead (which norm is better, not "
           "which overfits more slowly; the final ones are shown); yes = both in every seed, partly = one of them in "
           "some seed, no = neither; needs T1, T2, T4")
@@ -454,7 +454,7 @@ def verma_saturation(cells, *, epochs, unigram) -> dict:
       ok = lo != hi and sat[lo] - sat[hi] >= SAT_DIFF
       oks.append(ok)
       per.setdefault(s, []).append(ok)
-      parts.append(f"s{s}: " + ", ".join(f"T/P {t:g} {v:.1%}" for t, v in sat.items())
+      parts.append(f"s{s}: " + ", ".join(f"T/P {t:g} {v:z.1%}" for t, v in sat.items())
                    + (" [ok]" if ok else " [fails]"))
   return _finish("verma_saturation", crit, oks, per, parts,
                  testability(cells, epochs=epochs, unigram=unigram, need=("T1", "T4"), norms=("dyt",)))
@@ -478,8 +478,8 @@ def verma_regularizer(cells, *, epochs, unigram) -> dict:
       ok = gd <= gl - GAP_NATS and _f(cd["train"]) > _f(cl["train"])
       oks.append(ok)
       per.setdefault(s, []).append(ok)
-      parts.append(f"T/P {lo:g} s{s}: gap DyT {gd:+.3f} LN {gl:+.3f}, train DyT {_f(cd['train']):.3f} LN "
-                   f"{_f(cl['train']):.3f}" + (" [regularizes]" if ok else " [does not]"))
+      parts.append(f"T/P {lo:g} s{s}: gap DyT {gd:+z.3f} LN {gl:+z.3f}, train DyT {_f(cd['train']):z.3f} LN "
+                   f"{_f(cl['train']):z.3f}" + (" [regularizes]" if ok else " [does not]"))
   return _finish("verma_regularizer", crit, oks, per, parts,
                  testability(cells, epochs=epochs, unigram=unigram, need=("T1", "T2", "T4"),
                              norms=("layer_norm", "dyt")))

@@ -35,15 +35,15 @@ ATTN_LEVEL = (1.0, 2.0)      # Post-LN attention norm inputs with W^Q = W^K = 0
 
 
 def _fmt_ratio(x):
-  return f"{x:.2f}"
+  return f"{x:z.2f}"
 
 
 def _growth_claim(an: dict, cfg: Design) -> dict:
   """``xiong_grad_growth``, judged per (norm, depth) (see :func:`verdicts`)."""
   crit = (f"LayerNorm only (the claim's norm; RMSNorm shown beside, not judged), per depth: Post-LN's last/first W2 "
           f"ratio >= {GROWTH_FACTOR} (it grows) and Pre-LN's < {GROWTH_FACTOR} (it does not grow, as the claim says); "
-          f"yes/partly/no = every/some/no depth; whether Pre-LN is about flat (in [{FLAT_BAND[0]:.2f}, "
-          f"{FLAT_BAND[1]:.2f}], the paper's figure) or decays towards the output is stated beside, not judged; "
+          f"yes/partly/no = every/some/no depth; whether Pre-LN is about flat (in [{FLAT_BAND[0]:z.2f}, "
+          f"{FLAT_BAND[1]:z.2f}], the paper's figure) or decays towards the output is stated beside, not judged; "
           "a ratio within 10% of a threshold is marked")
   if len(cfg.seeds) < 2 or len(cfg.depths) < 2 or max(cfg.depths) < 12:
     holds, ours = claims_lib.not_testable([f"needs >= 2 seeds and >= 2 depths, one >= 12; the preset has seeds "
@@ -97,10 +97,10 @@ def _scaling_claim(an: dict, cfg: Design) -> dict:
       if not per:
         return ""
       split = len({ok(v) for v in per}) > 1
-      return (" (per seed " + ", ".join(f"{v:+.2f}" for v in per) + ")"
+      return (" (per seed " + ", ".join(f"{v:+z.2f}" for v in per) + ")"
               + (" **seeds on both sides of the cut-off**" if split else ""))
-    parts.append(f"{'LN' if norm == 'layer_norm' else 'RMS (not judged)'}: Post-LN {so:+.2f}"
-                 f"{seeds(spost, lambda v: abs(v) <= SLOPE_POST_ABS)}, Pre-LN {sp:+.2f}"
+    parts.append(f"{'LN' if norm == 'layer_norm' else 'RMS (not judged)'}: Post-LN {so:+z.2f}"
+                 f"{seeds(spost, lambda v: abs(v) <= SLOPE_POST_ABS)}, Pre-LN {sp:+z.2f}"
                  f"{seeds(spre, lambda v: v < -SLOPE_POST_ABS)}")
     if norm == "layer_norm":
       oks += [abs(so) <= SLOPE_POST_ABS, sp < -SLOPE_POST_ABS]
@@ -163,10 +163,10 @@ def _lemma2_claim(an: dict, setting: str, vdepths) -> dict:
                    f"adds 0..1, the FFN 1/2 in expectation) is in {list(LEMMA2_INCREMENT)} at every depth; "
                    "yes/partly/no = every/some/no depth",
       "ours": "per layer: " + ", ".join(
-          f"L={L}: {r['mean_increment']:.2f} ({100 * r['frac_layers_in_bounds']:.0f}% of layers in bounds)"
+          f"L={L}: {r['mean_increment']:z.2f} ({100 * r['frac_layers_in_bounds']:z.0f}% of layers in bounds)"
           for L, r in res.items())
-      + "; of which attention " + ", ".join(f"L={L}: {r['mean_attn_increment']:.2f}" for L, r in res.items())
-      + ", FFN " + ", ".join(f"L={L}: {r['mean_ffn_increment']:.2f}" for L, r in res.items()),
+      + "; of which attention " + ", ".join(f"L={L}: {r['mean_attn_increment']:z.2f}" for L, r in res.items())
+      + ", FFN " + ", ".join(f"L={L}: {r['mean_ffn_increment']:z.2f}" for L, r in res.items()),
       "holds": claims_lib.verdict(inside),
   }
 
@@ -180,8 +180,8 @@ def _lemma_postln_claim(an: dict, setting: str, vdepths) -> dict:
       "id": "xiong_lemma_postln",
       "criterion": f"{setting} variant, LayerNorm: the mean E||x||^2/d of Post-LN's FFN norm inputs is in "
                    f"{list(POST_LEVEL)} and every attention norm input in {list(ATTN_LEVEL)} (± 0.05) at every depth",
-      "ours": "FFN norm inputs: " + ", ".join(f"L={L}: {r['ffn_mean']:.2f}" for L, r in post.items())
-      + "; attention norm inputs: " + ", ".join(f"L={L}: {r['attn_min']:.2f}-{r['attn_max']:.2f}"
+      "ours": "FFN norm inputs: " + ", ".join(f"L={L}: {r['ffn_mean']:z.2f}" for L, r in post.items())
+      + "; attention norm inputs: " + ", ".join(f"L={L}: {r['attn_min']:z.2f}-{r['attn_max']:z.2f}"
                                                  for L, r in post.items()),
       "holds": "yes" if all(ffn_ok) and all(attn_ok) else ("partly" if any(ffn_ok) or any(attn_ok) else "no"),
   }
@@ -195,5 +195,5 @@ def _init_claim(an: dict, cfg: Design) -> dict:
     ps = an["ratios"][f"small/post/layer_norm/L{L}"]["mlp_out"]
     rx = an["ratios"].get(f"xavier/pre/layer_norm/L{L}", {}).get("mlp_out", float("nan"))
     rs = an["ratios"][f"small/pre/layer_norm/L{L}"]["mlp_out"]
-    parts.append(f"L={L}: Post-LN {px:.2f} (Xavier) -> {ps:.2f} (small), Pre-LN {rx:.2f} -> {rs:.2f}")
+    parts.append(f"L={L}: Post-LN {px:z.2f} (Xavier) -> {ps:z.2f} (small), Pre-LN {rx:z.2f} -> {rs:z.2f}")
   return {"id": "init_changes_picture", "ours": "last/first W2 ratio; " + "; ".join(parts), "holds": "obs"}

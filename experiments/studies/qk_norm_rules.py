@@ -139,11 +139,11 @@ def claim_logit_growth(per_seed: dict) -> dict:
   for seed, r in per_seed.items():
     n, q = r["noqk"], r["qk"]
     shape = r.get("noqk_shape")
-    text = (f"s{seed}: no QK-norm peak {n['peak']:.3g} ({n['growth']:.3g}x"
-            + (f", at step {shape['peak_step']}; its last quarter keeps {shape['late_ratio']:.0%} of it"
+    text = (f"s{seed}: no QK-norm peak {n['peak']:z.3g} ({n['growth']:z.3g}x"
+            + (f", at step {shape['peak_step']}; its last quarter keeps {shape['late_ratio']:z.0%} of it"
                if shape and shape["peak_step"] is not None else "")
-            + f"), QK-norm peak {q['peak']:.3g} ({q['growth']:.3g}x from {q['first']:.3g}), "
-            + f"{n['peak'] / max(q['peak'], 1e-12):.3g}x lower with QK-norm")
+            + f"), QK-norm peak {q['peak']:z.3g} ({q['growth']:z.3g}x from {q['first']:z.3g}), "
+            + f"{n['peak'] / max(q['peak'], 1e-12):z.3g}x lower with QK-norm")
     if not instability_reproduced(n):
       parts.append(text + " [not testable]")
       continue
@@ -179,7 +179,7 @@ def _sens_oks(per_seed: dict, drop: tuple | None = None) -> tuple[list[bool], li
     keep = [i for i in range(len(r["finals_noqk"])) if drop is None or drop != (seed, i)]
     a = lr_sensitivity([r["finals_noqk"][i] for i in keep], r["init"])
     b = lr_sensitivity([r["finals_qk"][i] for i in keep], r["init"])
-    text = f"s{seed}: LRS {a:.3f} without, {b:.3f} with QK-norm"
+    text = f"s{seed}: LRS {a:z.3f} without, {b:z.3f} with QK-norm"
     unstable = r.get("loss_unstable")
     if not instability_reproduced(r["noqk_top"]) or a < MIN_SENSITIVITY:
       parts.append(text + " [not testable: no logit growth or no sensitivity to remove]")
@@ -221,7 +221,7 @@ def claim_lr_sensitivity(per_seed: dict) -> dict:
           flips.append(f"rate #{i} of s{seed}")
   vals = np.array([[lr_sensitivity(r["finals_noqk"], r["init"]), lr_sensitivity(r["finals_qk"], r["init"])]
                    for r in per_seed.values()])
-  spread = (f"; seed spread (max - min) {np.ptp(vals[:, 0]):.3f} / {np.ptp(vals[:, 1]):.3f}"
+  spread = (f"; seed spread (max - min) {np.ptp(vals[:, 0]):z.3f} / {np.ptp(vals[:, 1]):z.3f}"
             if len(vals) > 1 else "; one seed")
   ours = "; ".join(parts) + spread
   if flips:
@@ -234,7 +234,7 @@ def claim_lr_sensitivity(per_seed: dict) -> dict:
 
 def claim_post_ln(per_seed: dict) -> dict:
   """``qk_norm_post_ln`` (observation) from ``{seed: {"lrs_noqk", "lrs_qk", "noqk_top", "qk_top"}}``."""
-  parts = [f"s{seed}: LRS {r['lrs_noqk']:.3f} without, {r['lrs_qk']:.3f} with QK-norm; top-rate peak logit "
-           f"{r['noqk_top']['peak']:.3g} without, {r['qk_top']['peak']:.3g} with" for seed, r in per_seed.items()]
+  parts = [f"s{seed}: LRS {r['lrs_noqk']:z.3f} without, {r['lrs_qk']:z.3f} with QK-norm; top-rate peak logit "
+           f"{r['noqk_top']['peak']:z.3g} without, {r['qk_top']['peak']:z.3g} with" for seed, r in per_seed.items()]
   return {"id": "qk_norm_post_ln", "criterion": "observation (no published counterpart at this scale)",
           "ours": "; ".join(parts), "holds": "obs"}
