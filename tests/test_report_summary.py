@@ -132,3 +132,29 @@ def test_dyt_noise_line_uses_per_run_differences():
   # Without per-run values (an older summary) the line is the estimate, never a pairing of summaries.
   assert "an estimate" in report._noise_line(4096, None, {"table": summary["table"]})
   assert dyt.eval_noise(list(cells.values()))["single"] == pytest.approx(noise["single"])
+
+
+def test_reanalyse_rejudges_committed_runs_without_training(tmp_path):
+  """``experiments.suite.reanalyse`` on a copy of the committed cpu-extra folder: new claims, tables and
+  figures from the raw data, ``config``/``wall_s`` kept, the invocation in the provenance, and the noise
+  line from per-run values."""
+  import json
+  import pathlib
+  import shutil
+
+  from experiments.suite import reanalyse
+  src = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "results" / "cpu-extra"
+  root = tmp_path / "cpu-extra"
+  shutil.copytree(src, root)
+  old = json.loads((root / "dyt" / "done.json").read_text())
+  text = reanalyse.reanalyse(root, ["dyt", "qk_norm", "grad_init"]).read_text()
+  new = json.loads((root / "dyt" / "done.json").read_text())
+  assert new["config"] == old["config"] and new["wall_s"] == old["wall_s"] and "dyt_curves.png" in new["files"]
+  assert (root / "dyt" / "dyt_curves.png").exists() and "dyt/dyt_curves.png" in text
+  assert "experiments.suite.reanalyse" in json.loads((root / "suite.json").read_text())["invocations"][-1]["command"]
+  rows = json.loads((root / "dyt" / "cells.json").read_text())
+  per_run = [abs(r["val"] - r["val_alt"]) for r in rows]
+  line = next(x for x in text.splitlines() if x.startswith("- Evaluation noise, measured by the dyt study"))
+  assert _numbers(line)[:2] == pytest.approx([statistics.median(per_run), max(per_run)], abs=5e-4)
+  with pytest.raises(ValueError, match="no reanalyse"):
+    reanalyse.reanalyse(root, ["speed"])
