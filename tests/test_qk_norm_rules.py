@@ -49,6 +49,16 @@ def test_claim_logit_growth(seeds, want):
   assert (qk.NEEDS in c["ours"]) is (want == NT)
 
 
+def test_logit_growth_judged_on_the_peaks_with_and_without_qk_norm():
+  """Issue 44: the committed cpu-extra seeds: with QK-norm the peak is 27-42 (a growth of 8-12x from a first logit
+  near 3.5), without it 6e4-1e5. The peaks show the removal; the QK-norm run's own growth ratio is not judged."""
+  seeds = {0: {"noqk": _g(1.05e5, 2.08e4), "qk": _g(42.1, 12.1)}, 1: {"noqk": _g(7.33e4, 1.32e4), "qk": _g(42.1, 11.7)},
+           2: {"noqk": _g(5.98e4, 1.12e4), "qk": _g(27.3, 7.73)}}
+  c = qk.claim_logit_growth(seeds)
+  assert c["holds"] == "yes", c["ours"]
+  assert c["ours"].count("[ok]") == 3 and "x lower with QK-norm" in c["ours"]
+
+
 def _sens(noqk, qk_, top=GROWS, unstable=(3,)):
   """A seed's LR-sensitivity inputs over a four-rate grid (init loss 9)."""
   return dict(finals_noqk=list(noqk), finals_qk=list(qk_), init=9.0, noqk_top=top, loss_unstable=list(unstable))

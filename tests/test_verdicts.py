@@ -17,6 +17,7 @@ import pytest
 from experiments.studies import (depth, depth_rules, grad_init, grad_init_rules, invariance_rules, seeds, speed_rules,
                                  vjp_rules, warmup, warmup_rules)
 from experiments.suite import claims as claims_lib
+from _text_numbers import number_after, numbers
 from jaxnorm.models import WEIGHT_GROUPS
 
 U = 3.0          # unigram plateau of the synthetic runs
@@ -111,7 +112,8 @@ def test_a_late_exit_counts_as_stalled():
 
 def test_needs_warmup_is_paired_and_says_where_warmup_hurts():
   c = _warm_verdicts({("post", LONG): {LO: [2.1, 2.2, 2.1]}})["xiong_postln_needs_warmup"]
-  assert "hurts in 3" in c["ours"] and "(-0.100, -0.200, -0.100)" in c["ours"] and c["holds"] == "no"
+  assert "hurts in 3" in c["ours"] and c["holds"] == "no"
+  assert numbers(c["ours"].split("paired gain (")[1].split(")")[0]) == pytest.approx([-0.1, -0.2, -0.1])
 
 
 def test_grid_helpers_and_config_checks():
@@ -124,7 +126,7 @@ def test_grid_helpers_and_config_checks():
   assert extra["target"] == pytest.approx(TARGET)
   assert warmup.telling_rate(grid, [LO, HI], LONG) == HI
   text = warmup.telling_uncertainty(grid, [LO, HI], LONG, HI)
-  assert "per seed" in text and "runner-up 0.001" in text
+  assert "per seed" in text and number_after(text, "runner-up") == pytest.approx(0.001, abs=5e-4)
   assert warmup.grid_lrs(CFG, 64) == [0.001563, 0.01562]
   assert warmup.GridKey.parse(warmup.label(("pre", HI, 40, "rms_norm"))) == ("pre", HI, 40, "rms_norm")
   with pytest.raises(ValueError, match="warmups must be"):
@@ -310,8 +312,10 @@ def test_deepnet_update(post, deep, want):
   """Issue 32: a step holds only if both halves of the contrast do (DeepNorm growing as N^0.6 is a no)."""
   c = depth_rules.update_claim(_update(post, deep), DCFG)
   assert c["holds"] == want, c["ours"]
-  assert "saturated: not judged" in c["ours"] and "Pre-LN e = +0.00" in c["ours"]
-  assert f"DeepNorm e = {deep:+.2f} (per seed {deep:+.2f}, {deep:+.2f})" in c["ours"]
+  # Numbers, not text: Pre-LN's flat line has a slope of +-1e-17, "-0.00" on an AVX2 CPU (issue 44).
+  assert "saturated: not judged" in c["ours"] and number_after(c["ours"], "Pre-LN e =") == pytest.approx(0, abs=5e-3)
+  assert number_after(c["ours"], "DeepNorm e =") == pytest.approx(deep, abs=5e-3)
+  assert numbers(c["ours"].split("DeepNorm e =")[1].split(")")[0])[1:3] == pytest.approx([deep, deep], abs=5e-3)
 
 
 def test_deepnet_update_partly_when_some_steps_hold():
@@ -406,10 +410,12 @@ def test_grad_claims_judge_layernorm_only_and_mark_near_thresholds():
   assert s["holds"] == "yes" and "per seed" in s["ours"], s["ours"]
 
 
-@pytest.mark.parametrize("pre_ratio, note", [(0.4, "Pre-LN decays towards the output"), (2.5, "Pre-LN grows too")])
-def test_grad_growth_pre_ln_must_stay_flat_both_ways(pre_ratio, note):
+@pytest.mark.parametrize("pre_ratio, want, note", [(0.4, "yes", "Pre-LN does not grow: it decays towards the output"),
+                                                    (2.5, "no", "Pre-LN grows too")])
+def test_grad_growth_pre_ln_must_not_grow(pre_ratio, want, note):
+  """Issue 44: the claim says Pre-LN's gradient does not grow; a decay towards the output is stated, not a failure."""
   c = _gi((3.0, 3.5, 4.0), -0.5, pre_ratio=pre_ratio)["xiong_grad_growth"]
-  assert c["holds"] == "no" and note in c["ours"]
+  assert c["holds"] == want and note in c["ours"]
 
 
 def test_grad_claims_not_testable_without_depths_or_seeds():
@@ -606,7 +612,8 @@ def test_largest_rise_finds_a_spike_that_recovers():
   assert r == {"rise": pytest.approx(5.94), "step": 40, "peak": 8.54}
   p = seeds.point([dict(_run(2.4), train_curve=curve), dict(_run(2.4), train_curve=[(1, 5.0), (2, 4.0)])], U)
   text = seeds.format_rises(p)
-  assert "**spike** +5.94 to 8.54 at step 40" in text and "+0.00 (never rises)" in text
+  assert numbers(text.split("**spike**")[1])[:3] == pytest.approx([5.94, 8.54, 40])
+  assert numbers(text.split("(never rises)")[0])[-1] == pytest.approx(0, abs=5e-3) and "-0.00" not in text
   assert seeds.largest_rise([]) is None and seeds.seed_point(p, 0)["rise"] == [p["rise"][0]]
 
 

@@ -230,8 +230,8 @@ def _train_loop(config: TrainConfig, corpus: data_lib.Corpus, mesh, placement: P
       if step % config.log_every == 0 or step == end or _diverged(loss, config.divergence_loss):
         line = {"step": step, **{k: to_py(v) for k, v in metrics.items()}, "tokens_per_s": tps}
         writer.write(line)
-      bar.update(step, text=f"step {step}/{config.steps}  loss {loss:.4f}  tokens/s {tps:,.0f}",
-                 postfix={"loss": f"{loss:.4f}", "tok_s": f"{tps:,.0f}"})
+      bar.update(step, text=f"step {step}/{config.steps}  loss {loss:z.4f}  tokens/s {tps:z,.0f}",
+                 postfix={"loss": f"{loss:z.4f}", "tok_s": f"{tps:z,.0f}"})
       if _diverged(loss, config.divergence_loss):
         diverged_at = step
         writer.write({"step": step, "event": "diverged", "loss": to_py(loss)})

@@ -202,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'norm_impl':>10} {'tokens/s':>12} {'step ms':>9} {'compile s':>10}")
     for impl in ("jaxnorm", "flax"):
       r = res[impl]
-      print(f"{impl:>10} {r['tokens_per_s']:>12,.0f} {r['step_ms']:>9.2f} {r['compile_s']:>10.2f}")
-    print(f"ratio jaxnorm/flax tokens/s: {res['ratio']:.3f} ({model.norm_type}, "
+      print(f"{impl:>10} {r['tokens_per_s']:>z12,.0f} {r['step_ms']:>z9.2f} {r['compile_s']:>z10.2f}")
+    print(f"ratio jaxnorm/flax tokens/s: {res['ratio']:z.3f} ({model.norm_type}, "
           f"{model.n_layers} layers, d_model {model.d_model}, batch {args.batch_size}x"
           f"{args.seq_len}, backend {jax.default_backend()})")
     return 0
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"diverged at step {summary['diverged_at']} (run recorded in {out})")
   else:
     tps = summary["tokens_per_s"]
-    print(f"final val loss {summary['final_val_loss']:.4f} nats/byte (unigram baseline "
-          f"{baseline:.4f}) after {summary['steps_done']} steps; "
-          f"{(tps or 0):,.0f} tokens/s; run in {out}")
+    print(f"final val loss {summary['final_val_loss']:z.4f} nats/byte (unigram baseline "
+          f"{baseline:z.4f}) after {summary['steps_done']} steps; "
+          f"{(tps or 0):z,.0f} tokens/s; run in {out}")
   return 0

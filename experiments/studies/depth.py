@@ -247,14 +247,14 @@ def _plot_curves(ctx, runs: dict, cfg: Config, unigram: float) -> str:
           elif float(v) > top:
             n_clip += 1
             ax.plot([s_], [top], marker="^", color=_COLORS[pos], ms=6, clip_on=False)
-            ax.annotate(f"{float(v):.2f}", (s_, top), fontsize=6, color=_COLORS[pos], textcoords="offset points",
+            ax.annotate(f"{float(v):z.2f}", (s_, top), fontsize=6, color=_COLORS[pos], textcoords="offset points",
                         xytext=(3, -8))
   ax.set_ylim(unigram - 1.2, top)
   if init_losses:
-    ax.text(0.99, 0.97, f"step 0 (initial loss {min(init_losses):.2f}-{max(init_losses):.2f}) above the axis",
+    ax.text(0.99, 0.97, f"step 0 (initial loss {min(init_losses):z.2f}-{max(init_losses):z.2f}) above the axis",
             transform=ax.transAxes, ha="right", va="top", fontsize=6)
   ax.set_title(f"Validation loss, every seed ({len(cfg.seeds)}; marker = seed, line style = depth)"
-               + (f"; ^ = value above {top:.2f}, clipped" if n_clip else ""), fontsize=8)
+               + (f"; ^ = value above {top:z.2f}, clipped" if n_clip else ""), fontsize=8)
   ax.set_xlabel("step")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=6, ncol=2)
@@ -295,7 +295,8 @@ def report_section(summary: dict, rel: str) -> str:
       f"Setup: LayerNorm byte-level LMs of width {summary['model']['d_model']}, depths {cfg['depths']}, seeds "
       f"{cfg['seeds']}. Peak lr {summary['lr']:g} ({summary['lr_source']}). Schedule of every run: "
       f"{summary['schedule']}. A depth is judged only where Pre-LN ends >= {PAST_PLATEAU} nats below the unigram "
-      f"plateau of the validation batches ({summary['unigram_nats']:.3f}) in every seed, and only if Post-LN trains at "
+      f"plateau of the validation batches ({summary['unigram_nats']:z.3f}) in every seed, and only if Post-LN trains "
+      f"at "
       f"the shallowest depth in every seed (else depth is confounded with the rate). Admin's failures are "
       "12-18-layer encoder-decoders "
       "on WMT14 (RAdam, 8000 warm-up steps, lr 1e-3, fp16); this is a small decoder-only model.", "",
@@ -317,13 +318,13 @@ def report_section(summary: dict, rel: str) -> str:
       "left plateau at |", "|---|---|---|---|---|---|"]
   for k, p in summary["points"].items():
     fails = ", ".join(f for f in p["failures"] if f) or "-"
-    lines.append(f"| {k} | {p['mean']:.3f} ± {p['spread'] / 2:.3f} | {format_finals(p)} | {fails} | "
+    lines.append(f"| {k} | {p['mean']:z.3f} ± {p['spread'] / 2:z.3f} | {format_finals(p)} | {fails} | "
                  f"{format_rises(p)} | "
                  + ", ".join("never" if x is None else str(x) for x in p.get("left_plateau", [])) + " |")
   lines += ["", f"Model update of the final hidden state (relative, seed mean) after steps 1..{cfg['update_steps']}:",
             "", "| layout / depth | " + " | ".join(f"step {s + 1}" for s in range(cfg["update_steps"])) + " |",
             "|---|" + "---|" * cfg["update_steps"]]
   for k, u in summary["update"].items():
-    lines.append(f"| {k} | " + " | ".join(f"{v:.3g}" for v in u["mean"]) + " |")
+    lines.append(f"| {k} | " + " | ".join(f"{v:z.3g}" for v in u["mean"]) + " |")
   lines.append("")
   return "\n".join(lines)

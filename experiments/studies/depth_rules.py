@@ -69,7 +69,7 @@ def admin_claim(points: dict, cfg: Design, unigram: float) -> dict:
   crit = (f"at a rate fixed by the pilots where Post-LN trains at the shallowest depth: judged at depths >= {DEEP} "
           f"where Pre-LN left the plateau by step {cfg.steps // 3} and ends >= {PAST_PLATEAU} nats below the unigram "
           f"plateau in every seed; Post-LN fails = diverged, or within {STALL_NATS} nats of the plateau at the end or "
-          f"still there at {LATE_FRACTION:.0%} of the run (late exits are listed); yes if it fails "
+          f"still there at {LATE_FRACTION:z.0%} of the run (late exits are listed); yes if it fails "
           "in every seed at every judged depth, partly at some or in some seeds, no at none; yes also needs every "
           "seed alone and every one seed left out to say yes; not testable if shallow Post-LN fails in any seed")
   reasons = []
@@ -131,21 +131,21 @@ def update_claim(update: dict, cfg: Design) -> dict:
     if s in judged:
       oks.append(ep > FLAT_EXPONENT and abs(ed) <= FLAT_EXPONENT)
     others = "".join(f", {NAMES.get(pos, pos)} e = "
-                     f"{_exponent(udepths, [update[f'{pos}/L{L}']['mean'][s] for L in udepths]):+.2f}"
+                     f"{_exponent(udepths, [update[f'{pos}/L{L}']['mean'][s] for L in udepths]):+z.2f}"
                      for pos in cfg.positions if pos not in ("post", "deepnorm"))
     def per_seed(pos, s=s):
       runs = [update[f"{pos}/L{L}"].get("per_seed") or [] for L in udepths]
       n = min(len(r) for r in runs)
       if n < 2:
         return ""
-      return " (per seed " + ", ".join(f"{_exponent(udepths, [runs[j][i][s] for j in range(len(udepths))]):+.2f}"
+      return " (per seed " + ", ".join(f"{_exponent(udepths, [runs[j][i][s] for j in range(len(udepths))]):+z.2f}"
                                        for i in range(n)) + ")"
-    parts.append(f"step {s + 1}: Post-LN e = {ep:+.2f}{per_seed('post')}, DeepNorm e = {ed:+.2f}"
+    parts.append(f"step {s + 1}: Post-LN e = {ep:+z.2f}{per_seed('post')}, DeepNorm e = {ed:+z.2f}"
                  f"{per_seed('deepnorm')}{others}"
                  + ("" if s in judged else " (Post-LN saturated: not judged)"))
   hi = udepths[-1]
-  tail = (f"; update at N={hi}, step 1: DeepNorm {update[f'deepnorm/L{hi}']['mean'][0]:.3g} vs Post-LN "
-          f"{update[f'post/L{hi}']['mean'][0]:.3g}")
+  tail = (f"; update at N={hi}, step 1: DeepNorm {update[f'deepnorm/L{hi}']['mean'][0]:z.3g} vs Post-LN "
+          f"{update[f'post/L{hi}']['mean'][0]:z.3g}")
   return {"id": "deepnet_update_constant", "criterion": crit, "ours": "; ".join(parts) + tail,
           "short": ("; ".join(p for i, p in enumerate(parts) if i in judged)
                     or "Post-LN saturated at every early step: not judged") + tail,
@@ -184,6 +184,6 @@ def verdicts(points: dict, update: dict, consts: dict, cfg: Design, unigram: flo
   errs = [abs(a - (2 * int(L)) ** 0.25) + abs(b - (8 * int(L)) ** -0.25) for L, (a, b) in consts.items()]
   claims.append({"id": "deepnet_constants", "criterion": "the constants jaxnorm.models uses equal the formula to "
                  "1e-12 (exact: no partly)",
-                 "ours": "; ".join(f"N={L}: alpha {a:.4f}, beta {b:.4f}" for L, (a, b) in consts.items()),
+                 "ours": "; ".join(f"N={L}: alpha {a:z.4f}, beta {b:z.4f}" for L, (a, b) in consts.items()),
                  "holds": "yes" if max(errs) < 1e-12 else "no"})
   return claims

@@ -61,7 +61,8 @@ class Config:
     tokens_per_param: the T/P values (unique training bytes over parameters).
     seeds: training seeds (the report's; the pilots use 100-102).
     lrs: ``((norm, peak lr), ...)`` for the norms of :data:`experiments.studies.dyt_recipe.NORMS`.
-    eval_every: validation every this many steps (the curve; the final value is what the rules read).
+    eval_every: validation every this many steps (the curve: its best point is compared where a final
+      checkpoint overfit, :func:`experiments.studies.dyt_rules.paired`; else the final value).
   """
 
   n_layers: int = 2
@@ -127,15 +128,40 @@ def run(ctx, cfg: Config) -> dict:
     rows.append({"norm": norm, "tpp": tpp, "seed": seed, **cell})
   unigram = eval_unigram_nats(tc0, ctx.corpus())
   epochs = {t: cells[(recipe.NORMS[0], t, cfg.seeds[0])]["epochs"] for t in cfg.tokens_per_param}
-  claims = rules.claims(cells, epochs=epochs, unigram=unigram)
   ctx.save_json("cells.json", rows)
+  return analyse(ctx, cfg, rows, unigram=unigram, epochs=epochs)
+
+
+def eval_noise(rows: list[dict]) -> dict | None:
+  """The measured evaluation noise: per run, |val - val_alt| (the same final model on the two disjoint
+  sets of validation windows): ``{"single": {"median", "max", "n"}}``, None if no run has both."""
+  d = [abs(float(r["val"]) - float(r["val_alt"])) for r in rows
+       if r.get("val") is not None and r.get("val_alt") is not None
+       and np.isfinite(float(r["val"])) and np.isfinite(float(r["val_alt"]))]
+  return {"single": {"median": float(np.median(d)), "max": float(max(d)), "n": len(d)}} if d else None
+
+
+def analyse(ctx, cfg: Config, rows: list[dict], *, unigram: float, epochs: dict) -> dict:
+  """The summary from the per-run rows of ``cells.json`` (claims, figures, table, noise); no training."""
+  cells = {(r["norm"], float(r["tpp"]), int(r["seed"])): r for r in rows}
+  epochs = {float(t): float(v) for t, v in epochs.items()}
+  claims = rules.claims(cells, epochs=epochs, unigram=unigram)
   ctx.save_csv("cells.csv", ["norm", "tpp", "seed", "lr", "params", "unique_bytes", "epochs", "val", "val_alt",
-                             "train", "gap", "saturation_mean"],
+                             "best_val", "train", "gap", "saturation_mean"],
                ([r["norm"], r["tpp"], r["seed"], r["lr"], r["params"], r["unique_bytes"], r["epochs"], r["val"],
-                 r["val_alt"], r["train"], rules.gap(r), rules.mean_saturation(r["saturation"])] for r in rows))
+                 r["val_alt"], rules.best_val(r), r["train"], rules.gap(r), rules.mean_saturation(r["saturation"])]
+                for r in rows))
   return {"claims": claims, "files": plot(ctx, cells, cfg), "unigram": unigram, "epochs": epochs,
           "table": _table(cells, cfg), "model": dict(ctx.preset["model"]), "seeds": list(cfg.seeds),
-          "params": rows[0]["params"] if rows else None}
+          "params": rows[0]["params"] if rows else None, "eval_noise": eval_noise(rows)}
+
+
+def reanalyse(ctx, cfg: Config, summary: dict) -> dict:
+  """:func:`analyse` again from the folder's ``cells.json`` and the old summary's unigram plateau and
+  epochs (new rules, tables and figures on the same runs; :mod:`experiments.suite.reanalyse`)."""
+  from experiments.suite.registry import read_json
+  return analyse(ctx, cfg, read_json(ctx.exp_dir / "cells.json"), unigram=float(summary["unigram"]),
+                 epochs=summary["epochs"])
 
 
 def _stat(xs) -> tuple[float, float, float]:
@@ -151,7 +177,8 @@ def _table(cells: dict, cfg: Config) -> list[dict]:
     for norm in recipe.NORMS:
       cs = [cells[(norm, tpp, s)] for s in cfg.seeds]
       out.append({"tpp": tpp, "norm": norm, "val": _stat(c["val"] for c in cs),
-                  "val_alt": _stat(c["val_alt"] for c in cs), "train": _stat(c["train"] for c in cs),
+                  "val_alt": _stat(c["val_alt"] for c in cs), "best": _stat(rules.best_val(c) for c in cs),
+                  "train": _stat(c["train"] for c in cs),
                   "gap": _stat(rules.gap(c) for c in cs),
                   "saturation": _stat(rules.mean_saturation(c["saturation"]) for c in cs),
                   "epochs": cs[0]["epochs"], "unique_bytes": cs[0]["unique_bytes"]})
@@ -195,7 +222,33 @@ def plot(ctx, cells: dict, cfg: Config) -> list[str]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
   files.append(ctx.save_figure(fig, "dyt_gap.png"))
+  files.append(plot_curves(ctx, cells, cfg))
   return files
+
+
+def plot_curves(ctx, cells: dict, cfg: Config) -> str:
+  """``dyt_curves.png``: validation loss over the steps, one panel per T/P, one line per (norm, seed)
+  (every seed drawn: a split between seeds shows), each curve's best point marked."""
+  tpps = list(cfg.tokens_per_param)
+  fig, axes = ctx.subplots(1, len(tpps), figsize=(4.2 * len(tpps), 3.6), squeeze=False)
+  for ax, t in zip(axes[0], tpps):
+    for i, norm in enumerate(recipe.NORMS):
+      for j, s in enumerate(cfg.seeds):
+        curve = [(int(st), float(v)) for st, v in (cells[(norm, t, s)].get("val_curve") or [])
+                 if v is not None and np.isfinite(float(v))]
+        if not curve:
+          continue
+        xs, ys = zip(*curve)
+        ax.plot(xs, ys, "-", lw=1, color=f"C{i}", alpha=0.8, label=NAMES[norm] if j == 0 else None)
+        k = int(np.argmin(ys))
+        ax.plot([xs[k]], [ys[k]], "o", ms=3, color=f"C{i}")
+    ax.set_title(f"T/P {t:g} ({cells[(recipe.NORMS[0], t, cfg.seeds[0])]['epochs']:z.2f} epochs)", fontsize=10)
+    ax.set_xlabel("step")
+    ax.set_ylim(top=min(ax.get_ylim()[1], 4.5))
+    ax.grid(alpha=0.3)
+  axes[0][0].set_ylabel("validation loss (nats per byte)")
+  axes[0][0].legend(fontsize=7)
+  return ctx.save_figure(fig, "dyt_curves.png")
 
 
 RECIPES = (
@@ -237,17 +290,23 @@ def report_section(summary: dict, rel: str) -> str:
       f"position table) with LayerNorm, RMSNorm, DyT or Derf in every norm position, {cfg['steps']} steps of "
       f"{cfg['batch_size']} x {cfg['seq_len']} bytes in every cell, the unique training bytes set by tokens per "
       f"parameter {fmt['tpps']}; seeds {', '.join(map(str, cfg['seeds']))}; peak rates {lrs}. Validation on the "
-      f"held-out files (two sets of windows; plateau {float(summary['unigram']):.3f} nats). Lines: seed means; "
+      f"held-out files (two sets of windows; plateau {float(summary['unigram']):z.3f} nats). Lines: seed means; "
       "bands: the seeds' range.", "",
       f"![loss against tokens per parameter]({rel}/dyt_loss.png)", "",
-      f"![gap and saturation]({rel}/dyt_gap.png)", "",
-      "| T/P | unique bytes | epochs | norm | val (seed mean [min, max]) | val, 2nd windows | train | gap val - train "
-      "| saturated |", "|---|---|---|---|---|---|---|---|---|"]
+      f"![gap and saturation]({rel}/dyt_gap.png)", ""]
+  if "dyt_curves.png" in summary.get("files", []):
+    lines += ["Validation loss over the steps, every seed (dots: each curve's best point; the small cells overfit "
+              "after it):", "", f"![validation curves]({rel}/dyt_curves.png)", ""]
+  lines += [
+      "| T/P | unique bytes | epochs | norm | final val (seed mean [min, max]) | best of curve | val, 2nd windows | "
+      "train | gap val - train | saturated |", "|---|---|---|---|---|---|---|---|---|---|"]
   for r in summary["table"]:
     v, a, t, g, s = ([from_json_float(x) for x in r[k]] for k in ("val", "val_alt", "train", "gap", "saturation"))
-    sat = "-" if not np.isfinite(s[0]) else f"{s[0]:.1%}"
-    lines.append(f"| {r['tpp']:g} | {r['unique_bytes']:,} | {r['epochs']:.2f} | {NAMES[r['norm']]} | {v[0]:.3f} "
-                 f"[{v[1]:.3f}, {v[2]:.3f}] | {a[0]:.3f} | {t[0]:.3f} | {g[0]:+.3f} | {sat} |")
+    b = [from_json_float(x) for x in r["best"]] if "best" in r else None
+    sat = "-" if not np.isfinite(s[0]) else f"{s[0]:z.1%}"
+    best = "-" if b is None else f"{b[0]:z.3f} [{b[1]:z.3f}, {b[2]:z.3f}]"
+    lines.append(f"| {r['tpp']:g} | {r['unique_bytes']:,} | {r['epochs']:z.2f} | {NAMES[r['norm']]} | {v[0]:z.3f} "
+                 f"[{v[1]:z.3f}, {v[2]:z.3f}] | {best} | {a[0]:z.3f} | {t[0]:z.3f} | {g[0]:+z.3f} | {sat} |")
   lines += ["", "Recipes, ours beside each paper's:", "",
             "| | ours | Zhu et al. 2025 (DyT) | Chen et al. 2025 (Derf) | Verma 2026 (artifact) |",
             "|---|---|---|---|---|"]

@@ -137,7 +137,7 @@ def main(argv=None) -> int:
     with open(out, "a") as f:
       f.write(json.dumps(rec) + "\n")
     print(f"{spec} val={rec['final_val_loss']} alt={rec['final_val_loss_alt']} train={rec['final_train_loss']} "
-          f"sat={rec['final_saturation']} wall={rec['wall_s']:.0f}s load={rec['load']}", flush=True)
+          f"sat={rec['final_saturation']} wall={rec['wall_s']:z.0f}s load={rec['load']}", flush=True)
   return 0
 
 

@@ -251,7 +251,7 @@ def _plot_depth_scaling_and_residuals(ctx, results: dict, an: dict, cfg: Config)
     if len(s["depths"]) < 2 or setting != "xavier":
       continue
     c, ls, lab = _STYLES[(pos, norm)]
-    ax.loglog(s["depths"], s["last_layer"], ls, color=c, marker="o", label=f"{lab}: slope {s['slope']:+.2f}")
+    ax.loglog(s["depths"], s["last_layer"], ls, color=c, marker="o", label=f"{lab}: slope {s['slope']:+z.2f}")
   if len(cfg.depths) >= 2:
     d0 = np.asarray(cfg.depths, np.float64)
     ref = an["slopes"]["xavier/pre/layer_norm"]["last_layer"][0] if "xavier/pre/layer_norm" in an["slopes"] else 1.0
@@ -371,7 +371,14 @@ def report_section(summary: dict, rel: str) -> str:
             "Last/first-layer gradient-norm ratio (seed-averaged norms; per-seed W2 ratios in the last column):", "",
             "| setting / position / norm / depth | W2 (mlp_out) | W^QKV | per seed |", "|---|---|---|---|"]
   for r in summary["ratio_table"]:
-    lines.append(f"| {r['key']} | {r['mlp_out']:.2f} | {r['attn_qkv']:.2f} | "
-                 f"{', '.join(f'{v:.2f}' for v in r['per_seed'])} |")
+    lines.append(f"| {r['key']} | {r['mlp_out']:z.2f} | {r['attn_qkv']:z.2f} | "
+                 f"{', '.join(f'{v:z.2f}' for v in r['per_seed'])} |")
   lines.append("")
   return "\n".join(lines)
+
+
+def reanalyse(ctx, cfg: Config, summary: dict) -> dict:
+  """The summary with its claims judged again from the analysis kept in the folder's ``data.json`` (no
+  measuring; tables and figures kept; :mod:`experiments.suite.reanalyse`)."""
+  from experiments.suite.registry import read_json
+  return {**summary, "claims": verdicts(read_json(ctx.exp_dir / "data.json")["analysis"], cfg)}

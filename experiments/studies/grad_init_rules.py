@@ -27,7 +27,7 @@ class Design(Protocol):
 
 # Verdict criteria (the same for every preset).
 GROWTH_FACTOR = 1.5          # Post-LN "grows" at a depth: its last/first ratio is at least this
-FLAT_BAND = (1 / GROWTH_FACTOR, GROWTH_FACTOR)  # Pre-LN "about flat": its ratio in this band (symmetric in log)
+FLAT_BAND = (1 / GROWTH_FACTOR, GROWTH_FACTOR)  # Pre-LN "about flat" (shown, not judged): its ratio in this band
 SLOPE_POST_ABS = 0.25        # |log-log slope| within this counts as "independent of L"; below -this: decreasing
 LEMMA2_INCREMENT = (0.5, 1.5)  # Lemma 2: E||x||^2/d grows by this much per whole Pre-LN layer
 POST_LEVEL = (1.25, 1.75)    # "about 3/2" (Post-LN FFN norm inputs)
@@ -35,15 +35,16 @@ ATTN_LEVEL = (1.0, 2.0)      # Post-LN attention norm inputs with W^Q = W^K = 0
 
 
 def _fmt_ratio(x):
-  return f"{x:.2f}"
+  return f"{x:z.2f}"
 
 
 def _growth_claim(an: dict, cfg: Design) -> dict:
   """``xiong_grad_growth``, judged per (norm, depth) (see :func:`verdicts`)."""
   crit = (f"LayerNorm only (the claim's norm; RMSNorm shown beside, not judged), per depth: Post-LN's last/first W2 "
-          f"ratio >= {GROWTH_FACTOR} (it grows) and Pre-LN's in [{FLAT_BAND[0]:.2f}, {FLAT_BAND[1]:.2f}] (about flat, "
-          "the same factor either way); yes/partly/no = every/some/no depth; a ratio within 10% of a threshold is "
-          "marked")
+          f"ratio >= {GROWTH_FACTOR} (it grows) and Pre-LN's < {GROWTH_FACTOR} (it does not grow, as the claim says); "
+          f"yes/partly/no = every/some/no depth; whether Pre-LN is about flat (in [{FLAT_BAND[0]:z.2f}, "
+          f"{FLAT_BAND[1]:z.2f}], the paper's figure) or decays towards the output is stated beside, not judged; "
+          "a ratio within 10% of a threshold is marked")
   if len(cfg.seeds) < 2 or len(cfg.depths) < 2 or max(cfg.depths) < 12:
     holds, ours = claims_lib.not_testable([f"needs >= 2 seeds and >= 2 depths, one >= 12; the preset has seeds "
                                            f"{list(cfg.seeds)}, depths {list(cfg.depths)}"])
@@ -53,13 +54,14 @@ def _growth_claim(an: dict, cfg: Design) -> dict:
     for L in cfg.depths:
       post = an["ratios"][f"xavier/post/{norm}/L{L}"]["mlp_out"]
       pre = an["ratios"][f"xavier/pre/{norm}/L{L}"]["mlp_out"]
-      grows, flat = post >= GROWTH_FACTOR, FLAT_BAND[0] <= pre <= FLAT_BAND[1]
+      grows, pre_grows = post >= GROWTH_FACTOR, pre >= GROWTH_FACTOR
       if norm == "layer_norm":
-        oks.append(grows and flat)
+        oks.append(grows and not pre_grows)
       pre_by_norm.setdefault(norm, []).append(pre)
       notes = ([] if grows else ["Post-LN does not grow"]) + (
-          [] if flat else ["Pre-LN decays towards the output" if pre < FLAT_BAND[0] else "Pre-LN grows too"])
-      near = [x for x in (post, pre) for t in (GROWTH_FACTOR, *FLAT_BAND) if abs(x - t) <= 0.1 * t]
+          ["Pre-LN grows too"] if pre_grows else
+          ["Pre-LN does not grow: it decays towards the output"] if pre < FLAT_BAND[0] else [])
+      near = [x for x in (post, pre) for t in (GROWTH_FACTOR,) if abs(x - t) <= 0.1 * t]
       if near:
         notes.append("within 10% of a threshold")
       pairs.append(f"{'LN' if norm == 'layer_norm' else 'RMS (not judged)'} L={L}: {_fmt_ratio(post)} vs "
@@ -95,10 +97,10 @@ def _scaling_claim(an: dict, cfg: Design) -> dict:
       if not per:
         return ""
       split = len({ok(v) for v in per}) > 1
-      return (" (per seed " + ", ".join(f"{v:+.2f}" for v in per) + ")"
+      return (" (per seed " + ", ".join(f"{v:+z.2f}" for v in per) + ")"
               + (" **seeds on both sides of the cut-off**" if split else ""))
-    parts.append(f"{'LN' if norm == 'layer_norm' else 'RMS (not judged)'}: Post-LN {so:+.2f}"
-                 f"{seeds(spost, lambda v: abs(v) <= SLOPE_POST_ABS)}, Pre-LN {sp:+.2f}"
+    parts.append(f"{'LN' if norm == 'layer_norm' else 'RMS (not judged)'}: Post-LN {so:+z.2f}"
+                 f"{seeds(spost, lambda v: abs(v) <= SLOPE_POST_ABS)}, Pre-LN {sp:+z.2f}"
                  f"{seeds(spre, lambda v: v < -SLOPE_POST_ABS)}")
     if norm == "layer_norm":
       oks += [abs(so) <= SLOPE_POST_ABS, sp < -SLOPE_POST_ABS]
@@ -113,11 +115,12 @@ def verdicts(an: dict, cfg: Design) -> list[dict]:
   Ratios are last/first-layer ``mlp_out`` (W2) gradient-norm ratios; "yes/partly/no" means at
   every / some / no depth unless stated otherwise.
 
-  * ``xiong_grad_growth`` (Xavier grid, :func:`_growth_claim`), per (norm, depth): Post-LN's ratio
-    is at least ``GROWTH_FACTOR`` (1.5: it grows) and Pre-LN's is in ``FLAT_BAND`` [1/1.5, 1.5]
-    (about flat: the paper says it stays about the same, so a decay towards the output counts
-    against it as a growth would); yes/partly/no = every/some/no pair. Not testable with fewer
-    than 2 seeds or 2 depths, or no depth >= 12.
+  * ``xiong_grad_growth`` (Xavier grid, :func:`_growth_claim`), per depth, LayerNorm: Post-LN's
+    ratio is at least ``GROWTH_FACTOR`` (1.5: it grows) and Pre-LN's is below it (it does not grow,
+    which is what the claim says; issue 44: a Pre-LN decay towards the output no longer counts
+    against it, it is stated beside: "decays towards the output" below ``FLAT_BAND``, where the
+    paper's figure shows it about flat); yes/partly/no = every/some/no depth. Not testable with
+    fewer than 2 seeds or 2 depths, or no depth >= 12.
   * ``xiong_grad_depth_scaling`` (Xavier grid, :func:`_scaling_claim`): the log-log slope of the
     last-layer W2 gradient norm against L, per norm type: Post-LN's within +-``SLOPE_POST_ABS``
     (0.25, flat), Pre-LN's below -0.25 (decreasing); Theorem 1's O() terms are upper bounds, so
@@ -160,10 +163,10 @@ def _lemma2_claim(an: dict, setting: str, vdepths) -> dict:
                    f"adds 0..1, the FFN 1/2 in expectation) is in {list(LEMMA2_INCREMENT)} at every depth; "
                    "yes/partly/no = every/some/no depth",
       "ours": "per layer: " + ", ".join(
-          f"L={L}: {r['mean_increment']:.2f} ({100 * r['frac_layers_in_bounds']:.0f}% of layers in bounds)"
+          f"L={L}: {r['mean_increment']:z.2f} ({100 * r['frac_layers_in_bounds']:z.0f}% of layers in bounds)"
           for L, r in res.items())
-      + "; of which attention " + ", ".join(f"L={L}: {r['mean_attn_increment']:.2f}" for L, r in res.items())
-      + ", FFN " + ", ".join(f"L={L}: {r['mean_ffn_increment']:.2f}" for L, r in res.items()),
+      + "; of which attention " + ", ".join(f"L={L}: {r['mean_attn_increment']:z.2f}" for L, r in res.items())
+      + ", FFN " + ", ".join(f"L={L}: {r['mean_ffn_increment']:z.2f}" for L, r in res.items()),
       "holds": claims_lib.verdict(inside),
   }
 
@@ -177,8 +180,8 @@ def _lemma_postln_claim(an: dict, setting: str, vdepths) -> dict:
       "id": "xiong_lemma_postln",
       "criterion": f"{setting} variant, LayerNorm: the mean E||x||^2/d of Post-LN's FFN norm inputs is in "
                    f"{list(POST_LEVEL)} and every attention norm input in {list(ATTN_LEVEL)} (± 0.05) at every depth",
-      "ours": "FFN norm inputs: " + ", ".join(f"L={L}: {r['ffn_mean']:.2f}" for L, r in post.items())
-      + "; attention norm inputs: " + ", ".join(f"L={L}: {r['attn_min']:.2f}-{r['attn_max']:.2f}"
+      "ours": "FFN norm inputs: " + ", ".join(f"L={L}: {r['ffn_mean']:z.2f}" for L, r in post.items())
+      + "; attention norm inputs: " + ", ".join(f"L={L}: {r['attn_min']:z.2f}-{r['attn_max']:z.2f}"
                                                  for L, r in post.items()),
       "holds": "yes" if all(ffn_ok) and all(attn_ok) else ("partly" if any(ffn_ok) or any(attn_ok) else "no"),
   }
@@ -192,5 +195,5 @@ def _init_claim(an: dict, cfg: Design) -> dict:
     ps = an["ratios"][f"small/post/layer_norm/L{L}"]["mlp_out"]
     rx = an["ratios"].get(f"xavier/pre/layer_norm/L{L}", {}).get("mlp_out", float("nan"))
     rs = an["ratios"][f"small/pre/layer_norm/L{L}"]["mlp_out"]
-    parts.append(f"L={L}: Post-LN {px:.2f} (Xavier) -> {ps:.2f} (small), Pre-LN {rx:.2f} -> {rs:.2f}")
+    parts.append(f"L={L}: Post-LN {px:z.2f} (Xavier) -> {ps:z.2f} (small), Pre-LN {rx:z.2f} -> {rs:z.2f}")
   return {"id": "init_changes_picture", "ours": "last/first W2 ratio; " + "; ".join(parts), "holds": "obs"}

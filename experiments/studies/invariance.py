@@ -283,7 +283,7 @@ def plot(ctx, data: dict) -> list[str]:
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("norm of all block-weight gradients")
-    ax.set_title(f"during training (median RMS/LN ratio {model['train_ratio_median']:.2f})", fontsize=10)
+    ax.set_title(f"during training (median RMS/LN ratio {model['train_ratio_median']:z.2f})", fontsize=10)
     ax.legend(fontsize=8)
     files.append(ctx.save_figure(fig, "grad_norms_ln_vs_rms.png"))
   return files
@@ -350,8 +350,8 @@ def report_section(summary: dict, rel: str) -> str:
       "|---|---|---|---|---|",
   ]
   for r in summary["headline"]:
-    lines.append(f"| {r['variant']} | {r['fwd_max_inner']:.1e} | {r['fwd_max_all']:.1e} | "
-                 f"{r['grad_max_inner']:.1e} | {r['grad_max_all']:.1e} |")
+    lines.append(f"| {r['variant']} | {r['fwd_max_inner']:z.1e} | {r['fwd_max_all']:z.1e} | "
+                 f"{r['grad_max_inner']:z.1e} | {r['grad_max_all']:z.1e} |")
   lines += [
       "",
       "Without epsilon both norms are scale invariant to float32 rounding over six decades. With "

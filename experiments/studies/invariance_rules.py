@@ -29,8 +29,8 @@ def break_point(grid, err, level):
 
 
 def _eps_text(eps_max: float, brk: float | None) -> str:
-  return (f"with eps=1e-6 {eps_max:.1e} over [1e-2,1e2]"
-          + (f", > {BREAK_LEVEL:g} for a <= {brk:.2g}" if brk else f", never above {BREAK_LEVEL:g}"))
+  return (f"with eps=1e-6 {eps_max:z.1e} over [1e-2,1e2]"
+          + (f", > {BREAK_LEVEL:g} for a <= {brk:z.2g}" if brk else f", never above {BREAK_LEVEL:g}"))
 
 
 def scale_claim(err_eps0: float, err_eps_inner: float, brk: float | None) -> dict:
@@ -45,7 +45,7 @@ def scale_claim(err_eps0: float, err_eps_inner: float, brk: float | None) -> dic
           "criterion": f"max |RMS(ax) - RMS(x)| over a in [1e-3, 1e3] without epsilon <= {ROUNDING_TOL:g} "
                        "(float32 rounding): yes, else no; an exact property, so no partly (epsilon's break for "
                        "small a is reported beside it, with its closed form)",
-          "ours": f"max|RMS(ax)-RMS(x)| over a in [1e-3,1e3]: {err_eps0:.1e} with eps=0; "
+          "ours": f"max|RMS(ax)-RMS(x)| over a in [1e-3,1e3]: {err_eps0:z.1e} with eps=0; "
                   + _eps_text(err_eps_inner, brk),
           "holds": "yes" if err_eps0 <= ROUNDING_TOL else "no"}
 
@@ -58,7 +58,7 @@ def grad_claim(err_eps0: float, err_eps_inner: float, brk: float | None) -> dict
   return {"id": "notes_rms_grad_invariance",
           "criterion": f"max relative error of grad_x over a in [1e-3, 1e3] without epsilon <= {GRAD_TOL:g}: yes, "
                        "else no; an exact property, so no partly",
-          "ours": f"max rel. error of grad_x over a in [1e-3,1e3]: {err_eps0:.1e} with eps=0; "
+          "ours": f"max rel. error of grad_x over a in [1e-3,1e3]: {err_eps0:z.1e} with eps=0; "
                   + _eps_text(err_eps_inner, brk),
           "holds": "yes" if err_eps0 <= GRAD_TOL else "no"}
 
@@ -76,8 +76,8 @@ def shift_claim(ln_err_in_range: float, ln_err_max: float, rms_err_at_1: float) 
           "criterion": f"two parts: max |LN(x+c) - LN(x)| for c <= {SHIFT_RANGE:g} is <= {BREAK_LEVEL:g} (LayerNorm "
                        f"invariant) and |RMS(x+c) - RMS(x)| > {RMS_SHIFTED:g} from c = 1 on (RMSNorm not); "
                        "yes/partly/no = both/one/neither",
-          "ours": (f"max|LN(x+c)-LN(x)| for c <= {SHIFT_RANGE:g}: {ln_err_in_range:.1e} ({ln_err_max:.1e} at c=1e3, "
-                   f"the rounding of x + c); RMSNorm: {rms_err_at_1:.2g} already at c=1"),
+          "ours": (f"max|LN(x+c)-LN(x)| for c <= {SHIFT_RANGE:g}: {ln_err_in_range:z.1e} ({ln_err_max:z.1e} at c=1e3, "
+                   f"the rounding of x + c); RMSNorm: {rms_err_at_1:z.2g} already at c=1"),
           "holds": claims_lib.verdict([ln_ok, rms_ok])}
 
 
@@ -98,7 +98,7 @@ def grad_norms_claim(op_ratio: float, init_ratio: float | None = None, train_rat
   if op_seeds is not None:
     op_name += f", mean over seeds {list(op_seeds)}"
   if op_range is not None:
-    op_name += f" (range {op_range[0]:.3f}-{op_range[1]:.3f})"
+    op_name += f" (range {op_range[0]:z.3f}-{op_range[1]:z.3f})"
   model_tag = "" if model_seed is None else f", seed {model_seed} only"
   checks = [(op_name, op_ratio), (f"Pre-LN model at init{model_tag}", init_ratio),
             (f"in training (median over steps{model_tag})", train_ratio)]
@@ -106,7 +106,7 @@ def grad_norms_claim(op_ratio: float, init_ratio: float | None = None, train_rat
   return {"id": "notes_grad_norms_close",
           "criterion": f"the RMS/LN weight-gradient norm ratio is in [{CLOSE_RATIO[0]}, {CLOSE_RATIO[1]}] ('close') "
                        "for the op, the model at init and the model in training; yes/partly/no = all/some/none",
-          "ours": "; ".join(f"{name}: RMS/LN {r:.3f}" for name, r in checks),
+          "ours": "; ".join(f"{name}: RMS/LN {r:z.3f}" for name, r in checks),
           "holds": claims_lib.verdict([CLOSE_RATIO[0] <= r <= CLOSE_RATIO[1] for _, r in checks])}
 
 

@@ -125,10 +125,10 @@ def report_section(summary: dict, rel: str) -> str:
       f"![norm scaling]({rel}/norm_scaling.png)", "",
       "| seed | phase | " + " | ".join(NAMES.values()) + " |", "|---|---|" + "---|" * len(NAMES)]
   for r in summary["table"]:
-    lines.append(f"| {r['seed']} | {r['phase']} | " + " | ".join(f"{float(r[v]):.3g}" for v in NAMES) + " |")
+    lines.append(f"| {r['seed']} | {r['phase']} | " + " | ".join(f"{float(r[v]):z.3g}" for v in NAMES) + " |")
   fin = summary.get("finals", {})
   if fin:
     lines += ["", "Final validation loss: " + "; ".join(
-        f"{NAMES[v]} " + ", ".join("div." if x is None else f"{float(x):.3f}" for x in xs) for v, xs in fin.items())]
+        f"{NAMES[v]} " + ", ".join("div." if x is None else f"{float(x):z.3f}" for x in xs) for v, xs in fin.items())]
   lines.append("")
   return "\n".join(lines)

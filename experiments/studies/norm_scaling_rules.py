@@ -71,7 +71,7 @@ def _claim(cid: str, other: str, per: dict, label: str) -> dict:
           "initialization are shown as facts of construction, not judged (the claims are about trained models)")
   oks, parts, init = [], [], []
   for (seed, phase), g in per.items():
-    text = f"s{seed} {phase}: growth Pre-LN {g['pre']:.3g}, {label} {g[other]:.3g}"
+    text = f"s{seed} {phase}: growth Pre-LN {g['pre']:z.3g}, {label} {g[other]:z.3g}"
     if phase != "trained":
       init.append(text)
       continue

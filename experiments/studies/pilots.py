@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.out, "a") as f:
       f.write(json.dumps(r) + "\n")
     print(f"{spec}: final {r['final_val_loss']} diverged_at {r['diverged_at']} left {r['left_plateau']} "
-          f"({r['wall_s']:.0f} s)", flush=True)
+          f"({r['wall_s']:z.0f} s)", flush=True)
   return 0
 
 

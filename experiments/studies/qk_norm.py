@@ -90,7 +90,7 @@ class Config:
     if len(lrs) < 2 or lrs != sorted(lrs) or lrs[0] <= 0:
       raise ValueError(f"lrs must be at least two ascending positive rates, got {self.lrs!r}.")
     if lrs[-1] / lrs[0] < 100 * (1 - 1e-9):
-      raise ValueError(f"lrs must span at least two decades (max / min >= 100), got {lrs[-1] / lrs[0]:.3g} "
+      raise ValueError(f"lrs must span at least two decades (max / min >= 100), got {lrs[-1] / lrs[0]:z.3g} "
                        f"for {self.lrs!r}.")
     if "pre" not in self.positions:
       raise ValueError(f"positions must include 'pre' (the judged layout), got {self.positions!r}.")
@@ -266,7 +266,7 @@ def _f(v) -> str:
   if v is None:
     return "div."
   v = float(v)
-  return f"{v:.3f}" if math.isfinite(v) else str(v)
+  return f"{v:z.3f}" if math.isfinite(v) else str(v)
 
 
 def report_section(summary: dict, rel: str) -> str:
@@ -279,7 +279,7 @@ def report_section(summary: dict, rel: str) -> str:
   warm = max(1, round(cfg["warmup_frac"] * cfg["steps"]))
   lines = [
       f"Setup: {cfg['n_layers']}-layer byte-level LMs (LayerNorm, Xavier init), {cfg['steps']} steps, peak rates "
-      f"{', '.join(f'{v:g}' for v in lrs)} ({lrs[-1] / lrs[0]:.0f}x), seeds {', '.join(map(str, cfg['seeds']))}; "
+      f"{', '.join(f'{v:g}' for v in lrs)} ({lrs[-1] / lrs[0]:z.0f}x), seeds {', '.join(map(str, cfg['seeds']))}; "
       f"with and without QK-norm ({cfg['qk_norm']}, {cfg['qk_norm_scale'].replace('_', '-')} scale).", "",
       "| recipe | Wortsman et al. (Sec. 2.1; C4, batch 256 x 512 tokens, 1e5 steps) | here |", "|---|---|---|",
       f"| optimizer | AdamW b1 0.9, b2 0.95, eps 1e-8 | AdamW b1 0.9, b2 {cfg['b2']:g}, eps 1e-8 |",
@@ -297,7 +297,17 @@ def report_section(summary: dict, rel: str) -> str:
       f"{lrs[-1]:g} |", "|---|---|---|" + "---|" * len(lrs) + "---|"]
   for r in summary["table"]:
     name = f"{'Pre' if r['position'] == 'pre' else 'Post'}-LN {'+ QK-norm' if r['qk_norm'] else 'no QK-norm'}"
-    lines.append(f"| {name} | {r['seed']} | {r['lr_sensitivity']:.3f} | " + " | ".join(_f(v) for v in r["finals"])
-                 + f" | {float(r['peak_logits'][-1]):.3g} |")
+    lines.append(f"| {name} | {r['seed']} | {r['lr_sensitivity']:z.3f} | " + " | ".join(_f(v) for v in r["finals"])
+                 + f" | {float(r['peak_logits'][-1]):z.3g} |")
   lines.append("")
   return "\n".join(lines)
+
+
+def reanalyse(ctx, cfg: Config, summary: dict) -> dict:
+  """The summary with its claims judged again from the folder's ``runs.json`` (no training; the
+  tables and figures are kept: they do not depend on the rules; :mod:`experiments.suite.reanalyse`)."""
+  from experiments.suite.registry import read_json
+  runs = {(r["position"], bool(r["qk_norm"]), float(r["lr"]), int(r["seed"])): r
+          for r in read_json(ctx.exp_dir / "runs.json")}
+  claims, _ = judge(runs, cfg)
+  return {**summary, "claims": claims}

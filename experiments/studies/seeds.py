@@ -196,7 +196,7 @@ def _seed_text(p: dict, i: int) -> str:
   if f == "diverged":
     at = p.get("diverged_at", [None] * len(p["values"]))[i]
     return "diverged" + (f" at step {at}" if at is not None else "")
-  return f"{p['values'][i]:.3f}" + (" stalled" if f else "")
+  return f"{p['values'][i]:z.3f}" + (" stalled" if f else "")
 
 
 def format_finals(p: dict) -> str:
@@ -216,7 +216,7 @@ def format_rises(p: dict) -> str:
     elif r["step"] is None:
       out.append("+0.00 (never rises)")
     elif r["rise"] > SPIKE_NATS:
-      out.append(f"**spike** +{r['rise']:.2f} to {r['peak']:.2f} at step {r['step']}")
+      out.append(f"**spike** +{r['rise']:z.2f} to {r['peak']:z.2f} at step {r['step']}")
     else:
-      out.append(f"+{r['rise']:.2f} to {r['peak']:.2f} at step {r['step']}")
+      out.append(f"+{r['rise']:z.2f} to {r['peak']:z.2f} at step {r['step']}")
   return ", ".join(out) or "-"

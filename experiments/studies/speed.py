@@ -248,14 +248,14 @@ def report_section(summary: dict, rel: str) -> str:
   for s in summary["op_speedups"]:
     rr = s.get("round_reductions") or [float("nan")]
     lo, hi = np.quantile(rr, OP_SPREAD)
-    lines.append(f"| {s['shape']} | {s['impl']} | {s['mode']} | {s['ln_us']:.1f} | {s['rms_us']:.1f} | "
-                 f"{100 * s['time_reduction']:+.1f}% | {100 * float(np.median(rr)):+.1f}%, "
-                 f"{100 * lo:+.1f}..{100 * hi:+.1f}% |")
+    lines.append(f"| {s['shape']} | {s['impl']} | {s['mode']} | {s['ln_us']:z.1f} | {s['rms_us']:z.1f} | "
+                 f"{100 * s['time_reduction']:+z.1f}% | {100 * float(np.median(rr)):+z.1f}%, "
+                 f"{100 * lo:+z.1f}..{100 * hi:+z.1f}% |")
   lines += ["", "| model | tokens/s | step (ms) |", "|---|---|---|"]
   for k, v in summary["train"].items():
-    lines.append(f"| {k} | {v['tokens_per_s']:.0f} | {v['step_ms']:.1f} |")
+    lines.append(f"| {k} | {v['tokens_per_s']:z.0f} | {v['step_ms']:z.1f} |")
   lines += ["", "jaxnorm / Flax training throughput: " + ", ".join(
-      f"{k} {v:.3f}" for k, v in summary["jaxnorm_over_flax"].items()), ""]
+      f"{k} {v:z.3f}" for k, v in summary["jaxnorm_over_flax"].items()), ""]
   lines += ["The full benchmark (bandwidth, memory, Pallas kernels) is `python -m experiments bench`.",
             ""]
   return "\n".join(lines)

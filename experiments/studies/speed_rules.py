@@ -70,8 +70,8 @@ def speedup_verdict(reductions: list[float], published_min: float, spread: tuple
 
 def _spread_text(xs: list[float], spread: tuple = (0.0, 1.0)) -> str:
   lo, hi = np.quantile(np.asarray(xs, np.float64), spread)
-  name = "range" if spread == (0.0, 1.0) else f"q{100 * spread[0]:.0f}-q{100 * spread[1]:.0f}"
-  return f"median {100 * statistics.median(xs):+.1f}%, {name} {100 * lo:+.1f}..{100 * hi:+.1f}%"
+  name = "range" if spread == (0.0, 1.0) else f"q{100 * spread[0]:z.0f}-q{100 * spread[1]:z.0f}"
+  return f"median {100 * statistics.median(xs):+z.1f}%, {name} {100 * lo:+z.1f}..{100 * hi:+z.1f}%"
 
 
 def train_claim(reds: list[float], flax_reds: list[float], setup: str, backend: str = "cpu") -> dict:
@@ -95,7 +95,7 @@ def train_claim(reds: list[float], flax_reds: list[float], setup: str, backend: 
 
 def _train_crit() -> str:
   return (f"on an accelerator, RMSNorm's training-step time reduction in each of >= {MIN_TRAIN_REPEATS} interleaved "
-          f"repeats (jaxnorm norms): yes if every repeat >= {PUBLISHED_MIN:.1%}, partly if every one > 0, no if "
+          f"repeats (jaxnorm norms): yes if every repeat >= {PUBLISHED_MIN:z.1%}, partly if every one > 0, no if "
           "every one < 0; n/a (not measured) if their range includes 0")
 
 
@@ -138,7 +138,7 @@ def op_claim(by_shape: dict[str, list[float]], fwd_by_shape: dict[str, list[floa
     flax_text = "; Flax: " + "; ".join(f"{s}: {_spread_text(r, q)} ({f_per[s]})" for s, r in flax_by_shape.items())
     if f_holds != holds:
       holds = "partly" if "yes" in (holds, f_holds) or "partly" in (holds, f_holds) else "n/a"
-  fwd = "; forward alone: " + ", ".join(f"{s} {100 * statistics.median(r):+.0f}%"
+  fwd = "; forward alone: " + ", ".join(f"{s} {100 * statistics.median(r):+z.0f}%"
                                         for s, r in (fwd_by_shape or {}).items()) if fwd_by_shape else ""
   n = min((len(r) for r in by_shape.values()), default=0)
   reasons = design_reasons(backend, n, MIN_OP_ROUNDS, "rounds per shape")
@@ -149,8 +149,9 @@ def op_claim(by_shape: dict[str, list[float]], fwd_by_shape: dict[str, list[floa
   return {"id": "notes_rms_op_speedup",
           "criterion": f"on an accelerator, with >= {MIN_OP_ROUNDS} rounds: jaxnorm's and Flax's forward+backward "
                        f"op time, LayerNorm and RMSNorm timed in >= {MIN_REPEATS} "
-                       f"interleaved rounds per shape; per shape the spread is the q{100 * q[0]:.0f}-q{100 * q[1]:.0f} "
-                       f"range of the per-round reductions 1 - t_RMS/t_LN: yes if it is >= {NOTES_MIN:.0%}, "
+                       f"interleaved rounds per shape; per shape the spread is the "
+                       f"q{100 * q[0]:z.0f}-q{100 * q[1]:z.0f} "
+                       f"range of the per-round reductions 1 - t_RMS/t_LN: yes if it is >= {NOTES_MIN:z.0%}, "
                        "partly if > 0, no if < 0, n/a if it includes 0; the claim: yes = every shape yes, partly = "
                        "some shape faster beyond the spread, no = every measured shape slower, n/a if none measured; "
                        "judged per implementation, yes/no only where both agree, else partly",

@@ -199,10 +199,10 @@ def report_section(summary: dict, rel: str) -> str:
       "| pair | step-1 diff | max diff (step) | chaos baseline max | max val diff | final val jaxnorm | "
       "final val Flax |", "|---|---|---|---|---|---|---|"]
   for r in summary["table"]:
-    fj = "-" if r["final_jaxnorm"] is None else f"{float(r['final_jaxnorm']):.5f}"
-    ff = "-" if r["final_flax"] is None else f"{float(r['final_flax']):.5f}"
-    chaos = "-" if "chaos_max" not in r else f"{r['chaos_max']:.1e}"
-    lines.append(f"| {r['pair']} | {r['step1']:.1e} | {r['max']:.1e} ({r['argmax']}) | {chaos} | {r['val_max']:.1e} "
+    fj = "-" if r["final_jaxnorm"] is None else f"{float(r['final_jaxnorm']):z.5f}"
+    ff = "-" if r["final_flax"] is None else f"{float(r['final_flax']):z.5f}"
+    chaos = "-" if "chaos_max" not in r else f"{r['chaos_max']:z.1e}"
+    lines.append(f"| {r['pair']} | {r['step1']:z.1e} | {r['max']:z.1e} ({r['argmax']}) | {chaos} | {r['val_max']:z.1e} "
                  f"| {fj} | {ff} |")
   lines.append("")
   return "\n".join(lines)

@@ -49,9 +49,10 @@ def judge_pair(d: dict, chaos: dict, diverged: dict) -> tuple[bool, str]:
     ok = False
   elif ja is None:
     ok = ok and d["val_max"] <= vbound
-  text = (f"step-1 {d['step1']:.1e}, early max {early:.1e} (bound {early_bound:.1e}), "
-          f"curve max {d['max']:.1e} (step {d['argmax']}) vs "
-          f"chaos baseline {chaos['max']:.1e} (bound {bound:.1e}), val max {d['val_max']:.1e} vs {chaos['val_max']:.1e}"
+  text = (f"step-1 {d['step1']:z.1e}, early max {early:z.1e} (bound {early_bound:z.1e}), "
+          f"curve max {d['max']:z.1e} (step {d['argmax']}) vs "
+          f"chaos baseline {chaos['max']:z.1e} (bound {bound:z.1e}), val max {d['val_max']:z.1e} vs "
+          f"{chaos['val_max']:z.1e}"
           + ("" if ja is None and fa is None else f", diverged at {ja} / {fa}"))
   return ok, text
 

@@ -118,7 +118,7 @@ def label(key: tuple) -> str:
 
 def grid_lrs(cfg: Config, d_model: int) -> list[float]:
   r"""The peak learning rates of the grid: :math:`\eta_k = c_k / d` (rounded to 4 digits)."""
-  return [float(f"{c / d_model:.4g}") for c in cfg.lr_times_d]
+  return [float(f"{c / d_model:z.4g}") for c in cfg.lr_times_d]
 
 
 def grid_layouts(cfg: Config) -> list[tuple[str, int]]:
@@ -179,14 +179,14 @@ def telling_uncertainty(grid: dict, lrs: list[float], long_w: int, telling: floa
     return [a - b for a, b in zip(grid[("post", lr, 0)]["values"], grid[("post", lr, long_w)]["values"])]
   cands = [lr for lr in lrs if grid[("pre", lr, 0)]["trains"] and lr != telling]
   g = gaps(telling)
-  text = (f"telling rate {telling:g}: gap {np.mean(g):+.3f} nats (per seed "
-          + ", ".join(f"{x:+.3f}" for x in g) + ")")
+  text = (f"telling rate {telling:g}: gap {np.mean(g):+z.3f} nats (per seed "
+          + ", ".join(f"{x:+z.3f}" for x in g) + ")")
   if not cands:
     return text + "; no other rate where Pre-LN trains"
   runner = max(cands, key=lambda lr: np.mean(gaps(lr)))
   r = gaps(runner)
   clear = min(g) > max(r)
-  return (text + f"; runner-up {runner:g}: {np.mean(r):+.3f} (per seed " + ", ".join(f"{x:+.3f}" for x in r)
+  return (text + f"; runner-up {runner:g}: {np.mean(r):+z.3f} (per seed " + ", ".join(f"{x:+z.3f}" for x in r)
           + ") -> " + ("clear" if clear else "within the seeds' spread: the choice is not robust"))
 
 
@@ -227,19 +227,19 @@ def _plot_heatmap(ctx, grid: dict, lrs: list[float], cfg: Config, unigram: float
         mat[i, j] = p["mean"]
         fails = [f for f in p["failures"] if f]
         tag = f"\n{sorted(set(fails))[0][:5]} {len(fails)}/{len(p['failures'])}" if fails else ""
-        text = f"{p['mean']:.2f}{tag}"
+        text = f"{p['mean']:z.2f}{tag}"
         ax.text(j, i, text, ha="center", va="center", fontsize=7,
                 color="white" if fails else "black", fontweight="bold" if fails else "normal")
     im = ax.imshow(mat, cmap="viridis_r", vmin=vmin, vmax=vmax, aspect="auto")
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04).set_label("final val loss (nats/byte)", fontsize=7)
-    ax.set_xticks(range(len(lrs)), [f"{lr:.2g}" for lr in lrs], fontsize=7)
+    ax.set_xticks(range(len(lrs)), [f"{lr:z.2g}" for lr in lrs], fontsize=7)
     ax.set_yticks(range(len(cfg.warmups)), [str(w) for w in cfg.warmups], fontsize=7)
     ax.set_xlabel("peak lr (red: telling rate)", fontsize=8)
     ax.set_ylabel("warm-up steps", fontsize=8)
     ax.set_title(title, fontsize=9)
     if telling in lrs:
       ax.get_xticklabels()[lrs.index(telling)].set_color("red")
-  fig.suptitle(f"Final val loss, mean of {len(cfg.seeds)} seeds (unigram {unigram:.2f}; "
+  fig.suptitle(f"Final val loss, mean of {len(cfg.seeds)} seeds (unigram {unigram:z.2f}; "
                f"div = diverged, stall = within {STALL_NATS} of unigram; red tick = telling rate)", fontsize=8)
   return ctx.save_figure(fig, "heatmap.png")
 
@@ -279,14 +279,14 @@ def _plot_curves(ctx, runs: dict, grid: dict, cfg: Config, unigram: float, telli
         if r["diverged"]:
           ax.axvline(r["diverged_at"], color=color, ls=ls, lw=0.8)
   for k, ((color, s_), (v, n)) in enumerate(sorted(labels.items(), key=lambda t: t[0][1])):
-    ax.annotate(f"{v:.2f}" + (f" ({n} seeds)" if n > 1 else ""), (s_, top), fontsize=6, color=color,
+    ax.annotate(f"{v:z.2f}" + (f" ({n} seeds)" if n > 1 else ""), (s_, top), fontsize=6, color=color,
                 textcoords="offset points", xytext=(3, -8 - 8 * (k % 2)))
   ax.axhline(unigram, color="k", lw=0.8, ls=":", label="unigram plateau")
   ax.set_ylim(min(all_means) - 0.2, top)
   ax.set_title(f"Validation loss at the telling rate lr {telling:g} (seed mean, min-max band)"
-               + (f"; ^ = a seed's value above {top:.2f}, clipped (value written)" if clipped else ""), fontsize=8)
+               + (f"; ^ = a seed's value above {top:z.2f}, clipped (value written)" if clipped else ""), fontsize=8)
   if init_losses:
-    ax.text(0.99, 0.97, f"step 0 (initial loss {min(init_losses):.2f}-{max(init_losses):.2f}) above the axis",
+    ax.text(0.99, 0.97, f"step 0 (initial loss {min(init_losses):z.2f}-{max(init_losses):z.2f}) above the axis",
             transform=ax.transAxes, ha="right", va="top", fontsize=6)
   ax.set_xlabel("step")
   ax.set_ylabel("validation loss (nats/byte)")
@@ -424,8 +424,8 @@ def _noise_text(noise: dict | None) -> str:
     return "Evaluation noise: not measured in this run."
   s, p = noise["single"], noise.get("paired")
   return (f"Evaluation noise, measured (the same final model on a second set of validation windows): a run's loss "
-          f"moves by median {s['median']:.3f}, at most {s['max']:.3f} nats over {s['n']} runs"
-          + (f"; a paired warm-up gain moves by median {p['median']:.3f}, at most {p['max']:.3f} over {p['n']} pairs"
+          f"moves by median {s['median']:z.3f}, at most {s['max']:z.3f} nats over {s['n']} runs"
+          + (f"; a paired warm-up gain moves by median {p['median']:z.3f}, at most {p['max']:z.3f} over {p['n']} pairs"
              if p else "") + f" (the rules' paired margin: {MARGIN} nats).")
 
 
@@ -447,15 +447,16 @@ def report_section(summary: dict, rel: str) -> str:
       "runs on seeds 100-102, which this report does not use (preset `cpu-pilot`, "
       "`experiments/results/pilots/flagship-44/`), and committed before this run. A run fails if it diverges, or "
       f"is within {STALL_NATS} nats of the unigram plateau of the validation batches "
-      f"({summary['unigram_nats']:.3f} nats/byte: the byte-frequency model's loss on exactly those bytes) at the end "
-      "or still at 2/3 of the run (a late exit counts as stalled and is listed). Telling rate (rule: largest seed-mean gap between "
+      f"({summary['unigram_nats']:z.3f} nats/byte: the byte-frequency model's loss on exactly those bytes) at the end "
+      "or still at 2/3 of the run (a late exit counts as stalled and is listed). Telling rate (rule: largest seed-mean "
+      "gap between "
       f"Post-LN without and with the long warm-up where Pre-LN trains): **{summary['telling_lr']:g}**; "
       f"{summary.get('telling_text', '')}. It picks where the curves and the RMSNorm / small-init "
       "observations are shown; no other study reuses it.", "",
       _noise_text(summary.get("eval_noise")), "",
       f"Range check: every layout trains at the bottom rate: {'yes' if rc['bottom_every_layout_trains'] else 'no'}; "
       f"Pre-LN (no warm-up) degrades at the top rate: {'yes' if rc['top_pre_ln_degrades'] else 'no'} "
-      f"({rc['pre_ln_top']:.3f} vs its best {rc['pre_ln_best']:.3f}).", "",
+      f"({rc['pre_ln_top']:z.3f} vs its best {rc['pre_ln_best']:z.3f}).", "",
       f"![heat maps]({rel}/heatmap.png)", "",
       "*Heat maps: final validation loss (seed mean; colour bar in nats/byte) of every grid point, one panel per "
       "layout; a failed point is written in bold white with its failure and how many seeds failed.*", "",
@@ -482,7 +483,7 @@ def report_section(summary: dict, rel: str) -> str:
       key = GridKey.parse(k)
       fails = ", ".join(f for f in p["failures"] if f) or "-"
       lines.append(f"| {key.position} {key.variant} | {key.lr:g} | {key.warmup} | "
-                   f"{p['mean']:.3f} ± {p['spread'] / 2:.3f} | "
+                   f"{p['mean']:z.3f} ± {p['spread'] / 2:z.3f} | "
                    f"{format_finals(p)} | {fails} | {format_rises(p)} | "
                    + ", ".join("never" if x is None else str(x) for x in p.get("left_plateau", [])) + " |")
   lines.append("")

@@ -48,7 +48,7 @@ def plot_final_vs_rate(ctx, grid: dict, lrs: list[float], cfg, unigram: float) -
     ax.axhline(unigram, color="k", lw=0.8, ls=":")
     ax.axhline(unigram - STALL_NATS, color="grey", lw=0.6, ls="--")
     ax.set_xscale("log")
-    ax.set_xticks(lrs, [f"{x:.2g}" for x in lrs], fontsize=6)
+    ax.set_xticks(lrs, [f"{x:z.2g}" for x in lrs], fontsize=6)
     ax.minorticks_off()
     ax.set_ylim(lo - 0.1, unigram + 0.15)
     ax.set_title(title, fontsize=9)
@@ -57,7 +57,7 @@ def plot_final_vs_rate(ctx, grid: dict, lrs: list[float], cfg, unigram: float) -
   axes[0][0].set_ylabel("final val loss (nats/byte)", fontsize=8)
   axes[0][0].legend(fontsize=6, loc="lower left")
   fig.suptitle(f"Final validation loss per seed (open marker: failed: diverged, or stalled = on the plateau at "
-               f"2/3 of the run or at the end; dotted: plateau {unigram:.2f}; dashed: stall line)", fontsize=8)
+               f"2/3 of the run or at the end; dotted: plateau {unigram:z.2f}; dashed: stall line)", fontsize=8)
   return ctx.save_figure(fig, "final_vs_rate.png")
 
 
@@ -84,7 +84,7 @@ def plot_curves_grid(ctx, grid: dict, lrs: list[float], cfg, unigram: float) -> 
       ax.set_ylim(lo - 0.1, unigram + 1.0)
       ax.tick_params(labelsize=6)
       if r == 0:
-        ax.set_title(f"lr {lr:.3g}", fontsize=8)
+        ax.set_title(f"lr {lr:z.3g}", fontsize=8)
       if c == 0:
         ax.set_ylabel(title, fontsize=7)
   axes[0][0].legend(fontsize=5)

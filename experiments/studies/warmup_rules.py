@@ -60,7 +60,7 @@ MIN_EVALS = 4              # the speed claim needs at least this many evaluation
 def describe(p: dict) -> str:
   """Seed mean ± half-range where every seed trained; else each seed's own result."""
   if not any(p["failures"]):
-    return f"{p['mean']:.3f} ± {p['spread'] / 2:.3f}"
+    return f"{p['mean']:z.3f} ± {p['spread'] / 2:z.3f}"
   return format_finals(p)
 
 
@@ -73,7 +73,7 @@ def paired(a: dict, b: dict) -> list[float]:
 
 
 def _fmt_diffs(d: list[float]) -> str:
-  return "(" + ", ".join(f"{x:+.3f}" for x in d) + ")"
+  return "(" + ", ".join(f"{x:+z.3f}" for x in d) + ")"
 
 
 def design_reasons(cfg: Design, n_seeds: int, warmup_fraction: bool) -> list[str]:
@@ -83,8 +83,8 @@ def design_reasons(cfg: Design, n_seeds: int, warmup_fraction: bool) -> list[str
     reasons.append(f"{n_seeds} seed(s), a paired comparison needs >= {MIN_SEEDS}")
   long_ = max(cfg.warmups)
   if warmup_fraction and long_ > MAX_WARMUP_FRACTION * cfg.steps:
-    reasons.append(f"the longest warm-up ({long_} of {cfg.steps} steps, {long_ / cfg.steps:.0%}) is more than "
-                   f"{MAX_WARMUP_FRACTION:.0%} of the run, not a small fraction of training")
+    reasons.append(f"the longest warm-up ({long_} of {cfg.steps} steps, {long_ / cfg.steps:z.0%}) is more than "
+                   f"{MAX_WARMUP_FRACTION:z.0%} of the run, not a small fraction of training")
   return reasons
 
 
@@ -208,9 +208,9 @@ def faster(grid: dict, lrs: list[float], long_: int, steps: int, target: float) 
       oks.append(s_pre is not None and s_pre <= FASTER * (steps if s_post is None else s_post))
     parts.append(f"{name}: " + ", ".join(seeds_txt))
   if not oks:
-    return claims_lib.not_testable([f"no judged comparison where either layout reached the target {target:.3f} "
+    return claims_lib.not_testable([f"no judged comparison where either layout reached the target {target:z.3f} "
                                     "and no compared run left late" + (": " + "; ".join(parts) if parts else "")])
-  return claims_lib.verdict(oks), f"first evaluation at or below {target:.3f}: " + "; ".join(parts)
+  return claims_lib.verdict(oks), f"first evaluation at or below {target:z.3f}: " + "; ".join(parts)
 
 
 def drop_run(grid: dict, lr: float, i: int) -> dict:
@@ -257,7 +257,7 @@ def _criteria(cfg: Design, eval_every: int, target: float) -> dict[str, str]:
   design's longest warm-up, the evaluation interval and the speed ``target``."""
   long_ = max(cfg.warmups)
   late = (f"; a run that diverged, or was still within {STALL_NATS} nats of the unigram plateau at "
-          f"{LATE_FRACTION:.0%} of the run (left late or never), or ends there, fails (stalled); late exits are listed")
+          f"{LATE_FRACTION:z.0%} of the run (left late or never), or ends there, fails (stalled); late exits are listed")
   return {
       "xiong_postln_needs_warmup": f"per seed, the highest judged rate at which Post-LN trains, without and with "
       f"warm-up {long_} (judged rates: Pre-LN without warm-up left the plateau within the first third in every "
@@ -273,8 +273,8 @@ def _criteria(cfg: Design, eval_every: int, target: float) -> dict[str, str]:
       "these rates" + late,
       "xiong_preln_faster": f"Pre-LN without warm-up vs Post-LN with warm-up {long_}, at each judged rate where "
       "Post-LN trains and each at its best rate: per seed, the first evaluation (every "
-      f"{eval_every} steps) at or below a target {TARGET_BELOW} nats under the unigram plateau ({target:.3f}), "
-      f"which either can miss; faster = <= {FASTER:.0%} of Post-LN's steps (of the run where Post-LN never gets "
+      f"{eval_every} steps) at or below a target {TARGET_BELOW} nats under the unigram plateau ({target:z.3f}), "
+      f"which either can miss; faster = <= {FASTER:z.0%} of Post-LN's steps (of the run where Post-LN never gets "
       "there); a seed where "
       "neither reaches it is not judged; yes/partly/no = all/some/none of the (comparison, seed) cases" + late,
   }

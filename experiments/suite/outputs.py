@@ -67,5 +67,5 @@ class OutputsMixin:
 
 def _csv_cell(v: Any) -> str:
   if isinstance(v, (float, np.floating)):
-    return f"{float(v):.6g}"
+    return f"{float(v):z.6g}"
   return str(v)

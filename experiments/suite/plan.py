@@ -212,7 +212,7 @@ def format_plan(preset_name: str, device: str | None = None) -> str:
   cost = COSTS[device]
   plan = chunks(preset_name, device)
   lines = [f"chunk plan of preset {preset_name!r} (estimated, cost model {device!r}; "
-           + ("one invocation):" if device in CPU_KINDS else f"chunks <= {CHUNK_S / 60:.0f} min):")]
+           + ("one invocation):" if device in CPU_KINDS else f"chunks <= {CHUNK_S / 60:z.0f} min):")]
   grand = 0.0
   for i, chunk in enumerate(plan, 1):
     total = cost.invocation_s + sum(t for _, t in chunk)
@@ -220,13 +220,13 @@ def format_plan(preset_name: str, device: str | None = None) -> str:
     per_exp: dict[str, list] = {}
     for u, t in chunk:
       per_exp.setdefault(u.experiment, []).append(t)
-    parts = ", ".join(f"{e} {len(ts)} units {sum(ts):.0f} s" for e, ts in per_exp.items())
-    lines.append(f"  chunk {i}: ~{total / 60:.1f} min  ({parts})")
-  lines.append(f"  total: ~{grand / 60:.1f} min in {len(plan)} chunks")
+    parts = ", ".join(f"{e} {len(ts)} units {sum(ts):z.0f} s" for e, ts in per_exp.items())
+    lines.append(f"  chunk {i}: ~{total / 60:z.1f} min  ({parts})")
+  lines.append(f"  total: ~{grand / 60:z.1f} min in {len(plan)} chunks")
   if device in CPU_KINDS:
     lines.append(f"run it as: python -m experiments run --preset {preset_name}")
     return "\n".join(lines)
-  budget = f" --budget {CHUNK_S / 60:.0f}"
+  budget = f" --budget {CHUNK_S / 60:z.0f}"
   lines.append(f"run each chunk as: python -m experiments run --preset {preset_name}{budget}"
                f"   (the same command {len(plan)} times; it resumes where the last one stopped)")
   return "\n".join(lines)

@@ -25,9 +25,7 @@ tables; this module adds the claims list and the raw-data line after it.
 from __future__ import annotations
 
 import dataclasses
-import math
 import pathlib
-import statistics
 from typing import Any
 
 from experiments.studies.seeds import SPIKE_NATS
@@ -101,7 +99,7 @@ def _provenance_lines(state: dict) -> list[str]:
       f"| date (UTC) | {state.get('created')} |",
       f"| device | {dev.get('backend')} / {dev.get('device_kind')} x{dev.get('n_devices')}; "
       f"CPU {dev.get('cpu')} ({dev.get('cpu_count')} cores); {dev.get('platform')}"
-      + (f"; load average {dev['load_avg_1m']:.1f} at the start" if dev.get("load_avg_1m") is not None else "")
+      + (f"; load average {dev['load_avg_1m']:z.1f} at the start" if dev.get("load_avg_1m") is not None else "")
       + " |",
       "| versions | " + ", ".join(f"{k} {v}" for k, v in ver.items() if v) + " |",
       f"| corpus | {corpus.get('name')} ({corpus.get('n_bytes')} bytes, {corpus.get('n_files')} files), "
@@ -178,7 +176,7 @@ def instabilities(summaries: dict, runs_scan: list[dict] | None = None) -> list[
                      f"step {r['diverged_at']}" + (f" of {r['steps']}" if r.get("steps") else ""))
       rise = r.get("rise")
       if rise is not None and rise["rise"] > SPIKE_NATS:
-        lines.append(f"run `{r['label']}`: training loss spiked by {rise['rise']:.2f} nats to {rise['peak']:.2f} at "
+        lines.append(f"run `{r['label']}`: training loss spiked by {rise['rise']:z.2f} nats to {rise['peak']:z.2f} at "
                      f"step {rise['step']}")
   else:
     for r in summaries.get("qk_norm", {}).get("diverged", []):
@@ -199,8 +197,8 @@ def instabilities(summaries: dict, runs_scan: list[dict] | None = None) -> list[
       for i, r in enumerate(p.get("rise") or []):
         if r is not None and r["rise"] > SPIKE_NATS:
           lines.append(f"{where} `{key}` seed {seeds[i] if i < len(seeds) else i}: training loss spiked by "
-                       f"{r['rise']:.2f} nats to {r['peak']:.2f} at step {r['step']}, final val loss "
-                       f"{p['values'][i]:.3f}")
+                       f"{r['rise']:z.2f} nats to {r['peak']:z.2f} at step {r['step']}, final val loss "
+                       f"{p['values'][i]:z.3f}")
     for i, s in enumerate(p.get("left_plateau") or []):
       if s is not None and s > 2 * steps / 3:
         lines.append(f"{where} `{key}` seed {seeds[i] if i < len(seeds) else i}: left the plateau late, at step {s} "
@@ -243,24 +241,24 @@ def _summary(state: dict, rows: list[dict], summaries: dict) -> list[str]:
 
 def _noise_line(eval_bytes: int, noise: dict | None, dyt: dict | None = None) -> str:
   """The limitation line on evaluation noise: measured where the warm-up grid measured it, else
-  where the dyt study did (two disjoint sets of validation windows per run), else an estimate."""
+  where the dyt study did (its ``eval_noise``: per run, |val - val_alt|, the same final model on two
+  disjoint sets of validation windows), else an estimate. Only per-run differences are used (a
+  summary's seed mean, min and max are never paired across window sets)."""
   if noise and noise.get("single"):
     s, p = noise["single"], noise.get("paired")
     return (f"- Evaluation on {eval_bytes:,} bytes per point. Measured noise (the same final model on a second set of "
-            f"validation windows): median {s['median']:.3f}, at most {s['max']:.3f} nats over {s['n']} runs"
-            + (f"; a paired warm-up gain moves by median {p['median']:.3f}, at most {p['max']:.3f}" if p else "")
+            f"validation windows): median {s['median']:z.3f}, at most {s['max']:z.3f} nats over {s['n']} runs"
+            + (f"; a paired warm-up gain moves by median {p['median']:z.3f}, at most {p['max']:z.3f}" if p else "")
             + "; the rules' paired margin is 0.05 nats.")
-  diffs = [abs(float(a) - float(b)) for row in (dyt or {}).get("table", [])
-           for a, b in zip(row.get("val", []), row.get("val_alt", []))
-           if a is not None and b is not None and math.isfinite(float(a)) and math.isfinite(float(b))]
-  if diffs:
+  d = ((dyt or {}).get("eval_noise") or {}).get("single")
+  if d:
     return (f"- Evaluation noise, measured by the dyt study (the same final model on a second, disjoint set of "
-            f"held-out windows): |difference| median {statistics.median(diffs):.3f}, at most {max(diffs):.3f} nats "
-            f"over {len(diffs)} runs (it includes what differs between the two window sets). The other studies' "
-            f"evaluations of {eval_bytes:,} bytes per point are not measured twice: with a per-byte loss s.d. of "
-            f"about 2 nats, about {2 / max(eval_bytes, 1) ** 0.5:.2f} nat (an estimate).")
+            f"held-out windows): |difference| median {d['median']:z.3f}, at most {d['max']:z.3f} nats over {d['n']} "
+            f"runs (it includes what differs between the two window sets). The other studies' evaluations of "
+            f"{eval_bytes:,} bytes per point are not measured twice: with a per-byte loss s.d. of about 2 nats, about "
+            f"{2 / max(eval_bytes, 1) ** 0.5:z.2f} nat (an estimate).")
   return (f"- Evaluation on {eval_bytes:,} bytes per point: with a per-byte loss s.d. of about 2 nats, about "
-          f"{2 / max(eval_bytes, 1) ** 0.5:.2f} nat of noise per evaluation (an estimate: not measured in this run).")
+          f"{2 / max(eval_bytes, 1) ** 0.5:z.2f} nat of noise per evaluation (an estimate: not measured in this run).")
 
 
 def _run_lengths(pc: dict, names: list[str]) -> str:
@@ -353,7 +351,7 @@ def render_text(root: str | pathlib.Path) -> str:
     status = "done" if name in summaries else ("failed" if name in failed else "not run")
     wall = summaries.get(name, {}).get("wall_s", info.get("wall_s"))
     seeds = summaries.get(name, {}).get("seeds", "")
-    out.append(f"| {name} | {status} | {'' if wall is None else f'{float(wall):.0f}'} | {seeds} |")
+    out.append(f"| {name} | {status} | {'' if wall is None else f'{float(wall):z.0f}'} | {seeds} |")
   out.append("")
   out += rule_changes.markdown((state.get("git") or {}).get("commit"))
 

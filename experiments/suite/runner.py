@@ -129,14 +129,14 @@ def _run_experiment(name: str, module, ctx: Context, preset: dict, state: dict) 
     wall = time.perf_counter() - t0
     state["experiments"][name] = {"status": "partial", "wall_s": wall,
                                   "units_computed": ctx.units_computed}
-    ctx.log(f"budget spent after {wall:.0f} s ({e}); run the same command again to continue")
+    ctx.log(f"budget spent after {wall:z.0f} s ({e}); run the same command again to continue")
     return "partial"
   except Exception as e:  # noqa: BLE001 - one failed experiment must not hide the others
     wall = time.perf_counter() - t0
     tb = traceback.format_exc()
     write_json(exp_dir / "error.json", {"error": f"{type(e).__name__}: {e}", "traceback": tb})
     state["experiments"][name] = {"status": "failed", "wall_s": wall, "error": f"{type(e).__name__}: {e}"}
-    ctx.log(f"FAILED after {wall:.0f} s: {type(e).__name__}: {e}\n{tb}")
+    ctx.log(f"FAILED after {wall:z.0f} s: {type(e).__name__}: {e}\n{tb}")
     return "failed"
   wall = time.perf_counter() - t0
   summary = dict(summary)
@@ -144,7 +144,7 @@ def _run_experiment(name: str, module, ctx: Context, preset: dict, state: dict) 
   summary["wall_s"] = wall
   write_json(exp_dir / "done.json", summary)
   state["experiments"][name] = {"status": "done", "wall_s": wall}
-  ctx.log(f"done in {wall:.0f} s")
+  ctx.log(f"done in {wall:z.0f} s")
   return "done"
 
 

@@ -116,13 +116,13 @@ class RunsMixin:
     write_json(done, {"label": label, "summary": summary, "config": config})
     final = summary.get("final_val_loss")
     self.log(f"  {label}: val_loss={_fmt(final)} diverged={summary.get('diverged')} "
-             f"({wall:.0f} s)")
+             f"({wall:z.0f} s)")
     return RunResult(label, run_dir, to_jsonable(summary), _read_metrics(run_dir), cached=False)
 
 
 def _fmt(x: Any) -> str:
   try:
-    return f"{float(x):.4f}"
+    return f"{float(x):z.4f}"
   except (TypeError, ValueError):
     return str(x)
 

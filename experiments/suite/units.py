@@ -44,8 +44,8 @@ class UnitsMixin:
     """Raises :class:`OutOfBudget` if a unit of the expected length would end past the deadline."""
     now = time.monotonic()
     if self.deadline is not None and now + self.longest_unit_s > self.deadline:
-      raise OutOfBudget(f"{label}: expected {self.longest_unit_s:.0f} s, "
-                        f"{max(self.deadline - now, 0.0):.0f} s of the budget left")
+      raise OutOfBudget(f"{label}: expected {self.longest_unit_s:z.0f} s, "
+                        f"{max(self.deadline - now, 0.0):z.0f} s of the budget left")
     return now
 
   def _end_unit(self, t0: float) -> float:

@@ -1,0 +1,76 @@
+"""Re-judges finished experiments from their raw data, without training: ``python -m
+experiments.suite.reanalyse DIR NAME [NAME ...]``.
+
+For each named experiment of the results folder ``DIR`` whose study module defines
+``reanalyse(ctx, cfg, summary) -> dict`` (the dyt, qk_norm and grad_init studies), the study
+recomputes its claims, tables and figures from the raw data files in its folder (the ones the
+committed reports export: ``cells.json``, ``runs.json``, ``data.json``) with the rules of the
+current commit; ``done.json`` is rewritten (its ``config`` and ``wall_s`` kept), the invocation
+is appended to ``suite.json``'s ``invocations`` (so the report's provenance lists it) and
+``report.md`` is re-rendered. A study without the hook is left as it is (an error names it).
+
+This is how a rule change is seen on data already committed (the training runs are not exported,
+so ``--force NAME`` would train again); it never replaces a run on fresh seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+from experiments.suite import presets as presets_lib
+from experiments.suite import report, study
+from experiments.suite.context import Context
+from experiments.suite.provenance import provenance
+from experiments.suite.registry import EXPERIMENTS, read_json, write_json
+
+__all__ = ["main", "reanalyse"]
+
+
+def reanalyse(root: str | pathlib.Path, names: list[str]) -> pathlib.Path:
+  """Re-judges the experiments ``names`` of the results folder ``root``; returns the report's path.
+
+  Raises:
+    ValueError: a name is not an experiment of the folder, or its study has no ``reanalyse``.
+  """
+  root = pathlib.Path(root)
+  state = read_json(root / "suite.json")
+  preset = presets_lib.get_preset(state["preset"])
+  ctx = Context(root, preset, progress=False)
+  for name in names:
+    done = root / name / "done.json"
+    if name not in EXPERIMENTS or not done.exists():
+      raise ValueError(f"{root} has no finished experiment {name!r}.")
+    module = study.load(EXPERIMENTS[name])
+    if not hasattr(module, "reanalyse"):
+      raise ValueError(f"study {name!r} cannot be re-judged from its raw data (no reanalyse()).")
+    old = read_json(done)
+    ctx.exp_dir, ctx.exp_name = root / name, name
+    cfg = module.Config(**{k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+                           for k, v in old["config"].items()})
+    new = dict(module.reanalyse(ctx, cfg, old))
+    new["config"], new["wall_s"] = old["config"], old.get("wall_s")
+    write_json(done, new)
+  prov = provenance(preset, None)
+  inv = {k: prov[k] for k in ("created", "git", "device", "versions")}
+  inv["command"] = f"python -m experiments.suite.reanalyse {root} {' '.join(names)} (re-judged from the raw data)"
+  state.setdefault("invocations", []).append(inv)
+  write_json(root / "suite.json", state)
+  return report.render(root)
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m experiments.suite.reanalyse", description=__doc__.split("\n\n")[0])
+  parser.add_argument("out", help="the results folder")
+  parser.add_argument("names", nargs="+", help="experiments to re-judge")
+  args = parser.parse_args(argv)
+  try:
+    print(reanalyse(args.out, args.names))
+  except ValueError as e:
+    parser.error(str(e))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
