@@ -107,7 +107,8 @@ def _provenance_lines(state: dict) -> list[str]:
       f"| git | `{git.get('commit')}`{' (with uncommitted changes)' if git.get('dirty') else ''} |",
   ]
   for inv in state.get("invocations", [])[1:]:
-    lines.append(f"| later invocation | {inv.get('created')}: `{inv.get('command', '').strip()}` "
+    what = "re-rendered (no unit recomputed)" if inv.get("report_only") else "later invocation"
+    lines.append(f"| {what} | {inv.get('created')}: `{inv.get('command', '').strip()}` "
                  f"(git `{(inv.get('git') or {}).get('commit')}`) |")
   return lines
 

@@ -237,6 +237,20 @@ def export(root: str | pathlib.Path, dest: str | pathlib.Path) -> pathlib.Path:
   return dest
 
 
+def _record_rerender(root: pathlib.Path, preset_name: str) -> None:
+  """Appends a ``--report-only`` invocation to ``suite.json``'s ``invocations`` (issue 44: a re-rendered
+  report names the commit whose rendering code wrote it, in its provenance); nothing if the folder
+  has no ``suite.json``."""
+  suite_path = root / "suite.json"
+  if not suite_path.exists():
+    return
+  state = read_json(suite_path)
+  prov = provenance(presets_lib.get_preset(preset_name))
+  state.setdefault("invocations", []).append(
+      {**{k: prov[k] for k in ("created", "command", "git", "device", "versions")}, "report_only": True})
+  write_json(suite_path, state)
+
+
 def main(argv: list[str] | None = None) -> int:
   """Command line of ``python -m experiments run``."""
   parser = argparse.ArgumentParser(
@@ -282,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
   out = pathlib.Path(args.out or os.path.join("results", args.preset))
   try:
     if args.report_only:
+      _record_rerender(out, args.preset)
       print(report.render(out))
       failed = []
     else:
