@@ -257,7 +257,8 @@ def _criteria(cfg: Design, eval_every: int, target: float) -> dict[str, str]:
   design's longest warm-up, the evaluation interval and the speed ``target``."""
   long_ = max(cfg.warmups)
   late = (f"; a run that diverged, or was still within {STALL_NATS} nats of the unigram plateau at "
-          f"{LATE_FRACTION:z.0%} of the run (left late or never), or ends there, fails (stalled); late exits are listed")
+          f"{LATE_FRACTION:z.0%} of the run (left late or never), or ends there, fails (stalled); late exits are "
+          "listed")
   return {
       "xiong_postln_needs_warmup": f"per seed, the highest judged rate at which Post-LN trains, without and with "
       f"warm-up {long_} (judged rates: Pre-LN without warm-up left the plateau within the first third in every "
