@@ -617,8 +617,9 @@ def test_largest_rise_finds_a_spike_that_recovers():
   assert seeds.largest_rise([]) is None and seeds.seed_point(p, 0)["rise"] == [p["rise"][0]]
 
 
-def test_largest_rise_leaves_out_hard_batches_every_run_shares():
-  """Issue 32: a rise at a step where most runs on the same batches rise together is a hard batch."""
+def test_hard_batches_are_listed_not_taken_out_of_the_rises():
+  """Issue 32: a step where most runs on the same batches jump together is a hard batch; issue 44: it is
+  listed, and the run's largest rise still counts it."""
   hard = [[(1, 5.0), (2, 3.0), (3, 3.6), (4, 2.9)], [(1, 5.0), (2, 3.2), (3, 3.9), (4, 3.0)],
           [(1, 5.0), (2, 3.1), (3, 3.7), (4, 3.05), (5, 3.5)]]
   assert seeds.shared_rise_steps(hard) == {3}
@@ -627,7 +628,7 @@ def test_largest_rise_leaves_out_hard_batches_every_run_shares():
   assert r["step"] == 5 and r["rise"] == pytest.approx(0.45)
   runs = {"a": [dict(seed=0, train_curve=c) for c in hard[:1]], "b": [dict(seed=0, train_curve=c) for c in hard[1:]]}
   shared = seeds.set_rises(runs)
-  assert shared == {0: [3]} and runs["b"][1]["rise"]["step"] == 5 and "train_curve" not in runs["a"][0]
+  assert shared == {0: [3]} and runs["b"][1]["rise"]["step"] == 3 and "train_curve" not in runs["a"][0]
 
 
 def test_depth_trains_only_the_read_layouts_at_the_shallowest_depth():
@@ -642,3 +643,15 @@ def test_depth_trains_only_the_read_layouts_at_the_shallowest_depth():
   assert len([u for u in units if u.kind == "update"]) == 3 * 3
   with pytest.raises(ValueError, match="train_positions must be layouts of positions"):
     depth.Config(positions=("post", "pre"), train_positions=("sandwich",))
+
+
+def test_rise_columns_read_every_step():
+  """Issue 44: the table's largest rise is the instability list's (every step counts): a spike at a step where
+  the other runs of the seed also jump is still the run's largest rise; the shared steps are only listed."""
+  spike = [(0, 5.0), (1, 3.0), (2, 2.9), (3, 11.1), (4, 2.8)]
+  calm = [(0, 5.0), (1, 3.0), (2, 2.9), (3, 3.4), (4, 2.8)]
+  runs = {"a": [{"seed": 0, "train_curve": spike}], "b": [{"seed": 0, "train_curve": calm}],
+          "c": [{"seed": 0, "train_curve": calm}]}
+  shared = seeds.set_rises(runs)
+  assert shared == {0: [3]}
+  assert runs["a"][0]["rise"] == {"rise": pytest.approx(8.2), "step": 3, "peak": 11.1}

@@ -311,8 +311,8 @@ def report_section(summary: dict, rel: str) -> str:
       "(log-log, seed mean), every layout.*", "",
       "Mean ± half-range over seeds (a stalled run keeps its own loss, a diverged one counts at the unigram "
       "baseline); per seed: each run's own final val loss (marked stalled) or the step where it diverged; "
-      "largest rise: each seed's largest training-loss rise above its running minimum, not counting steps where most "
-      "runs of that seed rise together (hard batches) (a **spike** above 1 nat); "
+      "largest rise: each seed's largest training-loss rise above its running minimum over every step (the number "
+      "the instability list reads; a **spike** above 1 nat); "
       "left plateau: each seed's first evaluation below the plateau minus 0.1.",
       "", "| layout / depth | final val loss (mean ± half-range) | per seed | failures | largest rise per seed | "
       "left plateau at |", "|---|---|---|---|---|---|"]

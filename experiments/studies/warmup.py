@@ -470,8 +470,8 @@ def report_section(summary: dict, rel: str) -> str:
       "warm-up; a value above the axis is marked by a triangle at the top edge with its value written.*", "",
       "Mean ± half-range over seeds (a stalled run keeps its own loss, a diverged one counts at the unigram "
       "plateau); per seed: each run's own final val loss (marked stalled) or the step where it diverged; "
-      "largest rise: each seed's largest training-loss rise above its running minimum, not counting the steps "
-      f"where most runs of that seed rise together (hard batches shared by every run: "
+      "largest rise: each seed's largest training-loss rise above its running minimum over every step, the "
+      "number the instability list reads (steps where most runs of a seed jump 0.3 nats together, hard batches: "
       f"{_shared_text(summary.get('shared_rise_steps'))}) (a **spike** if above "
       "1 nat, with its peak and step); left plateau: each seed's first evaluation below the plateau - "
       f"{STALL_NATS}.", "",
