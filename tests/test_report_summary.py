@@ -158,3 +158,26 @@ def test_reanalyse_rejudges_committed_runs_without_training(tmp_path):
   assert _numbers(line)[:2] == pytest.approx([statistics.median(per_run), max(per_run)], abs=5e-4)
   with pytest.raises(ValueError, match="no reanalyse"):
     reanalyse.reanalyse(root, ["speed"])
+
+
+def test_committed_reports_open_with_the_answer_within_25_kb():
+  """Issue 44: each committed preset's report.md opens with "What to use" (at most 150 words) and is at most
+  25 KB; the criteria and rule history are in its appendix.md."""
+  import pathlib
+  results = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "results"
+  for preset in ("cpu", "cpu-extra"):
+    text = (results / preset / "report.md").read_text()
+    assert len(text.encode()) <= report.REPORT_BYTES, (preset, len(text.encode()))
+    head = text[text.index("## What to use"):text.index("## Verdicts")]
+    words = len(head.split("## What to use", 1)[1].split("The appendix (")[0].split())
+    assert 0 < words <= report.ANSWER_WORDS + 2 * head.count("\n- "), (preset, words)
+    assert (results / preset / "appendix.md").exists()
+
+
+def test_answer_refuses_more_than_150_words(monkeypatch):
+  from experiments.studies import flagship_answer
+  monkeypatch.setattr(flagship_answer, "depth_answer", lambda s: ["word " * 200])
+  from experiments.studies import depth
+  monkeypatch.setattr(depth, "answer", lambda s: ["word " * 200])
+  with pytest.raises(ValueError, match="at most 150 words"):
+    report.answer({"depth": {}})

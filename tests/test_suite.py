@@ -81,7 +81,8 @@ def check_report_renders_with_plots_and_claims_table(smoke):
   assert len(images) >= len(runner.EXPERIMENTS)
   for rel in images:
     assert (root / rel).exists(), rel
-  table = text[text.index("\n## Claims\n"):]
+  appendix = (root / "appendix.md").read_text()
+  table = appendix[appendix.index("\n## Claims\n"):]
   assert "| claim | kind | source | published | ours | holds? |" in table
   rows = [l for l in table.splitlines() if l.startswith("| ") and not l.startswith("| claim")]
   assert len(rows) == len(claims_lib.CLAIMS)
@@ -147,13 +148,17 @@ def check_grid_depth_and_first_screen(smoke):
   for u in depth["update"].values():
     assert len(u["mean"]) == dcfg["update_steps"] and all(v > 0 for v in u["mean"])
   text = (root / "report.md").read_text()
-  # issue 24: summary and limitations first, the tally by kind, the rule changes after the provenance
-  assert text.index("## Summary") < text.index("## Limitations") < text.index("## At a glance") < \
-      text.index("## Provenance") < text.index("## Rule changes") < text.index("## 1. ")
+  # issue 44: the answer first, then the verdicts, summary, limitations, provenance, the studies; the criteria,
+  # rule changes and instabilities in the appendix; the report at most 25 KB
+  assert text.index("## What to use") < text.index("## Verdicts") < text.index("## Summary") < \
+      text.index("## Limitations") < text.index("## Provenance") < text.index("## 1. ")
+  assert len(text.encode()) <= report.REPORT_BYTES
+  appendix = (root / "appendix.md").read_text()
+  assert "## Rule changes" in appendix and "## Instabilities" in appendix and "## Rule changes" not in text
   kinds = [c.kind for c in claims_lib.CLAIMS.values()]  # every claim, the QK-norm and LNS studies' too
   assert f"**Implementation checks** ({kinds.count('check')}," in text
   assert f"**Claims about models and training** ({kinds.count('training')}):" in text
-  assert "| claim | testable when | criterion | ours | seeds | verdict |" in text
+  assert "| claim | testable when | criterion | ours | seeds | verdict |" in appendix
   # the smoke preset's single depth, single seed and CPU make several claims untestable, with reasons
   assert "- **Not testable at this scale** (a larger scale or an accelerator: `--preset gpu`" in text
   assert "*Why:*" in text

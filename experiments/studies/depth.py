@@ -32,6 +32,7 @@ import numpy as np
 from experiments.studies.depth_rules import PAST_PLATEAU, verdicts
 from experiments.studies.seeds import failed, format_finals, format_rises, late_counts_as_stalled, point, set_rises
 from experiments.suite.study import Unit, train_unit
+from experiments.studies.flagship_answer import depth_answer as answer  # noqa: F401 (the study protocol's answer)
 
 TITLE = "Depth: Post-LN, Pre-LN, Sandwich, DeepNorm (Liu et al. 2020; Wang et al. 2022)"
 RAW_DATA = ('runs.json', 'final.csv', 'update.json')  # files the report links under the claims

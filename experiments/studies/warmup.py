@@ -55,6 +55,7 @@ from experiments.studies.seeds import (STALL_NATS, failed, format_finals, format
 from experiments.studies.warmup_rules import MARGIN, describe, verdicts
 from experiments.suite.runs import train_run
 from experiments.suite.study import train_unit
+from experiments.studies.flagship_answer import warmup_answer as answer  # noqa: F401 (the study protocol's answer)
 
 TITLE = "Warm-up x learning-rate grid (Xiong et al. 2020, Sec. 3.2 / Fig. 2)"
 RAW_DATA = ('runs.json', 'final.csv')  # files the report links under the claims

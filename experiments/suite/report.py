@@ -30,6 +30,7 @@ from typing import Any
 
 from experiments.studies.seeds import SPIKE_NATS
 from experiments.suite import claims as claims_lib
+from experiments.suite import presets as presets_lib
 from experiments.suite import rule_changes, study
 from experiments.suite.registry import EXPERIMENTS, read_json
 
@@ -114,21 +115,10 @@ def _provenance_lines(state: dict) -> list[str]:
 
 
 def _first_screen(summaries: dict, rows: list[dict], counts: dict) -> list[str]:
-  """The report's first screen: a grid of the headline figures (each experiment module's
-  ``HEADLINE`` files, two per row) and the verdict table, each verdict's criterion before its
+  """The appendix's verdict tables: each verdict's testability conditions and criterion before its
   numbers (a claim's ``short`` text if it has one, else its ``ours`` cut at
   ``_FIRST_SCREEN_CHARS`` characters)."""
-  figs = []
-  for name, summary in summaries.items():
-    module = study.load(EXPERIMENTS[name])
-    figs += [f"{name}/{f}" for f in getattr(module, "HEADLINE", ()) if f in summary.get("files", [])]
-  out = ["## At a glance", ""]
-  if figs:
-    out += ["| | |", "|---|---|"]
-    for i in range(0, len(figs), 2):
-      cells = [f"![{f}]({f})" for f in figs[i:i + 2]] + [""] * (2 - len(figs[i:i + 2]))
-      out.append(f"| {cells[0]} | {cells[1]} |")
-    out.append("")
+  out = ["## Verdicts with their conditions and criteria", ""]
   out += [", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) + " (full claims table at the end).", ""]
   measured = {c["id"]: (c, summaries[n].get("seeds", "")) for n in summaries for c in summaries[n].get("claims", [])}
   for kind, title in _KIND_TITLE.items():
@@ -231,12 +221,10 @@ def _summary(state: dict, rows: list[dict], summaries: dict) -> list[str]:
                + ":")
     out += [f"  - {r['statement']} *Why:* {_reason(r['ours'])}" for r in nt]
   inst = instabilities(summaries, state.get("runs_scan"))
-  out.append(f"- Instabilities (every divergence and every training-loss spike above {SPIKE_NATS:g} nat of every "
-             "training run of this preset, and every late plateau exit): "
-             + ("none" if not inst else ""))
-  out += [f"  - {x}" for x in inst]
-  out += ["", "Verdicts are computed by the rules printed beside them; the section \"Rule changes\" lists every rule "
-          "changed after its data had been seen.", ""]
+  out.append(f"- Instabilities (divergences, training-loss spikes above {SPIKE_NATS:g} nat, late plateau exits): "
+             f"{len(inst)}, each listed in the appendix.")
+  out += ["", "Verdicts are computed by the rules printed in the appendix; its section \"Rule changes\" lists every "
+          "rule changed after its data had been seen.", ""]
   return out
 
 
@@ -312,9 +300,12 @@ def _limitations(state: dict, summaries: dict | None = None) -> list[str]:
           "say nothing about GPUs, so the timing claims are not testable on a CPU.", ""]
 
 
-def render_text(root: str | pathlib.Path) -> str:
-  """The markdown text of the report of the results folder ``root``."""
-  root = pathlib.Path(root)
+ANSWER_WORDS = 150        # "What to use" is at most this many words (issue 44)
+REPORT_BYTES = 25_000     # the main report.md is at most this many bytes (issue 44; tests check it)
+
+
+def _load(root: pathlib.Path):
+  """``(state, summaries, failed, missing)`` of the results folder ``root``."""
   suite_path = root / "suite.json"
   if not suite_path.exists():
     raise FileNotFoundError(f"{suite_path} not found: run `python -m experiments run --out {root}` first.")
@@ -328,22 +319,95 @@ def render_text(root: str | pathlib.Path) -> str:
       failed[name] = read_json(err)["error"]
     else:
       missing.append(name)
+  return state, summaries, failed, missing
 
+
+def answer(summaries: dict) -> list[str]:
+  """The "What to use" sentences: each study module's optional ``answer(summary) -> list[str]``, in the
+  report's order.
+
+  Raises:
+    ValueError: the sentences are longer than :data:`ANSWER_WORDS` words (a study's answer must be cut,
+      never the report's text silently truncated).
+  """
+  out = []
+  for name, summary in summaries.items():
+    fn = getattr(study.load(EXPERIMENTS[name]), "answer", None)
+    if fn is not None:
+      out += fn(summary)
+  words = sum(len(x.split()) for x in out)
+  if words > ANSWER_WORDS:
+    raise ValueError(f"the studies' answers must be at most {ANSWER_WORDS} words, got {words}: {out}")
+  return out
+
+
+def _pilot_verdicts(state: dict) -> dict[str, str]:
+  """``{claim id: verdict}`` of the pilot run named by the preset's ``pilot_results`` (a folder of the
+  repository holding ``<study>/done.json``); empty without one."""
+  rel = ((state.get("preset_config") or {}).get("pilot_results")
+         or presets_lib.PRESETS.get(state.get("preset"), {}).get("pilot_results"))
+  if not rel:
+    return {}
+  root = pathlib.Path(__file__).resolve().parents[2] / rel
+  out = {}
+  for done in sorted(root.glob("*/done.json")):
+    out.update({c["id"]: c["holds"] for c in read_json(done).get("claims", []) if c.get("holds") != "obs"})
+  return out
+
+
+def _verdict_table(summaries: dict, rows: list[dict], pilots: dict) -> list[str]:
+  """The verdict table: claim, what we measured (short), seeds, verdict, and the pilots' verdict where the
+  preset names its pilots; criteria and full numbers are in the appendix."""
+  measured = {c["id"]: (c, summaries[n].get("seeds", "")) for n in summaries for c in summaries[n].get("claims", [])}
+  head = "| claim | ours (short; full numbers in the appendix) | seeds | verdict |" + (" pilots predicted |"
+                                                                                     if pilots else "")
+  out = ["## Verdicts", "", head, "|---|---|---|---|" + ("---|" if pilots else "")]
+  for kind in _KIND_TITLE:
+    for r in rows:
+      if r["kind"] != kind or r["holds"] not in claims_lib.VERDICTS:
+        continue
+      c, seeds = measured[r["id"]]
+      ours = c.get("short") or r["ours"]
+      if len(ours) > _FIRST_SCREEN_CHARS:
+        ours = ours[:_FIRST_SCREEN_CHARS].rsplit(" ", 1)[0] + " ..."
+      cell = f"| {_escape(r['statement'])} | {_escape(ours)} | {_escape(seeds)} | " \
+             f"{_VERDICT_TEXT.get(r['holds'], r['holds'])} |"
+      if pilots:
+        cell += f" {pilots.get(r['id'], '-')} |"
+      out.append(cell)
+  return out + [""]
+
+
+def _figures(summaries: dict) -> list[str]:
+  """The headline figures of each study (``HEADLINE``), two per row."""
+  figs = []
+  for name, summary in summaries.items():
+    module = study.load(EXPERIMENTS[name])
+    figs += [f"{name}/{f}" for f in getattr(module, "HEADLINE", ()) if f in summary.get("files", [])]
+  if not figs:
+    return []
+  out = ["| | |", "|---|---|"]
+  for i in range(0, len(figs), 2):
+    cells = [f"![{f}]({f})" for f in figs[i:i + 2]] + [""] * (2 - len(figs[i:i + 2]))
+    out.append(f"| {cells[0]} | {cells[1]} |")
+  return out + [""]
+
+
+def render_text(root: str | pathlib.Path) -> str:
+  """The markdown text of the report of the results folder ``root`` (what to use, verdicts, figures,
+  summary, limitations, provenance, one section per study); criteria, rule history and per-run lists
+  are in :func:`render_appendix`."""
+  root = pathlib.Path(root)
+  state, summaries, failed, _ = _load(root)
   rows = claims_rows(summaries)
-  counts: dict[str, int] = {}
-  for r in rows:
-    counts[r["holds"]] = counts.get(r["holds"], 0) + 1
-
-  out = [f"# jaxnorm experiment report (preset `{state.get('preset')}`)", ""]
+  out = [f"# jaxnorm experiment report (preset `{state.get('preset')}`)", "", "## What to use", ""]
+  out += [f"- {x}" for x in answer(summaries)] or ["No study of this preset states an answer."]
+  out += ["", "The appendix ([appendix.md](appendix.md)) holds each claim's testability conditions, criterion and "
+          "full numbers, the rule history and every instability.", ""]
+  out += _verdict_table(summaries, rows, _pilot_verdicts(state))
+  out += _figures(summaries)
   out += _summary(state, rows, summaries)
   out += _limitations(state, summaries)
-  out += _first_screen(summaries, rows, counts)
-  out += [
-      "Every number below was measured by `python -m experiments run` on the machine described "
-      "here; the published numbers beside them come from the papers cited in the claims table. "
-      "Small models on a byte-level corpus are not the papers' settings (IWSLT/WMT translation, "
-      "BERT pre-training): a claim that does not hold here is reported as such, with the scale "
-      "it was measured at. Presets change sizes only, never the verdict criteria.", ""]
   out += ["## Provenance", ""] + _provenance_lines(state) + [""]
   exps = state.get("experiments", {})
   out += ["| experiment | status | wall time (s) | seeds |", "|---|---|---|---|"]
@@ -354,20 +418,40 @@ def render_text(root: str | pathlib.Path) -> str:
     seeds = summaries.get(name, {}).get("seeds", "")
     out.append(f"| {name} | {status} | {'' if wall is None else f'{float(wall):z.0f}'} | {seeds} |")
   out.append("")
-  out += rule_changes.markdown((state.get("git") or {}).get("commit"))
-
   for i, name in enumerate(EXPERIMENTS, 1):
+    if name not in summaries and name not in failed:
+      continue
     module = study.load(EXPERIMENTS[name])
     out += [f"## {i}. {module.TITLE}", ""]
     if name in summaries:
       out.append(module.report_section(summaries[name], name).rstrip())
-      out += [""] + _claims_and_raw_data(summaries[name], name, module.RAW_DATA)
-    elif name in failed:
-      out.append(f"**This experiment failed:** `{_escape(failed[name])}` (traceback in `{name}/error.json`).")
+      raw = ", ".join(f"[{f}]({name}/{f})" for f in module.RAW_DATA if (root / name / f).exists())
+      out += ["", f"Raw data: {raw or '-'}; claims and their numbers: [appendix.md](appendix.md#{name})."]
     else:
-      out.append("Not run in this results folder (`--only` excluded it).")
+      out.append(f"**This experiment failed:** `{_escape(failed[name])}` (traceback in `{name}/error.json`).")
     out.append("")
+  return "\n".join(out)
 
+
+def render_appendix(root: str | pathlib.Path) -> str:
+  """The appendix of the report of ``root``: the verdict tables with testability and criteria, each
+  study's claims with their full numbers, every instability, the rule history and the claims table."""
+  root = pathlib.Path(root)
+  state, summaries, _, _ = _load(root)
+  rows = claims_rows(summaries)
+  counts: dict[str, int] = {}
+  for r in rows:
+    counts[r["holds"]] = counts.get(r["holds"], 0) + 1
+  out = [f"# Appendix of the `{state.get('preset')}` report", "", "[Back to the report](report.md)", ""]
+  out += _first_screen(summaries, rows, counts)
+  inst = instabilities(summaries, state.get("runs_scan"))
+  out += ["## Instabilities", "", f"Every divergence, every training-loss spike above {SPIKE_NATS:g} nat of every "
+          "training run, and every late plateau exit:", ""] + ([f"- {x}" for x in inst] or ["- none"]) + [""]
+  for name in summaries:
+    module = study.load(EXPERIMENTS[name])
+    out += [f"<a id=\"{name}\"></a>", "", f"## {name}: claims and numbers", ""]
+    out += _claims_and_raw_data(summaries[name], name, module.RAW_DATA) + [""]
+  out += rule_changes.markdown((state.get("git") or {}).get("commit"))
   out += ["## Claims", "",
           "| claim | kind | source | published | ours | holds? |", "|---|---|---|---|---|---|"]
   for r in rows:
@@ -379,8 +463,9 @@ def render_text(root: str | pathlib.Path) -> str:
 
 
 def render(root: str | pathlib.Path) -> pathlib.Path:
-  """Writes ``root/report.md`` and returns its path."""
+  """Writes ``root/report.md`` and ``root/appendix.md`` and returns the report's path."""
   root = pathlib.Path(root)
+  (root / "appendix.md").write_text(render_appendix(root))
   path = root / "report.md"
   path.write_text(render_text(root))
   return path

@@ -223,7 +223,7 @@ def export(root: str | pathlib.Path, dest: str | pathlib.Path) -> pathlib.Path:
   """Copies the report, ``suite.json`` and each experiment's folder (not ``runs/``) to ``dest``."""
   root, dest = pathlib.Path(root), pathlib.Path(dest)
   dest.mkdir(parents=True, exist_ok=True)
-  for name in ("report.md", "suite.json"):
+  for name in ("report.md", "appendix.md", "suite.json"):
     if (root / name).exists():
       shutil.copy2(root / name, dest / name)
   for name in EXPERIMENTS:
