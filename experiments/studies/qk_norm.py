@@ -45,6 +45,7 @@ import numpy as np
 from experiments.studies import qk_norm_rules as rules
 from experiments.studies.seeds import SPIKE_NATS, largest_rise
 from experiments.suite.study import Unit
+from experiments.studies.extra_answer import qk_answer as answer  # noqa: F401 (the study protocol's answer)
 
 TITLE = "QK-norm and attention-logit growth (Wortsman et al. 2023)"
 RAW_DATA = ("runs.json", "lr_sweep.csv")  # files the report links under the claims
