@@ -16,7 +16,7 @@ import json
 import pathlib
 import sys
 
-__all__ = ["main", "verdict_table", "verdicts_of"]
+__all__ = ["loss_differences", "main", "verdict_table", "verdicts_of"]
 
 
 def verdicts_of(folder: str | pathlib.Path) -> dict[str, str]:
@@ -50,6 +50,32 @@ def verdict_table(runs: dict[str, dict[str, str]]) -> tuple[str, bool]:
   return "\n".join(lines), same_all
 
 
+def loss_differences(folders: dict[str, str | pathlib.Path]) -> list[str]:
+  """Lines comparing each folder's training runs with the first folder's, run by run (the same
+  ``runs/<label-hash>/run.json``): how many runs, the median and largest |difference| in final validation
+  loss, and how many differ by more than 0.01 nats: evidence that the trajectories differ at all."""
+  names = list(folders)
+  def finals(folder):
+    out = {}
+    for f in pathlib.Path(folder).glob("runs/*/run.json"):
+      v = json.loads(f.read_text()).get("summary", {}).get("final_val_loss")
+      if v is not None:
+        out[f.parent.name] = float(v)
+    return out
+  base = finals(folders[names[0]])
+  lines = []
+  for n in names[1:]:
+    other = finals(folders[n])
+    d = sorted(abs(other[k] - base[k]) for k in base.keys() & other.keys())
+    if not d:
+      lines.append(f"- {n} vs {names[0]}: no run in common")
+      continue
+    lines.append(f"- {n} vs {names[0]}: {len(d)} runs in common, |final loss difference| median {d[len(d) // 2]:z.2g}, "
+                 f"largest {d[-1]:z.3f} nats; {sum(x > 0.01 for x in d)} differ by more than 0.01, "
+                 f"{sum(x == 0 for x in d)} are identical")
+  return lines
+
+
 def main(argv: list[str] | None = None) -> int:
   """Command line (see the module docstring)."""
   ap = argparse.ArgumentParser(prog="python -m experiments.suite.compare_verdicts", description=__doc__.split("\n")[0])
@@ -66,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
       ap.error(str(e))
   table, same = verdict_table(runs)
-  text = table + "\n\n" + ("Every verdict is the same in every folder." if same else
-                           "Some verdicts differ: the design or a rule hinges on rounding.") + "\n"
+  folders = {item.partition("=")[0]: item.partition("=")[2] for item in args.runs}
+  text = (table + "\n\n" + ("Every verdict is the same in every folder." if same else
+                             "Some verdicts differ: the design or a rule hinges on rounding.") + "\n\n"
+          + "\n".join(loss_differences(folders)) + "\n")
   print(text)
   if args.out:
     pathlib.Path(args.out).write_text(text)
