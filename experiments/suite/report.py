@@ -399,6 +399,21 @@ def render_text(root: str | pathlib.Path) -> str:
   are in :func:`render_appendix`."""
   root = pathlib.Path(root)
   state, summaries, failed, _ = _load(root)
+  out = _head(state, summaries, failed)
+  head = "\n".join(out)
+  sections = _sections(root, summaries, failed)
+  moved = _moved_sections(len(head.encode()), sections)
+  for name, (title, body) in sections.items():
+    if name in moved:
+      body = f"This study's section is in the appendix ([appendix.md](appendix.md#section-{name})), to keep this " \
+             f"report under {REPORT_BYTES // 1000} KB."
+    out += [title, "", body, ""]
+  return "\n".join(out)
+
+
+def _head(state: dict, summaries: dict, failed: dict) -> list[str]:
+  """The report before the studies' sections: what to use, verdicts, figures, summary, limitations,
+  provenance and the table of experiments."""
   rows = claims_rows(summaries)
   out = [f"# jaxnorm experiment report (preset `{state.get('preset')}`)", "", "## What to use", ""]
   out += [f"- {x}" for x in answer(summaries)] or ["No study of this preset states an answer."]
@@ -418,19 +433,37 @@ def render_text(root: str | pathlib.Path) -> str:
     seeds = summaries.get(name, {}).get("seeds", "")
     out.append(f"| {name} | {status} | {'' if wall is None else f'{float(wall):z.0f}'} | {seeds} |")
   out.append("")
+  return out
+
+
+def _sections(root: pathlib.Path, summaries: dict, failed: dict) -> dict[str, tuple[str, str]]:
+  """``{study: (heading, body)}`` of every study that ran or failed, in the report's order."""
+  out = {}
   for i, name in enumerate(EXPERIMENTS, 1):
     if name not in summaries and name not in failed:
       continue
     module = study.load(EXPERIMENTS[name])
-    out += [f"## {i}. {module.TITLE}", ""]
     if name in summaries:
-      out.append(module.report_section(summaries[name], name).rstrip())
       raw = ", ".join(f"[{f}]({name}/{f})" for f in module.RAW_DATA if (root / name / f).exists())
-      out += ["", f"Raw data: {raw or '-'}; claims and their numbers: [appendix.md](appendix.md#{name})."]
+      body = (module.report_section(summaries[name], name).rstrip()
+              + f"\n\nRaw data: {raw or '-'}; claims and their numbers: [appendix.md](appendix.md#{name}).")
     else:
-      out.append(f"**This experiment failed:** `{_escape(failed[name])}` (traceback in `{name}/error.json`).")
-    out.append("")
-  return "\n".join(out)
+      body = f"**This experiment failed:** `{_escape(failed[name])}` (traceback in `{name}/error.json`)."
+    out[name] = (f"## {i}. {module.TITLE}", body)
+  return out
+
+
+def _moved_sections(head_bytes: int, sections: dict[str, tuple[str, str]]) -> set[str]:
+  """The studies whose sections go to the appendix: the largest first, until the report fits
+  :data:`REPORT_BYTES` (with a 1 KB margin for the pointers left in their place)."""
+  sizes = {n: len((t + b).encode()) + 4 for n, (t, b) in sections.items()}
+  total, moved = head_bytes + sum(sizes.values()), set()
+  for n in sorted(sizes, key=sizes.get, reverse=True):
+    if total <= REPORT_BYTES - 1000:
+      break
+    moved.add(n)
+    total -= sizes[n] - 200
+  return moved
 
 
 def render_appendix(root: str | pathlib.Path) -> str:
@@ -451,6 +484,12 @@ def render_appendix(root: str | pathlib.Path) -> str:
     module = study.load(EXPERIMENTS[name])
     out += [f"<a id=\"{name}\"></a>", "", f"## {name}: claims and numbers", ""]
     out += _claims_and_raw_data(summaries[name], name, module.RAW_DATA) + [""]
+  failed = _load(root)[2]
+  head = len("\n".join(_head(state, summaries, failed)).encode())
+  sections = _sections(root, summaries, failed)
+  for name in sorted(_moved_sections(head, sections)):
+    title, body = sections[name]
+    out += [f"<a id=\"section-{name}\"></a>", "", title + " (the report's section)", "", body, ""]
   out += rule_changes.markdown((state.get("git") or {}).get("commit"))
   out += ["## Claims", "",
           "| claim | kind | source | published | ours | holds? |", "|---|---|---|---|---|---|"]
