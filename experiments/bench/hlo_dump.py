@@ -1,0 +1,85 @@
+"""Dumps the optimized HLO of the existing ops' forward, gradient and JVP, one file per program.
+
+For the "nothing changed" check of a refactor: run it on the base commit and on the branch and
+diff the two folders (``diff -r``); every file must be text-identical::
+
+  python experiments/bench/hlo_dump.py /tmp/hlo-main      # at the base commit
+  python experiments/bench/hlo_dump.py /tmp/hlo-branch    # after the change
+  diff -r /tmp/hlo-main /tmp/hlo-branch && echo identical
+
+Programs: ``layer_norm``, ``rms_norm``, ``add_layer_norm``, ``add_rms_norm`` and ``dyt``
+(``impl="auto"``), each as the forward, ``jax.grad`` of a random-cotangent dot product with
+respect to every array argument, and ``jax.jvp``, at two shapes, in float32 and bfloat16:
+60 programs, ``jax.jit(f).lower(...).compile().as_text()`` on the default backend.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+
+import jaxnorm
+
+SHAPES = ((8, 64), (256, 1024))
+DTYPES = (jnp.float32, jnp.bfloat16)
+
+
+def _ops():
+  """``{name: (fn, n_args)}``: each op as a function of arrays only, the first one ``x``."""
+  return {
+      "layer_norm": (lambda x, s, b: jaxnorm.layer_norm(x, s, b), 3),
+      "rms_norm": (lambda x, s: jaxnorm.rms_norm(x, s), 2),
+      "add_layer_norm": (lambda x, r, s, b: jaxnorm.add_layer_norm(x, r, s, b)[0], 4),
+      "add_rms_norm": (lambda x, r, s: jaxnorm.add_rms_norm(x, r, s)[0], 3),
+      "dyt": (lambda x, a, s, b: jaxnorm.dyt(x, a, s, b), 4),
+  }
+
+
+def _args(name: str, n: int, shape, dtype):
+  """Random arrays: ``x`` (and a residual) of ``shape``, parameters of ``(d,)`` (DyT's alpha: ())."""
+  keys = jax.random.split(jax.random.key(0), n)
+  rows = 2 if name.startswith("add_") else 1
+  out = []
+  for i, k in enumerate(keys):
+    if i < rows:
+      out.append(jax.random.normal(k, shape, dtype))
+    elif name == "dyt" and i == 1:
+      out.append(jnp.asarray(0.5, dtype))
+    else:
+      out.append(1.0 + 0.1 * jax.random.normal(k, shape[-1:], dtype))
+  return out
+
+
+def programs():
+  """``{file name: HLO text}`` for every op, mode, shape and dtype."""
+  texts = {}
+  for name, (fn, n) in _ops().items():
+    for shape in SHAPES:
+      for dtype in DTYPES:
+        args = _args(name, n, shape, dtype)
+        dy = jax.random.normal(jax.random.key(1), shape, dtype)
+        tag = f"{name}-{shape[0]}x{shape[1]}-{jnp.dtype(dtype).name}"
+        grad = jax.grad(lambda *a, fn=fn, dy=dy: jnp.vdot(fn(*a).astype(jnp.float32),
+                                                          dy.astype(jnp.float32)),
+                        argnums=tuple(range(n)))
+        jvp = lambda *a, fn=fn: jax.jvp(fn, a, a)  # noqa: E731
+        for mode, f in (("fwd", fn), ("grad", grad), ("jvp", jvp)):
+          texts[f"{tag}-{mode}.hlo"] = jax.jit(f).lower(*args).compile().as_text()
+  return texts
+
+
+def main(out_dir: str) -> None:
+  """Writes every program's optimized HLO under ``out_dir``."""
+  os.makedirs(out_dir, exist_ok=True)
+  texts = programs()
+  for fname, text in texts.items():
+    with open(os.path.join(out_dir, fname), "w") as f:
+      f.write(text)
+  print(f"{len(texts)} programs written to {out_dir} ({jax.default_backend()})")
+
+
+if __name__ == "__main__":
+  main(sys.argv[1])
