@@ -10,12 +10,16 @@ diff the two folders (``diff -r``); every file must be text-identical::
 Programs: ``layer_norm``, ``rms_norm``, ``add_layer_norm``, ``add_rms_norm`` and ``dyt``
 (``impl="auto"``), each as the forward, ``jax.grad`` of a random-cotangent dot product with
 respect to every array argument, and ``jax.jvp``, at two shapes, in float32 and bfloat16:
-60 programs, ``jax.jit(f).lower(...).compile().as_text()`` on the default backend.
+60 programs, ``jax.jit(f).lower(...).compile().as_text()`` on the default backend, with the
+source-location tables (``FileNames``, ``FunctionNames``, ``FileLocations``, ``StackFrames``)
+and every ``metadata={...}`` removed (:func:`strip_locations`): they name files, lines and the
+Python call stack, which any edit moves, and do not change the program.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import jax
@@ -53,6 +57,23 @@ def _args(name: str, n: int, shape, dtype):
   return out
 
 
+_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+
+
+def strip_locations(text: str) -> str:
+  """``text`` without the source-location tables and the instructions' ``metadata={...}``."""
+  kept, skipping = [], False
+  for line in text.splitlines():
+    if line in _TABLES:
+      skipping = True
+      continue
+    if skipping and (not line or line[0].isdigit()):
+      continue
+    skipping = False
+    kept.append(re.sub(r", metadata=\{[^{}]*\}", "", line))
+  return "\n".join(kept) + "\n"
+
+
 def programs():
   """``{file name: HLO text}`` for every op, mode, shape and dtype."""
   texts = {}
@@ -67,7 +88,8 @@ def programs():
                         argnums=tuple(range(n)))
         jvp = lambda *a, fn=fn: jax.jvp(fn, a, a)  # noqa: E731
         for mode, f in (("fwd", fn), ("grad", grad), ("jvp", jvp)):
-          texts[f"{tag}-{mode}.hlo"] = jax.jit(f).lower(*args).compile().as_text()
+          text = jax.jit(f).lower(*args).compile().as_text()
+          texts[f"{tag}-{mode}.hlo"] = strip_locations(text)
   return texts
 
 
