@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from jaxnorm import _ad
 from jaxnorm import _norm_args
+from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 
 __all__ = ["add_layer_norm", "add_rms_norm"]
 
@@ -85,7 +86,7 @@ def add_layer_norm(x, residual, scale=None, bias=None, *, residual_scale=1.0, re
     >>> bool(jnp.allclose(h, x + r)), bool(jnp.allclose(y, y_plain))
     (True, True)
   """
-  return _call(x, residual, scale, bias, op="layer_norm", residual_scale=residual_scale,
+  return _call(x, residual, scale, bias, op=LAYER_NORM, residual_scale=residual_scale,
                residual_dtype=residual_dtype, epsilon=epsilon, axis=axis, mask=mask,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,
@@ -129,7 +130,7 @@ def add_rms_norm(x, residual, scale=None, *, residual_scale=1.0, residual_dtype=
     >>> y.dtype, h.dtype
     (dtype(bfloat16), dtype('float32'))
   """
-  return _call(x, residual, scale, None, op="rms_norm", residual_scale=residual_scale,
+  return _call(x, residual, scale, None, op=RMS_NORM, residual_scale=residual_scale,
                residual_dtype=residual_dtype, epsilon=epsilon, axis=axis, mask=mask,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,

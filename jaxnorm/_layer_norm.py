@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from jaxnorm import _norm_args
 from jaxnorm import _ad
+from jaxnorm._norm_ops import LAYER_NORM
 
 
 def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
@@ -78,7 +79,7 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
     True
   """
   cfg, x2, mask2, restore = _norm_args.prepare(
-      x, scale, bias, op="layer_norm", epsilon=epsilon, axis=axis, mask=mask, dtype=dtype,
+      x, scale, bias, op=LAYER_NORM, epsilon=epsilon, axis=axis, mask=mask, dtype=dtype,
       impl=impl, epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=axis_name, axis_index_groups=axis_index_groups, pallas=pallas, casting=casting,
       options={"use_fast_variance": use_fast_variance})

@@ -1,4 +1,4 @@
-r"""Internal API: the norm family's ops, each declared once: :data:`NORM_OPS`.
+r"""Internal API: the norm family's ops, each declared once: :data:`LAYER_NORM`, :data:`RMS_NORM`.
 
 An op of the family normalizes the trailing axis of ``x: (..., d)`` by per-row statistics,
 ``y = gamma * x_hat + beta`` with ``x_hat = x_c * r``. A :class:`NormOp` says what differs
@@ -19,20 +19,20 @@ the declaration from the call's :class:`~jaxnorm._norm_config.NormConfig` (``cfg
   (:func:`jaxnorm._xla.forward_only`).
 
 The math, derivations and numerics are in ``docs/derivations.md``. A new op of the family is one
-more entry here with its statistics (``docs/ops.md``).
+more declaration here with its statistics, named by its entry of :data:`jaxnorm.OPS`
+(``docs/ops.md``); the family's table, :data:`jaxnorm._ops.NORM_OPS`, is derived from ``OPS``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import types
 from typing import Any, Callable
 
 import jax.numpy as jnp
 
 from jaxnorm._xla_rows import compute_dtype, count, first_pivot, fresh, normalizer, psum, row_sums
 
-__all__ = ["NORM_OPS", "NormOp", "Option"]
+__all__ = ["LAYER_NORM", "RMS_NORM", "NormOp", "Option"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,11 +203,12 @@ def _rms_norm_statistics(cfg, x, mask, *, decouple: bool = True):
   return None, None, normalizer(cfg, ms)
 
 
-NORM_OPS = types.MappingProxyType({
-    "layer_norm": NormOp("layer_norm", _layer_norm_statistics, mean_path=True,
-                         residuals=("shift", "delta", "rstd"), params=("scale", "bias"),
-                         options=(Option("use_fast_variance", False),),
-                         xla_forward_views=True),
-    "rms_norm": NormOp("rms_norm", _rms_norm_statistics, mean_path=False,
-                       residuals=("rstd",), params=("scale",)),
-})
+LAYER_NORM = NormOp("layer_norm", _layer_norm_statistics, mean_path=True,
+                    residuals=("shift", "delta", "rstd"), params=("scale", "bias"),
+                    options=(Option("use_fast_variance", False),), xla_forward_views=True)
+"""LayerNorm's declaration: centred, statistics from shifted data, Flax's fast variance as an
+option."""
+
+RMS_NORM = NormOp("rms_norm", _rms_norm_statistics, mean_path=False, residuals=("rstd",),
+                  params=("scale",))
+"""RMSNorm's declaration: not centred, the root mean square its only statistic."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from jaxnorm import _norm_args
 from jaxnorm import _ad
+from jaxnorm._norm_ops import RMS_NORM
 
 
 def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None, epsilon_placement="inside",
@@ -65,7 +66,7 @@ def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None, epsilon_placeme
     True
   """
   cfg, x2, mask2, restore = _norm_args.prepare(
-      x, scale, None, op="rms_norm", epsilon=epsilon, axis=axis, mask=mask,
+      x, scale, None, op=RMS_NORM, epsilon=epsilon, axis=axis, mask=mask,
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,
       pallas=pallas, casting=casting)

@@ -58,6 +58,7 @@ from jax.nn import initializers
 
 from jaxnorm import _module_common as common
 from jaxnorm import _validation as v
+from jaxnorm._ops import OPS
 
 __all__ = ["Derf", "DyT", "LayerNorm", "RMSNorm"]
 
@@ -291,7 +292,7 @@ class _Pointwise(nn.Module):
                                        self.feature_axes))
     alpha = self.param("alpha", lambda _, dt: jnp.full((), alpha0, dt), self.param_dtype)
     shift = (self.param("shift", lambda _, dt: jnp.full((), shift0, dt), self.param_dtype)
-             if self._kind == "derf" else None)
+             if "shift" in OPS[self._kind].params else None)
     scale = (self.param("scale", self.scale_init, fshape, self.param_dtype) if self.use_scale
              else None)
     bias = self.param("bias", self.bias_init, fshape, self.param_dtype) if self.use_bias else None

@@ -32,29 +32,24 @@ DTYPES = (jnp.float32, jnp.bfloat16)
 
 
 def _ops():
-  """``{name: (fn, n_args)}``: each op as a function of arrays only, the first one ``x``."""
+  """``{name: (fn, kinds)}``: each op as a function of arrays only; ``kinds`` says per argument
+  "r" for a row array of ``x``'s shape, "p" for a ``(d,)`` parameter, "s" for a scalar."""
   return {
-      "layer_norm": (lambda x, s, b: jaxnorm.layer_norm(x, s, b), 3),
-      "rms_norm": (lambda x, s: jaxnorm.rms_norm(x, s), 2),
-      "add_layer_norm": (lambda x, r, s, b: jaxnorm.add_layer_norm(x, r, s, b)[0], 4),
-      "add_rms_norm": (lambda x, r, s: jaxnorm.add_rms_norm(x, r, s)[0], 3),
-      "dyt": (lambda x, a, s, b: jaxnorm.dyt(x, a, s, b), 4),
+      "layer_norm": (lambda x, s, b: jaxnorm.layer_norm(x, s, b), "rpp"),
+      "rms_norm": (lambda x, s: jaxnorm.rms_norm(x, s), "rp"),
+      "add_layer_norm": (lambda x, r, s, b: jaxnorm.add_layer_norm(x, r, s, b)[0], "rrpp"),
+      "add_rms_norm": (lambda x, r, s: jaxnorm.add_rms_norm(x, r, s)[0], "rrp"),
+      "dyt": (lambda x, a, s, b: jaxnorm.dyt(x, a, s, b), "rspp"),
   }
 
 
-def _args(name: str, n: int, shape, dtype):
-  """Random arrays: ``x`` (and a residual) of ``shape``, parameters of ``(d,)`` (DyT's alpha: ())."""
-  keys = jax.random.split(jax.random.key(0), n)
-  rows = 2 if name.startswith("add_") else 1
-  out = []
-  for i, k in enumerate(keys):
-    if i < rows:
-      out.append(jax.random.normal(k, shape, dtype))
-    elif name == "dyt" and i == 1:
-      out.append(jnp.asarray(0.5, dtype))
-    else:
-      out.append(1.0 + 0.1 * jax.random.normal(k, shape[-1:], dtype))
-  return out
+def _args(kinds: str, shape, dtype):
+  """Random arrays: rows of ``shape``, parameters ``(d,)`` near 1, scalars 0.5 (DyT's alpha)."""
+  keys = jax.random.split(jax.random.key(0), len(kinds))
+  make = {"r": lambda k: jax.random.normal(k, shape, dtype),
+          "p": lambda k: 1.0 + 0.1 * jax.random.normal(k, shape[-1:], dtype),
+          "s": lambda k: jnp.asarray(0.5, dtype)}
+  return [make[kind](k) for kind, k in zip(kinds, keys)]
 
 
 _TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
@@ -77,10 +72,11 @@ def strip_locations(text: str) -> str:
 def programs():
   """``{file name: HLO text}`` for every op, mode, shape and dtype."""
   texts = {}
-  for name, (fn, n) in _ops().items():
+  for name, (fn, kinds) in _ops().items():
+    n = len(kinds)
     for shape in SHAPES:
       for dtype in DTYPES:
-        args = _args(name, n, shape, dtype)
+        args = _args(kinds, shape, dtype)
         dy = jax.random.normal(jax.random.key(1), shape, dtype)
         tag = f"{name}-{shape[0]}x{shape[1]}-{jnp.dtype(dtype).name}"
         grad = jax.grad(lambda *a, fn=fn, dy=dy: jnp.vdot(fn(*a).astype(jnp.float32),

@@ -16,8 +16,7 @@ from typing import Any
 
 from jaxnorm import _validation as v
 from jaxnorm._casting import CASTINGS
-from jaxnorm._module_common import POINTWISE_KINDS
-from jaxnorm._ops import OPS
+from jaxnorm._ops import OPS, POINTWISE_FAMILY, names
 
 NORM_POSITIONS = ("pre", "post", "sandwich", "deepnorm")
 NORM_TYPES = tuple(OPS)  # the op table's names: "layer_norm", "rms_norm", "dyt", "derf"
@@ -86,8 +85,9 @@ class TransformerConfig:
       unrolls the same computation over the same parameters in a Python loop (a reference,
       and XLA can fuse across layers). Both give the same values to float round-off.
     qk_norm: normalize every head's query and key over the head dimension after their
-      projections and before the rotary embedding (as Qwen3 and OLMo 2 do): ``"none"``,
-      ``"rms_norm"`` or ``"layer_norm"``. With learned positions, which are added to the
+      projections and before the rotary embedding (as Qwen3 and OLMo 2 do): ``"none"``, or
+      an op of :data:`jaxnorm.OPS` as ``norm_type`` names one (``"rms_norm"``,
+      ``"layer_norm"``, ``"dyt"``, ``"derf"``). With learned positions, which are added to the
       model input, the norm acts on the projected queries and keys directly. The same
       ``norm_impl``, ``epsilon``, ``dtype`` and ``casting`` as the other norms.
     qk_norm_scale: ``"per_head"``: one learned scale (and LayerNorm bias) per head and
@@ -140,7 +140,7 @@ class TransformerConfig:
     v.check_choice("qk_norm_scale", self.qk_norm_scale, QK_NORM_SCALES)
     v.check_bool("norm_scaling", self.norm_scaling)
     object.__setattr__(self, "pointwise_alpha", _check_pointwise_alpha(self.pointwise_alpha))
-    pointwise = {self.norm_type, self.qk_norm} & set(POINTWISE_KINDS)
+    pointwise = {self.norm_type, self.qk_norm} & set(names(POINTWISE_FAMILY))
     if pointwise and self.norm_impl == "flax":
       raise ValueError(f"norm_impl='flax' has no {sorted(pointwise)} layer (Flax ships none); "
                        f"use norm_impl='jaxnorm'.")
