@@ -54,7 +54,6 @@ from jaxnorm import _jax_compat as jc
 from jaxnorm import _math
 from jaxnorm import _xla
 from jaxnorm._remat import name_residuals
-from jaxnorm._xla_backend import XLA
 from jaxnorm._norm_config import NormConfig
 
 __all__ = ["add_norm", "apply", "norm_tangent_p"]
@@ -122,7 +121,7 @@ def _wide_jvp(fn, tangent_fn=None):
 def _wide_backward(cfg: NormConfig, fn, xla_fn):
   """The derived backward ``fn(x, scale, mask, stats, *cotangents)`` (on the call's backend),
   with a JVP (second order) that :func:`_wide_tangent` takes of the same backward in XLA ops,
-  ``xla_fn`` (``jaxnorm._xla_backend.XLA``'s), with the statistics recomputed from ``x``.
+  ``xla_fn`` (:func:`jaxnorm._backends.formula`'s), with the statistics recomputed from ``x``.
 
   The statistics are ``S(x)`` wherever JAX calls the backward (its residuals come from the
   forward), so their incoming tangents are ``S'(x) tx``, which the recomputation gives: every
@@ -223,13 +222,13 @@ def _cotangents_one(x, scale, mask, shift, delta, rstd, dy, dh, *, cfg: NormConf
   stats = (shift, delta, rstd)
   if not cfg.has_add:
     dx, dscale, dbias = _wide_backward(cfg, functools.partial(_backends.backward, cfg),
-                                       functools.partial(XLA.backward, cfg))(
+                                       _backends.formula(cfg, "backward"))(
         x, scale, mask, stats, dy)
     return dict(zip(("tx", "tscale", "tbias"),
                     (dx, *_backends.param_cotangents(cfg, scale, dscale, dbias))))
   return dict(zip(("tx", "tr", "tscale", "tbias"),
                   _wide_backward(cfg, functools.partial(_backends.add_backward, cfg),
-                                 functools.partial(XLA.add_backward, cfg))(
+                                 _backends.formula(cfg, "add_backward"))(
                       x, scale, mask, stats, dy, dh)))
 
 

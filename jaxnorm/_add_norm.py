@@ -61,9 +61,9 @@ def add_layer_norm(x, residual, scale=None, bias=None, *, residual_scale=1.0, re
     epsilon, axis, mask, epsilon_placement, zero_centered_scale, axis_name, axis_index_groups,
       use_fast_variance: as :func:`jaxnorm.layer_norm` (the statistics are those of ``h``).
     dtype: dtype of ``y``; default ``x.dtype`` (the activations' dtype, not the stream's).
-    impl: "xla", "pallas" (the fused kernels: one read of ``x`` and ``residual``, one write of
-      ``h`` and ``y``) or "auto": the fused kernels on a GPU where the plain op's kernels apply
-      (compiled and tested on an H100), "xla" otherwise.
+    impl: "xla", "triton" or its alias "pallas" (the fused kernels: one read of ``x`` and
+      ``residual``, one write of ``h`` and ``y``) or "auto": the fused kernels on a GPU where
+      the plain op's kernels apply (compiled and tested on an H100), "xla" otherwise.
     pallas: a :class:`jaxnorm.PallasConfig` or None, as :func:`jaxnorm.layer_norm`.
     casting: the order of casts of the norm's affine stage, as :func:`jaxnorm.layer_norm`
       (for "llama" the normalized ``h`` is rounded to ``h``'s dtype, ``residual_dtype``).

@@ -47,7 +47,8 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
       statistics and the backward's two row reductions are summed over it with ``psum``.
     axis_index_groups: optional groups of indices of ``axis_name`` (as in ``lax.psum``).
     dtype: dtype of ``y``; default ``x.dtype``.
-    impl: "auto", "xla" or "pallas" (the Triton kernels of :mod:`jaxnorm._pallas`).
+    impl: "auto", "xla", or "triton" (the Triton kernels of :mod:`jaxnorm._pallas`; "pallas" is
+      its alias, the same behaviour).
       "auto" takes the kernels on a GPU where they apply (no mask, no axis_name, not traced
       under a mesh with non-manual axes, a supported dtype) and XLA otherwise; it never fails
       where "xla" works.

@@ -14,9 +14,10 @@ the declaration from the call's :class:`~jaxnorm._norm_config.NormConfig` (``cfg
   :func:`jaxnorm._xla_rows.variance_path_factor`);
 * ``residuals``: the per-row statistics reverse mode keeps (the kernels return exactly these);
 * ``params``: the array parameters after ``x``; ``options``: the op's own switches
-  (:class:`Option`, e.g. LayerNorm's ``use_fast_variance``);
-* ``xla_forward_views``: how XLA:CPU's undifferentiated forward reads ``x`` on few rows
-  (:func:`jaxnorm._xla.forward_only`).
+  (:class:`Option`, e.g. LayerNorm's ``use_fast_variance``).
+
+How a backend computes an op (e.g. XLA:CPU's tuning of LayerNorm's forward on few rows,
+:data:`jaxnorm._xla_backend.FORWARD_VIEWS`) is the backend's, not the declaration's.
 
 The math, derivations and numerics are in ``docs/derivations.md``. A new op of the family is one
 more declaration here with its statistics, named by its entry of :data:`jaxnorm.OPS`
@@ -62,8 +63,6 @@ class NormOp:
       order (the kernels return these, in this order).
     params: the array parameters after ``x``, in call order.
     options: the op's own options (:class:`Option`).
-    xla_forward_views: whether XLA's undifferentiated forward reads ``x`` through separate
-      views on fewer rows than YNNPACK takes whole (:func:`jaxnorm._xla.forward_only`).
   """
 
   name: str
@@ -72,7 +71,6 @@ class NormOp:
   residuals: tuple[str, ...]
   params: tuple[str, ...]
   options: tuple[Option, ...] = ()
-  xla_forward_views: bool = False
 
   def __repr__(self):
     return f"NormOp({self.name!r})"
@@ -205,7 +203,7 @@ def _rms_norm_statistics(cfg, x, mask, *, decouple: bool = True):
 
 LAYER_NORM = NormOp("layer_norm", _layer_norm_statistics, mean_path=True,
                     residuals=("shift", "delta", "rstd"), params=("scale", "bias"),
-                    options=(Option("use_fast_variance", False),), xla_forward_views=True)
+                    options=(Option("use_fast_variance", False),))
 """LayerNorm's declaration: centred, statistics from shifted data, Flax's fast variance as an
 option."""
 

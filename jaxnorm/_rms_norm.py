@@ -48,7 +48,7 @@ def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None, epsilon_placeme
       ``shard_map``, or a named ``jax.vmap`` axis (derivatives included).
     axis_index_groups: optional groups of indices of ``axis_name``.
     dtype: dtype of ``y``; default ``x.dtype``.
-    impl: "auto", "xla" or "pallas" (see :func:`jaxnorm.layer_norm`).
+    impl: "auto", "xla", "triton" or its alias "pallas" (see :func:`jaxnorm.layer_norm`).
     pallas: a :class:`jaxnorm.PallasConfig` or None (see :func:`jaxnorm.layer_norm`).
     casting: the order of casts of the affine stage (see :func:`jaxnorm.layer_norm`):
       "float32" (default), "llama" (HF ``LlamaRMSNorm``) or "t5" (HF ``T5LayerNorm``).

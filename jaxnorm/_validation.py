@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 EPSILON_PLACEMENTS = ("inside", "outside")
-IMPLS = ("auto", "xla", "pallas")
+# "triton" (the kernels, by their kernel language) and "pallas", its accepted alias.
+IMPLS = ("auto", "xla", "triton", "pallas")
 # What the Pallas (Triton) kernels take: the input/parameter dtypes and the backends they
 # compile for (interpret mode runs them anywhere).
 KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -274,9 +275,9 @@ def kernel_problem(*, dtypes: Sequence[tuple[str, Any]] = (), backend: str | Non
   return None
 
 
-def pallas_refusal(why: str) -> str:
-  """The message of ``impl='pallas'`` on a call the kernels cannot run, ``why`` a phrase."""
-  return f"impl='pallas' cannot run this call: {why}. Use impl='xla' or 'auto'."
+def backend_refusal(impl: str, why: str) -> str:
+  """The message of an ``impl`` naming a backend that cannot run the call, ``why`` a phrase."""
+  return f"impl={impl!r} cannot run this call: {why}. Use impl='xla' or 'auto'."
 
 
 def check_param(name: str, p: Any, x_shape: tuple[int, ...], first_axis: int, *,

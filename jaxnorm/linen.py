@@ -133,7 +133,7 @@ class LayerNorm(nn.Module):
       in at least float32.
     epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
-    impl: ``"auto"``, ``"xla"`` or ``"pallas"``.
+    impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
     casting: ``"float32"``, ``"llama"`` or ``"t5"``: where the affine stage rounds.
   """
 
@@ -220,7 +220,7 @@ class RMSNorm(nn.Module):
       in at least float32.
     epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
-    impl: ``"auto"``, ``"xla"`` or ``"pallas"``.
+    impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
     casting: ``"float32"``, ``"llama"`` or ``"t5"``: where the affine stage rounds.
   """
 

@@ -40,7 +40,7 @@ Extra trailing keyword arguments (their defaults reproduce Flax):
 * ``zero_centered_scale``: ``True`` multiplies by :math:`1 + \gamma` (Gemma style). The
   default ``scale_init`` (ones) then starts at an effective scale of 2; pass
   ``scale_init=nnx.initializers.zeros_init()`` to start at the identity.
-* ``impl``: ``"auto"``, ``"xla"`` or ``"pallas"``, the kernel of the op.
+* ``impl``: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``, the kernel of the op.
 * ``casting``: ``"float32"`` (default), ``"llama"`` or ``"t5"``, the order of casts of the
   affine stage (``docs/modules.md``, "Casting modes").
 """
@@ -152,7 +152,7 @@ class LayerNorm(nnx.Module):
     scale_metadata: metadata for the scale ``nnx.Param``.
     epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
-    impl: ``"auto"``, ``"xla"`` or ``"pallas"``.
+    impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
     casting: ``"float32"``, ``"llama"`` or ``"t5"``: where the affine stage rounds.
 
   Raises:
@@ -256,7 +256,7 @@ class RMSNorm(nnx.Module):
       ``sharding_names`` before Flax 0.12.4).
     epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
-    impl: ``"auto"``, ``"xla"`` or ``"pallas"``.
+    impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
     casting: ``"float32"``, ``"llama"`` or ``"t5"``: where the affine stage rounds.
 
   Raises:
