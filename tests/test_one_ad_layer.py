@@ -411,7 +411,7 @@ def test_auto_on_this_cpu_runs_xla():
     assert program == xla_program
     assert_bitwise(got, want)  # the same program: the same bits on any CPU
   cfg = _prepare(True, x, s, b, "xla")[0]
-  assert dataclasses.replace(cfg, impl="platform").impl == "platform"
+  assert dataclasses.replace(cfg, impl=_backends.PER_PLATFORM).impl == "per_platform"
 
 
 # ---------------------------------------------------------------------------------------------
