@@ -53,6 +53,7 @@ from jaxnorm import _backends
 from jaxnorm import _jax_compat as jc
 from jaxnorm import _math
 from jaxnorm import _xla
+from jaxnorm._memory_efficient import kept, recovered
 from jaxnorm._remat import name_residuals
 from jaxnorm._norm_config import NormConfig
 
@@ -61,10 +62,10 @@ __all__ = ["add_norm", "apply", "norm_tangent_p"]
 # Operand names of the primitive. Residuals first (``x`` is the normalized input: ``h`` for
 # the fused op), then the tangents it is linear in. Absent ones (no scale, no mask, RMSNorm's
 # shift/delta, a symbolic-zero tangent) are left out; ``operand_names`` lists the present ones in
-# order.
-_RESIDUALS = ("x", "scale", "mask", "shift", "delta", "rstd")
+# order. ``y`` and ``bias`` stand in for ``x``, ``shift`` and ``delta`` with memory_efficient.
+_RESIDUALS = ("x", "y", "scale", "bias", "mask", "shift", "delta", "rstd")
 _TANGENTS = ("tx", "tr", "tscale", "tbias")
-_PARAMS = frozenset({"scale", "tscale", "tbias"})  # shape (groups..., d)
+_PARAMS = frozenset({"scale", "bias", "tscale", "tbias"})  # shape (groups..., d)
 
 
 def _named(operand_names, args) -> dict:
@@ -172,7 +173,7 @@ def _over_groups(fn, groups: int, names: tuple = ()):
 
 def _formula_one(*args, cfg: NormConfig, operand_names):
   """One group's value: ``[dot y]`` (plain op) or ``[dot y, dot h]`` (fused op)."""
-  a = _named(operand_names, args)
+  a = recovered(cfg, _named(operand_names, args))
   stats = (a["shift"], a["delta"], a["rstd"])
   if not cfg.has_add:
     return [_xla.tangent(cfg, a["x"], a["scale"], a["mask"], stats, a["tx"], a["tscale"],
@@ -209,7 +210,8 @@ def _abstract_eval(*avals, cfg, operand_names, groups, group_names=()):
   """Outputs shaped like ``x``, varying over the union of every operand's mesh axes."""
   del groups, group_names
   axes = frozenset().union(*(jc.aval_varying_axes(av) for av in avals))
-  base = jc.with_varying_axes(_named(operand_names, avals)["x"], axes)
+  named = _named(operand_names, avals)
+  base = jc.with_varying_axes(named["x"] if named["x"] is not None else named["y"], axes)
   dtypes = [cfg.out_dtype] + ([cfg.h_dtype] if cfg.has_add else [])
   return [base.update(dtype=dt, weak_type=False) for dt in dtypes]
 
@@ -217,12 +219,16 @@ def _abstract_eval(*avals, cfg, operand_names, groups, group_names=()):
 norm_tangent_p.def_abstract_eval(_abstract_eval)
 
 
-def _cotangents_one(x, scale, mask, shift, delta, rstd, dy, dh, *, cfg: NormConfig, operand_names):
-  """One group's derived VJP: a dict of the tangent operands' cotangents."""
+def _cotangents_one(x, scale, mask, shift, delta, rstd, dy, dh, *, cfg: NormConfig, operand_names,
+                    dx_dtype=None):
+  """One group's derived VJP: a dict of the tangent operands' cotangents (``dx`` in
+  ``dx_dtype``, None: ``x``'s)."""
   stats = (shift, delta, rstd)
   if not cfg.has_add:
-    dx, dscale, dbias = _wide_backward(cfg, functools.partial(_backends.backward, cfg),
-                                       _backends.formula(cfg, "backward"))(
+    kw = {} if dx_dtype is None else {"dx_dtype": dx_dtype}
+    dx, dscale, dbias = _wide_backward(cfg, functools.partial(_backends.backward, cfg, **kw),
+                                       functools.partial(_backends.formula(cfg, "backward"),
+                                                         **kw))(
         x, scale, mask, stats, dy)
     return dict(zip(("tx", "tscale", "tbias"),
                     (dx, *_backends.param_cotangents(cfg, scale, dscale, dbias))))
@@ -242,11 +248,15 @@ def _transpose(cts, *args, cfg: NormConfig, operand_names, groups, group_names=(
     return [None] * len(args)
   if "tbias" not in operand_names and cfg.bias_dtype is not None:
     cfg = _replace_bias(cfg)  # no dbias wanted
+  # With memory_efficient, x is recovered from y in x's compute dtype: dx is cast to tx's dtype.
+  dx_dtype = None if a["x"] is not None or a["tx"] is None else a["tx"].aval.dtype
+  a = recovered(cfg, a)
   x = a["x"]
   dy = cts[0]
   dy = jnp.zeros(x.shape, cfg.out_dtype) if isinstance(dy, jc.Zero) else dy
   dh = None if not cfg.has_add or isinstance(cts[1], jc.Zero) else cts[1]  # h unused: skipped
-  body = functools.partial(_cotangents_one, cfg=cfg, operand_names=operand_names)
+  body = functools.partial(_cotangents_one, cfg=cfg, operand_names=operand_names,
+                           dx_dtype=dx_dtype)
   d = _over_groups(body, groups, group_names)(x, a["scale"], a["mask"], a["shift"], a["delta"],
                                               a["rstd"], dy, dh)
   return [d.get(k) if k in _TANGENTS else None for k in operand_names]
@@ -341,9 +351,10 @@ def _norm_jvp(cfg: NormConfig, primals, tangents):
   y, stats = _wide_jvp(functools.partial(_backends.forward, cfg))(x, scale, bias, mask)
   if tx is None and tscale is None and tbias is None:
     return y, jnp.zeros(y.shape, y.dtype)
-  x, stats = name_residuals(x, stats)  # what reverse mode saves carries the remat names
-  operand_names, args = _pack(x=x, scale=scale, mask=mask, shift=stats[0], delta=stats[1],
-                     rstd=stats[2], tx=tx, tscale=tscale, tbias=tbias)
+  # What reverse mode saves (x and the statistics, or y and rstd), tagged with the remat names.
+  residuals, y = kept(cfg, x, y, bias, stats)
+  operand_names, args = _pack(**residuals, scale=scale, mask=mask, tx=tx, tscale=tscale,
+                              tbias=tbias)
   (ty,) = norm_tangent_p.bind(*args, cfg=cfg, operand_names=operand_names, groups=0)
   return y, ty
 

@@ -84,7 +84,8 @@ def check_num_features_arg(module: str, num_features: Any) -> int:
 
 
 def check_options(epsilon: Any, epsilon_placement: Any, zero_centered_scale: Any,
-                  impl: Any, casting: Any = "float32", use_fast_variance: Any = False) -> float:
+                  impl: Any, casting: Any = "float32", use_fast_variance: Any = False,
+                  memory_efficient: Any = False) -> float:
   """Validates the static options of a layer once, when it is built.
 
   Returns:
@@ -94,6 +95,7 @@ def check_options(epsilon: Any, epsilon_placement: Any, zero_centered_scale: Any
   v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
   v.check_bool("zero_centered_scale", zero_centered_scale)
   v.check_bool("use_fast_variance", use_fast_variance)
+  v.check_bool("memory_efficient", memory_efficient)
   v.check_choice("impl", impl, v.IMPLS)
   v.check_choice("casting", casting, CASTINGS)
   return epsilon
@@ -132,7 +134,7 @@ def _to_rank(mask: Any, ndim: int) -> Any:
 
 LAYER_OPTIONS = ("reduction_axes", "feature_axes", "epsilon", "axis_name", "axis_index_groups",
                  "epsilon_placement", "zero_centered_scale", "impl", "casting",
-                 "use_fast_variance")
+                 "use_fast_variance", "memory_efficient")
 
 
 def layer_options(layer: Any) -> dict[str, Any]:
@@ -148,7 +150,8 @@ def normalize(kind: str, x: Any, scale: Any, bias: Any, *, reduction_axes: Any, 
               axis_index_groups: Any = None, epsilon_placement: str = "inside",
               zero_centered_scale: bool = False, impl: str = "auto", casting: str = "float32",
               num_features: int | None = None, module: str = "", residual: Any = None,
-              residual_scale: float = 1.0, use_fast_variance: bool = False) -> Any:
+              residual_scale: float = 1.0, use_fast_variance: bool = False,
+              memory_efficient: bool = False) -> Any:
   r"""Normalizes ``x`` over any ``reduction_axes`` with the custom-VJP op of ``kind``.
 
   .. math::
@@ -179,6 +182,8 @@ def normalize(kind: str, x: Any, scale: Any, bias: Any, *, reduction_axes: Any, 
     residual_scale: :math:`\alpha`, a Python float (DeepNorm); only with ``residual``.
     use_fast_variance: ``layer_norm``'s variance as :math:`\overline{x^2} - \mu^2` (as
       :func:`jaxnorm.layer_norm`); no effect on ``rms_norm``.
+    memory_efficient: reverse mode keeps ``y`` instead of ``x`` (as :func:`jaxnorm.layer_norm`);
+      with ``residual`` a ``ValueError`` (the residual add + norm op has no such option).
     num_features: the layer's ``num_features`` (NNX; None for Linen), checked against the
       input's feature size. module: the layer's class name, for error messages.
 
@@ -202,7 +207,7 @@ def normalize(kind: str, x: Any, scale: Any, bias: Any, *, reduction_axes: Any, 
       axis_index_groups=axis_index_groups, impl=impl)
   # The op's own options, as its declaration lists them (LayerNorm: use_fast_variance); a
   # layer's option the op does not declare has no effect (RMSNorm's use_fast_variance).
-  given = {"use_fast_variance": use_fast_variance}
+  given = {"use_fast_variance": use_fast_variance, "memory_efficient": memory_efficient}
   own = lookup(kind, "kind", NORM_FAMILY).decl.options
   op_kwargs.update({o.name: given[o.name] for o in own})
   pshape = _in_op_param_shape(x, red, feat)
@@ -318,6 +323,10 @@ def _op(kind, x, residual, scale, bias, residual_scale, **kw):
   op = lookup(kind, "kind", NORM_FAMILY)
   params = _by_name(op, scale=scale, bias=bias)
   if residual is not None:
+    if kw.pop("memory_efficient", False):
+      raise ValueError("memory_efficient=True keeps the plain op's output in place of its input; "
+                       "the residual add + norm (residual=...) has no such option. Call the "
+                       "layer without residual, or with memory_efficient=False.")
     return op.add_fn(x, residual, *params, residual_scale=residual_scale, **kw)
   return op.fn(x, *params, **kw)
 

@@ -49,6 +49,8 @@ def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
   options = v.check_op_options(op.name, tuple((o.name, o.default) for o in op.options),
                                options or {})
   v.check_choice("casting", casting, CASTINGS)
+  if dict(options).get("memory_efficient"):
+    v.check_invertible_scale(scale, zero_centered_scale)
   norm_shape = tuple(x.shape[axes[0]:])
   scale_heads = v.check_param("scale", scale, x.shape, axes[0], x_name=x_name)
   bias_heads = v.check_param("bias", bias, x.shape, axes[0], x_name=x_name)

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 
 from jaxnorm._xla_rows import compute_dtype, count, first_pivot, fresh, normalizer, psum, row_sums
 
-__all__ = ["LAYER_NORM", "RMS_NORM", "NormOp", "Option"]
+__all__ = ["LAYER_NORM", "MEMORY_EFFICIENT", "RMS_NORM", "NormOp", "Option"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,12 +201,17 @@ def _rms_norm_statistics(cfg, x, mask, *, decouple: bool = True):
   return None, None, normalizer(cfg, ms)
 
 
+# Reverse mode keeps the output y and rstd instead of x, and recovers x_hat = (y - beta) / gamma
+# in the backward (docs/derivations.md, "memory_efficient=True").
+MEMORY_EFFICIENT = Option("memory_efficient", False)
+
 LAYER_NORM = NormOp("layer_norm", _layer_norm_statistics, mean_path=True,
                     residuals=("shift", "delta", "rstd"), params=("scale", "bias"),
-                    options=(Option("use_fast_variance", False),))
-"""LayerNorm's declaration: centred, statistics from shifted data, Flax's fast variance as an
-option."""
+                    options=(Option("use_fast_variance", False), MEMORY_EFFICIENT))
+"""LayerNorm's declaration: centred, statistics from shifted data; Flax's fast variance and
+the memory-saving backward as options."""
 
 RMS_NORM = NormOp("rms_norm", _rms_norm_statistics, mean_path=False, residuals=("rstd",),
-                  params=("scale",))
-"""RMSNorm's declaration: not centred, the root mean square its only statistic."""
+                  params=("scale",), options=(MEMORY_EFFICIENT,))
+"""RMSNorm's declaration: not centred, the root mean square its only statistic; the
+memory-saving backward as an option."""

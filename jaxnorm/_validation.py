@@ -228,6 +228,22 @@ def check_op_options(op: str, declared, given) -> tuple:
                       for name, default in declared))
 
 
+def check_invertible_scale(scale: Any, zero_centered_scale: bool) -> None:
+  r"""``memory_efficient=True`` divides by :math:`\gamma`: a ``ValueError`` where the scale is a
+  concrete array (not traced) with a :math:`\gamma_i = 0` (``scale_i = 0``, or ``-1`` with a
+  zero-centred scale). A traced scale cannot be checked here: a zero then gives NaN cotangents
+  (documented in ``docs/derivations.md``)."""
+  if scale is None or isinstance(scale, jax.core.Tracer):
+    return
+  gamma = np.asarray(scale, np.float64) + (1.0 if zero_centered_scale else 0.0)
+  zeros = np.flatnonzero(gamma.reshape(-1) == 0)
+  if zeros.size:
+    raise ValueError(
+        f"memory_efficient=True recovers x_hat = (y - bias) / gamma in the backward, but gamma "
+        f"is 0 at {zeros.size} of {gamma.size} features (first at flat index {int(zeros[0])}); "
+        f"those cotangents would be NaN. Use memory_efficient=False, or a nonzero scale.")
+
+
 def check_instance(name: str, value: Any, cls: type, example: str):
   """``value`` if it is a ``cls`` (None: ``cls()``); ``TypeError`` naming ``example`` otherwise.
 

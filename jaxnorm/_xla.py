@@ -55,7 +55,7 @@ def x_hat(cfg: NormConfig, xf, shift, delta, rstd):
   return centered(cfg, xf, shift, delta) * rstd
 
 
-def _as_row(p, ndim, dtype):
+def as_row(p, ndim, dtype):
   """:func:`_row` of a parameter, in ``dtype``."""
   return _row(p, ndim).astype(dtype)
 
@@ -308,7 +308,7 @@ def tangent(cfg: NormConfig, x, scale, mask, stats, tx, tscale, tbias):
     if gam is not None:
       ty = ty * gam
   if tscalev is not None:
-    ty = ty + (xc * rstdv) * _as_row(tscalev, x.ndim, ct)
+    ty = ty + (xc * rstdv) * as_row(tscalev, x.ndim, ct)
   if tbiasv is not None:
-    ty = ty + _as_row(tbiasv, x.ndim, ct)
+    ty = ty + as_row(tbiasv, x.ndim, ct)
   return ty.astype(cfg.out_dtype)

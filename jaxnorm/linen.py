@@ -135,6 +135,7 @@ class LayerNorm(nn.Module):
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
     impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
     casting: ``"float32"``, ``"llama"`` or ``"t5"``: where the affine stage rounds.
+    memory_efficient: reverse mode keeps ``y`` instead of ``x`` (:func:`jaxnorm.layer_norm`).
   """
 
   epsilon: float = 1e-6
@@ -154,6 +155,7 @@ class LayerNorm(nn.Module):
   zero_centered_scale: bool = False
   impl: str = "auto"
   casting: str = "float32"
+  memory_efficient: bool = False
 
   def __post_init__(self):
     common.check_layer_options("layer_norm", common.layer_options(self))
@@ -222,6 +224,7 @@ class RMSNorm(nn.Module):
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
     impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
     casting: ``"float32"``, ``"llama"`` or ``"t5"``: where the affine stage rounds.
+    memory_efficient: reverse mode keeps ``y`` instead of ``x`` (:func:`jaxnorm.layer_norm`).
   """
 
   epsilon: float = 1e-6
@@ -239,6 +242,7 @@ class RMSNorm(nn.Module):
   zero_centered_scale: bool = False
   impl: str = "auto"
   casting: str = "float32"
+  memory_efficient: bool = False
 
   def __post_init__(self):
     common.check_layer_options("rms_norm", common.layer_options(self))

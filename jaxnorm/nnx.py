@@ -154,6 +154,7 @@ class LayerNorm(nnx.Module):
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
     impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
     casting: ``"float32"``, ``"llama"`` or ``"t5"``: where the affine stage rounds.
+    memory_efficient: reverse mode keeps ``y`` instead of ``x`` (:func:`jaxnorm.layer_norm`).
 
   Raises:
     TypeError: for a non-int ``num_features`` or a non-number ``epsilon``.
@@ -186,6 +187,7 @@ class LayerNorm(nnx.Module):
       zero_centered_scale: bool = False,
       impl: str = "auto",
       casting: str = "float32",
+      memory_efficient: bool = False,
   ):
     _init_norm(self, "LayerNorm", "layer_norm", locals())
 
@@ -258,6 +260,7 @@ class RMSNorm(nnx.Module):
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
     impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
     casting: ``"float32"``, ``"llama"`` or ``"t5"``: where the affine stage rounds.
+    memory_efficient: reverse mode keeps ``y`` instead of ``x`` (:func:`jaxnorm.layer_norm`).
 
   Raises:
     TypeError: for a non-int ``num_features`` or a non-number ``epsilon``.
@@ -287,6 +290,7 @@ class RMSNorm(nnx.Module):
       zero_centered_scale: bool = False,
       impl: str = "auto",
       casting: str = "float32",
+      memory_efficient: bool = False,
   ):
     _init_norm(self, "RMSNorm", "rms_norm", locals())
 

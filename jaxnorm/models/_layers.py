@@ -99,7 +99,8 @@ def _make_statistics_norm(config, rngs, op, num_features, role, **axes) -> nnx.M
   :mod:`flax.nnx` with ``norm_impl="flax"`` (the same class names)."""
   del role
   module = nnx if config.norm_impl == "flax" else jaxnorm_nnx
-  kw = {} if config.norm_impl == "flax" else {"casting": config.casting}
+  kw = {} if config.norm_impl == "flax" else {"casting": config.casting,
+                                               "memory_efficient": config.norm_memory_efficient}
   return getattr(module, op.layer)(num_features, epsilon=config.epsilon,
                                    dtype=jnp.dtype(config.dtype), rngs=rngs, **axes, **kw)
 
