@@ -54,6 +54,7 @@ from jaxnorm import _jax_compat as jc
 from jaxnorm import _math
 from jaxnorm import _xla
 from jaxnorm._memory_efficient import kept, recovered
+from jaxnorm._wide import wide_jvp, wide_tangent
 from jaxnorm._remat import name_residuals
 from jaxnorm._norm_config import NormConfig
 
@@ -80,49 +81,11 @@ def _pack(**named):
   return operand_names, [named[k] for k in operand_names]
 
 
-def _upcast(tree):
-  """``tree`` with every 16-bit floating array converted to float32 (None and others kept)."""
-  def up(a):
-    if a is not None and jnp.issubdtype(a.dtype, jnp.floating) and jnp.finfo(a.dtype).bits < 32:
-      return a.astype(jnp.float32)
-    return a
-  return jax.tree_util.tree_map(up, tree)
-
-
-def _wide_tangent(fn, primals, tangents, out):
-  """The tangent of ``fn`` at ``primals`` along ``tangents``, by autodiff on float32 copies of
-  the 16-bit ones (each converted once), rounded once to the dtypes of ``out`` (``fn``'s value).
-
-  Second order differentiates the derived rules' own programs (the forward that keeps the
-  statistics, the backward, the tangent map). They read a 16-bit input through several views,
-  each converted to float32 apart; autodiff's transpose of each convert rounds that use's
-  cotangent to 16 bits, and the uses are then summed in 16 bits, where they may cancel
-  (``docs/derivations.md``, "Second order in 16 bits"). Converted once, at entry, the uses are
-  summed in float32 and rounded once.
-  """
-  _, t = jax.jvp(fn, _upcast(primals), _upcast(tangents))
-  return jax.tree_util.tree_map(lambda t, o: t.astype(o.dtype), t, out)
-
-
-def _wide_jvp(fn, tangent_fn=None):
-  """``fn`` (arrays and None in, a pytree of arrays and None out) with its own value, and a JVP
-  that is :func:`_wide_tangent` of ``tangent_fn(*primals)`` (default: ``fn`` itself). First
-  order never differentiates these programs, so its programs are unchanged."""
-  wrapped = jax.custom_jvp(fn)
-
-  def rule(primals, tangents):
-    out = wrapped(*primals)
-    f = fn if tangent_fn is None else tangent_fn(*primals)
-    return out, _wide_tangent(f, primals, tangents, out)
-
-  wrapped.defjvp(rule)
-  return wrapped
-
-
 def _wide_backward(cfg: NormConfig, fn, xla_fn):
   """The derived backward ``fn(x, scale, mask, stats, *cotangents)`` (on the call's backend),
-  with a JVP (second order) that :func:`_wide_tangent` takes of the same backward in XLA ops,
-  ``xla_fn`` (:func:`jaxnorm._backends.formula`'s), with the statistics recomputed from ``x``.
+  with a JVP (second order) that :func:`jaxnorm._wide.wide_tangent` takes of the same backward
+  in XLA ops, ``xla_fn`` (:func:`jaxnorm._backends.formula`'s), with the statistics recomputed
+  from ``x``.
 
   The statistics are ``S(x)`` wherever JAX calls the backward (its residuals come from the
   forward), so their incoming tangents are ``S'(x) tx``, which the recomputation gives: every
@@ -151,7 +114,7 @@ def _wide_backward(cfg: NormConfig, fn, xla_fn):
     # tangents are not read (recomputed inside).
     return lambda x, scale, mask_, stats_, *cts: of_x(x, scale, mask, stats, *cts)
 
-  return _wide_jvp(fn, tangent_fn)
+  return wide_jvp(fn, tangent_fn)
 
 
 def _over_groups(fn, groups: int, names: tuple = ()):
@@ -282,7 +245,7 @@ def _jvp(primals, tangents, *, cfg, operand_names, groups, group_names=()):
 
   out = norm_tangent_p.bind(*primals, cfg=cfg, operand_names=operand_names, groups=groups,
                             group_names=group_names)
-  return out, _wide_tangent(f, [primals[i] for i in live], [tangents[i] for i in live], out)
+  return out, wide_tangent(f, [primals[i] for i in live], [tangents[i] for i in live], out)
 
 
 jc.register_jvp(norm_tangent_p, _jvp)
@@ -348,7 +311,7 @@ def _norm(cfg: NormConfig, x, scale, bias, mask):
 def _norm_jvp(cfg: NormConfig, primals, tangents):
   x, scale, bias, mask = primals
   tx, tscale, tbias, _ = _live(tangents)
-  y, stats = _wide_jvp(functools.partial(_backends.forward, cfg))(x, scale, bias, mask)
+  y, stats = wide_jvp(functools.partial(_backends.forward, cfg))(x, scale, bias, mask)
   if tx is None and tscale is None and tbias is None:
     return y, jnp.zeros(y.shape, y.dtype)
   # What reverse mode saves (x and the statistics, or y and rstd), tagged with the remat names.
@@ -370,7 +333,7 @@ def _add_norm(cfg: NormConfig, x, residual, scale, bias, mask):
 def _add_norm_jvp(cfg: NormConfig, primals, tangents):
   x, residual, scale, bias, mask = primals
   tx, tr, tscale, tbias, _ = _live(tangents)
-  y, h, stats = _wide_jvp(functools.partial(_backends.add_forward, cfg))(
+  y, h, stats = wide_jvp(functools.partial(_backends.add_forward, cfg))(
       x, residual, scale, bias, mask)
   if tx is None and tr is None and tscale is None and tbias is None:
     return (y, h), (jnp.zeros(y.shape, y.dtype), jnp.zeros(h.shape, h.dtype))
