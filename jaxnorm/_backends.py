@@ -60,9 +60,9 @@ def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()) ->
   """Resolves ``impl`` (:data:`jaxnorm._validation.IMPLS`) to a backend's name or
   :data:`PER_PLATFORM`.
 
-  "auto" on a call that a platform's backend of :data:`PLATFORM_BACKENDS` supports (its
+  "auto" on a call that every platform's backend of :data:`PLATFORM_BACKENDS` supports (their
   :meth:`~jaxnorm._backend_interface.Backend.refusal` has no objection) is "per_platform":
-  that backend where the program is lowered for its platform and XLA elsewhere, decided per
+  each backend where the program is lowered for its platform and XLA elsewhere, decided per
   lowering platform (:func:`run`), not from the default backend at trace time; any other call
   is "xla". It never fails where "xla" works. A backend named (or its alias) raises a
   ``ValueError`` saying why when it cannot take the call (``op``, a
@@ -73,8 +73,10 @@ def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()) ->
   v.check_choice("impl", impl, v.IMPLS)
   call = (x2_shape, dtype, mask, axis_name, op, options)
   if impl == "auto":
-    takers = [n for n in set(PLATFORM_BACKENDS.values()) if BACKENDS[n].refusal(*call) is None]
-    return PER_PLATFORM if takers else _FALLBACK
+    # Every platform's backend must take the call (one config serves every branch of run()).
+    kernels = set(PLATFORM_BACKENDS.values())
+    takes = kernels and all(BACKENDS[n].refusal(*call) is None for n in kernels)
+    return PER_PLATFORM if takes else _FALLBACK
   name = ALIASES.get(impl, impl)
   why_not = BACKENDS[name].refusal(*call)
   if why_not is not None:
