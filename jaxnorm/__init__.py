@@ -20,6 +20,7 @@ from jaxnorm._pallas.config import PallasConfig as PallasConfig
 from jaxnorm._pallas.config import default_block_config as default_block_config
 from jaxnorm._pallas.config import pallas_compiles_on as pallas_compiles_on
 from jaxnorm._remat import INPUT_RESIDUAL as INPUT_RESIDUAL
+from jaxnorm._remat import OUTPUT_RESIDUAL as OUTPUT_RESIDUAL
 from jaxnorm._remat import STATS_RESIDUAL as STATS_RESIDUAL
 from jaxnorm._casting import CASTINGS as CASTINGS
 from jaxnorm._pointwise_ops import derf as derf
@@ -36,6 +37,7 @@ __all__ = [
     "CASTINGS",
     "OPS",
     "INPUT_RESIDUAL",
+    "OUTPUT_RESIDUAL",
     "STATS_RESIDUAL",
     "add_layer_norm",
     "add_rms_norm",

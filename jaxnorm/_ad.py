@@ -53,8 +53,9 @@ from jaxnorm import _backends
 from jaxnorm import _jax_compat as jc
 from jaxnorm import _math
 from jaxnorm import _xla
+from jaxnorm._memory_efficient import kept, recovered
+from jaxnorm._wide import wide_jvp, wide_tangent
 from jaxnorm._remat import name_residuals
-from jaxnorm._xla_backend import XLA
 from jaxnorm._norm_config import NormConfig
 
 __all__ = ["add_norm", "apply", "norm_tangent_p"]
@@ -62,10 +63,10 @@ __all__ = ["add_norm", "apply", "norm_tangent_p"]
 # Operand names of the primitive. Residuals first (``x`` is the normalized input: ``h`` for
 # the fused op), then the tangents it is linear in. Absent ones (no scale, no mask, RMSNorm's
 # shift/delta, a symbolic-zero tangent) are left out; ``operand_names`` lists the present ones in
-# order.
-_RESIDUALS = ("x", "scale", "mask", "shift", "delta", "rstd")
+# order. ``y`` and ``bias`` stand in for ``x``, ``shift`` and ``delta`` with memory_efficient.
+_RESIDUALS = ("x", "y", "scale", "bias", "mask", "shift", "delta", "rstd")
 _TANGENTS = ("tx", "tr", "tscale", "tbias")
-_PARAMS = frozenset({"scale", "tscale", "tbias"})  # shape (groups..., d)
+_PARAMS = frozenset({"scale", "bias", "tscale", "tbias"})  # shape (groups..., d)
 
 
 def _named(operand_names, args) -> dict:
@@ -80,49 +81,11 @@ def _pack(**named):
   return operand_names, [named[k] for k in operand_names]
 
 
-def _upcast(tree):
-  """``tree`` with every 16-bit floating array converted to float32 (None and others kept)."""
-  def up(a):
-    if a is not None and jnp.issubdtype(a.dtype, jnp.floating) and jnp.finfo(a.dtype).bits < 32:
-      return a.astype(jnp.float32)
-    return a
-  return jax.tree_util.tree_map(up, tree)
-
-
-def _wide_tangent(fn, primals, tangents, out):
-  """The tangent of ``fn`` at ``primals`` along ``tangents``, by autodiff on float32 copies of
-  the 16-bit ones (each converted once), rounded once to the dtypes of ``out`` (``fn``'s value).
-
-  Second order differentiates the derived rules' own programs (the forward that keeps the
-  statistics, the backward, the tangent map). They read a 16-bit input through several views,
-  each converted to float32 apart; autodiff's transpose of each convert rounds that use's
-  cotangent to 16 bits, and the uses are then summed in 16 bits, where they may cancel
-  (``docs/derivations.md``, "Second order in 16 bits"). Converted once, at entry, the uses are
-  summed in float32 and rounded once.
-  """
-  _, t = jax.jvp(fn, _upcast(primals), _upcast(tangents))
-  return jax.tree_util.tree_map(lambda t, o: t.astype(o.dtype), t, out)
-
-
-def _wide_jvp(fn, tangent_fn=None):
-  """``fn`` (arrays and None in, a pytree of arrays and None out) with its own value, and a JVP
-  that is :func:`_wide_tangent` of ``tangent_fn(*primals)`` (default: ``fn`` itself). First
-  order never differentiates these programs, so its programs are unchanged."""
-  wrapped = jax.custom_jvp(fn)
-
-  def rule(primals, tangents):
-    out = wrapped(*primals)
-    f = fn if tangent_fn is None else tangent_fn(*primals)
-    return out, _wide_tangent(f, primals, tangents, out)
-
-  wrapped.defjvp(rule)
-  return wrapped
-
-
 def _wide_backward(cfg: NormConfig, fn, xla_fn):
   """The derived backward ``fn(x, scale, mask, stats, *cotangents)`` (on the call's backend),
-  with a JVP (second order) that :func:`_wide_tangent` takes of the same backward in XLA ops,
-  ``xla_fn`` (``jaxnorm._xla_backend.XLA``'s), with the statistics recomputed from ``x``.
+  with a JVP (second order) that :func:`jaxnorm._wide.wide_tangent` takes of the same backward
+  in XLA ops, ``xla_fn`` (:func:`jaxnorm._backends.formula`'s), with the statistics recomputed
+  from ``x``.
 
   The statistics are ``S(x)`` wherever JAX calls the backward (its residuals come from the
   forward), so their incoming tangents are ``S'(x) tx``, which the recomputation gives: every
@@ -151,7 +114,7 @@ def _wide_backward(cfg: NormConfig, fn, xla_fn):
     # tangents are not read (recomputed inside).
     return lambda x, scale, mask_, stats_, *cts: of_x(x, scale, mask, stats, *cts)
 
-  return _wide_jvp(fn, tangent_fn)
+  return wide_jvp(fn, tangent_fn)
 
 
 def _over_groups(fn, groups: int, names: tuple = ()):
@@ -173,7 +136,7 @@ def _over_groups(fn, groups: int, names: tuple = ()):
 
 def _formula_one(*args, cfg: NormConfig, operand_names):
   """One group's value: ``[dot y]`` (plain op) or ``[dot y, dot h]`` (fused op)."""
-  a = _named(operand_names, args)
+  a = recovered(cfg, _named(operand_names, args))
   stats = (a["shift"], a["delta"], a["rstd"])
   if not cfg.has_add:
     return [_xla.tangent(cfg, a["x"], a["scale"], a["mask"], stats, a["tx"], a["tscale"],
@@ -210,7 +173,8 @@ def _abstract_eval(*avals, cfg, operand_names, groups, group_names=()):
   """Outputs shaped like ``x``, varying over the union of every operand's mesh axes."""
   del groups, group_names
   axes = frozenset().union(*(jc.aval_varying_axes(av) for av in avals))
-  base = jc.with_varying_axes(_named(operand_names, avals)["x"], axes)
+  named = _named(operand_names, avals)
+  base = jc.with_varying_axes(named["x"] if named["x"] is not None else named["y"], axes)
   dtypes = [cfg.out_dtype] + ([cfg.h_dtype] if cfg.has_add else [])
   return [base.update(dtype=dt, weak_type=False) for dt in dtypes]
 
@@ -218,18 +182,22 @@ def _abstract_eval(*avals, cfg, operand_names, groups, group_names=()):
 norm_tangent_p.def_abstract_eval(_abstract_eval)
 
 
-def _cotangents_one(x, scale, mask, shift, delta, rstd, dy, dh, *, cfg: NormConfig, operand_names):
-  """One group's derived VJP: a dict of the tangent operands' cotangents."""
+def _cotangents_one(x, scale, mask, shift, delta, rstd, dy, dh, *, cfg: NormConfig, operand_names,
+                    dx_dtype=None):
+  """One group's derived VJP: a dict of the tangent operands' cotangents (``dx`` in
+  ``dx_dtype``, None: ``x``'s)."""
   stats = (shift, delta, rstd)
   if not cfg.has_add:
-    dx, dscale, dbias = _wide_backward(cfg, functools.partial(_backends.backward, cfg),
-                                       functools.partial(XLA.backward, cfg))(
+    kw = {} if dx_dtype is None else {"dx_dtype": dx_dtype}
+    dx, dscale, dbias = _wide_backward(cfg, functools.partial(_backends.backward, cfg, **kw),
+                                       functools.partial(_backends.formula(cfg, "backward"),
+                                                         **kw))(
         x, scale, mask, stats, dy)
     return dict(zip(("tx", "tscale", "tbias"),
                     (dx, *_backends.param_cotangents(cfg, scale, dscale, dbias))))
   return dict(zip(("tx", "tr", "tscale", "tbias"),
                   _wide_backward(cfg, functools.partial(_backends.add_backward, cfg),
-                                 functools.partial(XLA.add_backward, cfg))(
+                                 _backends.formula(cfg, "add_backward"))(
                       x, scale, mask, stats, dy, dh)))
 
 
@@ -243,11 +211,15 @@ def _transpose(cts, *args, cfg: NormConfig, operand_names, groups, group_names=(
     return [None] * len(args)
   if "tbias" not in operand_names and cfg.bias_dtype is not None:
     cfg = _replace_bias(cfg)  # no dbias wanted
+  # With memory_efficient, x is recovered from y in x's compute dtype: dx is cast to tx's dtype.
+  dx_dtype = None if a["x"] is not None or a["tx"] is None else a["tx"].aval.dtype
+  a = recovered(cfg, a)
   x = a["x"]
   dy = cts[0]
   dy = jnp.zeros(x.shape, cfg.out_dtype) if isinstance(dy, jc.Zero) else dy
   dh = None if not cfg.has_add or isinstance(cts[1], jc.Zero) else cts[1]  # h unused: skipped
-  body = functools.partial(_cotangents_one, cfg=cfg, operand_names=operand_names)
+  body = functools.partial(_cotangents_one, cfg=cfg, operand_names=operand_names,
+                           dx_dtype=dx_dtype)
   d = _over_groups(body, groups, group_names)(x, a["scale"], a["mask"], a["shift"], a["delta"],
                                               a["rstd"], dy, dh)
   return [d.get(k) if k in _TANGENTS else None for k in operand_names]
@@ -273,7 +245,7 @@ def _jvp(primals, tangents, *, cfg, operand_names, groups, group_names=()):
 
   out = norm_tangent_p.bind(*primals, cfg=cfg, operand_names=operand_names, groups=groups,
                             group_names=group_names)
-  return out, _wide_tangent(f, [primals[i] for i in live], [tangents[i] for i in live], out)
+  return out, wide_tangent(f, [primals[i] for i in live], [tangents[i] for i in live], out)
 
 
 jc.register_jvp(norm_tangent_p, _jvp)
@@ -339,12 +311,13 @@ def _norm(cfg: NormConfig, x, scale, bias, mask):
 def _norm_jvp(cfg: NormConfig, primals, tangents):
   x, scale, bias, mask = primals
   tx, tscale, tbias, _ = _live(tangents)
-  y, stats = _wide_jvp(functools.partial(_backends.forward, cfg))(x, scale, bias, mask)
+  y, stats = wide_jvp(functools.partial(_backends.forward, cfg))(x, scale, bias, mask)
   if tx is None and tscale is None and tbias is None:
     return y, jnp.zeros(y.shape, y.dtype)
-  x, stats = name_residuals(x, stats)  # what reverse mode saves carries the remat names
-  operand_names, args = _pack(x=x, scale=scale, mask=mask, shift=stats[0], delta=stats[1],
-                     rstd=stats[2], tx=tx, tscale=tscale, tbias=tbias)
+  # What reverse mode saves (x and the statistics, or y and rstd), tagged with the remat names.
+  residuals, y = kept(cfg, x, y, bias, stats)
+  operand_names, args = _pack(**residuals, scale=scale, mask=mask, tx=tx, tscale=tscale,
+                              tbias=tbias)
   (ty,) = norm_tangent_p.bind(*args, cfg=cfg, operand_names=operand_names, groups=0)
   return y, ty
 
@@ -360,7 +333,7 @@ def _add_norm(cfg: NormConfig, x, residual, scale, bias, mask):
 def _add_norm_jvp(cfg: NormConfig, primals, tangents):
   x, residual, scale, bias, mask = primals
   tx, tr, tscale, tbias, _ = _live(tangents)
-  y, h, stats = _wide_jvp(functools.partial(_backends.add_forward, cfg))(
+  y, h, stats = wide_jvp(functools.partial(_backends.add_forward, cfg))(
       x, residual, scale, bias, mask)
   if tx is None and tr is None and tscale is None and tbias is None:
     return (y, h), (jnp.zeros(y.shape, y.dtype), jnp.zeros(h.shape, h.dtype))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from jaxnorm import _ad
 from jaxnorm import _norm_args
+from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 
 __all__ = ["add_layer_norm", "add_rms_norm"]
 
@@ -60,9 +61,9 @@ def add_layer_norm(x, residual, scale=None, bias=None, *, residual_scale=1.0, re
     epsilon, axis, mask, epsilon_placement, zero_centered_scale, axis_name, axis_index_groups,
       use_fast_variance: as :func:`jaxnorm.layer_norm` (the statistics are those of ``h``).
     dtype: dtype of ``y``; default ``x.dtype`` (the activations' dtype, not the stream's).
-    impl: "xla", "pallas" (the fused kernels: one read of ``x`` and ``residual``, one write of
-      ``h`` and ``y``) or "auto": the fused kernels on a GPU where the plain op's kernels apply
-      (compiled and tested on an H100), "xla" otherwise.
+    impl: "xla", "triton" or its alias "pallas" (the fused kernels: one read of ``x`` and
+      ``residual``, one write of ``h`` and ``y``) or "auto": the fused kernels on a GPU where
+      the plain op's kernels apply (compiled and tested on an H100), "xla" otherwise.
     pallas: a :class:`jaxnorm.PallasConfig` or None, as :func:`jaxnorm.layer_norm`.
     casting: the order of casts of the norm's affine stage, as :func:`jaxnorm.layer_norm`
       (for "llama" the normalized ``h`` is rounded to ``h``'s dtype, ``residual_dtype``).
@@ -85,7 +86,7 @@ def add_layer_norm(x, residual, scale=None, bias=None, *, residual_scale=1.0, re
     >>> bool(jnp.allclose(h, x + r)), bool(jnp.allclose(y, y_plain))
     (True, True)
   """
-  return _call(x, residual, scale, bias, op="layer_norm", residual_scale=residual_scale,
+  return _call(x, residual, scale, bias, op=LAYER_NORM, residual_scale=residual_scale,
                residual_dtype=residual_dtype, epsilon=epsilon, axis=axis, mask=mask,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,
@@ -129,7 +130,7 @@ def add_rms_norm(x, residual, scale=None, *, residual_scale=1.0, residual_dtype=
     >>> y.dtype, h.dtype
     (dtype(bfloat16), dtype('float32'))
   """
-  return _call(x, residual, scale, None, op="rms_norm", residual_scale=residual_scale,
+  return _call(x, residual, scale, None, op=RMS_NORM, residual_scale=residual_scale,
                residual_dtype=residual_dtype, epsilon=epsilon, axis=axis, mask=mask,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,

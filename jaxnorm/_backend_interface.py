@@ -1,5 +1,11 @@
 r"""Internal API: the one interface every backend of the norm family implements.
 
+A backend declares what it runs: ``name``, ``platforms`` (the lowering platforms it compiles
+for, None for every one), ``config_class`` (the class of its ``impl``-specific configuration,
+None for none) and :meth:`Backend.refusal` / :meth:`Backend.supports`, an allow-list of the
+ops and call options it implements. The dispatcher (:mod:`jaxnorm._backends`) asks; a backend
+never guesses an op.
+
 A backend (an entry of :data:`jaxnorm._backends.BACKENDS`) runs the norm ops on ``(..., d)``
 arrays prepared by :mod:`jaxnorm._norm_args` and described by a
 :class:`jaxnorm._norm_config.NormConfig`, whose ``impl`` names the backend. It has six methods,
@@ -34,6 +40,27 @@ class Backend:
   """
 
   name = ""
+  platforms: tuple[str, ...] | None = None  # None: every lowering platform
+  config_class: type | None = None
+
+  def refusal(self, x2_shape, dtype, mask, axis_name, op, options=()) -> str | None:
+    """Why this backend cannot take a plain call on ``x2: (rows, d)`` of ``dtype``, or None.
+
+    ``op``: the call's :class:`~jaxnorm._norm_ops.NormOp`; ``options``: its ``(name, value)``
+    pairs. The default takes every call.
+    """
+    del x2_shape, dtype, mask, axis_name, op, options
+    return None
+
+  def supports(self, op, x2_shape, dtype, mask=None, axis_name=None, options=()) -> bool:
+    """Whether this backend implements ``op`` with these options on this call (:meth:`refusal`
+    has no objection)."""
+    return self.refusal(x2_shape, dtype, mask, axis_name, op, options) is None
+
+  def add_refusal(self, dtypes) -> str | None:
+    """Why this backend cannot take a residual add's ``(name, dtype)`` pairs, or None."""
+    del dtypes
+    return None
 
   def forward_only(self, cfg, x, scale, bias, mask):
     """``y``: the value of an undifferentiated call."""

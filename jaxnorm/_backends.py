@@ -2,15 +2,20 @@
 
 :data:`BACKENDS` maps a name to an object with the methods of
 :class:`jaxnorm._backend_interface.Backend`: ``"xla"`` (:mod:`jaxnorm._xla_backend`, runs
-everywhere) and ``"pallas"`` (:mod:`jaxnorm._pallas.backend`, the Triton kernels). Adding a
-backend is one module implementing the interface and one entry here (``docs/ops.md``).
+everywhere) and ``"triton"`` (:mod:`jaxnorm._pallas.backend`, the Triton kernels written in
+Pallas; ``impl="pallas"`` is its alias, :data:`ALIASES`). Each backend declares its lowering
+platforms, its config class and what it supports. :data:`PREFERENCE` is the order
+``impl="auto"`` tries them in; :data:`PLATFORM_BACKENDS`, the ``{platform: backend}`` map the
+per-platform choice is built from, is derived from it and the backends' platforms. Adding a
+backend is one module implementing the interface and one entry in :data:`BACKENDS` and
+:data:`PREFERENCE` (``docs/ops.md``).
 
-A call's ``impl`` is resolved once, when it is prepared (:func:`resolve_impl`): "xla",
-"pallas", or "platform" (``impl="auto"`` on a call the kernels take: the kernels where the
-program is lowered for a GPU, XLA elsewhere). :func:`run` then looks the method up in the table
-for the resolved backend, behind the primitive that lowers the kernels per platform
-(:func:`jaxnorm._pallas.kernel_call.kernel_call`) where they may run. The functions below are
-what the differentiation layer (:mod:`jaxnorm._ad`) and the tests call.
+A call's ``impl`` is resolved once, when it is prepared (:func:`resolve_impl`): a backend's
+name, or "per_platform" (``impl="auto"`` on a call a platform's preferred backend takes: that
+backend where the program is lowered for its platform, XLA elsewhere). :func:`run` then looks
+the method up in the table for the resolved backend, behind the primitive that lowers the
+kernels per platform (:func:`jaxnorm._pallas.kernel_call.kernel_call`) where they may run. The
+functions below are what the differentiation layer (:mod:`jaxnorm._ad`) and the tests call.
 """
 
 from __future__ import annotations
@@ -26,15 +31,25 @@ from jaxnorm import _jax_compat
 from jaxnorm import _validation as v
 from jaxnorm._xla_rows import match_vma
 from jaxnorm._norm_config import NormConfig
-from jaxnorm._pallas.backend import PALLAS
-from jaxnorm._pallas.config import GPU_PLATFORMS
+from jaxnorm._pallas.backend import TRITON
 from jaxnorm._pallas.kernel_call import kernel_call
 from jaxnorm._xla_backend import XLA
 
-__all__ = ["BACKENDS", "add_backward", "add_forward", "add_forward_only", "backward", "forward",
+__all__ = ["ALIASES", "BACKENDS", "PER_PLATFORM", "PLATFORM_BACKENDS", "PREFERENCE",
+           "add_backward", "add_forward", "add_forward_only", "backward", "formula", "forward",
            "forward_only", "param_cotangents", "resolve_add_impl", "resolve_impl", "run"]
 
-BACKENDS = types.MappingProxyType({"xla": XLA, "pallas": PALLAS})
+BACKENDS = types.MappingProxyType({XLA.name: XLA, TRITON.name: TRITON})
+ALIASES = types.MappingProxyType({"pallas": "triton"})  # accepted names of a backend
+# impl="auto": the backends in the order tried; the last runs every call on every platform.
+PREFERENCE = ("triton", "xla")
+# The per-platform choice: each platform's first backend in PREFERENCE that lowers for it (a
+# backend with platforms=None, XLA, is the default branch of every platform not listed).
+PLATFORM_BACKENDS = types.MappingProxyType({
+    platform: name for name in reversed(PREFERENCE)
+    for platform in (BACKENDS[name].platforms or ())})
+PER_PLATFORM = "per_platform"  # cfg.impl of impl="auto" where a platform's backend takes it
+_FALLBACK = PREFERENCE[-1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -42,38 +57,45 @@ BACKENDS = types.MappingProxyType({"xla": XLA, "pallas": PALLAS})
 
 
 def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()) -> str:
-  """Resolves ``impl`` in {"auto", "xla", "pallas"} to "xla", "pallas" or "platform".
+  """Resolves ``impl`` (:data:`jaxnorm._validation.IMPLS`) to a backend's name or
+  :data:`PER_PLATFORM`.
 
-  "auto" on a call the kernels take (:meth:`PallasBackend.refusal` has no objection) is "platform":
-  the kernels where the program is lowered for a GPU and XLA elsewhere, decided per lowering
-  platform (:func:`run`), not from the default backend at trace time; any other call is "xla". It
-  never fails where "xla" works. "pallas" raises a ``ValueError`` saying why when the kernels
-  cannot take the call (``op``, a :class:`~jaxnorm._norm_ops.NormOp`, with its ``options``, the
-  ``(name, value)`` pairs of :attr:`NormConfig.options`); whether the platform can compile them is
-  asked where the program is lowered (:mod:`jaxnorm._pallas.kernel_call`), for each platform it is
-  lowered for.
+  "auto" on a call that every platform's backend of :data:`PLATFORM_BACKENDS` supports (their
+  :meth:`~jaxnorm._backend_interface.Backend.refusal` has no objection) is "per_platform":
+  each backend where the program is lowered for its platform and XLA elsewhere, decided per
+  lowering platform (:func:`run`), not from the default backend at trace time; any other call
+  is "xla". It never fails where "xla" works. A backend named (or its alias) raises a
+  ``ValueError`` saying why when it cannot take the call (``op``, a
+  :class:`~jaxnorm._norm_ops.NormOp`, with its ``options``, the ``(name, value)`` pairs of
+  :attr:`NormConfig.options`); whether the platform can compile the kernels is asked where the
+  program is lowered (:mod:`jaxnorm._pallas.kernel_call`), for each platform it is lowered for.
   """
   v.check_choice("impl", impl, v.IMPLS)
-  if impl == "xla":
-    return "xla"
-  why_not = BACKENDS["pallas"].refusal(x2_shape, dtype, mask, axis_name, op, options)
+  call = (x2_shape, dtype, mask, axis_name, op, options)
   if impl == "auto":
-    return "xla" if why_not is not None else "platform"
+    # Every platform's backend must take the call (one config serves every branch of run()).
+    kernels = set(PLATFORM_BACKENDS.values())
+    takes = kernels and all(BACKENDS[n].refusal(*call) is None for n in kernels)
+    return PER_PLATFORM if takes else _FALLBACK
+  name = ALIASES.get(impl, impl)
+  why_not = BACKENDS[name].refusal(*call)
   if why_not is not None:
-    raise ValueError(v.pallas_refusal(why_not))
-  return "pallas"
+    raise ValueError(v.backend_refusal(impl, why_not))
+  return name
 
 
 def resolve_add_impl(cfg: NormConfig, dtypes, impl: str) -> NormConfig:
-  """``cfg`` with impl="xla" where the add + norm kernels cannot take one of ``dtypes`` ("auto")."""
-  if cfg.impl == "xla":
+  """``cfg`` with impl="xla" where the add + norm kernels cannot take one of ``dtypes`` ("auto");
+  a ``ValueError`` where the backend was named."""
+  if cfg.impl == _FALLBACK:
     return cfg
-  reason = BACKENDS["pallas"].add_refusal(dtypes)
+  names = set(PLATFORM_BACKENDS.values()) if cfg.impl == PER_PLATFORM else {cfg.impl}
+  reason = next(filter(None, (BACKENDS[n].add_refusal(dtypes) for n in sorted(names))), None)
   if reason is None:
     return cfg
   if impl == "auto":
-    return dataclasses.replace(cfg, impl="xla")
-  raise ValueError(v.pallas_refusal(reason))
+    return dataclasses.replace(cfg, impl=_FALLBACK)
+  raise ValueError(v.backend_refusal(impl, reason))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,25 +117,35 @@ class _Method:
 def run(cfg: NormConfig, name: str, *args, **static):
   """The backend method ``name`` of the resolved ``cfg.impl`` on ``args``.
 
-  "platform" is decided per lowering platform: a ``lax.platform_dependent`` whose GPU branches
-  run the kernels and whose default branch runs XLA. Only the branch of the platform a program
+  :data:`PER_PLATFORM` is decided per lowering platform: a ``lax.platform_dependent`` with one
+  branch per platform of :data:`PLATFORM_BACKENDS` (the Triton kernels for cuda and rocm) and
+  XLA as the default branch. Only the branch of the platform a program
   is lowered for is compiled, so ``jax.export(..., platforms=["cuda"])`` from a CPU host carries
   the kernels and ``["tpu"]`` the XLA formulas; both branches return the same shapes and
   dtypes. The kernels run behind :func:`jaxnorm._pallas.kernel_call.kernel_call`, so every
   branch can be differentiated again.
   """
   fn = _Method(name, tuple(sorted(static.items())))
-  if cfg.impl == "xla":
+  if cfg.impl == _FALLBACK:
     return fn(cfg, *args)
-  pal = dataclasses.replace(cfg, impl="pallas")
-  if cfg.impl == "pallas":
-    return kernel_call(pal, fn, *args)
-  xla = dataclasses.replace(cfg, impl="xla")
-  # A program lowered for several platforms lowers every branch for each of them: the kernels'
+  if cfg.impl != PER_PLATFORM:
+    return kernel_call(cfg, fn, *args)
+  fallback = dataclasses.replace(cfg, impl=_FALLBACK)
+  # A program lowered for several platforms lowers every branch for each of them: a kernels'
   # branch then lowers to the XLA path where the kernels do not compile (elsewhere="xla").
-  kernels = functools.partial(kernel_call, pal, fn, elsewhere="xla")
-  gpu = dict.fromkeys(GPU_PLATFORMS, kernels)
-  return lax.platform_dependent(*args, default=functools.partial(fn, xla), **gpu)
+  # One branch per backend, shared by its platforms (platform_dependent merges equal branches).
+  per_backend = {name: functools.partial(kernel_call, dataclasses.replace(cfg, impl=name), fn,
+                                         elsewhere="xla")
+                 for name in set(PLATFORM_BACKENDS.values())}
+  branches = {platform: per_backend[name] for platform, name in PLATFORM_BACKENDS.items()}
+  return lax.platform_dependent(*args, default=functools.partial(fn, fallback), **branches)
+
+
+def formula(cfg: NormConfig, name: str):
+  """The method ``name`` of the backend every call can fall back to (XLA's closed forms), bound
+  to ``cfg``: what the differentiation layer differentiates again where a backend's own
+  derivative rule has none (:func:`jaxnorm._ad._wide_backward`)."""
+  return functools.partial(getattr(BACKENDS[_FALLBACK], name), cfg)
 
 
 def param_cotangents(cfg: NormConfig, scale, dscale, dbias):

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jaxnorm import _norm_args
 from jaxnorm import _xla
 from jaxnorm._xla_rows import variance_path_factor
+from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 
 
 def _jacobian(x, scale, *, op, epsilon, axis, mask, epsilon_placement, zero_centered_scale):
@@ -73,7 +74,7 @@ def layer_norm_jacobian(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None,
     ``(..., d, d)`` array in the compute dtype (float32, or float64 for float64 inputs), with
     ``d`` the product of the normalized axes and ``...`` the leading axes of ``x``.
   """
-  return _jacobian(x, scale, op="layer_norm", epsilon=epsilon, axis=axis, mask=mask,
+  return _jacobian(x, scale, op=LAYER_NORM, epsilon=epsilon, axis=axis, mask=mask,
                    epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale)
 
 
@@ -96,5 +97,5 @@ def rms_norm_jacobian(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None,
   Returns:
     ``(..., d, d)`` array in the compute dtype.
   """
-  return _jacobian(x, scale, op="rms_norm", epsilon=epsilon, axis=axis, mask=mask,
+  return _jacobian(x, scale, op=RMS_NORM, epsilon=epsilon, axis=axis, mask=mask,
                    epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale)

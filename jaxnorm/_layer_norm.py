@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from jaxnorm import _norm_args
 from jaxnorm import _ad
+from jaxnorm._norm_ops import LAYER_NORM
 
 
 def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
                epsilon_placement="inside", zero_centered_scale=False, axis_name=None,
                axis_index_groups=None, dtype=None, impl="auto", pallas=None, casting="float32",
-               use_fast_variance=False):
+               use_fast_variance=False, memory_efficient=False):
   r"""Layer normalization with hand-derived backward and tangent rules.
 
   .. math::
@@ -46,7 +47,8 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
       statistics and the backward's two row reductions are summed over it with ``psum``.
     axis_index_groups: optional groups of indices of ``axis_name`` (as in ``lax.psum``).
     dtype: dtype of ``y``; default ``x.dtype``.
-    impl: "auto", "xla" or "pallas" (the Triton kernels of :mod:`jaxnorm._pallas`).
+    impl: "auto", "xla", or "triton" (the Triton kernels of :mod:`jaxnorm._pallas`; "pallas" is
+      its alias, the same behaviour).
       "auto" takes the kernels on a GPU where they apply (no mask, no axis_name, not traced
       under a mesh with non-manual axes, a supported dtype) and XLA otherwise; it never fails
       where "xla" works.
@@ -59,16 +61,24 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
       of the shifted-data form: in float32 it loses about ``2 log2(mean/std)`` bits (nothing
       left at a ratio of ``1e4``); the backward and tangent are the derived ones at the
       statistics it computed. Runs on XLA ("auto" never takes the kernels with it).
+    memory_efficient: if True reverse mode keeps ``y`` and ``rstd`` instead of ``x`` and
+      recovers :math:`\hat x = (y - \beta) / \gamma` in the backward (NVIDIA Apex's option of
+      that name; ``docs/derivations.md``): one ``x``-sized array less per call where ``y`` is
+      kept anyway (by the next layer). Every :math:`\gamma_i` must be nonzero: where one is 0
+      the cotangents are NaN (documented; a concrete ``scale`` with a zero raises a
+      ``ValueError``). Runs on XLA ("auto" never takes the kernels with it).
 
   Returns:
     ``y`` with the shape of ``x``.
 
   Raises:
     TypeError: ``x``, ``scale``, ``bias`` not floating; ``mask`` not boolean; ``epsilon`` not a
-      Python number; ``zero_centered_scale`` or ``use_fast_variance`` not a bool.
+      Python number; ``zero_centered_scale``, ``use_fast_variance`` or ``memory_efficient`` not
+      a bool.
     ValueError: ``scale``/``bias`` shape not the normalized shape, ``axis`` out of range or not
       trailing, ``epsilon`` negative or NaN, unknown ``epsilon_placement``/``impl``/``casting``,
-      ``impl="pallas"`` with ``use_fast_variance=True``.
+      ``impl="pallas"`` with ``use_fast_variance=True`` or ``memory_efficient=True``; a concrete
+      ``scale`` with a zero :math:`\gamma_i` and ``memory_efficient=True``.
 
   Example:
     >>> import jax, jax.numpy as jnp, jaxnorm
@@ -78,9 +88,9 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
     True
   """
   cfg, x2, mask2, restore = _norm_args.prepare(
-      x, scale, bias, op="layer_norm", epsilon=epsilon, axis=axis, mask=mask, dtype=dtype,
+      x, scale, bias, op=LAYER_NORM, epsilon=epsilon, axis=axis, mask=mask, dtype=dtype,
       impl=impl, epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=axis_name, axis_index_groups=axis_index_groups, pallas=pallas, casting=casting,
-      options={"use_fast_variance": use_fast_variance})
+      options={"use_fast_variance": use_fast_variance, "memory_efficient": memory_efficient})
   scale, bias = _norm_args.flat_params(x, x2, scale, bias)
   return restore(_ad.apply(cfg, x2, scale, bias, mask2))

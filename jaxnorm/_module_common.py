@@ -31,18 +31,10 @@ from flax.nnx.nn import dtypes as _flax_dtypes
 
 from jaxnorm import _validation as v
 from jaxnorm._casting import CASTINGS, cast_plan
-from jaxnorm._add_norm import add_layer_norm as _add_layer_norm_op
-from jaxnorm._add_norm import add_rms_norm as _add_rms_norm_op
-from jaxnorm._layer_norm import layer_norm as _layer_norm_op
-from jaxnorm._pointwise_ops import derf as _derf_op
-from jaxnorm._pointwise_ops import dyt as _dyt_op
-from jaxnorm._norm_ops import NORM_OPS
-from jaxnorm._rms_norm import rms_norm as _rms_norm_op
+from jaxnorm._ops import NORM_FAMILY, POINTWISE_FAMILY, lookup, names
 
-KINDS = tuple(NORM_OPS)  # the norm family's ops (jaxnorm._norm_ops)
-# Each norm op's public function, plain and with the residual add.
-_NORM_FNS = {"layer_norm": (_layer_norm_op, _add_layer_norm_op),
-             "rms_norm": (_rms_norm_op, _add_rms_norm_op)}
+KINDS = names(NORM_FAMILY)  # the norm family's ops, from jaxnorm.OPS
+POINTWISE_KINDS = names(POINTWISE_FAMILY)  # the pointwise family's ops, from jaxnorm.OPS
 
 
 def feature_shape(x_shape: tuple[int, ...], feature_axes: Any) -> tuple[int, ...]:
@@ -92,7 +84,8 @@ def check_num_features_arg(module: str, num_features: Any) -> int:
 
 
 def check_options(epsilon: Any, epsilon_placement: Any, zero_centered_scale: Any,
-                  impl: Any, casting: Any = "float32", use_fast_variance: Any = False) -> float:
+                  impl: Any, casting: Any = "float32", use_fast_variance: Any = False,
+                  memory_efficient: Any = False) -> float:
   """Validates the static options of a layer once, when it is built.
 
   Returns:
@@ -102,6 +95,7 @@ def check_options(epsilon: Any, epsilon_placement: Any, zero_centered_scale: Any
   v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
   v.check_bool("zero_centered_scale", zero_centered_scale)
   v.check_bool("use_fast_variance", use_fast_variance)
+  v.check_bool("memory_efficient", memory_efficient)
   v.check_choice("impl", impl, v.IMPLS)
   v.check_choice("casting", casting, CASTINGS)
   return epsilon
@@ -111,13 +105,13 @@ def check_layer_options(kind: str, options: Mapping[str, Any]) -> float:
   """:func:`check_options` of a norm layer's options, given by name (the layer's attributes).
 
   ``options`` holds ``epsilon``, ``epsilon_placement``, ``zero_centered_scale``, ``impl``,
-  ``casting`` and the op's own options (``NORM_OPS[kind].options``: LayerNorm's
+  ``casting`` and the op's own options (``OPS[kind].decl.options``: LayerNorm's
   ``use_fast_variance``; RMSNorm's flag of that name is not checked, it has no effect).
 
   Returns:
     ``epsilon`` as a Python float.
   """
-  own = {o.name: options[o.name] for o in NORM_OPS[kind].options}
+  own = {o.name: options[o.name] for o in lookup(kind, "kind", NORM_FAMILY).decl.options}
   return check_options(options["epsilon"], options["epsilon_placement"],
                        options["zero_centered_scale"], options["impl"], options["casting"], **own)
 
@@ -140,7 +134,7 @@ def _to_rank(mask: Any, ndim: int) -> Any:
 
 LAYER_OPTIONS = ("reduction_axes", "feature_axes", "epsilon", "axis_name", "axis_index_groups",
                  "epsilon_placement", "zero_centered_scale", "impl", "casting",
-                 "use_fast_variance")
+                 "use_fast_variance", "memory_efficient")
 
 
 def layer_options(layer: Any) -> dict[str, Any]:
@@ -156,7 +150,8 @@ def normalize(kind: str, x: Any, scale: Any, bias: Any, *, reduction_axes: Any, 
               axis_index_groups: Any = None, epsilon_placement: str = "inside",
               zero_centered_scale: bool = False, impl: str = "auto", casting: str = "float32",
               num_features: int | None = None, module: str = "", residual: Any = None,
-              residual_scale: float = 1.0, use_fast_variance: bool = False) -> Any:
+              residual_scale: float = 1.0, use_fast_variance: bool = False,
+              memory_efficient: bool = False) -> Any:
   r"""Normalizes ``x`` over any ``reduction_axes`` with the custom-VJP op of ``kind``.
 
   .. math::
@@ -170,7 +165,8 @@ def normalize(kind: str, x: Any, scale: Any, bias: Any, *, reduction_axes: Any, 
   :math:`\beta` broadcast along ``feature_axes``.
 
   Args:
-    kind: ``"layer_norm"`` or ``"rms_norm"``.
+    kind: the name of a norm-family op of :data:`jaxnorm.OPS` (``"layer_norm"``,
+      ``"rms_norm"``); another name raises a ``ValueError``.
     x: the input, already cast as the layer's dtype rules require.
     scale: ``None`` or an array with ``prod(feature shape)`` elements (any shape).
     bias: ``None`` or like ``scale``; must be ``None`` for ``rms_norm``.
@@ -186,6 +182,8 @@ def normalize(kind: str, x: Any, scale: Any, bias: Any, *, reduction_axes: Any, 
     residual_scale: :math:`\alpha`, a Python float (DeepNorm); only with ``residual``.
     use_fast_variance: ``layer_norm``'s variance as :math:`\overline{x^2} - \mu^2` (as
       :func:`jaxnorm.layer_norm`); no effect on ``rms_norm``.
+    memory_efficient: reverse mode keeps ``y`` instead of ``x`` (as :func:`jaxnorm.layer_norm`);
+      with ``residual`` a ``ValueError`` (the residual add + norm op has no such option).
     num_features: the layer's ``num_features`` (NNX; None for Linen), checked against the
       input's feature size. module: the layer's class name, for error messages.
 
@@ -209,8 +207,9 @@ def normalize(kind: str, x: Any, scale: Any, bias: Any, *, reduction_axes: Any, 
       axis_index_groups=axis_index_groups, impl=impl)
   # The op's own options, as its declaration lists them (LayerNorm: use_fast_variance); a
   # layer's option the op does not declare has no effect (RMSNorm's use_fast_variance).
-  given = {"use_fast_variance": use_fast_variance}
-  op_kwargs.update({o.name: given[o.name] for o in NORM_OPS[kind].options})
+  given = {"use_fast_variance": use_fast_variance, "memory_efficient": memory_efficient}
+  own = lookup(kind, "kind", NORM_FAMILY).decl.options
+  op_kwargs.update({o.name: given[o.name] for o in own})
   pshape = _in_op_param_shape(x, red, feat)
   if pshape is not None or (scale is None and bias is None):
     # In-op affine: scale and bias live on the reduction axes, or per head on axes just before
@@ -252,8 +251,8 @@ def _check_call(kind, x, scale, bias, reduction_axes, feature_axes, residual, re
 
   The arrays' dtypes, the residual's shape and the mask are checked once, by the op.
   """
-  v.check_choice("kind", kind, KINDS)
-  if bias is not None and "bias" not in NORM_OPS[kind].params:
+  op = lookup(kind, "kind", NORM_FAMILY)
+  if bias is not None and "bias" not in op.params:
     raise ValueError(f"{kind} has no bias; got a bias array. Pass bias=None.")
   if residual is None and residual_scale != 1.0:
     raise ValueError(f"residual_scale={residual_scale!r} multiplies the residual; pass "
@@ -321,11 +320,20 @@ def _affine_after(kind, x, xt, rt, scale, bias, feat, back, *, residual_scale,
 
 def _op(kind, x, residual, scale, bias, residual_scale, **kw):
   """The op of ``kind``: ``y``, or ``(y, h)`` of the residual add + norm op with ``residual``."""
-  plain, add = _NORM_FNS[kind]
-  params = (scale, bias) if "bias" in NORM_OPS[kind].params else (scale,)
+  op = lookup(kind, "kind", NORM_FAMILY)
+  params = _by_name(op, scale=scale, bias=bias)
   if residual is not None:
-    return add(x, residual, *params, residual_scale=residual_scale, **kw)
-  return plain(x, *params, **kw)
+    if kw.pop("memory_efficient", False):
+      raise ValueError("memory_efficient=True keeps the plain op's output in place of its input; "
+                       "the residual add + norm (residual=...) has no such option. Call the "
+                       "layer without residual, or with memory_efficient=False.")
+    return op.add_fn(x, residual, *params, residual_scale=residual_scale, **kw)
+  return op.fn(x, *params, **kw)
+
+
+def _by_name(op, **given):
+  """``op``'s parameters in its call order, taken from ``given`` by name."""
+  return tuple(given[name] for name in op.params)
 
 
 def residual_input(x: Any, residual: Any) -> Any:
@@ -339,10 +347,6 @@ def residual_input(x: Any, residual: Any) -> Any:
   return jnp.zeros((), jnp.result_type(x, residual))
 
 
-
-POINTWISE_KINDS = ("dyt", "derf")
-
-
 def pointwise(kind: str, x: Any, alpha: Any, shift: Any, scale: Any, bias: Any, *,
               feature_axes: Any, dtype: Any, num_features: int, module: str,
               residual: Any = None, residual_scale: float = 1.0) -> Any:
@@ -351,8 +355,11 @@ def pointwise(kind: str, x: Any, alpha: Any, shift: Any, scale: Any, bias: Any, 
   ``scale``/``bias`` (``(num_features,)``) are laid along ``feature_axes`` of ``x`` and
   broadcast over the other axes; ``alpha`` and ``shift`` are scalars. With ``residual`` the add
   runs in XLA ahead of the op (both elementwise: XLA fuses them into one loop) and the result
-  is ``(y, h)``.
+  is ``(y, h)``. ``kind``: the name of a pointwise op of :data:`jaxnorm.OPS` (``"dyt"``,
+  ``"derf"``; each takes the parameters its entry names, ``shift`` only where declared);
+  another name raises a ``ValueError``.
   """
+  op = lookup(kind, "kind", POINTWISE_FAMILY)
   if residual is not None:
     v.check_residual_shape(getattr(residual, "shape", None), x.shape)
     alpha_r = v.check_residual_scale(residual_scale)
@@ -364,8 +371,5 @@ def pointwise(kind: str, x: Any, alpha: Any, shift: Any, scale: Any, bias: Any, 
   lead = min(axes)
   bshape = tuple(x.shape[a] if a in axes else 1 for a in range(lead, x.ndim))
   scale, bias = (None if p is None else p.reshape(bshape) for p in (scale, bias))
-  if kind == "dyt":
-    y = _dyt_op(x, alpha, scale, bias, dtype=dtype)
-  else:
-    y = _derf_op(x, alpha, shift, scale, bias, dtype=dtype)
+  y = op.fn(x, *_by_name(op, alpha=alpha, shift=shift, scale=scale, bias=bias), dtype=dtype)
   return y if residual is None else (y, x)

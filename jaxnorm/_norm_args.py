@@ -19,7 +19,6 @@ from jaxnorm import _jax_compat
 from jaxnorm import _validation as v
 from jaxnorm._casting import CASTINGS, cast_plan
 from jaxnorm._norm_config import AddConfig, NormConfig
-from jaxnorm._norm_ops import NORM_OPS
 from jaxnorm._pallas.config import PallasConfig
 
 __all__ = ["flat_params", "prepare", "prepare_add"]
@@ -30,7 +29,7 @@ def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
             casting="float32", x_name="x", options=None):
   """Validates the public arguments and returns ``(cfg, x2, mask2, restore)``.
 
-  ``op``: a name of :data:`jaxnorm._norm_ops.NORM_OPS`, whose declaration the config carries.
+  ``op``: the op's :class:`~jaxnorm._norm_ops.NormOp` declaration, which the config carries.
   ``options``: a dict of the op's own options (:attr:`NormOp.options`; missing ones take their
   defaults), e.g. ``{"use_fast_variance": True}`` for LayerNorm. ``pallas``: a
   :class:`jaxnorm.PallasConfig` (how ``impl="pallas"`` runs the kernels) or None for the default
@@ -47,10 +46,11 @@ def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
   axes = v.normalized_axes(x.ndim, axis)
   v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
   v.check_bool("zero_centered_scale", zero_centered_scale)
-  norm_op = NORM_OPS[op]
-  options = v.check_op_options(op, tuple((o.name, o.default) for o in norm_op.options),
+  options = v.check_op_options(op.name, tuple((o.name, o.default) for o in op.options),
                                options or {})
   v.check_choice("casting", casting, CASTINGS)
+  if dict(options).get("memory_efficient"):
+    v.check_invertible_scale(scale, zero_centered_scale)
   norm_shape = tuple(x.shape[axes[0]:])
   scale_heads = v.check_param("scale", scale, x.shape, axes[0], x_name=x_name)
   bias_heads = v.check_param("bias", bias, x.shape, axes[0], x_name=x_name)
@@ -68,12 +68,12 @@ def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
   pallas = v.check_instance("pallas", pallas, PallasConfig,
                             "jaxnorm.PallasConfig(interpret=True)")
   impl = _backends.resolve_impl(impl, (int(np.prod(lead)), d), x.dtype, mask, axis_name,
-                                norm_op, options)
+                                op, options)
   mask2 = None
   if mask is not None:
     mask2 = jnp.broadcast_to(mask, x.shape).reshape(lead + (d,))
   cfg = NormConfig(
-      op=norm_op,
+      op=op,
       epsilon=epsilon,
       epsilon_placement=epsilon_placement,
       zero_centered_scale=zero_centered_scale,

@@ -31,7 +31,7 @@ class AddConfig:
   residual_dtype: Any  # dtype of the residual input (its cotangent's dtype).
   x_vma: frozenset  # mesh axes x varies over inside shard_map.
   residual_vma: frozenset  # mesh axes residual varies over inside shard_map.
-  # With impl "pallas": True (what the ops use) runs the fused add+norm kernels; False the add
+  # With impl "triton": True (what the ops use) runs the fused add+norm kernels; False the add
   # in XLA and the plain op's kernels, the decomposition the tests compare them with.
   fused_kernels: bool = True
 
@@ -50,8 +50,9 @@ class NormConfig:
   bias_dtype: Any  # NumPy dtype of bias (for its cotangent), or None when there is no bias.
   bias_shape: Any  # Shape of the prepared bias, (heads..., d) (for its cotangent), or None.
   bias_vma: frozenset  # Mesh axes bias varies over inside shard_map (empty outside).
-  # "xla", "pallas", or "platform": the kernels where the program is lowered for a GPU, XLA
-  # elsewhere (impl="auto" on a call the kernels support; decided per lowering platform).
+  # A backend's name ("xla", "triton"), or "per_platform": each platform's backend of
+  # jaxnorm._backends.PLATFORM_BACKENDS where the program is lowered for it, XLA elsewhere
+  # (impl="auto" on a call those backends support; decided per lowering platform).
   impl: str
   pallas: PallasConfig = PallasConfig()  # How the kernels run (interpret, block).
   cast: CastPlan | None = None  # The affine stage's dtypes (casting=); None: "float32".

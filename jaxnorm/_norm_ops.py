@@ -1,4 +1,4 @@
-r"""Internal API: the norm family's ops, each declared once: :data:`NORM_OPS`.
+r"""Internal API: the norm family's ops, each declared once: :data:`LAYER_NORM`, :data:`RMS_NORM`.
 
 An op of the family normalizes the trailing axis of ``x: (..., d)`` by per-row statistics,
 ``y = gamma * x_hat + beta`` with ``x_hat = x_c * r``. A :class:`NormOp` says what differs
@@ -14,25 +14,26 @@ the declaration from the call's :class:`~jaxnorm._norm_config.NormConfig` (``cfg
   :func:`jaxnorm._xla_rows.variance_path_factor`);
 * ``residuals``: the per-row statistics reverse mode keeps (the kernels return exactly these);
 * ``params``: the array parameters after ``x``; ``options``: the op's own switches
-  (:class:`Option`, e.g. LayerNorm's ``use_fast_variance``);
-* ``xla_forward_views``: how XLA:CPU's undifferentiated forward reads ``x`` on few rows
-  (:func:`jaxnorm._xla.forward_only`).
+  (:class:`Option`, e.g. LayerNorm's ``use_fast_variance``).
+
+How a backend computes an op (e.g. XLA:CPU's tuning of LayerNorm's forward on few rows,
+:data:`jaxnorm._xla_backend.FORWARD_VIEWS`) is the backend's, not the declaration's.
 
 The math, derivations and numerics are in ``docs/derivations.md``. A new op of the family is one
-more entry here with its statistics (``docs/ops.md``).
+more declaration here with its statistics, named by its entry of :data:`jaxnorm.OPS`
+(``docs/ops.md``); the family's table, :data:`jaxnorm._ops.NORM_OPS`, is derived from ``OPS``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import types
 from typing import Any, Callable
 
 import jax.numpy as jnp
 
 from jaxnorm._xla_rows import compute_dtype, count, first_pivot, fresh, normalizer, psum, row_sums
 
-__all__ = ["NORM_OPS", "NormOp", "Option"]
+__all__ = ["LAYER_NORM", "MEMORY_EFFICIENT", "RMS_NORM", "NormOp", "Option"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +63,6 @@ class NormOp:
       order (the kernels return these, in this order).
     params: the array parameters after ``x``, in call order.
     options: the op's own options (:class:`Option`).
-    xla_forward_views: whether XLA's undifferentiated forward reads ``x`` through separate
-      views on fewer rows than YNNPACK takes whole (:func:`jaxnorm._xla.forward_only`).
   """
 
   name: str
@@ -72,7 +71,6 @@ class NormOp:
   residuals: tuple[str, ...]
   params: tuple[str, ...]
   options: tuple[Option, ...] = ()
-  xla_forward_views: bool = False
 
   def __repr__(self):
     return f"NormOp({self.name!r})"
@@ -203,11 +201,17 @@ def _rms_norm_statistics(cfg, x, mask, *, decouple: bool = True):
   return None, None, normalizer(cfg, ms)
 
 
-NORM_OPS = types.MappingProxyType({
-    "layer_norm": NormOp("layer_norm", _layer_norm_statistics, mean_path=True,
-                         residuals=("shift", "delta", "rstd"), params=("scale", "bias"),
-                         options=(Option("use_fast_variance", False),),
-                         xla_forward_views=True),
-    "rms_norm": NormOp("rms_norm", _rms_norm_statistics, mean_path=False,
-                       residuals=("rstd",), params=("scale",)),
-})
+# Reverse mode keeps the output y and rstd instead of x, and recovers x_hat = (y - beta) / gamma
+# in the backward (docs/derivations.md, "memory_efficient=True").
+MEMORY_EFFICIENT = Option("memory_efficient", False)
+
+LAYER_NORM = NormOp("layer_norm", _layer_norm_statistics, mean_path=True,
+                    residuals=("shift", "delta", "rstd"), params=("scale", "bias"),
+                    options=(Option("use_fast_variance", False), MEMORY_EFFICIENT))
+"""LayerNorm's declaration: centred, statistics from shifted data; Flax's fast variance and
+the memory-saving backward as options."""
+
+RMS_NORM = NormOp("rms_norm", _rms_norm_statistics, mean_path=False, residuals=("rstd",),
+                  params=("scale",), options=(MEMORY_EFFICIENT,))
+"""RMSNorm's declaration: not centred, the root mean square its only statistic; the
+memory-saving backward as an option."""

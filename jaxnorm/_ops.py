@@ -1,24 +1,33 @@
-"""The table of jaxnorm's ops: one entry per op, read by the models, the docs and the tests.
+"""The table of jaxnorm's ops, :data:`OPS`: the one list of op names, every other table its view.
 
-An op is declared where its family lives (the norms in :mod:`jaxnorm._norm_ops`,
-the pointwise ops in :mod:`jaxnorm._pointwise`); this table names it once, with its public
-function, its autodiff oracle in :mod:`jaxnorm.reference`, the names of its parameters after
-``x`` and its layer classes in :mod:`jaxnorm.nnx` and :mod:`jaxnorm.linen`. A new op adds its
-own modules and one entry here (``docs/ops.md`` lists what else it touches).
+An op is declared where its family lives (the norms in :mod:`jaxnorm._norm_ops`, the pointwise
+ops in :mod:`jaxnorm._pointwise`); this table names it once, with its declaration, its public
+function (and its residual add + norm function, if it has one), its autodiff oracle in
+:mod:`jaxnorm.reference`, the names of its parameters after ``x`` and its layer class in
+:mod:`jaxnorm.nnx` and :mod:`jaxnorm.linen`. Every other list of ops is derived from it:
+:data:`NORM_OPS` (the norm family's declarations), :data:`POINTWISE_OPS`, the layers' kinds,
+the model's norm types and the benchmark's ops (:func:`names`). A dispatch on an op's name is
+:func:`lookup`, which raises a ``ValueError`` naming the argument on an unknown name. A new op
+adds its own modules and one entry here (``docs/ops.md`` lists what else it touches).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import types
-from typing import Callable
+from typing import Any, Callable
 
+from jaxnorm import _validation as v
 from jaxnorm import reference
+from jaxnorm._add_norm import add_layer_norm, add_rms_norm
 from jaxnorm._layer_norm import layer_norm
+from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
+from jaxnorm._pointwise import DERF, DYT
 from jaxnorm._pointwise_ops import derf, dyt
 from jaxnorm._rms_norm import rms_norm
 
-__all__ = ["OPS", "NORM_FAMILY", "POINTWISE_FAMILY", "Op"]
+__all__ = ["NORM_FAMILY", "NORM_OPS", "OPS", "POINTWISE_FAMILY", "POINTWISE_OPS", "Op", "lookup",
+           "names"]
 
 NORM_FAMILY = "norm"  # statistics over the normalized axes (LayerNorm, RMSNorm)
 POINTWISE_FAMILY = "pointwise"  # one element at a time (DyT, Derf)
@@ -31,25 +40,57 @@ class Op:
   Attributes:
     name: the op's name (``jaxnorm.<name>``, ``TransformerConfig(norm_type=<name>)``).
     family: :data:`NORM_FAMILY` or :data:`POINTWISE_FAMILY`.
+    decl: its declaration in its family's module (a :class:`~jaxnorm._norm_ops.NormOp` or a
+      :class:`~jaxnorm._pointwise.Squash`), whose ``name`` is :attr:`name`.
     fn: the public op.
     reference: its autodiff oracle, called with the same arguments.
     params: the names of its array parameters after ``x``, in call order (all positional).
     layer: the class name of its layer in :mod:`jaxnorm.nnx` and :mod:`jaxnorm.linen`.
+    add_fn: the public residual add + norm op, ``(y, h) = add_fn(x, residual, *params)``, or
+      None where the op has none.
   """
 
   name: str
   family: str
+  decl: Any
   fn: Callable
   reference: Callable
   params: tuple[str, ...]
   layer: str
+  add_fn: Callable | None = None
 
 
 OPS = types.MappingProxyType({
-    "layer_norm": Op("layer_norm", NORM_FAMILY, layer_norm, reference.layer_norm,
-                     ("scale", "bias"), "LayerNorm"),
-    "rms_norm": Op("rms_norm", NORM_FAMILY, rms_norm, reference.rms_norm, ("scale",), "RMSNorm"),
-    "dyt": Op("dyt", POINTWISE_FAMILY, dyt, reference.dyt, ("alpha", "scale", "bias"), "DyT"),
-    "derf": Op("derf", POINTWISE_FAMILY, derf, reference.derf,
+    "layer_norm": Op("layer_norm", NORM_FAMILY, LAYER_NORM, layer_norm, reference.layer_norm,
+                     ("scale", "bias"), "LayerNorm", add_layer_norm),
+    "rms_norm": Op("rms_norm", NORM_FAMILY, RMS_NORM, rms_norm, reference.rms_norm, ("scale",),
+                   "RMSNorm", add_rms_norm),
+    "dyt": Op("dyt", POINTWISE_FAMILY, DYT, dyt, reference.dyt, ("alpha", "scale", "bias"),
+              "DyT"),
+    "derf": Op("derf", POINTWISE_FAMILY, DERF, derf, reference.derf,
                ("alpha", "shift", "scale", "bias"), "Derf"),
 })
+
+
+def names(family: str | None = None) -> tuple[str, ...]:
+  """The names of :data:`OPS` (of one ``family`` if given), in the table's order."""
+  return tuple(n for n, op in OPS.items() if family is None or op.family == family)
+
+
+def lookup(name: Any, argument: str, family: str | None = None) -> Op:
+  """``OPS[name]``, or a ``ValueError`` naming ``argument``, ``name`` and the valid names.
+
+  Args:
+    name: the op's name as the caller received it (any type: a non-string is refused too).
+    argument: what the caller calls it (``"norm_type"``, ``"kind"``, ...), for the message.
+    family: if given, only that family's ops are valid.
+  """
+  v.check_choice(argument, name, names(family))
+  return OPS[name]
+
+
+NORM_OPS = types.MappingProxyType({n: OPS[n].decl for n in names(NORM_FAMILY)})
+"""The norm family's declarations (:class:`~jaxnorm._norm_ops.NormOp`) by name, from :data:`OPS`."""
+
+POINTWISE_OPS = types.MappingProxyType({n: OPS[n].decl for n in names(POINTWISE_FAMILY)})
+"""The pointwise family's declarations (:class:`~jaxnorm._pointwise.Squash`) by name."""

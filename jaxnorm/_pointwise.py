@@ -9,7 +9,8 @@ Every op of the family maps each element on its own,
 with a squashing function :math:`\varphi` (``tanh`` for DyT, ``erf`` for Derf, whose shift
 :math:`s` is learned; DyT has none) and parameters that broadcast against ``x`` from its
 trailing axes (a scalar :math:`\alpha`, one value per channel, or one per head and channel).
-A :class:`Squash` entry of :data:`SQUASHES` declares an op: its function and its derivative.
+A :class:`Squash` (:data:`DYT`, :data:`DERF`) declares an op: its function and its derivative;
+:data:`jaxnorm.OPS` names each declaration once.
 Everything else (forward, residuals, tangent, derived backward, Jacobian diagonal) is written
 once here for the whole family, from the derivation in ``docs/derivations.md`` ("Pointwise
 ops: DyT and Derf"):
@@ -54,7 +55,7 @@ from jaxnorm import _jax_compat as jc
 from jaxnorm import _validation as v
 from jaxnorm._remat import INPUT_RESIDUAL
 
-__all__ = ["SQUASHES", "PointwiseConfig", "Squash", "apply", "jacobian_diagonal", "prepare",
+__all__ = ["DERF", "DYT", "PointwiseConfig", "Squash", "apply", "jacobian_diagonal", "prepare",
            "pointwise_tangent_p"]
 
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
@@ -90,10 +91,11 @@ class Squash:
   has_shift: bool
 
 
-SQUASHES = {
-    "dyt": Squash("dyt", jnp.tanh, _tanh_slope, has_shift=False),
-    "derf": Squash("derf", lax.erf, _erf_slope, has_shift=True),
-}
+DYT = Squash("dyt", jnp.tanh, _tanh_slope, has_shift=False)
+"""DyT's declaration: :math:`\\varphi = \\tanh`, no shift."""
+
+DERF = Squash("derf", lax.erf, _erf_slope, has_shift=True)
+"""Derf's declaration: :math:`\\varphi = \\operatorname{erf}` with a learned shift."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,22 +103,18 @@ class PointwiseConfig:
   """Static description of one call (hashable: a ``nondiff_argnums`` value and a primitive
   parameter)."""
 
-  kind: str  # a key of SQUASHES
+  squash: Squash  # the op's declaration (DYT, DERF)
   out_dtype: Any  # NumPy dtype of y
   compute_dtype: Any  # dtype of the arithmetic: promote_types(inputs, float32)
-
-  @property
-  def squash(self) -> Squash:
-    """The :class:`Squash` entry of :attr:`kind`."""
-    return SQUASHES[self.kind]
 
 
 # ---------------------------------------------------------------------------------------------
 # Argument preparation (checks in :mod:`jaxnorm._validation`).
 
 
-def prepare(kind: str, x, alpha, shift, scale, bias, *, dtype=None):
-  """Checks a call and returns ``(cfg, alpha, shift, scale, bias)`` aligned to ``x``'s rank.
+def prepare(squash: Squash, x, alpha, shift, scale, bias, *, dtype=None):
+  """Checks a call of the op ``squash`` declares and returns ``(cfg, alpha, shift, scale, bias)``
+  aligned to ``x``'s rank.
 
   Each parameter must broadcast against ``x`` from the trailing axes (see
   :func:`jaxnorm._validation.check_pointwise_param`); it comes back with leading size-1 axes
@@ -130,7 +128,7 @@ def prepare(kind: str, x, alpha, shift, scale, bias, *, dtype=None):
     v.check_pointwise_param(name, p, tuple(x.shape))
   dtypes = [x.dtype] + [p.dtype for p in params if p is not None]
   ct = jnp.promote_types(jnp.result_type(*dtypes), jnp.float32)
-  cfg = PointwiseConfig(kind, jnp.dtype(out_dtype or x.dtype), jnp.dtype(ct))
+  cfg = PointwiseConfig(squash, jnp.dtype(out_dtype or x.dtype), jnp.dtype(ct))
   aligned = tuple(None if p is None else jnp.reshape(p, (1,) * (x.ndim - p.ndim) + p.shape)
                   for p in params)
   return (cfg,) + aligned

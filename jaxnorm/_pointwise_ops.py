@@ -43,7 +43,7 @@ def dyt(x, alpha, scale=None, bias=None, *, dtype=None):
     >>> [round(float(v), 4) for v in y[0]]
     [0.0, 0.4621, -0.7616]
   """
-  cfg, alpha, _, scale, bias = _pointwise.prepare("dyt", x, alpha, None, scale, bias,
+  cfg, alpha, _, scale, bias = _pointwise.prepare(_pointwise.DYT, x, alpha, None, scale, bias,
                                                   dtype=dtype)
   return _pointwise.apply(cfg, x, alpha, None, scale, bias)
 
@@ -74,8 +74,8 @@ def derf(x, alpha, shift, scale=None, bias=None, *, dtype=None):
   if shift is None:
     raise TypeError("shift must be a floating array (Derf's learned shift s; pass "
                     "jnp.zeros(()) for none), got None.")
-  cfg, alpha, shift, scale, bias = _pointwise.prepare("derf", x, alpha, shift, scale, bias,
-                                                      dtype=dtype)
+  cfg, alpha, shift, scale, bias = _pointwise.prepare(_pointwise.DERF, x, alpha, shift, scale,
+                                                      bias, dtype=dtype)
   return _pointwise.apply(cfg, x, alpha, shift, scale, bias)
 
 
@@ -83,7 +83,7 @@ def dyt_jacobian(x, alpha, scale=None):
   r"""The diagonal of :func:`dyt`'s Jacobian in ``x``,
   :math:`\alpha\gamma\,(1 - \tanh^2(\alpha x))`, shaped like ``x`` in the compute dtype
   (float32 at least): the Jacobian of a pointwise op is diagonal, so this is all of it."""
-  cfg, alpha, _, scale, _ = _pointwise.prepare("dyt", x, alpha, None, scale, None)
+  cfg, alpha, _, scale, _ = _pointwise.prepare(_pointwise.DYT, x, alpha, None, scale, None)
   return _pointwise.jacobian_diagonal(cfg, x, alpha, None, scale)
 
 
@@ -91,5 +91,5 @@ def derf_jacobian(x, alpha, shift, scale=None):
   r"""The diagonal of :func:`derf`'s Jacobian in ``x``,
   :math:`\alpha\gamma\,\tfrac{2}{\sqrt\pi}e^{-(\alpha x + s)^2}`, shaped like ``x`` (see
   :func:`dyt_jacobian`)."""
-  cfg, alpha, shift, scale, _ = _pointwise.prepare("derf", x, alpha, shift, scale, None)
+  cfg, alpha, shift, scale, _ = _pointwise.prepare(_pointwise.DERF, x, alpha, shift, scale, None)
   return _pointwise.jacobian_diagonal(cfg, x, alpha, shift, scale)

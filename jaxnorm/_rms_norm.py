@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from jaxnorm import _norm_args
 from jaxnorm import _ad
+from jaxnorm._norm_ops import RMS_NORM
 
 
 def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None, epsilon_placement="inside",
              zero_centered_scale=False, axis_name=None, axis_index_groups=None, dtype=None,
-             impl="auto", pallas=None, casting="float32"):
+             impl="auto", pallas=None, casting="float32", memory_efficient=False):
   r"""Root-mean-square normalization with hand-derived backward and tangent rules.
 
   .. math::
@@ -47,10 +48,12 @@ def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None, epsilon_placeme
       ``shard_map``, or a named ``jax.vmap`` axis (derivatives included).
     axis_index_groups: optional groups of indices of ``axis_name``.
     dtype: dtype of ``y``; default ``x.dtype``.
-    impl: "auto", "xla" or "pallas" (see :func:`jaxnorm.layer_norm`).
+    impl: "auto", "xla", "triton" or its alias "pallas" (see :func:`jaxnorm.layer_norm`).
     pallas: a :class:`jaxnorm.PallasConfig` or None (see :func:`jaxnorm.layer_norm`).
     casting: the order of casts of the affine stage (see :func:`jaxnorm.layer_norm`):
       "float32" (default), "llama" (HF ``LlamaRMSNorm``) or "t5" (HF ``T5LayerNorm``).
+    memory_efficient: reverse mode keeps ``y`` and ``rstd`` instead of ``x`` (see
+      :func:`jaxnorm.layer_norm`; every :math:`\gamma_i` must be nonzero).
 
   Returns:
     ``y`` with the shape of ``x``.
@@ -65,9 +68,9 @@ def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None, epsilon_placeme
     True
   """
   cfg, x2, mask2, restore = _norm_args.prepare(
-      x, scale, None, op="rms_norm", epsilon=epsilon, axis=axis, mask=mask,
+      x, scale, None, op=RMS_NORM, epsilon=epsilon, axis=axis, mask=mask,
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,
-      pallas=pallas, casting=casting)
+      pallas=pallas, casting=casting, options={"memory_efficient": memory_efficient})
   (scale,) = _norm_args.flat_params(x, x2, scale)
   return restore(_ad.apply(cfg, x2, scale, None, mask2))

@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 EPSILON_PLACEMENTS = ("inside", "outside")
-IMPLS = ("auto", "xla", "pallas")
+# "triton" (the kernels, by their kernel language) and "pallas", its accepted alias.
+IMPLS = ("auto", "xla", "triton", "pallas")
 # What the Pallas (Triton) kernels take: the input/parameter dtypes and the backends they
 # compile for (interpret mode runs them anywhere).
 KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -227,6 +228,22 @@ def check_op_options(op: str, declared, given) -> tuple:
                       for name, default in declared))
 
 
+def check_invertible_scale(scale: Any, zero_centered_scale: bool) -> None:
+  r"""``memory_efficient=True`` divides by :math:`\gamma`: a ``ValueError`` where the scale is a
+  concrete array (not traced) with a :math:`\gamma_i = 0` (``scale_i = 0``, or ``-1`` with a
+  zero-centred scale). A traced scale cannot be checked here: a zero then gives NaN cotangents
+  (documented in ``docs/derivations.md``)."""
+  if scale is None or isinstance(scale, jax.core.Tracer):
+    return
+  gamma = np.asarray(scale, np.float64) + (1.0 if zero_centered_scale else 0.0)
+  zeros = np.flatnonzero(gamma.reshape(-1) == 0)
+  if zeros.size:
+    raise ValueError(
+        f"memory_efficient=True recovers x_hat = (y - bias) / gamma in the backward, but gamma "
+        f"is 0 at {zeros.size} of {gamma.size} features (first at flat index {int(zeros[0])}); "
+        f"those cotangents would be NaN. Use memory_efficient=False, or a nonzero scale.")
+
+
 def check_instance(name: str, value: Any, cls: type, example: str):
   """``value`` if it is a ``cls`` (None: ``cls()``); ``TypeError`` naming ``example`` otherwise.
 
@@ -274,9 +291,9 @@ def kernel_problem(*, dtypes: Sequence[tuple[str, Any]] = (), backend: str | Non
   return None
 
 
-def pallas_refusal(why: str) -> str:
-  """The message of ``impl='pallas'`` on a call the kernels cannot run, ``why`` a phrase."""
-  return f"impl='pallas' cannot run this call: {why}. Use impl='xla' or 'auto'."
+def backend_refusal(impl: str, why: str) -> str:
+  """The message of an ``impl`` naming a backend that cannot run the call, ``why`` a phrase."""
+  return f"impl={impl!r} cannot run this call: {why}. Use impl='xla' or 'auto'."
 
 
 def check_param(name: str, p: Any, x_shape: tuple[int, ...], first_axis: int, *,

@@ -55,7 +55,7 @@ def x_hat(cfg: NormConfig, xf, shift, delta, rstd):
   return centered(cfg, xf, shift, delta) * rstd
 
 
-def _as_row(p, ndim, dtype):
+def as_row(p, ndim, dtype):
   """:func:`_row` of a parameter, in ``dtype``."""
   return _row(p, ndim).astype(dtype)
 
@@ -112,7 +112,7 @@ def forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True):
 YNN_MIN_ELEMENTS = 4096
 
 
-def forward_only(cfg: NormConfig, x, scale, bias, mask):
+def forward_only(cfg: NormConfig, x, scale, bias, mask, *, use_views: bool = False):
   r"""``y`` alone, for a call that is not differentiated: nothing is kept for a backward.
 
   .. math::
@@ -126,13 +126,14 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask):
     views). YNNPACK takes the pivot's consumers, both row sums and the map, into one fusion, a
     loop over ``x``; separate views would add a subtraction (and a bfloat16 convert) per
     element and per view to it.
-  * **Fewer rows** (LayerNorm): the per-row statistics (fewer elements than the threshold)
-    stay outside YNNPACK, so the sums and the map are separate fusions. A shared ``x - K``
-    then has three users and is written to memory once for them (a full-size store and two
-    loads more than Flax's program). With a :func:`fresh` view per sum and one for the map
-    (``decouple``, as :func:`forward` does for the JVP rule), each sum's fusion subtracts the
-    pivot as it reads ``x``, and the program has Flax's shape plus the pivot's slice (the
-    measurements of both choices: ``docs/perf-notes.md``, issue 23).
+  * **Fewer rows**, with ``use_views`` (the XLA backend's tuning for LayerNorm,
+    :data:`jaxnorm._xla_backend.FORWARD_VIEWS`): the per-row statistics (fewer elements than
+    the threshold) stay outside YNNPACK, so the sums and the map are separate fusions. A
+    shared ``x - K`` then has three users and is written to memory once for them (a full-size
+    store and two loads more than Flax's program). With a :func:`fresh` view per sum and one
+    for the map (``decouple``, as :func:`forward` does for the JVP rule), each sum's fusion
+    subtracts the pivot as it reads ``x``, and the program has Flax's shape plus the pivot's
+    slice (the measurements of both choices: ``docs/perf-notes.md``, issue 23).
 
   RMSNorm keeps the shared form at every size: its one row sum reads ``x`` directly, and its
   program must stay the one XLA compiles for the published formula written by hand, which the
@@ -160,7 +161,7 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask):
   def views(x, scale, bias, mask):
     return forward(cfg, x, scale, bias, mask, decouple=True)[0]
 
-  if not cfg.op.xla_forward_views or math.prod(x.shape[:-1]) >= YNN_MIN_ELEMENTS:
+  if not use_views or math.prod(x.shape[:-1]) >= YNN_MIN_ELEMENTS:
     return shared(x, scale, bias, mask)
   # YNNPACK is XLA:CPU's: a program lowered for another platform keeps the shared form.
   return lax.platform_dependent(x, scale, bias, mask, cpu=views, default=shared)
@@ -307,7 +308,7 @@ def tangent(cfg: NormConfig, x, scale, mask, stats, tx, tscale, tbias):
     if gam is not None:
       ty = ty * gam
   if tscalev is not None:
-    ty = ty + (xc * rstdv) * _as_row(tscalev, x.ndim, ct)
+    ty = ty + (xc * rstdv) * as_row(tscalev, x.ndim, ct)
   if tbiasv is not None:
-    ty = ty + _as_row(tbiasv, x.ndim, ct)
+    ty = ty + as_row(tbiasv, x.ndim, ct)
   return ty.astype(cfg.out_dtype)

@@ -2,25 +2,34 @@
 
 Runs everywhere and takes every call (masks, ``axis_name``, any dtype, the op's options). The
 formulas are :mod:`jaxnorm._xla`'s; the residual add + norm is :class:`Backend`'s composition
-(the add, then the plain op at ``h``), which XLA fuses.
+(the add, then the plain op at ``h``), which XLA fuses. Its one tuning switch,
+:data:`FORWARD_VIEWS`, lives here rather than in the ops' declarations.
 """
 
 from __future__ import annotations
 
 from jaxnorm import _xla
 from jaxnorm._backend_interface import Backend
+from jaxnorm._norm_ops import LAYER_NORM
 
-__all__ = ["XLA", "XlaBackend"]
+__all__ = ["FORWARD_VIEWS", "XLA", "XlaBackend"]
+
+# The ops whose undifferentiated forward reads ``x`` through separate views on fewer rows than
+# XLA:CPU's YNNPACK takes whole (:func:`jaxnorm._xla.forward_only`; measured in
+# docs/perf-notes.md, issue 23): LayerNorm. RMSNorm keeps Flax's program.
+FORWARD_VIEWS = frozenset({LAYER_NORM})
 
 
 class XlaBackend(Backend):
   """The XLA formulas behind :class:`~jaxnorm._backend_interface.Backend`'s methods."""
 
   name = "xla"
+  platforms = None  # every lowering platform
+  config_class = None
 
   def forward_only(self, cfg, x, scale, bias, mask):
-    """``y`` (:func:`jaxnorm._xla.forward_only`)."""
-    return _xla.forward_only(cfg, x, scale, bias, mask)
+    """``y`` (:func:`jaxnorm._xla.forward_only`, with views for :data:`FORWARD_VIEWS`)."""
+    return _xla.forward_only(cfg, x, scale, bias, mask, use_views=cfg.op in FORWARD_VIEWS)
 
   def forward(self, cfg, x, scale, bias, mask):
     """``(y, stats)`` (:func:`jaxnorm._xla.forward`)."""

@@ -58,6 +58,7 @@ from jax.nn import initializers
 
 from jaxnorm import _module_common as common
 from jaxnorm import _validation as v
+from jaxnorm._ops import OPS
 
 __all__ = ["Derf", "DyT", "LayerNorm", "RMSNorm"]
 
@@ -132,8 +133,9 @@ class LayerNorm(nn.Module):
       in at least float32.
     epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
-    impl: ``"auto"``, ``"xla"`` or ``"pallas"``.
+    impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
     casting: ``"float32"``, ``"llama"`` or ``"t5"``: where the affine stage rounds.
+    memory_efficient: reverse mode keeps ``y`` instead of ``x`` (:func:`jaxnorm.layer_norm`).
   """
 
   epsilon: float = 1e-6
@@ -153,6 +155,7 @@ class LayerNorm(nn.Module):
   zero_centered_scale: bool = False
   impl: str = "auto"
   casting: str = "float32"
+  memory_efficient: bool = False
 
   def __post_init__(self):
     common.check_layer_options("layer_norm", common.layer_options(self))
@@ -219,8 +222,9 @@ class RMSNorm(nn.Module):
       in at least float32.
     epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
-    impl: ``"auto"``, ``"xla"`` or ``"pallas"``.
+    impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
     casting: ``"float32"``, ``"llama"`` or ``"t5"``: where the affine stage rounds.
+    memory_efficient: reverse mode keeps ``y`` instead of ``x`` (:func:`jaxnorm.layer_norm`).
   """
 
   epsilon: float = 1e-6
@@ -238,6 +242,7 @@ class RMSNorm(nn.Module):
   zero_centered_scale: bool = False
   impl: str = "auto"
   casting: str = "float32"
+  memory_efficient: bool = False
 
   def __post_init__(self):
     common.check_layer_options("rms_norm", common.layer_options(self))
@@ -291,7 +296,7 @@ class _Pointwise(nn.Module):
                                        self.feature_axes))
     alpha = self.param("alpha", lambda _, dt: jnp.full((), alpha0, dt), self.param_dtype)
     shift = (self.param("shift", lambda _, dt: jnp.full((), shift0, dt), self.param_dtype)
-             if self._kind == "derf" else None)
+             if "shift" in OPS[self._kind].params else None)
     scale = (self.param("scale", self.scale_init, fshape, self.param_dtype) if self.use_scale
              else None)
     bias = self.param("bias", self.bias_init, fshape, self.param_dtype) if self.use_bias else None

@@ -40,7 +40,7 @@ Extra trailing keyword arguments (their defaults reproduce Flax):
 * ``zero_centered_scale``: ``True`` multiplies by :math:`1 + \gamma` (Gemma style). The
   default ``scale_init`` (ones) then starts at an effective scale of 2; pass
   ``scale_init=nnx.initializers.zeros_init()`` to start at the identity.
-* ``impl``: ``"auto"``, ``"xla"`` or ``"pallas"``, the kernel of the op.
+* ``impl``: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``, the kernel of the op.
 * ``casting``: ``"float32"`` (default), ``"llama"`` or ``"t5"``, the order of casts of the
   affine stage (``docs/modules.md``, "Casting modes").
 """
@@ -59,7 +59,7 @@ from flax.typing import Axes, Dtype, Initializer, PromoteDtypeFn
 
 from jaxnorm import _module_common as common
 from jaxnorm import _validation as v
-from jaxnorm._norm_ops import NORM_OPS
+from jaxnorm._ops import OPS
 
 __all__ = ["Derf", "DyT", "LayerNorm", "RMSNorm"]
 
@@ -97,7 +97,7 @@ def _init_norm(layer: nnx.Module, name: str, kind: str, args: dict[str, tp.Any])
   fields["num_features"] = common.check_num_features_arg(name, fields["num_features"])
   fields["epsilon"] = common.check_layer_options(kind, fields)
   shape = (fields["num_features"],)
-  for p in NORM_OPS[kind].params:  # ("scale",) or ("scale", "bias")
+  for p in OPS[kind].params:  # ("scale",) or ("scale", "bias")
     setattr(layer, p, _param(args["rngs"], fields[f"use_{p}"], args[f"{p}_init"], shape,
                              fields["param_dtype"], args[f"{p}_metadata"]))
   for k, a in fields.items():
@@ -152,8 +152,9 @@ class LayerNorm(nnx.Module):
     scale_metadata: metadata for the scale ``nnx.Param``.
     epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
-    impl: ``"auto"``, ``"xla"`` or ``"pallas"``.
+    impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
     casting: ``"float32"``, ``"llama"`` or ``"t5"``: where the affine stage rounds.
+    memory_efficient: reverse mode keeps ``y`` instead of ``x`` (:func:`jaxnorm.layer_norm`).
 
   Raises:
     TypeError: for a non-int ``num_features`` or a non-number ``epsilon``.
@@ -186,6 +187,7 @@ class LayerNorm(nnx.Module):
       zero_centered_scale: bool = False,
       impl: str = "auto",
       casting: str = "float32",
+      memory_efficient: bool = False,
   ):
     _init_norm(self, "LayerNorm", "layer_norm", locals())
 
@@ -256,8 +258,9 @@ class RMSNorm(nnx.Module):
       ``sharding_names`` before Flax 0.12.4).
     epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
-    impl: ``"auto"``, ``"xla"`` or ``"pallas"``.
+    impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
     casting: ``"float32"``, ``"llama"`` or ``"t5"``: where the affine stage rounds.
+    memory_efficient: reverse mode keeps ``y`` instead of ``x`` (:func:`jaxnorm.layer_norm`).
 
   Raises:
     TypeError: for a non-int ``num_features`` or a non-number ``epsilon``.
@@ -287,6 +290,7 @@ class RMSNorm(nnx.Module):
       zero_centered_scale: bool = False,
       impl: str = "auto",
       casting: str = "float32",
+      memory_efficient: bool = False,
   ):
     _init_norm(self, "RMSNorm", "rms_norm", locals())
 
@@ -324,7 +328,7 @@ def _call(layer: tp.Any, kind: str, x: tp.Any, scale: tp.Any, bias: tp.Any, mask
     x = jnp.asarray(x)
   # Flax NNX promotes the input and the parameters to one dtype (`dtype` when given) first.
   h = x if residual is None else common.residual_input(x, residual)
-  if "bias" in NORM_OPS[kind].params:  # the op's declared parameters
+  if "bias" in OPS[kind].params:  # the op's declared parameters
     h, scale, bias = layer.promote_dtype((h, scale, bias), dtype=layer.dtype)
   else:
     h, scale = layer.promote_dtype((h, scale), dtype=layer.dtype)
@@ -352,8 +356,8 @@ class _Pointwise(nnx.Module):
     alpha0 = v.check_finite_real("alpha_init_value", alpha_init_value)
     shift0 = v.check_finite_real("shift_init_value", shift_init_value)
     self.alpha = nnx.Param(jnp.full((), alpha0, param_dtype))
-    self.shift = (nnx.Param(jnp.full((), shift0, param_dtype)) if self._kind == "derf"
-                  else nnx.data(None))
+    has_shift = "shift" in OPS[self._kind].params  # the op's declared parameters
+    self.shift = nnx.Param(jnp.full((), shift0, param_dtype)) if has_shift else nnx.data(None)
     shape = (num_features,)
     self.scale = _param(rngs, use_scale, scale_init, shape, param_dtype, {})
     self.bias = _param(rngs, use_bias, bias_init, shape, param_dtype, {})

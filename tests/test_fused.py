@@ -303,6 +303,7 @@ def test_fused_kernels_match_add_then_plain_kernels():
 
   from jaxnorm import _ad
   from jaxnorm import _norm_args
+  from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 
   ks = jax.random.split(jax.random.key(3), 6)
   x = random(ks[0], (9, 96), jnp.bfloat16)
@@ -311,7 +312,7 @@ def test_fused_kernels_match_add_then_plain_kernels():
   dy, dh = random(ks[4], (9, 96), jnp.bfloat16), random(ks[5], (9, 96), jnp.float32)
   for center in (True, False):
     cfg, x2, r2, _, _ = _norm_args.prepare_add(
-        x, r, s, b if center else None, op="layer_norm" if center else "rms_norm",
+        x, r, s, b if center else None, op=LAYER_NORM if center else RMS_NORM,
         residual_scale=1.5, residual_dtype=None,
         epsilon=1e-5, axis=-1, mask=None, epsilon_placement="outside", zero_centered_scale=True,
         axis_name=None, axis_index_groups=None, dtype=None, impl="pallas",

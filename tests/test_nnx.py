@@ -117,7 +117,8 @@ def test_constructor_and_call_signatures_match_flax():
     assert extra == [("epsilon_placement", "inside", p.KEYWORD_ONLY),
                      ("zero_centered_scale", False, p.KEYWORD_ONLY),
                      ("impl", "auto", p.KEYWORD_ONLY),
-                     ("casting", "float32", p.KEYWORD_ONLY)]
+                     ("casting", "float32", p.KEYWORD_ONLY),
+                     ("memory_efficient", False, p.KEYWORD_ONLY)]
   # Both siblings are called the same way.
   assert inspect.signature(jnn.LayerNorm.__call__) == inspect.signature(jnn.RMSNorm.__call__)
 

@@ -30,6 +30,7 @@ from jaxnorm import _ad
 from jaxnorm import _backends
 from jaxnorm import _norm_args
 from jaxnorm import _xla
+from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 from jaxnorm import reference
 from jaxnorm.models import TransformerConfig, TransformerLM
 from _kernels import count_pallas_calls
@@ -92,7 +93,7 @@ def _optimized(f, *args):
 
 
 def _prepare(center, x, scale, bias, impl, **variant):
-  return _norm_args.prepare(x, scale, bias, op="layer_norm" if center else "rms_norm",
+  return _norm_args.prepare(x, scale, bias, op=LAYER_NORM if center else RMS_NORM,
                             epsilon=1e-5, axis=-1, mask=None,
                             epsilon_placement=variant.get("epsilon_placement", "inside"),
                             zero_centered_scale=variant.get("zero_centered_scale", False),
@@ -133,7 +134,7 @@ def test_fused_reverse_mode_is_the_custom_vjp(impl, center):
   dy, dh = _rand(2, (12, 64), jnp.bfloat16), _rand(3, (12, 64))
   scale, bias = _rand(4, (64,), loc=1.0), (_rand(5, (64,)) if center else None)
   cfg, x2, r2, _, _ = _norm_args.prepare_add(
-      x, r, scale, bias, op="layer_norm" if center else "rms_norm", residual_scale=1.5,
+      x, r, scale, bias, op=LAYER_NORM if center else RMS_NORM, residual_scale=1.5,
       residual_dtype=None, epsilon=1e-5, axis=-1, mask=None, epsilon_placement="outside", zero_centered_scale=False,
       axis_name=None, axis_index_groups=None, dtype=None, **IMPLS[impl])
   ours = lambda x, r, s, b: _ad.add_norm(cfg, x, r, s, b, None)  # noqa: E731
@@ -410,7 +411,7 @@ def test_auto_on_this_cpu_runs_xla():
     assert program == xla_program
     assert_bitwise(got, want)  # the same program: the same bits on any CPU
   cfg = _prepare(True, x, s, b, "xla")[0]
-  assert dataclasses.replace(cfg, impl="platform").impl == "platform"
+  assert dataclasses.replace(cfg, impl=_backends.PER_PLATFORM).impl == "per_platform"
 
 
 # ---------------------------------------------------------------------------------------------

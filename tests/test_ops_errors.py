@@ -91,7 +91,7 @@ def test_unknown_variant(op):
 
 @pytest.mark.parametrize("op", [jaxnorm.layer_norm, jaxnorm.rms_norm])
 def test_unknown_impl_and_unusable_pallas(op):
-  with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'xla', 'pallas'\), got 'cuda'"):
+  with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'xla', 'triton', 'pallas'\), got 'cuda'"):
     op(X, impl="cuda")
   with pytest.raises(ValueError, match="impl='pallas' cannot run this call: the Pallas kernels do not take a mask"):
     op(X, mask=jnp.ones(X.shape, bool), impl="pallas")

@@ -62,7 +62,7 @@ def _rounded_to_float32(h):
                                         ("add_rms_norm", "bfloat16")])
 def test_second_order_in_16_bits(name, dtype):
   """Second order in bfloat16/float16 within the kit's budgets (float32 compute). Before the
-  rules' JVPs converted 16-bit operands once (``jaxnorm/_ad.py``, ``_wide_jvp``), autodiff of
+  rules' JVPs converted 16-bit operands once (``jaxnorm/_wide.py``, ``wide_jvp``), autodiff of
   the backward summed the views' cotangent shares in 16 bits: 159 bfloat16 ulps at a budget of
   2.3 on this LayerNorm (``docs/derivations.md``, "Second order in 16 bits"). The batteries draw
   second order in every dtype besides."""

@@ -18,8 +18,9 @@ import jax.numpy as jnp
 import jaxnorm
 
 
-OPS = ("layer_norm", "rms_norm")
-FUSED_OPS = ("add_layer_norm", "add_rms_norm")  # residual add + norm: (y, h) = op(x, residual)
+# The norm family's ops of jaxnorm.OPS, and their residual add + norm ops ((y, h) = op(x, residual)).
+OPS = tuple(name for name, op in jaxnorm.OPS.items() if op.family == "norm")
+FUSED_OPS = tuple(jaxnorm.OPS[name].add_fn.__name__ for name in OPS if jaxnorm.OPS[name].add_fn)
 ALL_OPS = OPS + FUSED_OPS
 EPSILON = 1e-6
 
@@ -41,6 +42,12 @@ def _require_gpu(what: str) -> None:
     raise NotApplicable(f"{what} needs a GPU (Triton); this backend is {backend}")
 
 
+def _params(op: str, scale, bias):
+  """``op``'s parameters (its entry of jaxnorm.OPS) from the benchmark's ``scale`` and ``bias``."""
+  given = {"scale": scale, "bias": bias}
+  return tuple(given[name] for name in jaxnorm.OPS[op].params)
+
+
 def _jaxnorm(impl: str, interpret: bool):
   def build(op: str):
     if impl == "xla-fastvar":
@@ -49,10 +56,8 @@ def _jaxnorm(impl: str, interpret: bool):
       _require_gpu("jaxnorm pallas")
     if impl == "pallas" and interpret:
       return _jaxnorm_interpreted(op)
-    fn = getattr(jaxnorm, op)
-    if op == "layer_norm":
-      return lambda x, scale, bias: fn(x, scale, bias, epsilon=EPSILON, impl=impl)
-    return lambda x, scale, bias: fn(x, scale, epsilon=EPSILON, impl=impl)
+    fn = jaxnorm.OPS[op].fn
+    return lambda x, scale, bias: fn(x, *_params(op, scale, bias), epsilon=EPSILON, impl=impl)
   return build
 
 
@@ -67,18 +72,15 @@ def _jaxnorm_fast_variance(op: str):
 def _jaxnorm_interpreted(op: str):
   """The public op with impl="pallas" and the kernels in Pallas interpret mode (any backend)."""
   pallas = jaxnorm.PallasConfig(interpret=True)
-  fn = getattr(jaxnorm, op)
-  if op == "layer_norm":
-    return lambda x, scale, bias: fn(x, scale, bias, epsilon=EPSILON, impl="pallas", pallas=pallas)
-  return lambda x, scale, bias: fn(x, scale, epsilon=EPSILON, impl="pallas", pallas=pallas)
+  fn = jaxnorm.OPS[op].fn
+  return lambda x, scale, bias: fn(x, *_params(op, scale, bias), epsilon=EPSILON, impl="pallas",
+                                   pallas=pallas)
 
 
 def _reference(op: str):
   ref = _import("jaxnorm.reference")
   fn = getattr(ref, op)
-  if op == "layer_norm":
-    return lambda x, scale, bias: fn(x, scale, bias, epsilon=EPSILON)
-  return lambda x, scale, bias: fn(x, scale, epsilon=EPSILON)
+  return lambda x, scale, bias: fn(x, *_params(op, scale, bias), epsilon=EPSILON)
 
 
 def _flax_linen(op: str, use_fast_variance: bool = True):
@@ -161,9 +163,8 @@ def _fused_jaxnorm(impl: str, interpret: bool):
     kw = dict(epsilon=EPSILON, impl=impl)
     if impl == "pallas" and interpret:
       kw["pallas"] = jaxnorm.PallasConfig(interpret=True)
-    if op == "add_layer_norm":
-      return lambda x, r, scale, bias: fn(x, r, scale, bias, **kw)
-    return lambda x, r, scale, bias: fn(x, r, scale, **kw)
+    plain = _plain(op)
+    return lambda x, r, scale, bias: fn(x, r, *_params(plain, scale, bias), **kw)
   return build
 
 

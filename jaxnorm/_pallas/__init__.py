@@ -12,7 +12,8 @@ Modules:
   config: :class:`PallasConfig`, :class:`BlockConfig`, the block-size heuristic and whether
     the kernels take a call (public names re-exported by :mod:`jaxnorm`).
   kernel_call: the primitive the kernels run behind (differentiable again, lowered per platform).
-  backend: the ``"pallas"`` entry of the backend table (:mod:`jaxnorm._backends`).
+  backend: the ``"triton"`` entry (alias ``"pallas"``) of the backend table
+    (:mod:`jaxnorm._backends`).
   common, forward, backward: the kernels.
   api: the kernels on their own, on checked ``(rows, d)`` arguments.
 """

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from jaxnorm import _norm_args
 from jaxnorm import _validation as v
-from jaxnorm._norm_ops import NORM_OPS
+from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 from jaxnorm._pallas.backend import kernel_spec
 from jaxnorm._pallas.backward import add_norm_backward, norm_backward
 from jaxnorm._pallas.config import supported
@@ -131,7 +131,7 @@ def layer_norm_fwd(x, scale, bias, *, epsilon, epsilon_placement="inside",
     ``x[:, 0]``), ``delta`` (mean of ``x - shift``) and ``rstd``, each float32 ``(rows,)``. The
     row mean is ``shift + delta``.
   """
-  spec = _spec(x, scale, bias, op="layer_norm", epsilon=epsilon,
+  spec = _spec(x, scale, bias, op=LAYER_NORM, epsilon=epsilon,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                interpret=interpret)
   return norm_forward(x, scale, bias, spec=spec, out_dtype=_out_dtype(out_dtype, x),
@@ -159,7 +159,7 @@ def rms_norm_fwd(x, scale, *, epsilon, epsilon_placement="inside", zero_centered
   Returns:
     ``(y, rstd)``: ``y: (rows, d)`` in ``out_dtype``, ``rstd`` float32 ``(rows,)``.
   """
-  spec = _spec(x, scale, None, op="rms_norm", epsilon=epsilon,
+  spec = _spec(x, scale, None, op=RMS_NORM, epsilon=epsilon,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                interpret=interpret)
   return norm_forward(x, scale, None, spec=spec, out_dtype=_out_dtype(out_dtype, x),
@@ -193,7 +193,7 @@ def layer_norm_bwd(x, scale, shift, delta, rstd, dy, *, epsilon, epsilon_placeme
     ``(dx, dscale, dbias)``: ``dx`` in ``x.dtype``; ``dscale`` in ``scale.dtype`` or None;
     ``dbias`` float32 ``(d,)`` (the bias is not an input; the caller casts it) or None.
   """
-  spec = _spec(x, scale, None, op="layer_norm", epsilon=epsilon,
+  spec = _spec(x, scale, None, op=LAYER_NORM, epsilon=epsilon,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                interpret=interpret, has_bias=has_bias)
   for name, stat in (("shift", shift), ("delta", delta), ("rstd", rstd)):
@@ -225,7 +225,7 @@ def rms_norm_bwd(x, scale, rstd, dy, *, epsilon, epsilon_placement="inside",
   Returns:
     ``(dx, dscale)``: ``dx`` in ``x.dtype``; ``dscale`` in ``scale.dtype`` or None.
   """
-  spec = _spec(x, scale, None, op="rms_norm", epsilon=epsilon,
+  spec = _spec(x, scale, None, op=RMS_NORM, epsilon=epsilon,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                interpret=interpret)
   _check_rows("rstd", rstd, spec.rows)
@@ -292,7 +292,7 @@ def add_layer_norm_fwd(x, residual, scale, bias, *, epsilon, residual_scale=1.0,
     ``(y, h, shift, delta, rstd)``: ``y`` in ``out_dtype``, ``h`` in ``h_dtype``, and the float32
     ``(rows,)`` statistics of ``h`` as in :func:`layer_norm_fwd`.
   """
-  return _add_fwd(x, residual, scale, bias, op="layer_norm", residual_scale=residual_scale,
+  return _add_fwd(x, residual, scale, bias, op=LAYER_NORM, residual_scale=residual_scale,
                   h_dtype=h_dtype, epsilon=epsilon, epsilon_placement=epsilon_placement,
                   zero_centered_scale=zero_centered_scale, out_dtype=out_dtype,
                   interpret=interpret)
@@ -310,7 +310,7 @@ def add_rms_norm_fwd(x, residual, scale, *, epsilon, residual_scale=1.0, h_dtype
   Returns:
     ``(y, h, rstd)``.
   """
-  return _add_fwd(x, residual, scale, None, op="rms_norm", residual_scale=residual_scale,
+  return _add_fwd(x, residual, scale, None, op=RMS_NORM, residual_scale=residual_scale,
                   h_dtype=h_dtype, epsilon=epsilon, epsilon_placement=epsilon_placement,
                   zero_centered_scale=zero_centered_scale, out_dtype=out_dtype,
                   interpret=interpret)
@@ -323,7 +323,7 @@ def _add_bwd(h, scale, stats, dy, dh, *, op, has_bias, residual_scale, x_dtype,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                interpret=interpret, has_bias=has_bias,
                residual_scale=v.check_residual_scale(residual_scale), x_name="h")
-  for name, stat in zip(NORM_OPS[op].residuals, stats):
+  for name, stat in zip(op.residuals, stats):
     _check_rows(name, stat, spec.rows, "h")
   _check_like("dy", dy, h, "h")
   if dh is not None:
@@ -331,7 +331,7 @@ def _add_bwd(h, scale, stats, dy, dh, *, op, has_bias, residual_scale, x_dtype,
   x_dtype = _check_dtype("x_dtype", x_dtype or h.dtype)
   residual_dtype = _check_dtype("residual_dtype", residual_dtype or h.dtype)
   f32 = [s.astype(jnp.float32) for s in stats]
-  named = dict(zip(NORM_OPS[op].residuals, f32))
+  named = dict(zip(op.residuals, f32))
   shift, delta, rstd = (named.get(k) for k in ("shift", "delta", "rstd"))
   return add_norm_backward(h, dy, dh, scale, shift, delta, rstd, spec=spec, x_dtype=x_dtype,
                            residual_dtype=residual_dtype, interpret=interpret)
@@ -366,7 +366,7 @@ def add_layer_norm_bwd(h, scale, shift, delta, rstd, dy, dh, *, epsilon, residua
   Returns:
     ``(dx, dresidual, dscale, dbias)``; ``dbias`` in float32 (the caller casts it) or None.
   """
-  return _add_bwd(h, scale, (shift, delta, rstd), dy, dh, op="layer_norm", has_bias=has_bias,
+  return _add_bwd(h, scale, (shift, delta, rstd), dy, dh, op=LAYER_NORM, has_bias=has_bias,
                   residual_scale=residual_scale, x_dtype=x_dtype, residual_dtype=residual_dtype,
                   epsilon=epsilon, epsilon_placement=epsilon_placement,
                   zero_centered_scale=zero_centered_scale, interpret=interpret)
@@ -385,7 +385,7 @@ def add_rms_norm_bwd(h, scale, rstd, dy, dh, *, epsilon, residual_scale=1.0, x_d
     ``(dx, dresidual, dscale)``.
   """
   dx, dres, dscale, _ = _add_bwd(
-      h, scale, (rstd,), dy, dh, op="rms_norm", has_bias=False, residual_scale=residual_scale,
+      h, scale, (rstd,), dy, dh, op=RMS_NORM, has_bias=False, residual_scale=residual_scale,
       x_dtype=x_dtype, residual_dtype=residual_dtype, epsilon=epsilon,
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       interpret=interpret)

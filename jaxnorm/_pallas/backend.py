@@ -1,4 +1,5 @@
-"""Internal API: the ``"pallas"`` entry of the backend table, the Triton kernels behind it.
+"""Internal API: the ``"triton"`` entry of the backend table (alias ``"pallas"``), the Triton
+kernels written in Pallas behind it.
 
 Launches the kernels of :mod:`jaxnorm._pallas.forward` and :mod:`jaxnorm._pallas.backward` on
 ``(..., d)`` arrays: the rows flattened, the launch spec derived from the call's
@@ -9,8 +10,11 @@ read of ``x`` and ``residual``) unless ``cfg.add.fused_kernels`` is False (the d
 tests compare them with). The kernel modules are imported on first use (:func:`kernels`), so
 this module and the table that holds it leave ``jax.experimental.pallas`` unimported.
 
-:meth:`PallasBackend.refusal` says why the kernels cannot take a call; the choice of backend is
-:func:`jaxnorm._backends.resolve_impl`'s.
+:class:`TritonBackend` declares what it runs: its lowering platforms (:data:`PLATFORMS`), its
+config class (:class:`~jaxnorm._pallas.config.PallasConfig`) and an allow-list of the ops the
+kernels implement (:data:`KERNEL_OPS`, each op's declaration mapped to the kernels' row
+centring); :meth:`TritonBackend.refusal` says why it cannot take a call, an op outside the
+allow-list first. The choice of backend is :func:`jaxnorm._backends.resolve_impl`'s.
 """
 
 from __future__ import annotations
@@ -25,9 +29,18 @@ import jax.numpy as jnp
 from jaxnorm import _validation as v
 from jaxnorm._backend_interface import Backend
 from jaxnorm._norm_config import NormConfig
+from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 from jaxnorm._pallas import config as _config
 
-__all__ = ["PALLAS", "PallasBackend", "kernels", "kernel_spec"]
+__all__ = ["KERNEL_OPS", "PLATFORMS", "TRITON", "TritonBackend", "kernels", "kernel_spec"]
+
+# The lowering platforms the Triton kernels compile for (elsewhere: interpret mode only).
+PLATFORMS = _config.GPU_PLATFORMS
+
+# The allow-list: the ops the kernels implement, each declaration mapped to the kernels' one
+# switch between them (``KernelSpec.center``: subtract the row mean). An op not listed here is
+# refused, so the kernels never run an op they do not implement.
+KERNEL_OPS = types.MappingProxyType({LAYER_NORM: True, RMS_NORM: False})
 
 
 def kernels():
@@ -42,10 +55,14 @@ def kernels():
 
 
 def kernel_spec(cfg: NormConfig, x, scale, *, has_bias: bool, residual_scale: float = 1.0):
-  """The kernels' launch spec for ``x: (..., d)`` from a checked config (no re-validation)."""
+  """The kernels' launch spec for ``x: (..., d)`` from a checked config (no re-validation).
+
+  ``cfg.op`` must be in :data:`KERNEL_OPS` (a ``KeyError`` otherwise: :meth:`TritonBackend.
+  refusal` refuses such a call before any launch).
+  """
   d = x.shape[-1]
   return kernels().common.kernel_spec(
-      x.size // d, d, x.dtype, center=cfg.op.mean_path, has_scale=scale is not None,
+      x.size // d, d, x.dtype, center=KERNEL_OPS[cfg.op], has_scale=scale is not None,
       has_bias=has_bias, epsilon=cfg.epsilon, epsilon_placement=cfg.epsilon_placement,
       zero_centered_scale=cfg.zero_centered_scale, residual_scale=residual_scale,
       block=cfg.pallas.block, cast=cfg.cast)
@@ -172,21 +189,26 @@ def _under_non_manual_mesh() -> bool:
   return any(t != jax.sharding.AxisType.Manual for t in mesh.axis_types)
 
 
-class PallasBackend(Backend):
+class TritonBackend(Backend):
   """The Triton kernels behind :class:`~jaxnorm._backend_interface.Backend`'s methods.
 
-  Called with ``cfg.impl == "pallas"``, inside :func:`jaxnorm._pallas.kernel_call.kernel_call`
+  Called with ``cfg.impl == "triton"``, inside :func:`jaxnorm._pallas.kernel_call.kernel_call`
   (:func:`jaxnorm._backends.run` puts it there).
   """
 
-  name = "pallas"
+  name = "triton"
+  platforms = PLATFORMS
+  config_class = _config.PallasConfig
 
   def refusal(self, x2_shape, dtype, mask, axis_name, op, options=()):
     """Why the kernels cannot take a plain call on ``x2: (rows, d)``, or None if they can.
 
     ``op``: the :class:`~jaxnorm._norm_ops.NormOp`; ``options``: its ``(name, value)`` pairs.
-    The kernels implement each op's statistics and no option away from its default.
+    The kernels implement the ops of :data:`KERNEL_OPS` (and no other), without any option
+    away from its default.
     """
+    if op not in KERNEL_OPS:
+      return f"the Pallas kernels do not implement {op.name}"
     defaults = {o.name: o.default for o in op.options}
     changed = [f"{name}={value!r}" for name, value in options if value != defaults[name]]
     if changed:
@@ -244,4 +266,4 @@ class PallasBackend(Backend):
     return (dx, dres, *_param_sums(cfg, scale, dscale, dbias))
 
 
-PALLAS = PallasBackend()
+TRITON = TritonBackend()

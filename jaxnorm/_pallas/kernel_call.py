@@ -8,7 +8,7 @@ on a CPU host where it is never compiled. A ``jax.custom_jvp`` wrapper would not
 evaluation inlines a ``custom_jvp`` whose inputs are known, so after one linearization the
 bare ``pallas_call`` is left. ``kernel_call_p`` is never inlined:
 
-* value and lowering: ``fn`` on the kernels (``cfg.impl == "pallas"``), lowered per platform:
+* value and lowering: ``fn`` on the kernels (``cfg.impl == "triton"``), lowered per platform:
   the Triton kernels for cuda/rocm; elsewhere the kernels in interpret mode, or the op's
   ``impl='pallas'`` error (raised where the program is lowered, so a program traced on a CPU
   host lowers for a GPU), or, in ``impl="auto"``'s GPU branch, the XLA path (a program lowered
@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from jaxnorm import _jax_compat as jc
 from jaxnorm import _validation as v
-from jaxnorm._pallas.config import GPU_PLATFORMS
+from jaxnorm._pallas.config import GPU_PLATFORMS as PLATFORMS
 from jaxnorm._norm_config import NormConfig
 
 __all__ = ["kernel_call"]
@@ -69,8 +69,10 @@ def _run_elsewhere(*leaves, cfg, fn, tree, groups, elsewhere, platforms):
     return _flat_fn(cfg, fn, tree, groups)(*leaves)
   if elsewhere == "xla":
     return _flat_fn(dataclasses.replace(cfg, impl="xla"), fn, tree, groups)(*leaves)
-  other = next(p for p in platforms if p not in GPU_PLATFORMS)
-  raise ValueError(v.pallas_refusal(v.kernel_problem(backend=other)))
+  other = next(p for p in platforms if p not in PLATFORMS)
+  # Named as the kernels' public name ("pallas", the alias of "triton"): the spelling the call
+  # used is not part of its config.
+  raise ValueError(v.backend_refusal("pallas", v.kernel_problem(backend=other)))
 
 
 def _impl(*leaves, cfg, fn, tree, groups, elsewhere):
@@ -148,7 +150,7 @@ def _batch(args, dims, *, vmap_axis_name, vmap_axis_size, cfg, fn, tree, groups,
 
 kernel_call_p.def_impl(_impl)
 kernel_call_p.def_abstract_eval(_abstract_eval)
-for _platform in GPU_PLATFORMS:
+for _platform in PLATFORMS:
   jc.register_lowering(kernel_call_p, _run, platform=_platform)
 jc.register_lowering(kernel_call_p, _run_elsewhere, with_platforms=True)
 jc.register_jvp(kernel_call_p, _jvp)
@@ -156,7 +158,7 @@ jc.register_batching(kernel_call_p, _batch)
 
 
 def kernel_call(cfg: NormConfig, fn, *args, elsewhere: str = "raise"):
-  """``fn(cfg, *args)`` on the kernels (``cfg.impl == "pallas"``), behind ``kernel_call_p``.
+  """``fn(cfg, *args)`` on the kernels (``cfg.impl == "triton"``), behind ``kernel_call_p``.
 
   ``fn`` is a module-level function (hashable: it is a primitive parameter) taking the config
   first; ``args`` may hold None. ``elsewhere``: what lowering for a platform the kernels do not

@@ -16,8 +16,7 @@ from typing import Any
 
 from jaxnorm import _validation as v
 from jaxnorm._casting import CASTINGS
-from jaxnorm._module_common import POINTWISE_KINDS
-from jaxnorm._ops import OPS
+from jaxnorm._ops import NORM_FAMILY, OPS, POINTWISE_FAMILY, names
 
 NORM_POSITIONS = ("pre", "post", "sandwich", "deepnorm")
 NORM_TYPES = tuple(OPS)  # the op table's names: "layer_norm", "rms_norm", "dyt", "derf"
@@ -30,6 +29,22 @@ QK_NORMS = ("none",) + NORM_TYPES  # "none", or an op named as NORM_TYPES
 QK_NORM_SCALES = ("per_head", "shared")
 # Keys of :func:`block_weight_paths`, in the order of a block's forward pass.
 WEIGHT_GROUPS = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")
+
+
+def _check_memory_efficient(config) -> None:
+  """``norm_memory_efficient``: a bool, and True only where it applies (ValueError naming why)."""
+  if not v.check_bool("norm_memory_efficient", config.norm_memory_efficient):
+    return
+  has_layer = bool({config.norm_type, config.qk_norm} & set(names(NORM_FAMILY)))
+  refusals = (
+      (config.norm_impl == "flax", "norm_impl='flax' (Flax's norms have no such option)"),
+      (config.fuse_residual_norm, "fuse_residual_norm=True (the fused add + norm keeps h)"),
+      (not has_layer, f"no LayerNorm/RMSNorm layer (norm_type={config.norm_type!r}, "
+                      f"qk_norm={config.qk_norm!r})"),
+  )
+  for refused, why in refusals:
+    if refused:
+      raise ValueError(f"norm_memory_efficient=True does not apply with {why}; set it to False.")
 
 
 def _check_pointwise_alpha(value: Any) -> tuple[float, float]:
@@ -62,6 +77,10 @@ class TransformerConfig:
       Tables 10-11: 1.0/1.0 at width 1024, 0.8/0.2 at 4096); default ``(0.5, 0.5)``, both
       papers' default.
     norm_impl: ``"jaxnorm"`` (custom VJP, :mod:`jaxnorm.nnx`) or ``"flax"`` (Flax's modules).
+    norm_memory_efficient: the LayerNorm/RMSNorm layers keep their output instead of their
+      input for the backward (:func:`jaxnorm.layer_norm`'s ``memory_efficient``); needs
+      ``norm_impl="jaxnorm"``, ``fuse_residual_norm=False`` (the fused add + norm keeps ``h``)
+      and such a layer in the model; default False.
     init: ``"xavier"`` (Xiong et al.) or ``"small"`` (GPT-2, N(0, 0.02)).
     qk_zero_init: start with :math:`W^Q = W^K = 0` (uniform attention at init).
     positions: ``"learned"`` absolute position embeddings or ``"rotary"`` (RoPE on q and k).
@@ -86,8 +105,9 @@ class TransformerConfig:
       unrolls the same computation over the same parameters in a Python loop (a reference,
       and XLA can fuse across layers). Both give the same values to float round-off.
     qk_norm: normalize every head's query and key over the head dimension after their
-      projections and before the rotary embedding (as Qwen3 and OLMo 2 do): ``"none"``,
-      ``"rms_norm"`` or ``"layer_norm"``. With learned positions, which are added to the
+      projections and before the rotary embedding (as Qwen3 and OLMo 2 do): ``"none"``, or
+      an op of :data:`jaxnorm.OPS` as ``norm_type`` names one (``"rms_norm"``,
+      ``"layer_norm"``, ``"dyt"``, ``"derf"``). With learned positions, which are added to the
       model input, the norm acts on the projected queries and keys directly. The same
       ``norm_impl``, ``epsilon``, ``dtype`` and ``casting`` as the other norms.
     qk_norm_scale: ``"per_head"``: one learned scale (and LayerNorm bias) per head and
@@ -124,6 +144,7 @@ class TransformerConfig:
   qk_norm_scale: str = "per_head"
   norm_scaling: bool = False
   pointwise_alpha: tuple = (0.5, 0.5)
+  norm_memory_efficient: bool = False
 
   def __post_init__(self):
     for name in ("vocab_size", "max_len", "d_model", "n_layers", "n_heads", "d_ff"):
@@ -140,7 +161,8 @@ class TransformerConfig:
     v.check_choice("qk_norm_scale", self.qk_norm_scale, QK_NORM_SCALES)
     v.check_bool("norm_scaling", self.norm_scaling)
     object.__setattr__(self, "pointwise_alpha", _check_pointwise_alpha(self.pointwise_alpha))
-    pointwise = {self.norm_type, self.qk_norm} & set(POINTWISE_KINDS)
+    pointwise = {self.norm_type, self.qk_norm} & set(names(POINTWISE_FAMILY))
+    _check_memory_efficient(self)
     if pointwise and self.norm_impl == "flax":
       raise ValueError(f"norm_impl='flax' has no {sorted(pointwise)} layer (Flax ships none); "
                        f"use norm_impl='jaxnorm'.")

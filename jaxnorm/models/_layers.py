@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import nnx as jaxnorm_nnx
-from jaxnorm._module_common import POINTWISE_KINDS
+from jaxnorm._ops import NORM_FAMILY, POINTWISE_FAMILY, lookup
 from jaxnorm.models._config import TransformerConfig
 
 
@@ -78,24 +78,35 @@ def _make_norm(config: TransformerConfig, rngs: nnx.Rngs, *, norm_type: str | No
   By default a norm of ``config.norm_type`` over the ``d_model`` features of the last axis;
   ``norm_type``, ``num_features`` and ``axes`` (``reduction_axes``/``feature_axes``, the
   layers' keywords) build the QK norms. ``role`` ("attention" or "other") picks a DyT/Derf
-  layer's initial alpha from ``config.pointwise_alpha``.
+  layer's initial alpha from ``config.pointwise_alpha``. An op's family (:data:`jaxnorm.OPS`)
+  picks the builder; a name not in the table raises a ``ValueError`` naming ``norm_type``.
   """
-  norm_type = norm_type or config.norm_type
+  op = lookup(norm_type or config.norm_type, "norm_type")
   num_features = num_features or config.d_model
-  if norm_type in POINTWISE_KINDS:
-    cls = jaxnorm_nnx.DyT if norm_type == "dyt" else jaxnorm_nnx.Derf
-    alpha = config.pointwise_alpha[0 if role == "attention" else 1]
-    axes.pop("reduction_axes", None)  # pointwise: nothing is reduced
-    return cls(num_features, alpha_init_value=alpha, dtype=jnp.dtype(config.dtype), rngs=rngs,
-               **axes)
-  if config.norm_impl == "flax":
-    layer_norm_cls, rms_norm_cls = nnx.LayerNorm, nnx.RMSNorm
-  else:
-    layer_norm_cls, rms_norm_cls = jaxnorm_nnx.LayerNorm, jaxnorm_nnx.RMSNorm
-  cls = layer_norm_cls if norm_type == "layer_norm" else rms_norm_cls
-  kw = {} if config.norm_impl == "flax" else {"casting": config.casting}
-  return cls(num_features, epsilon=config.epsilon, dtype=jnp.dtype(config.dtype), rngs=rngs,
-             **axes, **kw)
+  return _NORM_BUILDERS[op.family](config, rngs, op, num_features, role, **axes)
+
+
+def _make_pointwise(config, rngs, op, num_features, role, **axes) -> nnx.Module:
+  """A DyT/Derf layer (``op``'s class in :mod:`jaxnorm.nnx`), alpha by ``role``."""
+  alpha = config.pointwise_alpha[0 if role == "attention" else 1]
+  axes.pop("reduction_axes", None)  # pointwise: nothing is reduced
+  return getattr(jaxnorm_nnx, op.layer)(num_features, alpha_init_value=alpha,
+                                        dtype=jnp.dtype(config.dtype), rngs=rngs, **axes)
+
+
+def _make_statistics_norm(config, rngs, op, num_features, role, **axes) -> nnx.Module:
+  """A LayerNorm/RMSNorm layer: ``op``'s class of :mod:`jaxnorm.nnx`, or of Flax's
+  :mod:`flax.nnx` with ``norm_impl="flax"`` (the same class names)."""
+  del role
+  module = nnx if config.norm_impl == "flax" else jaxnorm_nnx
+  kw = {} if config.norm_impl == "flax" else {"casting": config.casting,
+                                               "memory_efficient": config.norm_memory_efficient}
+  return getattr(module, op.layer)(num_features, epsilon=config.epsilon,
+                                   dtype=jnp.dtype(config.dtype), rngs=rngs, **axes, **kw)
+
+
+# How the model builds a norm of each family of jaxnorm.OPS.
+_NORM_BUILDERS = {POINTWISE_FAMILY: _make_pointwise, NORM_FAMILY: _make_statistics_norm}
 
 
 def _make_qk_norm(config: TransformerConfig, rngs: nnx.Rngs) -> nnx.Module:

@@ -1,0 +1,91 @@
+"""Backends declare what they run: platforms, config class, an allow-list of ops; impl="auto"
+walks the preference list; a kernel never runs an op it does not implement (exported for cuda
+from this CPU host, an op without a kernel carries no Triton call); "pallas" names "triton"."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxnorm
+from jaxnorm import _ad, _backends, _norm_args
+from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
+from jaxnorm._pallas import backend as triton_backend
+from jaxnorm._xla_backend import FORWARD_VIEWS
+
+TRITON_CALL = "__gpu$xla.gpu.triton"
+# An op of the norm family that the kernels do not implement: RMSNorm's statistics under another
+# name (the kernels would compute it right, but they were never told so: the allow-list decides).
+NO_KERNEL = dataclasses.replace(RMS_NORM, name="rms_norm_without_kernel")
+
+
+def _op(decl, impl):
+  def f(x, scale):
+    cfg, x2, mask2, restore = _norm_args.prepare(
+        x, scale, None, op=decl, epsilon=1e-6, axis=-1, mask=None, epsilon_placement="inside",
+        zero_centered_scale=False, axis_name=None, axis_index_groups=None, dtype=None, impl=impl)
+    return restore(_ad.apply(cfg, x2, scale, None, mask2))
+  return f
+
+
+def _exported(f, platform, *args):
+  checks = [jax.export.DisabledSafetyCheck.custom_call(TRITON_CALL)]
+  return jax.export.export(jax.jit(f), platforms=[platform], disabled_checks=checks)(*args).mlir_module()
+
+
+def _args():
+  return jax.random.normal(jax.random.key(0), (16, 128)), jnp.linspace(0.5, 1.5, 128)
+
+
+def _grad(f):
+  return jax.grad(lambda x, s: jnp.sum(f(x, s) ** 2), argnums=(0, 1))
+
+
+def test_backends_declare_platforms_config_and_allow_list():
+  xla, triton = _backends.BACKENDS["xla"], _backends.BACKENDS["triton"]
+  assert xla.platforms is None and xla.config_class is None
+  assert triton.platforms == ("cuda", "rocm") and triton.config_class is jaxnorm.PallasConfig
+  assert set(triton_backend.KERNEL_OPS) == {LAYER_NORM, RMS_NORM}
+  assert dict(_backends.PLATFORM_BACKENDS) == {"cuda": "triton", "rocm": "triton"}
+  assert _backends.PREFERENCE[-1] == "xla" and _backends.ALIASES["pallas"] == "triton"
+  call = ((16, 128), jnp.float32)
+  assert triton.supports(RMS_NORM, *call) and xla.supports(NO_KERNEL, *call)
+  assert not triton.supports(NO_KERNEL, *call)
+  assert "do not implement rms_norm_without_kernel" in triton.refusal(*call, None, None, NO_KERNEL)
+  # A backend's tuning lives in the backend, not in the op's declaration.
+  assert FORWARD_VIEWS == {LAYER_NORM} and not hasattr(LAYER_NORM, "xla_forward_views")
+
+
+@pytest.mark.parametrize("mode", ["forward", "grad"])
+def test_an_op_without_a_kernel_exported_for_cuda_carries_no_kernel(mode):
+  x, s = _args()
+  wrap = (lambda f: f) if mode == "forward" else _grad
+  assert _exported(wrap(_op(RMS_NORM, "auto")), "cuda", x, s).count(TRITON_CALL) >= 1  # control
+  text = _exported(wrap(_op(NO_KERNEL, "auto")), "cuda", x, s)
+  assert TRITON_CALL not in text and "jaxnorm_kernels" not in text
+  got = jax.jit(wrap(_op(NO_KERNEL, "auto")))(x, s)
+  want = jax.jit(wrap(_op(RMS_NORM, "xla")))(x, s)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", ["triton", "pallas"])
+def test_naming_the_kernels_for_an_op_they_lack_raises(impl):
+  x, s = _args()
+  with pytest.raises(ValueError, match=rf"impl='{impl}' cannot run this call: the Pallas kernels do not implement "
+                                       r"rms_norm_without_kernel\. Use impl='xla' or 'auto'\."):
+    _op(NO_KERNEL, impl)(x, s)
+
+
+def test_triton_and_its_alias_pallas_export_the_same_kernels():
+  x, s = _args()
+  texts = [_exported(_grad(lambda x, s, impl=impl: jaxnorm.rms_norm(x, s, impl=impl)), "cuda", x, s)
+           for impl in ("triton", "pallas")]
+  assert texts[0].count(TRITON_CALL) == texts[1].count(TRITON_CALL) >= 2
+
+
+def test_an_unknown_impl_names_the_choices():
+  with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'xla', 'triton', 'pallas'\), got 'mosaic'"):
+    jaxnorm.rms_norm(jnp.ones((2, 8)), impl="mosaic")

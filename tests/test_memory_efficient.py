@@ -1,0 +1,173 @@
+"""memory_efficient=True (Apex's memory-saving backward): reverse mode keeps y and rstd instead of
+x and recovers x_hat = (y - beta) / gamma. Checked against float64 autodiff of the reference
+through jaxnorm.testing.check_rule (both modes, every transformation), what is saved, the
+zero-gamma contract (a ValueError where the scale is concrete, NaN where it is traced), and the
+kernels' refusal."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxnorm
+from jaxnorm import reference
+from jaxnorm import testing as jt
+
+OPS = {"layer_norm": (jaxnorm.layer_norm, reference.layer_norm, True),
+       "rms_norm": (jaxnorm.rms_norm, reference.rms_norm, False)}
+TRITON_CALL = "__gpu$xla.gpu.triton"
+
+
+def _normal(rng, shape, dtype, loc, scale):
+  a = (loc + scale * rng.standard_normal(shape)).astype(jnp.dtype(dtype))
+  with jax.enable_x64(a.dtype == np.float64):
+    return jnp.asarray(a)
+
+
+def _args(op_name, dtype, shape=(3, 5, 48), seed=7):
+  """x, and a scale bounded away from 0 (in [0.4, 1.6] here): x_hat = (y - beta) / gamma loses
+  about log2(|beta / gamma|) bits to the subtraction, so a gamma near 0 (one of 48 normal draws
+  at 1 +- 0.5 came to -1e-3) is outside the kit's budgets by design (docs/derivations.md)."""
+  rng = np.random.default_rng(seed)
+  x = _normal(rng, shape, dtype, 1.0, 2.0)
+  scale = _normal(rng, shape[-1:], dtype, 1.0, 0.2)
+  bias = _normal(rng, shape[-1:], dtype, 0.0, 1.0)
+  return (x, scale, bias) if OPS[op_name][2] else (x, scale)
+
+
+def _check(op_name, args, transforms, tolerance=None, **kw):
+  op, ref, _ = OPS[op_name]
+  rule = functools.partial(op, memory_efficient=True, **kw)
+  jt.check_rule(rule, functools.partial(ref, **kw), args, transforms=transforms,
+                tolerance=tolerance or jt.Tolerance())
+
+
+@pytest.mark.parametrize("op_name", list(OPS))
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("placement", ["inside", "outside"])
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_rule_matches_autodiff(op_name, dtype, placement, zero_centered):
+  """Value, VJP, JVP and the adjoint identity, and every transformation of the kit (second
+  order included) in float32; float64 plain."""
+  transforms = jt.TRANSFORMS if dtype == "float32" else ()
+  _check(op_name, _args(op_name, dtype), transforms, epsilon=1e-3, epsilon_placement=placement,
+         zero_centered_scale=zero_centered)
+
+
+@pytest.mark.parametrize("op_name", list(OPS))
+def test_bfloat16_within_the_budget_of_a_rounded_y(op_name):
+  """x_hat comes back from a bfloat16 y: the backward computes with bfloat16's precision of
+  x_hat (docs/derivations.md), so the budget is bfloat16's."""
+  _check(op_name, _args(op_name, "bfloat16"), ("vmap", "checkpoint"),
+         tolerance=jt.Tolerance(compute_dtype=jnp.bfloat16), epsilon=1e-5)
+
+
+@pytest.mark.parametrize("op_name", list(OPS))
+def test_without_scale_and_per_head_scale(op_name):
+  rng = np.random.default_rng(1)
+  x = _normal(rng, (2, 3, 4, 16), "float32", 0.5, 1.5)
+  _check(op_name, (x,), ("vmap",))
+  heads = (x, _normal(rng, (4, 16), "float32", 1.0, 0.3)) + (
+      (_normal(rng, (4, 16), "float32", 0.0, 1.0),) if OPS[op_name][2] else ())
+  _check(op_name, heads, ("vmap",))
+
+
+@pytest.mark.parametrize("op_name", list(OPS))
+def test_saves_y_and_rstd_not_x(op_name, capsys):
+  """Under a matmul whose weight gradient keeps y anyway, the default keeps x as well (two
+  (rows, d) residuals); memory_efficient keeps y alone (one), named OUTPUT_RESIDUAL."""
+  op = OPS[op_name][0]
+  args = _args(op_name, "float32", shape=(32, 64))
+  w = jnp.ones((64, 8))
+  counts = {}
+  for me in (False, True):
+    def block(w, x, *params, me=me):
+      return jnp.tanh(op(x, *params, memory_efficient=me) @ w)
+    jax.ad_checkpoint.print_saved_residuals(block, w, *args)
+    lines = capsys.readouterr().out.splitlines()
+    counts[me] = [line for line in lines if line.startswith("f32[32,64]")]
+  assert len(counts[False]) == 2 and any("jaxnorm_input" in line for line in counts[False])
+  assert len(counts[True]) == 1 and "jaxnorm_output" in counts[True][0]
+
+
+def test_value_is_the_default_value_and_residual_names():
+  args = _args("layer_norm", "float32")
+  np.testing.assert_array_equal(jaxnorm.layer_norm(*args, memory_efficient=True),
+                                jaxnorm.layer_norm(*args))
+  names = []
+  policy = lambda prim, *_, **params: names.append(params.get("name")) or False  # noqa: E731
+  jax.grad(jax.checkpoint(lambda x: jnp.sum(jaxnorm.rms_norm(x, args[1], memory_efficient=True) ** 3),
+                          policy=policy))(args[0])
+  assert jaxnorm.OUTPUT_RESIDUAL in names and jaxnorm.INPUT_RESIDUAL not in names
+
+
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_a_concrete_zero_gamma_raises(zero_centered):
+  x = jnp.tile(jnp.arange(8.0), (2, 1))
+  scale = jnp.zeros(8).at[5].set(-1.0) if zero_centered else jnp.ones(8).at[5].set(0.0)
+  with pytest.raises(ValueError, match=r"memory_efficient=True recovers x_hat = \(y - bias\) / gamma in the backward, "
+                                       r"but gamma is 0 at 1 of 8 features \(first at flat index 5\)"):
+    jaxnorm.rms_norm(x, scale, zero_centered_scale=zero_centered, memory_efficient=True)
+
+
+def test_a_traced_zero_gamma_gives_nan_cotangents():
+  """The documented behaviour where the scale is traced: the zero feature's dscale and the rows'
+  dx are NaN (never a silently wrong number); the other dscale entries are finite."""
+  x, scale, bias = _args("layer_norm", "float32", shape=(4, 16))
+  scale = scale.at[3].set(0.0)
+  dy = jax.random.normal(jax.random.key(0), x.shape)
+  f = jax.jit(lambda x, s: jax.vjp(lambda x, s: jaxnorm.layer_norm(x, s, bias, memory_efficient=True),
+                                   x, s)[1](dy))
+  dx, ds = f(x, scale)
+  assert np.isnan(ds[3]) and np.all(np.isfinite(np.delete(np.asarray(ds), 3)))
+  assert np.all(np.isnan(dx))
+
+
+@pytest.mark.parametrize("impl", ["triton", "pallas"])
+def test_the_kernels_refuse_it(impl):
+  x, scale = _args("rms_norm", "float32", shape=(8, 64))
+  with pytest.raises(ValueError, match=rf"impl='{impl}' cannot run this call: the Pallas kernels implement "
+                                       r"rms_norm without its options \(memory_efficient=True\)"):
+    jaxnorm.rms_norm(x, scale, memory_efficient=True, impl=impl)
+  checks = [jax.export.DisabledSafetyCheck.custom_call(TRITON_CALL)]
+  grad = jax.grad(lambda x, s: jnp.sum(jaxnorm.rms_norm(x, s, memory_efficient=True) ** 2), (0, 1))
+  text = jax.export.export(jax.jit(grad), platforms=["cuda"], disabled_checks=checks)(x, scale).mlir_module()
+  assert TRITON_CALL not in text
+
+
+def test_a_non_bool_is_refused():
+  with pytest.raises(TypeError, match="memory_efficient"):
+    jaxnorm.layer_norm(jnp.ones((2, 4)), memory_efficient="yes")
+
+
+def test_layers_and_model_pass_it_to_the_op():
+  """The NNX and Linen layers take memory_efficient (same values and gradients as the default);
+  with residual= they refuse it; the model's norm_memory_efficient reaches its norms."""
+  from flax import nnx
+  from jaxnorm import linen as jln
+  from jaxnorm import nnx as jnn
+  from jaxnorm.models import TransformerConfig, TransformerLM
+
+  x = _args("layer_norm", "float32", shape=(4, 16))[0]
+  grads = []
+  for me in (False, True):
+    layer = jnn.LayerNorm(16, memory_efficient=me, rngs=nnx.Rngs(0))
+    grads.append(jax.grad(lambda x: jnp.sum(jnp.sin(layer(x))))(x))
+    module = jln.RMSNorm(memory_efficient=me)
+    v = module.init(jax.random.key(0), x)
+    grads.append(jax.grad(lambda x: jnp.sum(jnp.sin(module.apply(v, x))))(x))
+  for a, b in zip(grads[:2], grads[2:]):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match=r"the residual add \+ norm \(residual=...\) has no such option"):
+    jnn.RMSNorm(16, memory_efficient=True, rngs=nnx.Rngs(0))(x, residual=x)
+  with pytest.raises(ValueError, match=r"norm_memory_efficient=True does not apply with fuse_residual_norm=True"):
+    TransformerConfig(norm_memory_efficient=True)
+  with pytest.raises(ValueError, match=r"does not apply with no LayerNorm/RMSNorm layer \(norm_type='dyt'"):
+    TransformerConfig(norm_memory_efficient=True, fuse_residual_norm=False, norm_type="dyt")
+  config = TransformerConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, max_len=16,
+                             fuse_residual_norm=False, norm_memory_efficient=True)
+  model = TransformerLM(config, rngs=nnx.Rngs(0))
+  norms = [m for _, m in nnx.iter_modules(model) if isinstance(m, jnn.LayerNorm)]
+  assert len(norms) == 3 and all(m.memory_efficient for m in norms)
