@@ -166,13 +166,34 @@ def test_committed_reports_open_with_the_answer_within_25_kb():
   25 KB; the criteria and rule history are in its appendix.md."""
   import pathlib
   results = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "results"
-  for preset in ("cpu", "cpu-extra"):
+  for preset in ("cpu", "cpu-extra", "gpu"):
     text = (results / preset / "report.md").read_text()
     assert len(text.encode()) <= report.REPORT_BYTES, (preset, len(text.encode()))
     head = text[text.index("## What to use"):text.index("## Verdicts")]
     words = len(head.split("## What to use", 1)[1].split("The appendix (")[0].split())
     assert 0 < words <= report.ANSWER_WORDS + 2 * head.count("\n- "), (preset, words)
     assert (results / preset / "appendix.md").exists()
+
+
+def test_warmup_answer_reads_a_summary_without_the_per_seed_field():
+  """A warm-up summary written before ``highest_trained_per_seed`` existed (the committed gpu report's,
+  at 20ad8f4) still gives the per-seed highest rate, read from the grid's recorded failures, and the
+  paired sentences; a summary without a grid gives none."""
+  from experiments.studies import flagship_answer
+  lo, hi = 0.001, 0.003
+  def cell(values, failures):
+    return {"values": values, "failures": failures}
+  grid = {f"post|{lo}|0": cell([2.5, 2.6], [None, None]), f"post|{hi}|0": cell([3.0, 2.7], ["stalled", None]),
+          f"post|{lo}|40": cell([2.4, 2.5], [None, None]), f"post|{hi}|40": cell([2.3, 2.35], [None, None]),
+          f"pre|{lo}|0": cell([2.2, 2.3], [None, None]), f"pre|{hi}|0": cell([2.1, 2.2], [None, None])}
+  old = {"grid": grid, "lrs": [lo, hi], "seeds": [0, 1], "config": {"warmups": [0, 40]}}
+  new = {**old, "highest_trained_per_seed": {"post|0": [lo, hi], "post|40": [hi, hi], "pre|0": [hi, hi]}}
+  assert flagship_answer.warmup_answer(old) == flagship_answer.warmup_answer(new)
+  text = " ".join(flagship_answer.warmup_answer(old))
+  assert "Post-LN without warm-up 0.001, 0.003, with warm-up 40 0.003, 0.003" in text
+  gain = text.split("gain in final loss is")[1]
+  assert _numbers(gain.split("nats")[0]) == pytest.approx([0.35, 0.7]) and "at 0.003." in gain
+  assert flagship_answer.warmup_answer({"config": {"warmups": [0, 40]}}) == []
 
 
 def test_answer_refuses_more_than_150_words(monkeypatch):

@@ -3,7 +3,9 @@
 :func:`warmup_answer` and :func:`depth_answer` read a study's summary (its ``done.json``) and return
 short sentences with numbers: the highest rate each layout trains at, per seed; Pre-LN minus Post-LN,
 paired; the warm-up gain; deep Post-LN against Pre-LN. They judge nothing: the verdicts are the rules'.
-Summaries without the issue-44 fields give no sentence.
+Summaries written before the issue-44 field ``highest_trained_per_seed`` (the gpu report's, at 20ad8f4) get
+the per-seed highest rate from the grid's recorded ``failures`` over every rate (:func:`_per_seed`), the
+same reading as ``warmup_rules.highest_trained``; a summary without a grid gives no sentence.
 """
 
 from __future__ import annotations
@@ -22,12 +24,30 @@ def _span(xs) -> str:
   return f"{lo:+z.2f}" if abs(hi - lo) < 5e-3 else f"{lo:+z.2f} to {hi:+z.2f}"
 
 
+def _per_seed(summary: dict, warmups: list[int]) -> dict:
+  """``highest_trained_per_seed`` if the summary has it, else read from the grid's per-seed ``failures``
+  (``{"pos|w": [lr or None per seed]}``; a layout missing from the grid is left out)."""
+  per = summary.get("highest_trained_per_seed")
+  if per:
+    return per
+  grid, lrs, out = summary.get("grid") or {}, summary.get("lrs") or [], {}
+  for pos, w in [("post", w) for w in warmups] + [("pre", 0)]:
+    cells = [(lr, grid.get(f"{pos}|{lr}|{w}")) for lr in lrs]
+    cells = [(lr, c) for lr, c in cells if c and "failures" in c]
+    if cells:
+      n = len(cells[0][1]["failures"])
+      out[f"{pos}|{w}"] = [max([lr for lr, c in cells if not c["failures"][i]], default=None) for i in range(n)]
+  return out
+
+
 def warmup_answer(summary: dict) -> list[str]:
   """Sentences from the warm-up grid's summary (see the module docstring)."""
-  per = summary.get("highest_trained_per_seed")
   grid = summary.get("grid") or {}
   warmups = (summary.get("config") or {}).get("warmups")
-  if not per or not warmups:
+  if not grid or not warmups:
+    return []
+  per = _per_seed(summary, warmups)
+  if not per:
     return []
   long_ = max(warmups)
   n = len(summary.get("seeds", []))
