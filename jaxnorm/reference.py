@@ -1,4 +1,4 @@
-r"""Plain ``jax.numpy`` LayerNorm, RMSNorm, DyT and Derf under JAX's autodiff: the oracle.
+r"""Plain ``jax.numpy`` LayerNorm, RMSNorm, gated RMSNorm, DyT and Derf under JAX's autodiff: the oracle.
 
 This module is the oracle of the test suite and the autodiff baseline of the benchmarks. It
 imports nothing from the rest of :mod:`jaxnorm` (no shared formula, no shared validation), so
@@ -57,7 +57,7 @@ import numbers
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["derf", "dyt", "layer_norm", "rms_norm"]
+__all__ = ["derf", "dyt", "gated_rms_norm", "layer_norm", "rms_norm"]
 
 # Written out here, not imported: the oracle depends on nothing in jaxnorm.
 _CASTINGS = ("float32", "llama", "t5")
@@ -209,3 +209,39 @@ def derf(x, alpha, shift, scale=None, bias=None, *, dtype=None):
   as :func:`dyt` (``erf`` from :func:`jax.lax.erf`, autodiff)."""
   xf, a, sh, s, b = _compute(x, alpha, shift, scale, bias)
   return _pointwise_affine(lax.erf(a * xf + sh), s, b, x, dtype)
+
+
+def gated_rms_norm(x, z, scale=None, *, epsilon=1e-6, group_size=None, norm_before_gate=True,
+                   dtype=None):
+  r"""Reference gated RMSNorm (autodiff), group-wise over the trailing axis.
+
+  With :math:`g = \operatorname{silu}(z) = z\,\sigma(z)` and the row split into groups of
+  ``group_size`` features (None: one group, the whole row), each normalized by its own
+  :math:`r = (\tfrac{1}{k}\sum_{i \in \text{group}} u_i^2 + \epsilon)^{-1/2}`:
+
+  .. math::
+
+     \text{norm\_before\_gate=True (Qwen3-Next, Mamba2's default): } u = x,\
+     y = \mathrm{rd}_O(\gamma \odot u\, r \odot g);\qquad
+     \text{False (gate first): } u = x \odot g,\ y = \mathrm{rd}_O(\gamma \odot u\, r).
+
+  The arithmetic runs in ``promote_types(x, z, scale, float32)``.
+
+  Returns:
+    ``y``, the shape of ``x``, in ``dtype`` (default ``x.dtype``).
+  """
+  dt = jnp.promote_types(jnp.result_type(*(a for a in (x, z, scale) if a is not None)),
+                         jnp.float32)
+  xf, zf = jnp.asarray(x).astype(dt), jnp.asarray(z).astype(dt)
+  d = x.shape[-1]
+  k = d if group_size is None else group_size
+  gate = zf * (1.0 / (1.0 + jnp.exp(-zf)))
+  u = xf if norm_before_gate else xf * gate
+  ug = u.reshape(u.shape[:-1] + (d // k, k))
+  r = lax.rsqrt(jnp.mean(jnp.square(ug), axis=-1, keepdims=True) + epsilon)
+  y = (ug * r).reshape(u.shape)
+  if scale is not None:
+    y = y * jnp.asarray(scale).astype(dt)
+  if norm_before_gate:
+    y = y * gate
+  return y.astype(dtype or x.dtype)
