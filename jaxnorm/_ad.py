@@ -26,7 +26,10 @@ with :math:`c` the variance-path factor (1 "inside"); for the fused op
 :math:`\dot h = \dot x + \alpha \dot r` and :math:`\dot y` the same map at ``h`` applied to
 :math:`\dot h`. The tangent is computed by XLA ops on every path.
 
-The primitive has every rule JAX asks of one (registered through :mod:`jaxnorm._jax_compat`):
+The primitive and the ``custom_jvp`` ops are built by the rule factory (:mod:`jaxnorm._rules`)
+from the family's declarations below (:data:`NORM`: operand names, tangent formula, derived
+backward, output types, how batching adds rows), as every family's are.
+It has every rule JAX asks of a primitive:
 abstract evaluation (outputs shaped like ``x``, varying over the union of the operands' mesh
 axes), lowering (the tangent formula), transposition (the derived VJP), its own JVP (autodiff of
 the formula, for second order) and batching. Batching keeps the derived rules for every batched
@@ -46,39 +49,26 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import jax
 import jax.numpy as jnp
 
 from jaxnorm import _backends
-from jaxnorm import _jax_compat as jc
 from jaxnorm import _math
 from jaxnorm import _xla
 from jaxnorm._memory_efficient import kept, recovered
-from jaxnorm._wide import wide_jvp, wide_tangent
-from jaxnorm._remat import name_residuals
 from jaxnorm._norm_config import NormConfig
+from jaxnorm._remat import name_residuals
+from jaxnorm._rules import Family, TangentRule
+from jaxnorm._wide import wide_jvp, wide_tangent
 
 __all__ = ["add_norm", "apply", "norm_tangent_p"]
 
 # Operand names of the primitive. Residuals first (``x`` is the normalized input: ``h`` for
 # the fused op), then the tangents it is linear in. Absent ones (no scale, no mask, RMSNorm's
-# shift/delta, a symbolic-zero tangent) are left out; ``operand_names`` lists the present ones in
-# order. ``y`` and ``bias`` stand in for ``x``, ``shift`` and ``delta`` with memory_efficient.
+# shift/delta, a symbolic-zero tangent) are left out. ``y`` and ``bias`` stand in for ``x``,
+# ``shift`` and ``delta`` with memory_efficient.
 _RESIDUALS = ("x", "y", "scale", "bias", "mask", "shift", "delta", "rstd")
 _TANGENTS = ("tx", "tr", "tscale", "tbias")
 _PARAMS = frozenset({"scale", "bias", "tscale", "tbias"})  # shape (groups..., d)
-
-
-def _named(operand_names, args) -> dict:
-  named = dict.fromkeys(_RESIDUALS + _TANGENTS)
-  named.update(zip(operand_names, args))
-  return named
-
-
-def _pack(**named):
-  """``(operand_names, args)`` for the primitive from keyword operands; None ones are left out."""
-  operand_names = tuple(k for k in _RESIDUALS + _TANGENTS if named.get(k) is not None)
-  return operand_names, [named[k] for k in operand_names]
 
 
 def _wide_backward(cfg: NormConfig, fn, xla_fn):
@@ -117,26 +107,14 @@ def _wide_backward(cfg: NormConfig, fn, xla_fn):
   return wide_jvp(fn, tangent_fn)
 
 
-def _over_groups(fn, groups: int, names: tuple = ()):
-  """``fn`` mapped over ``groups`` leading axes of every argument and result (``jax.vmap``).
-
-  ``names``: the ``jax.vmap`` axis name of each group axis (axis 0 first; None: unnamed, and
-  absent names are None). A named group is a ``jax.vmap`` axis that ``cfg.axis_name`` names:
-  the collectives inside ``fn`` then sum over that group, as they did over the user's axis.
-  """
-  names = tuple(names) + (None,) * (groups - len(names))
-  for name in reversed(names):  # the last wrap is the outermost: group axis 0
-    fn = jax.vmap(fn, axis_name=name)
-  return fn
-
-
 # ---------------------------------------------------------------------------------------------
-# The tangent formula (XLA ops: :func:`jaxnorm._xla.tangent`).
+# The family's declarations for the rule factory (:mod:`jaxnorm._rules`).
 
 
-def _formula_one(*args, cfg: NormConfig, operand_names):
-  """One group's value: ``[dot y]`` (plain op) or ``[dot y, dot h]`` (fused op)."""
-  a = recovered(cfg, _named(operand_names, args))
+def _formula(cfg: NormConfig, a: dict):
+  """One group's tangent (XLA ops, :func:`jaxnorm._xla.tangent`): ``[dot y]`` (plain op) or
+  ``[dot y, dot h]`` (fused op)."""
+  a = recovered(cfg, a)
   stats = (a["shift"], a["delta"], a["rstd"])
   if not cfg.has_add:
     return [_xla.tangent(cfg, a["x"], a["scale"], a["mask"], stats, a["tx"], a["tscale"],
@@ -155,196 +133,89 @@ def _formula_one(*args, cfg: NormConfig, operand_names):
   return [ty, th]
 
 
-def _formula(*args, cfg, operand_names, groups, group_names=()):
-  return _over_groups(functools.partial(_formula_one, cfg=cfg, operand_names=operand_names), groups,
-                      group_names)(*args)
-
-
-# ---------------------------------------------------------------------------------------------
-# The primitive and its rules.
-
-norm_tangent_p = jc.Primitive("jaxnorm_norm_tangent")
-norm_tangent_p.multiple_results = True
-norm_tangent_p.def_impl(_formula)
-jc.register_lowering(norm_tangent_p, _formula)
-
-
-def _abstract_eval(*avals, cfg, operand_names, groups, group_names=()):
-  """Outputs shaped like ``x``, varying over the union of every operand's mesh axes."""
-  del groups, group_names
-  axes = frozenset().union(*(jc.aval_varying_axes(av) for av in avals))
-  named = _named(operand_names, avals)
-  base = jc.with_varying_axes(named["x"] if named["x"] is not None else named["y"], axes)
-  dtypes = [cfg.out_dtype] + ([cfg.h_dtype] if cfg.has_add else [])
-  return [base.update(dtype=dt, weak_type=False) for dt in dtypes]
-
-
-norm_tangent_p.def_abstract_eval(_abstract_eval)
-
-
-def _cotangents_one(x, scale, mask, shift, delta, rstd, dy, dh, *, cfg: NormConfig, operand_names,
-                    dx_dtype=None):
-  """One group's derived VJP: a dict of the tangent operands' cotangents (``dx`` in
-  ``dx_dtype``, None: ``x``'s)."""
-  stats = (shift, delta, rstd)
+def _backward(cfg: NormConfig, a: dict, cts, wanted: dict) -> dict:
+  """One group's derived VJP (:func:`jaxnorm._backends.backward`, fused: ``add_backward``)."""
+  if "tbias" not in wanted and cfg.bias_dtype is not None:
+    cfg = dataclasses.replace(cfg, bias_dtype=None, bias_shape=None)  # no dbias wanted
+  # With memory_efficient, x is recovered from y in x's compute dtype: dx is cast to tx's dtype.
+  dx_dtype = None if a["x"] is not None or "tx" not in wanted else wanted["tx"][1]
+  a = recovered(cfg, a)
+  x, scale, mask = a["x"], a["scale"], a["mask"]
+  stats = (a["shift"], a["delta"], a["rstd"])
+  dy = jnp.zeros(x.shape, cfg.out_dtype) if cts[0] is None else cts[0]
   if not cfg.has_add:
     kw = {} if dx_dtype is None else {"dx_dtype": dx_dtype}
-    dx, dscale, dbias = _wide_backward(cfg, functools.partial(_backends.backward, cfg, **kw),
-                                       functools.partial(_backends.formula(cfg, "backward"),
-                                                         **kw))(
-        x, scale, mask, stats, dy)
+    dx, dscale, dbias = _wide_backward(
+        cfg, functools.partial(_backends.backward, cfg, **kw),
+        functools.partial(_backends.formula(cfg, "backward"), **kw))(x, scale, mask, stats, dy)
     return dict(zip(("tx", "tscale", "tbias"),
                     (dx, *_backends.param_cotangents(cfg, scale, dscale, dbias))))
+  dh = cts[1]  # None: h unused downstream, skipped
   return dict(zip(("tx", "tr", "tscale", "tbias"),
                   _wide_backward(cfg, functools.partial(_backends.add_backward, cfg),
                                  _backends.formula(cfg, "add_backward"))(
                       x, scale, mask, stats, dy, dh)))
 
 
-def _transpose(cts, *args, cfg: NormConfig, operand_names, groups, group_names=()):
-  """The hand-derived VJP (:func:`jaxnorm._backends.backward`, fused: ``add_backward``)."""
-  a = _named(operand_names, args)
-  for k in _RESIDUALS:
-    if jc.is_undefined_primal(a[k]):
-      raise ValueError(f"jaxnorm's tangent map is linear in the tangents only, not in {k!r}.")
-  if all(isinstance(ct, jc.Zero) for ct in cts):
-    return [None] * len(args)
-  if "tbias" not in operand_names and cfg.bias_dtype is not None:
-    cfg = _replace_bias(cfg)  # no dbias wanted
-  # With memory_efficient, x is recovered from y in x's compute dtype: dx is cast to tx's dtype.
-  dx_dtype = None if a["x"] is not None or a["tx"] is None else a["tx"].aval.dtype
-  a = recovered(cfg, a)
-  x = a["x"]
-  dy = cts[0]
-  dy = jnp.zeros(x.shape, cfg.out_dtype) if isinstance(dy, jc.Zero) else dy
-  dh = None if not cfg.has_add or isinstance(cts[1], jc.Zero) else cts[1]  # h unused: skipped
-  body = functools.partial(_cotangents_one, cfg=cfg, operand_names=operand_names,
-                           dx_dtype=dx_dtype)
-  d = _over_groups(body, groups, group_names)(x, a["scale"], a["mask"], a["shift"], a["delta"],
-                                              a["rstd"], dy, dh)
-  return [d.get(k) if k in _TANGENTS else None for k in operand_names]
+def _out_types(cfg: NormConfig, a: dict):
+  """Outputs shaped like ``x`` (or ``y``): ``y``'s dtype, and ``h``'s for the fused op."""
+  shape = (a["x"] if a["x"] is not None else a["y"]).shape
+  return [(shape, cfg.out_dtype)] + ([(shape, cfg.h_dtype)] if cfg.has_add else [])
 
 
-def _replace_bias(cfg: NormConfig) -> NormConfig:
-  return dataclasses.replace(cfg, bias_dtype=None, bias_shape=None)
+def _rows_batch(operand_names, args, dims, groups: int, size: int):
+  """No parameter batched: the batch axis of the row-like operands is more rows, right after the
+  ``groups`` leading group axes (unbatched ones broadcast). A batched parameter: None (a group
+  axis)."""
+  if any(dm is not None for k, dm in zip(operand_names, dims) if k in _PARAMS):
+    return None
+  new = []
+  for k, a, dm in zip(operand_names, args, dims):
+    if k not in _PARAMS:
+      if dm is None:
+        a = jnp.broadcast_to(jnp.expand_dims(a, groups),
+                             a.shape[:groups] + (size,) + a.shape[groups:])
+      else:
+        a = jnp.moveaxis(a, dm, groups)
+    new.append(a)
+  return new, groups
 
 
-jc.register_transpose(norm_tangent_p, _transpose)
+def _split_axes(cfg: NormConfig) -> tuple:
+  """The ``jax.vmap`` axes that split the features: those ``cfg.axis_name`` names."""
+  return cfg.axis_name if isinstance(cfg.axis_name, tuple) else (cfg.axis_name,)
 
 
-def _jvp(primals, tangents, *, cfg, operand_names, groups, group_names=()):
-  """Second order: the primitive again for the value, autodiff of the formula for the tangent."""
-  live = [i for i, t in enumerate(tangents) if not isinstance(t, jc.Zero)]
+NORM = Family("norm", _RESIDUALS, _TANGENTS, _PARAMS, _formula, _backward, _out_types,
+              rows_batch=_rows_batch, split_axes=_split_axes, second_order=wide_tangent)
+"""The norm family's declaration for :class:`jaxnorm._rules.TangentRule`."""
 
-  def f(*vals):
-    args = list(primals)
-    for i, val in zip(live, vals):
-      args[i] = val
-    return _formula(*args, cfg=cfg, operand_names=operand_names, groups=groups,
-                    group_names=group_names)
-
-  out = norm_tangent_p.bind(*primals, cfg=cfg, operand_names=operand_names, groups=groups,
-                            group_names=group_names)
-  return out, wide_tangent(f, [primals[i] for i in live], [tangents[i] for i in live], out)
-
-
-jc.register_jvp(norm_tangent_p, _jvp)
-
-
-def _batch(args, dims, *, vmap_axis_name, vmap_axis_size, cfg, operand_names, groups,
-           group_names=()):
-  """Batching that keeps the primitive (and so the derived transpose) for every operand.
-
-  No parameter batched: the batch axis of the row-like operands is more rows, placed right
-  after the ``groups`` leading group axes. A parameter batched, or a ``jax.vmap`` axis that
-  ``cfg.axis_name`` names (the normalized features split over the vmap axis, as over a mesh
-  axis in ``shard_map``): the batch axis becomes a new leading group axis of every operand
-  (unbatched ones are broadcast along it; all of them when none is mapped over a named axis:
-  every slice then holds the same values, as JAX's ``psum`` of an unmapped value assumes),
-  named after the vmap axis in the second case, so that the rules' collectives over
-  ``axis_name`` sum over it.
-  """
-  names = cfg.axis_name if isinstance(cfg.axis_name, tuple) else (cfg.axis_name,)
-  split = vmap_axis_name is not None and vmap_axis_name in names
-  if all(dm is None for dm in dims) and not split:  # nothing batched here
-    out = norm_tangent_p.bind(*args, cfg=cfg, operand_names=operand_names, groups=groups,
-                              group_names=group_names)
-    return out, [None] * len(out)
-  size = next((a.shape[dm] for a, dm in zip(args, dims) if dm is not None), vmap_axis_size)
-  if not split and not any(dm is not None for k, dm in zip(operand_names, dims) if k in _PARAMS):
-    new = []
-    for k, a, dm in zip(operand_names, args, dims):
-      if k not in _PARAMS:
-        if dm is None:
-          a = jnp.broadcast_to(jnp.expand_dims(a, groups),
-                               a.shape[:groups] + (size,) + a.shape[groups:])
-        else:
-          a = jnp.moveaxis(a, dm, groups)
-      new.append(a)
-    out = norm_tangent_p.bind(*new, cfg=cfg, operand_names=operand_names, groups=groups,
-                              group_names=group_names)
-    return out, [groups] * len(out)
-  new = [jnp.broadcast_to(a, (size,) + a.shape) if dm is None else jnp.moveaxis(a, dm, 0)
-         for a, dm in zip(args, dims)]
-  inner = tuple(group_names) + (None,) * (groups - len(group_names))
-  out = norm_tangent_p.bind(*new, cfg=cfg, operand_names=operand_names, groups=groups + 1,
-                            group_names=((vmap_axis_name if split else None),) + inner)
-  return out, [0] * len(out)
-
-
-jc.register_batching(norm_tangent_p, _batch)
+_RULE = TangentRule(NORM)
+norm_tangent_p = _RULE.primitive
 
 
 # ---------------------------------------------------------------------------------------------
 # The custom_jvp ops.
 
 
-def _live(tangents):
-  return tuple(None if jc.is_symbolic_zero(t) else t for t in tangents)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _norm(cfg: NormConfig, x, scale, bias, mask):
-  return _backends.forward_only(cfg, x, scale, bias, mask)
-
-
-def _norm_jvp(cfg: NormConfig, primals, tangents):
-  x, scale, bias, mask = primals
-  tx, tscale, tbias, _ = _live(tangents)
+def _norm_forward(cfg: NormConfig, x, scale, bias, mask):
   y, stats = wide_jvp(functools.partial(_backends.forward, cfg))(x, scale, bias, mask)
-  if tx is None and tscale is None and tbias is None:
-    return y, jnp.zeros(y.shape, y.dtype)
   # What reverse mode saves (x and the statistics, or y and rstd), tagged with the remat names.
   residuals, y = kept(cfg, x, y, bias, stats)
-  operand_names, args = _pack(**residuals, scale=scale, mask=mask, tx=tx, tscale=tscale,
-                              tbias=tbias)
-  (ty,) = norm_tangent_p.bind(*args, cfg=cfg, operand_names=operand_names, groups=0)
-  return y, ty
+  return y, dict(residuals, scale=scale, mask=mask)
 
 
-_norm.defjvp(_norm_jvp, symbolic_zeros=True)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _add_norm(cfg: NormConfig, x, residual, scale, bias, mask):
-  return _backends.add_forward_only(cfg, x, residual, scale, bias, mask)
-
-
-def _add_norm_jvp(cfg: NormConfig, primals, tangents):
-  x, residual, scale, bias, mask = primals
-  tx, tr, tscale, tbias, _ = _live(tangents)
+def _add_norm_forward(cfg: NormConfig, x, residual, scale, bias, mask):
   y, h, stats = wide_jvp(functools.partial(_backends.add_forward, cfg))(
       x, residual, scale, bias, mask)
-  if tx is None and tr is None and tscale is None and tbias is None:
-    return (y, h), (jnp.zeros(y.shape, y.dtype), jnp.zeros(h.shape, h.dtype))
   h_saved, stats = name_residuals(h, stats)  # what reverse mode saves carries the remat names
-  operand_names, args = _pack(x=h_saved, scale=scale, mask=mask, shift=stats[0], delta=stats[1],
-                     rstd=stats[2], tx=tx, tr=tr, tscale=tscale, tbias=tbias)
-  ty, th = norm_tangent_p.bind(*args, cfg=cfg, operand_names=operand_names, groups=0)
-  return (y, h), (ty, th)
+  return (y, h), dict(x=h_saved, scale=scale, mask=mask, shift=stats[0], delta=stats[1],
+                      rstd=stats[2])
 
 
-_add_norm.defjvp(_add_norm_jvp, symbolic_zeros=True)
+_norm = _RULE.op(_backends.forward_only, _norm_forward, ("tx", "tscale", "tbias", None))
+_add_norm = _RULE.op(_backends.add_forward_only, _add_norm_forward,
+                     ("tx", "tr", "tscale", "tbias", None))
 
 
 def apply(cfg: NormConfig, x2, scale, bias, mask2):

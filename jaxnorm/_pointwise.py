@@ -25,14 +25,15 @@ and its transpose, with :math:`g = \bar y \odot \gamma \varphi'(u)`:
 :math:`\bar\gamma = \Sigma\, \bar y \varphi(u)`, :math:`\bar\beta = \Sigma\, \bar y`, each sum
 over the axes its parameter is broadcast along.
 
-Differentiation follows the norms' design (:mod:`jaxnorm._ad`): a ``jax.custom_jvp`` whose
-tangent is ``pointwise_tangent_p``, a primitive linear in the tangents whose transpose rule is
-the backward above. ``jax.grad`` therefore runs the derived VJP; the primitive's own JVP
-(autodiff of the tangent formula) serves higher orders, and its batching rule keeps the
-primitive for batched parameters. Inside the primitive every operand has ``x``'s rank (the
-parameters carry leading size-1 axes), so broadcasting alone aligns them and a cotangent is
-its operand's shape by summing the broadcast axes. Reverse mode keeps ``x`` and the parameters
-(``x`` tagged :data:`jaxnorm.INPUT_RESIDUAL`) and recomputes :math:`u` and :math:`\varphi(u)`.
+Differentiation is built by the rule factory (:mod:`jaxnorm._rules`), as for the norms: a
+``jax.custom_jvp`` whose tangent is ``pointwise_tangent_p``, a primitive linear in the tangents
+whose transpose rule is the backward above. ``jax.grad`` therefore runs the derived VJP; the
+primitive's own JVP (autodiff of the tangent formula) serves higher orders, and its batching
+rule keeps the primitive for batched parameters. Inside the primitive every operand has
+``x``'s rank (the parameters carry leading size-1 axes), so broadcasting alone aligns them and a
+cotangent is its operand's shape by summing the broadcast axes. Reverse mode keeps ``x`` and the
+parameters (``x`` tagged :data:`jaxnorm.INPUT_RESIDUAL`) and recomputes :math:`u` and
+:math:`\varphi(u)`.
 
 Numerics: the arithmetic runs in ``promote_types(x, parameters, float32)``, so bfloat16 and
 float16 inputs are computed in float32 and rounded once; cotangents come back in the dtypes of
@@ -42,18 +43,16 @@ their primals.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, Callable
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxnorm import _jax_compat as jc
 from jaxnorm import _validation as v
 from jaxnorm._remat import INPUT_RESIDUAL
+from jaxnorm._rules import Family, TangentRule
 
 __all__ = ["DERF", "DYT", "PointwiseConfig", "Squash", "apply", "jacobian_diagonal", "prepare",
            "pointwise_tangent_p"]
@@ -224,130 +223,59 @@ def backward(cfg: PointwiseConfig, x, alpha, shift, scale, dy, wanted: dict):
 
 
 # ---------------------------------------------------------------------------------------------
-# The tangent primitive: linear in the tangents, transposed by the derived backward.
+# The family's declarations for the rule factory (:mod:`jaxnorm._rules`): the tangent primitive
+# is linear in the tangents and transposed by the derived backward.
 
 _RESIDUALS = ("x", "alpha", "shift", "scale")
 _TANGENTS = ("tx", "talpha", "tshift", "tscale", "tbias")
 
 
-def _named(operand_names, args) -> dict:
-  named = dict.fromkeys(_RESIDUALS + _TANGENTS)
-  named.update(zip(operand_names, args))
-  return named
-
-
-def _formula(*args, cfg: PointwiseConfig, operand_names):
-  a = _named(operand_names, args)
+def _formula(cfg: PointwiseConfig, a: dict):
   return [_tangent(cfg, *(a[k] for k in _RESIDUALS + _TANGENTS))]
 
 
-pointwise_tangent_p = jc.Primitive("jaxnorm_pointwise_tangent")
-pointwise_tangent_p.multiple_results = True  # one result, ``[dot y]``: the lowering helper's form
-pointwise_tangent_p.def_impl(_formula)
-jc.register_lowering(pointwise_tangent_p, _formula)
+def _backward(cfg: PointwiseConfig, a: dict, cts, wanted: dict) -> dict:
+  (ct,) = cts  # never None: the factory answers an all-zero cotangent itself
+  return backward(cfg, a["x"], a["alpha"], a["shift"], a["scale"], ct, wanted)
 
 
-def _abstract_eval(*avals, cfg: PointwiseConfig, operand_names):
-  """The broadcast shape of the operands, varying over the union of their mesh axes."""
-  del operand_names
-  shape = jnp.broadcast_shapes(*(av.shape for av in avals))
-  axes = frozenset().union(*(jc.aval_varying_axes(av) for av in avals))
-  base = avals[0].update(shape=shape, dtype=cfg.out_dtype, weak_type=False)
-  return [jc.with_varying_axes(base, axes)]
+def _out_types(cfg: PointwiseConfig, a: dict):
+  """The broadcast shape of the operands, in ``y``'s dtype."""
+  return [(jnp.broadcast_shapes(*(av.shape for av in a.values() if av is not None)),
+           cfg.out_dtype)]
 
 
-pointwise_tangent_p.def_abstract_eval(_abstract_eval)
-
-
-def _aval(a):
-  return a.aval if jc.is_undefined_primal(a) else jax.typeof(a)
-
-
-def _transpose(cts, *args, cfg: PointwiseConfig, operand_names):
-  """The derived VJP (:func:`backward`), each cotangent summed over the mesh axes its operand
-  is replicated on."""
-  a = _named(operand_names, args)
-  for k in _RESIDUALS:
-    if a[k] is not None and jc.is_undefined_primal(a[k]):
-      raise ValueError(f"jaxnorm's pointwise tangent map is linear in the tangents only, not in "
-                       f"{k!r}.")
-  (ct,) = cts
-  if isinstance(ct, jc.Zero):
-    return [None] * len(args)
-  wanted = {k: (_aval(a[k]).shape, _aval(a[k]).dtype) for k in _TANGENTS if a[k] is not None}
-  cts = backward(cfg, a["x"], a["alpha"], a["shift"], a["scale"], ct, wanted)
-  for k, c in cts.items():
-    extra = jc.varying_axes(c) - jc.aval_varying_axes(_aval(a[k]))
-    if extra:
-      cts[k] = lax.psum(c, tuple(sorted(extra, key=str)))
-  return [cts.get(k) for k in operand_names]
-
-
-jc.register_transpose(pointwise_tangent_p, _transpose)
-
-
-def _jvp(primals, tangents, *, cfg: PointwiseConfig, operand_names):
-  """Higher orders: the primitive for the value, autodiff of the formula for the tangent."""
-  live = [i for i, t in enumerate(tangents) if not isinstance(t, jc.Zero)]
-
-  def f(*vals):
-    args = list(primals)
-    for i, val in zip(live, vals):
-      args[i] = val
-    return _formula(*args, cfg=cfg, operand_names=operand_names)
-
-  out = pointwise_tangent_p.bind(*primals, cfg=cfg, operand_names=operand_names)
-  _, tout = jax.jvp(f, [primals[i] for i in live], [tangents[i] for i in live])
-  return out, tout
-
-
-jc.register_jvp(pointwise_tangent_p, _jvp)
-
-
-def _batch(args, dims, *, vmap_axis_name, vmap_axis_size, cfg: PointwiseConfig, operand_names):
+def _rows_batch(operand_names, args, dims, groups: int, size: int):
   """Batch axes to the front; an unbatched operand gets a size-1 axis and broadcasts.
 
   Every operand then has one more axis and the primitive applies as it is: a batched
   parameter (ensembles, ``jax.jacfwd`` in the parameters) keeps its own values per batch
   entry and its cotangent, summed to its shape, stays per entry.
   """
-  del vmap_axis_name, vmap_axis_size
-  new = [jnp.expand_dims(a, 0) if d is None else jnp.moveaxis(a, d, 0)
-         for a, d in zip(args, dims)]
-  return pointwise_tangent_p.bind(*new, cfg=cfg, operand_names=operand_names), [0]
+  del operand_names, groups, size
+  return [jnp.expand_dims(a, 0) if d is None else jnp.moveaxis(a, d, 0)
+          for a, d in zip(args, dims)], 0
 
 
-jc.register_batching(pointwise_tangent_p, _batch)
+POINTWISE = Family("pointwise", _RESIDUALS, _TANGENTS, frozenset(), _formula, _backward,
+                   _out_types, rows_batch=_rows_batch)
+"""The pointwise family's declaration for :class:`jaxnorm._rules.TangentRule`."""
+
+_RULE = TangentRule(POINTWISE)
+pointwise_tangent_p = _RULE.primitive
 
 
 # ---------------------------------------------------------------------------------------------
 # The custom_jvp op.
 
 
-def _live(t):
-  return None if t is None or jc.is_symbolic_zero(t) else t
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _pointwise(cfg: PointwiseConfig, x, alpha, shift, scale, bias):
-  return forward(cfg, x, alpha, shift, scale, bias)
-
-
-def _pointwise_jvp(cfg: PointwiseConfig, primals, tangents):
-  x, alpha, shift, scale, bias = primals
+def _forward(cfg: PointwiseConfig, x, alpha, shift, scale, bias):
+  """The value and what reverse mode keeps: ``x`` (tagged) and the parameters it reads."""
   y = forward(cfg, x, alpha, shift, scale, bias)
-  tx, talpha, tshift, tscale, tbias = (_live(t) for t in tangents)
-  named = dict(x=checkpoint_name(x, INPUT_RESIDUAL), alpha=alpha, shift=shift,
-               scale=scale, tx=tx, talpha=talpha, tshift=tshift, tscale=tscale, tbias=tbias)
-  operand_names = tuple(k for k in _RESIDUALS + _TANGENTS if named[k] is not None)
-  if not set(operand_names) & set(_TANGENTS):
-    return y, jnp.zeros(y.shape, y.dtype)
-  (ty,) = pointwise_tangent_p.bind(*(named[k] for k in operand_names), cfg=cfg,
-                                   operand_names=operand_names)
-  return y, ty
+  return y, dict(x=checkpoint_name(x, INPUT_RESIDUAL), alpha=alpha, shift=shift, scale=scale)
 
 
-_pointwise.defjvp(_pointwise_jvp, symbolic_zeros=True)
+_pointwise = _RULE.op(forward, _forward, _TANGENTS)
 
 
 def apply(cfg: PointwiseConfig, x, alpha, shift, scale, bias):

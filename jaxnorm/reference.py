@@ -1,4 +1,4 @@
-r"""Plain ``jax.numpy`` LayerNorm, RMSNorm, gated RMSNorm, DyT and Derf under JAX's autodiff: the oracle.
+r"""Plain ``jax.numpy`` norms (LayerNorm, RMSNorm, gated RMSNorm), DyT and Derf under autodiff.
 
 This module is the oracle of the test suite and the autodiff baseline of the benchmarks. It
 imports nothing from the rest of :mod:`jaxnorm` (no shared formula, no shared validation), so

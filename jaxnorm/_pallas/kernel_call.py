@@ -32,6 +32,7 @@ from jaxnorm import _jax_compat as jc
 from jaxnorm import _validation as v
 from jaxnorm._pallas.config import GPU_PLATFORMS as PLATFORMS
 from jaxnorm._norm_config import NormConfig
+from jaxnorm._rules import jvp_by_formula
 
 __all__ = ["kernel_call"]
 
@@ -120,19 +121,11 @@ def _abstract_eval(*avals, cfg, fn, tree, groups, elsewhere):
 
 
 def _jvp(primals, tangents, *, cfg, fn, tree, groups, elsewhere):
-  out = kernel_call_p.bind(*primals, cfg=cfg, fn=fn, tree=tree, groups=groups,
-                           elsewhere=elsewhere)
-  live = [i for i, t in enumerate(tangents) if not isinstance(t, jc.Zero)]
+  """The value from the primitive again, the tangent by autodiff of ``fn`` on the XLA path (the
+  rule factory's :func:`jaxnorm._rules.jvp_by_formula`)."""
+  params = dict(cfg=cfg, fn=fn, tree=tree, groups=groups, elsewhere=elsewhere)
   xla = _flat_fn(dataclasses.replace(cfg, impl="xla"), fn, tree, groups)
-
-  def f(*vals):
-    args = list(primals)
-    for i, val in zip(live, vals):
-      args[i] = val
-    return xla(*args)
-
-  _, t_out = jax.jvp(f, [primals[i] for i in live], [tangents[i] for i in live])
-  return out, [t.reshape(o.shape).astype(o.dtype) for t, o in zip(t_out, out)]
+  return jvp_by_formula(kernel_call_p, primals, tangents, params, xla)
 
 
 def _batch(args, dims, *, vmap_axis_name, vmap_axis_size, cfg, fn, tree, groups, elsewhere):
