@@ -23,6 +23,7 @@ from jaxnorm._remat import INPUT_RESIDUAL as INPUT_RESIDUAL
 from jaxnorm._remat import OUTPUT_RESIDUAL as OUTPUT_RESIDUAL
 from jaxnorm._remat import STATS_RESIDUAL as STATS_RESIDUAL
 from jaxnorm._casting import CASTINGS as CASTINGS
+from jaxnorm._gated import gated_rms_norm as gated_rms_norm
 from jaxnorm._pointwise_ops import derf as derf
 from jaxnorm._pointwise_ops import derf_jacobian as derf_jacobian
 from jaxnorm._pointwise_ops import dyt as dyt
@@ -46,6 +47,7 @@ __all__ = [
     "derf_jacobian",
     "dyt",
     "dyt_jacobian",
+    "gated_rms_norm",
     "layer_norm",
     "layer_norm_jacobian",
     "pallas_compiles_on",

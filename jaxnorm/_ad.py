@@ -57,7 +57,7 @@ from jaxnorm import _xla
 from jaxnorm._memory_efficient import kept, recovered
 from jaxnorm._norm_config import NormConfig
 from jaxnorm._remat import name_residuals
-from jaxnorm._rules import Family, TangentRule
+from jaxnorm._rules import Family, TangentRule, rows_of
 from jaxnorm._wide import wide_jvp, wide_tangent
 
 __all__ = ["add_norm", "apply", "norm_tangent_p"]
@@ -163,31 +163,13 @@ def _out_types(cfg: NormConfig, a: dict):
   return [(shape, cfg.out_dtype)] + ([(shape, cfg.h_dtype)] if cfg.has_add else [])
 
 
-def _rows_batch(operand_names, args, dims, groups: int, size: int):
-  """No parameter batched: the batch axis of the row-like operands is more rows, right after the
-  ``groups`` leading group axes (unbatched ones broadcast). A batched parameter: None (a group
-  axis)."""
-  if any(dm is not None for k, dm in zip(operand_names, dims) if k in _PARAMS):
-    return None
-  new = []
-  for k, a, dm in zip(operand_names, args, dims):
-    if k not in _PARAMS:
-      if dm is None:
-        a = jnp.broadcast_to(jnp.expand_dims(a, groups),
-                             a.shape[:groups] + (size,) + a.shape[groups:])
-      else:
-        a = jnp.moveaxis(a, dm, groups)
-    new.append(a)
-  return new, groups
-
-
 def _split_axes(cfg: NormConfig) -> tuple:
   """The ``jax.vmap`` axes that split the features: those ``cfg.axis_name`` names."""
   return cfg.axis_name if isinstance(cfg.axis_name, tuple) else (cfg.axis_name,)
 
 
 NORM = Family("norm", _RESIDUALS, _TANGENTS, _PARAMS, _formula, _backward, _out_types,
-              rows_batch=_rows_batch, split_axes=_split_axes, second_order=wide_tangent)
+              rows_batch=rows_of(_PARAMS), split_axes=_split_axes, second_order=wide_tangent)
 """The norm family's declaration for :class:`jaxnorm._rules.TangentRule`."""
 
 _RULE = TangentRule(NORM)

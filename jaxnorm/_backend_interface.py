@@ -57,6 +57,13 @@ class Backend:
     has no objection)."""
     return self.refusal(x2_shape, dtype, mask, axis_name, op, options) is None
 
+  def role(self, op, name: str):
+    """The function ``(cfg, *args)`` that runs the role ``name`` ("forward", "backward", ...) of
+    ``op``, an op outside the norm family's methods (its declaration, e.g. gated RMSNorm's), on
+    this backend. The default runs the op's own XLA formulas, which its declaration names
+    (``op.xla_roles``); a kernel backend returns its kernels for the ops it allows."""
+    return dict(op.xla_roles)[name]
+
   def add_refusal(self, dtypes) -> str | None:
     """Why this backend cannot take a residual add's ``(name, dtype)`` pairs, or None."""
     del dtypes

@@ -37,7 +37,8 @@ from jaxnorm._xla_backend import XLA
 
 __all__ = ["ALIASES", "BACKENDS", "PER_PLATFORM", "PLATFORM_BACKENDS", "PREFERENCE",
            "add_backward", "add_forward", "add_forward_only", "backward", "formula", "forward",
-           "forward_only", "param_cotangents", "resolve_add_impl", "resolve_impl", "run"]
+           "forward_only", "param_cotangents", "resolve_add_impl", "resolve_impl", "run",
+           "run_role"]
 
 BACKENDS = types.MappingProxyType({XLA.name: XLA, TRITON.name: TRITON})
 ALIASES = types.MappingProxyType({"pallas": "triton"})  # accepted names of a backend
@@ -114,6 +115,24 @@ class _Method:
     return getattr(BACKENDS[cfg.impl], self.name)(cfg, *args, **dict(self.static))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Role:
+  """``BACKENDS[cfg.impl].role(cfg.op, name)(cfg, *args)``: one role of an op outside the norm
+  family's methods (gated RMSNorm's "forward", ...), hashable as :class:`_Method`."""
+
+  name: str
+
+  def __call__(self, cfg, *args):
+    return BACKENDS[cfg.impl].role(cfg.op, self.name)(cfg, *args)
+
+
+def run_role(cfg, name: str, *args):
+  """The role ``name`` of the call's op (``cfg.op``, not a norm-family op) on the resolved
+  ``cfg.impl``, dispatched per platform as :func:`run`. ``cfg`` is the op's config: it has
+  ``op``, ``impl`` and ``pallas`` fields."""
+  return _dispatch(cfg, _Role(name), *args)
+
+
 def run(cfg: NormConfig, name: str, *args, **static):
   """The backend method ``name`` of the resolved ``cfg.impl`` on ``args``.
 
@@ -125,7 +144,12 @@ def run(cfg: NormConfig, name: str, *args, **static):
   dtypes. The kernels run behind :func:`jaxnorm._pallas.kernel_call.kernel_call`, so every
   branch can be differentiated again.
   """
-  fn = _Method(name, tuple(sorted(static.items())))
+  return _dispatch(cfg, _Method(name, tuple(sorted(static.items()))), *args)
+
+
+def _dispatch(cfg, fn, *args):
+  """``fn(cfg, *args)`` on ``cfg.impl``: directly for the fallback, behind the kernel-call
+  primitive for a named kernel backend, per lowering platform for :data:`PER_PLATFORM`."""
   if cfg.impl == _FALLBACK:
     return fn(cfg, *args)
   if cfg.impl != PER_PLATFORM:

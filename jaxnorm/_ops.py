@@ -1,14 +1,15 @@
 """The table of jaxnorm's ops, :data:`OPS`: the one list of op names, every other table its view.
 
 An op is declared where its family lives (the norms in :mod:`jaxnorm._norm_ops`, the pointwise
-ops in :mod:`jaxnorm._pointwise`); this table names it once, with its declaration, its public
-function (and its residual add + norm function, if it has one), its autodiff oracle in
-:mod:`jaxnorm.reference`, the names of its parameters after ``x`` and its layer class in
-:mod:`jaxnorm.nnx` and :mod:`jaxnorm.linen`. Every other list of ops is derived from it:
-:data:`NORM_OPS` (the norm family's declarations), :data:`POINTWISE_OPS`, the layers' kinds,
-the model's norm types and the benchmark's ops (:func:`names`). A dispatch on an op's name is
-:func:`lookup`, which raises a ``ValueError`` naming the argument on an unknown name. A new op
-adds its own modules and one entry here (``docs/ops.md`` lists what else it touches).
+ops in :mod:`jaxnorm._pointwise`, gated RMSNorm in :mod:`jaxnorm._gated`); this table names it
+once, with its declaration, its public function (and its residual add + norm function, if it
+has one), its autodiff oracle in :mod:`jaxnorm.reference`, its inputs, the names of its
+parameters and its layer class in :mod:`jaxnorm.nnx` and :mod:`jaxnorm.linen`. Every other list
+of ops is derived from it: :data:`NORM_OPS` (the norm family's declarations),
+:data:`POINTWISE_OPS`, the layers' kinds, the model's norm types (:func:`layer_replacements`)
+and the benchmark's ops (:func:`names`). A dispatch on an op's name is :func:`lookup`, which
+raises a ``ValueError`` naming the argument on an unknown name. A new op adds its own modules
+and one entry here (``docs/ops.md`` lists what else it touches).
 """
 
 from __future__ import annotations
@@ -20,17 +21,19 @@ from typing import Any, Callable
 from jaxnorm import _validation as v
 from jaxnorm import reference
 from jaxnorm._add_norm import add_layer_norm, add_rms_norm
+from jaxnorm._gated import GATED_RMS_NORM, gated_rms_norm
 from jaxnorm._layer_norm import layer_norm
 from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 from jaxnorm._pointwise import DERF, DYT
 from jaxnorm._pointwise_ops import derf, dyt
 from jaxnorm._rms_norm import rms_norm
 
-__all__ = ["NORM_FAMILY", "NORM_OPS", "OPS", "POINTWISE_FAMILY", "POINTWISE_OPS", "Op", "lookup",
-           "names"]
+__all__ = ["GATED_FAMILY", "NORM_FAMILY", "NORM_OPS", "OPS", "POINTWISE_FAMILY", "POINTWISE_OPS",
+           "Op", "layer_replacements", "lookup", "names"]
 
 NORM_FAMILY = "norm"  # statistics over the normalized axes (LayerNorm, RMSNorm)
 POINTWISE_FAMILY = "pointwise"  # one element at a time (DyT, Derf)
+GATED_FAMILY = "gated"  # a norm of x gated by a second input z (gated RMSNorm)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,15 +42,18 @@ class Op:
 
   Attributes:
     name: the op's name (``jaxnorm.<name>``, ``TransformerConfig(norm_type=<name>)``).
-    family: :data:`NORM_FAMILY` or :data:`POINTWISE_FAMILY`.
-    decl: its declaration in its family's module (a :class:`~jaxnorm._norm_ops.NormOp` or a
-      :class:`~jaxnorm._pointwise.Squash`), whose ``name`` is :attr:`name`.
+    family: :data:`NORM_FAMILY`, :data:`POINTWISE_FAMILY` or :data:`GATED_FAMILY`.
+    decl: its declaration in its family's module (a :class:`~jaxnorm._norm_ops.NormOp`, a
+      :class:`~jaxnorm._pointwise.Squash` or a :class:`~jaxnorm._gated.GatedOp`), whose
+      ``name`` is :attr:`name`.
     fn: the public op.
     reference: its autodiff oracle, called with the same arguments.
-    params: the names of its array parameters after ``x``, in call order (all positional).
+    params: the names of its array parameters after its inputs, in call order (positional).
     layer: the class name of its layer in :mod:`jaxnorm.nnx` and :mod:`jaxnorm.linen`.
     add_fn: the public residual add + norm op, ``(y, h) = add_fn(x, residual, *params)``, or
       None where the op has none.
+    inputs: its row-shaped array inputs, first in the call (``("x",)``; gated RMSNorm's
+      ``("x", "z")``): an op with the one input ``x`` can stand where a norm layer stands.
   """
 
   name: str
@@ -58,6 +64,7 @@ class Op:
   params: tuple[str, ...]
   layer: str
   add_fn: Callable | None = None
+  inputs: tuple[str, ...] = ("x",)
 
 
 OPS = types.MappingProxyType({
@@ -69,12 +76,21 @@ OPS = types.MappingProxyType({
               "DyT"),
     "derf": Op("derf", POINTWISE_FAMILY, DERF, derf, reference.derf,
                ("alpha", "shift", "scale", "bias"), "Derf"),
+    "gated_rms_norm": Op("gated_rms_norm", GATED_FAMILY, GATED_RMS_NORM, gated_rms_norm,
+                         reference.gated_rms_norm, ("scale",), "GatedRMSNorm",
+                         inputs=("x", "z")),
 })
 
 
 def names(family: str | None = None) -> tuple[str, ...]:
   """The names of :data:`OPS` (of one ``family`` if given), in the table's order."""
   return tuple(n for n, op in OPS.items() if family is None or op.family == family)
+
+
+def layer_replacements() -> tuple[str, ...]:
+  """The names of :data:`OPS` that can stand where a norm layer stands: those whose one input
+  is ``x`` (a model's ``norm_type`` and ``qk_norm``)."""
+  return tuple(n for n, op in OPS.items() if op.inputs == ("x",))
 
 
 def lookup(name: Any, argument: str, family: str | None = None) -> Op:

@@ -45,7 +45,7 @@ from jax import lax
 
 from jaxnorm import _jax_compat as jc
 
-__all__ = ["Family", "TangentRule", "jvp_by_formula", "over_groups", "plain_tangent"]
+__all__ = ["Family", "TangentRule", "jvp_by_formula", "over_groups", "plain_tangent", "rows_of"]
 
 
 def plain_tangent(fn, primals, tangents, out):
@@ -83,6 +83,29 @@ def over_groups(fn, groups: int, names: tuple = ()):
   for name in reversed(names):  # the last wrap is the outermost: group axis 0
     fn = jax.vmap(fn, axis_name=name)
   return fn
+
+
+def rows_of(params: frozenset):
+  """A :attr:`Family.rows_batch` for families whose row-like operands (every operand not in
+  ``params``) share their leading axes: with no parameter batched, the batch axis of the
+  row-like operands is more rows, placed right after the ``groups`` leading group axes
+  (unbatched ones are broadcast); with a parameter batched, None (a group axis)."""
+
+  def rows_batch(operand_names, args, dims, groups: int, size: int):
+    if any(dm is not None for k, dm in zip(operand_names, dims) if k in params):
+      return None
+    new = []
+    for k, a, dm in zip(operand_names, args, dims):
+      if k not in params:
+        if dm is None:
+          a = jnp.broadcast_to(jnp.expand_dims(a, groups),
+                               a.shape[:groups] + (size,) + a.shape[groups:])
+        else:
+          a = jnp.moveaxis(a, dm, groups)
+      new.append(a)
+    return new, groups
+
+  return rows_batch
 
 
 def _no_split(cfg) -> tuple:

@@ -58,9 +58,10 @@ from jax.nn import initializers
 
 from jaxnorm import _module_common as common
 from jaxnorm import _validation as v
+from jaxnorm._gated_linen import GatedRMSNorm as GatedRMSNorm
 from jaxnorm._ops import OPS
 
-__all__ = ["Derf", "DyT", "LayerNorm", "RMSNorm"]
+__all__ = ["Derf", "DyT", "GatedRMSNorm", "LayerNorm", "RMSNorm"]
 
 
 def _params(mdl: nn.Module, x: jax.Array, use_scale: bool, use_bias: bool):

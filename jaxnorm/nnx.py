@@ -59,9 +59,10 @@ from flax.typing import Axes, Dtype, Initializer, PromoteDtypeFn
 
 from jaxnorm import _module_common as common
 from jaxnorm import _validation as v
+from jaxnorm._gated_nnx import GatedRMSNorm as GatedRMSNorm
 from jaxnorm._ops import OPS
 
-__all__ = ["Derf", "DyT", "LayerNorm", "RMSNorm"]
+__all__ = ["Derf", "DyT", "GatedRMSNorm", "LayerNorm", "RMSNorm"]
 
 
 def _value(param: tp.Any) -> tp.Any:

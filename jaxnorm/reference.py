@@ -241,7 +241,7 @@ def gated_rms_norm(x, z, scale=None, *, epsilon=1e-6, group_size=None, norm_befo
   r = lax.rsqrt(jnp.mean(jnp.square(ug), axis=-1, keepdims=True) + epsilon)
   y = (ug * r).reshape(u.shape)
   if scale is not None:
-    y = y * jnp.asarray(scale).astype(dt)
+    y = y * jnp.asarray(scale).astype(dt).reshape((1,) * (x.ndim - 1) + (d,))
   if norm_before_gate:
     y = y * gate
   return y.astype(dtype or x.dtype)

@@ -16,10 +16,10 @@ from typing import Any
 
 from jaxnorm import _validation as v
 from jaxnorm._casting import CASTINGS
-from jaxnorm._ops import NORM_FAMILY, OPS, POINTWISE_FAMILY, names
+from jaxnorm._ops import NORM_FAMILY, POINTWISE_FAMILY, layer_replacements, names
 
 NORM_POSITIONS = ("pre", "post", "sandwich", "deepnorm")
-NORM_TYPES = tuple(OPS)  # the op table's names: "layer_norm", "rms_norm", "dyt", "derf"
+NORM_TYPES = layer_replacements()  # OPS' one-input ops: "layer_norm", "rms_norm", "dyt", "derf"
 NORM_IMPLS = ("jaxnorm", "flax")
 INITS = ("xavier", "small")
 POSITIONS = ("learned", "rotary")
