@@ -165,6 +165,21 @@ def test_out_dtype_and_no_rows():
   assert dx0.shape == dz0.shape == (0, 32) and np.all(np.asarray(ds0) == 0)
 
 
+@pytest.mark.parametrize("norm_before_gate", [True, False])
+def test_saturated_gate(norm_before_gate):
+  """Gates far in both tails (exp(-z) overflows float32 below about -88): finite, and the
+  oracle's values; with the gate first, a group whose gate is all zero (u = 0, r = eps^-1/2)."""
+  x, z, scale, dy = _inputs(6, 32, jnp.float32, jnp.float32, True, seed=2)
+  z = z.at[0].set(-100.0).at[1, :16].set(100.0).at[2, ::2].set(-1e4).at[3, 1::3].set(95.0)
+  kw = dict(group_size=16, epsilon=EPS, norm_before_gate=norm_before_gate, interpret=INTERPRET)
+  y, rstd = gated_forward(x, z, scale, out_dtype=jnp.float32, **kw)
+  dx, dz, dscale = gated_backward(x, z, scale, rstd, dy, **kw)
+  want = _oracle(x, z, scale, dy, 16, norm_before_gate)
+  for name, got, w in zip(("y", "rstd", "dx", "dz", "dscale"), (y, rstd, dx, dz, dscale), want):
+    assert np.all(np.isfinite(np.asarray(got))), name
+    assert_close(got, w, tol=1e-5, what=name)
+
+
 def test_refusal():
   assert gated_refusal(64, None, jnp.float32) is None
   assert gated_refusal(64, 16, jnp.bfloat16) is None
