@@ -207,7 +207,9 @@ def gated_forward(x, z, scale, *, group_size, epsilon, norm_before_gate, out_dty
                   block=None):
   """Gated RMSNorm forward: ``(y, rstd)`` of ``x, z: (rows, d)`` (module docstring).
 
-  One read of ``x`` and ``z``, one write of ``y``; float32 arithmetic, ``y`` rounded once.
+  One read of ``x`` and ``z`` and one write of ``y`` when a group fits one column block (a
+  wider group reads them twice, as the plain forward does); float32 arithmetic, ``y`` rounded
+  once.
 
   Args:
     x: ``(rows, d)`` float32/bfloat16/float16.
