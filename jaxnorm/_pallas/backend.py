@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import types
 
 import jax
@@ -32,7 +33,8 @@ from jaxnorm._norm_config import NormConfig
 from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 from jaxnorm._pallas import config as _config
 
-__all__ = ["KERNEL_OPS", "PLATFORMS", "TRITON", "TritonBackend", "kernels", "kernel_spec"]
+__all__ = ["KERNEL_OPS", "OP_KERNELS", "PLATFORMS", "TRITON", "TritonBackend", "kernels",
+           "kernel_spec"]
 
 # The lowering platforms the Triton kernels compile for (elsewhere: interpret mode only).
 PLATFORMS = _config.GPU_PLATFORMS
@@ -41,6 +43,11 @@ PLATFORMS = _config.GPU_PLATFORMS
 # switch between them (``KernelSpec.center``: subtract the row mean). An op not listed here is
 # refused, so the kernels never run an op they do not implement.
 KERNEL_OPS = types.MappingProxyType({LAYER_NORM: True, RMS_NORM: False})
+
+# The ops outside the norm family the kernels implement: each op's name mapped to its entry
+# module (Pallas-free, imported on first use), which has ``refusal(x2_shape, dtype, options)``
+# and one function per role of the op (:meth:`TritonBackend.role`).
+OP_KERNELS = types.MappingProxyType({"gated_rms_norm": "jaxnorm._pallas.gated_entry"})
 
 
 def kernels():
@@ -189,6 +196,11 @@ def _under_non_manual_mesh() -> bool:
   return any(t != jax.sharding.AxisType.Manual for t in mesh.axis_types)
 
 
+def _entry(op):
+  """The entry module of ``op`` in :data:`OP_KERNELS` (imported on first use)."""
+  return importlib.import_module(OP_KERNELS[op.name])
+
+
 class TritonBackend(Backend):
   """The Triton kernels behind :class:`~jaxnorm._backend_interface.Backend`'s methods.
 
@@ -203,17 +215,22 @@ class TritonBackend(Backend):
   def refusal(self, x2_shape, dtype, mask, axis_name, op, options=()):
     """Why the kernels cannot take a plain call on ``x2: (rows, d)``, or None if they can.
 
-    ``op``: the :class:`~jaxnorm._norm_ops.NormOp`; ``options``: its ``(name, value)`` pairs.
-    The kernels implement the ops of :data:`KERNEL_OPS` (and no other), without any option
-    away from its default.
+    ``op``: the op's declaration; ``options``: its ``(name, value)`` pairs. The kernels
+    implement the norm ops of :data:`KERNEL_OPS` without any option away from its default, and
+    the ops of :data:`OP_KERNELS` with what their entry's ``refusal`` allows; no other op.
     """
-    if op not in KERNEL_OPS:
+    if op.name in OP_KERNELS:
+      why = _entry(op).refusal(x2_shape, dtype, dict(options))
+      if why is not None:
+        return why
+    elif op not in KERNEL_OPS:
       return f"the Pallas kernels do not implement {op.name}"
-    defaults = {o.name: o.default for o in op.options}
-    changed = [f"{name}={value!r}" for name, value in options if value != defaults[name]]
-    if changed:
-      return (f"the Pallas kernels implement {op.name} without its options "
-              f"({', '.join(changed)})")
+    else:
+      defaults = {o.name: o.default for o in op.options}
+      changed = [f"{name}={value!r}" for name, value in options if value != defaults[name]]
+      if changed:
+        return (f"the Pallas kernels implement {op.name} without its options "
+                f"({', '.join(changed)})")
     if mask is not None:
       return "the Pallas kernels do not take a mask"
     if axis_name is not None:
@@ -223,6 +240,10 @@ class TritonBackend(Backend):
               "sharding); a pallas_call runs per device, inside shard_map only")
     ok, reason = _config.supported(x2_shape, dtype)
     return None if ok else reason
+
+  def role(self, op, name):
+    """The kernels' function for the role ``name`` of ``op`` (an op of :data:`OP_KERNELS`)."""
+    return getattr(_entry(op), name)
 
   def add_refusal(self, dtypes):
     """Why the fused kernels cannot take the residual add's ``(name, dtype)`` pairs, or None."""

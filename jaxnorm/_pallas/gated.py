@@ -47,11 +47,11 @@ import numpy as np
 from jaxnorm._pallas import compat as pl
 
 from jaxnorm import _math
-from jaxnorm import _validation as v
 from jaxnorm._pallas.backward import backward_kernel_dscale_dbias
 from jaxnorm._pallas.common import backward_config, col_loop, compiler_params, ds, fori, iota
 from jaxnorm._pallas.common import load
 from jaxnorm._pallas.config import BlockConfig, default_block_config
+from jaxnorm._pallas.gated_entry import gated_refusal
 
 __all__ = ["GatedSpec", "gated_backward", "gated_forward", "gated_refusal"]
 
@@ -74,35 +74,6 @@ class GatedSpec:
   @property
   def ngroups(self) -> int:
     return self.d // self.group_size
-
-
-def gated_refusal(d: int, group_size: int | None, dtype) -> str | None:
-  """Why the gated kernels cannot take rows of ``d`` features in groups of ``group_size``.
-
-  Args:
-    d: the feature size (the trailing axis of ``x`` and ``z``).
-    group_size: features per group, or None for one group of ``d``.
-    dtype: the dtype of one input; call once per input (``x``, ``z``, ``scale``): each must be
-      float32, bfloat16 or float16.
-
-  Returns:
-    The reason (a phrase without a final period), or None when the kernels can run the call.
-    Any group size that divides ``d`` is taken (widths that are not powers of two are masked,
-    groups wider than one block loop over column blocks).
-  """
-  if not isinstance(d, int) or isinstance(d, bool) or d < 1:
-    return f"the gated kernels need a positive feature size d, got {d!r}"
-  if group_size is not None:
-    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
-      return f"the gated kernels need a positive int group_size, got {group_size!r}"
-    if d % group_size:
-      return (f"the gated kernels need group_size to divide the feature size: "
-              f"{d} % {group_size} = {d % group_size}")
-  try:
-    dt = jnp.dtype(dtype)
-  except TypeError:
-    return f"the gated kernels take float32, bfloat16 or float16 inputs, got {dtype!r}"
-  return v.kernel_problem(dtypes=(("inputs", dt),))
 
 
 def _spec(x, scale, group_size, epsilon, norm_before_gate, block) -> GatedSpec:
