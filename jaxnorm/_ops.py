@@ -93,15 +93,18 @@ def layer_replacements() -> tuple[str, ...]:
   return tuple(n for n, op in OPS.items() if op.inputs == ("x",))
 
 
-def lookup(name: Any, argument: str, family: str | None = None) -> Op:
+def lookup(name: Any, argument: str, family: str | None = None,
+           among: tuple[str, ...] | None = None) -> Op:
   """``OPS[name]``, or a ``ValueError`` naming ``argument``, ``name`` and the valid names.
 
   Args:
     name: the op's name as the caller received it (any type: a non-string is refused too).
     argument: what the caller calls it (``"norm_type"``, ``"kind"``, ...), for the message.
     family: if given, only that family's ops are valid.
+    among: if given, only these names are valid (e.g. :func:`layer_replacements`).
   """
-  v.check_choice(argument, name, names(family))
+  valid = names(family) if among is None else tuple(n for n in names(family) if n in among)
+  v.check_choice(argument, name, valid)
   return OPS[name]
 
 

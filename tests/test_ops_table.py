@@ -26,10 +26,14 @@ def _family(family):
 def test_every_derived_table_is_the_ops_names():
   from experiments.bench import impls
   norms, pointwise = _family(_ops.NORM_FAMILY), _family(_ops.POINTWISE_FAMILY)
-  assert norms + pointwise == tuple(jaxnorm.OPS)
+  gated = _family(_ops.GATED_FAMILY)
+  assert norms + pointwise + gated == tuple(jaxnorm.OPS)
   assert tuple(_ops.NORM_OPS) == norms == common.KINDS == impls.OPS
   assert tuple(_ops.POINTWISE_OPS) == pointwise == common.POINTWISE_KINDS
-  assert _config.NORM_TYPES == tuple(jaxnorm.OPS) == _config.QK_NORMS[1:]
+  # A model's norm is an op with the one input x: the gated op (inputs x, z) is not one.
+  one_input = tuple(n for n, op in jaxnorm.OPS.items() if op.inputs == ("x",))
+  assert one_input == norms + pointwise
+  assert _config.NORM_TYPES == one_input == _config.QK_NORMS[1:]
   assert impls.FUSED_OPS == tuple(jaxnorm.OPS[n].add_fn.__name__ for n in norms)
   for name, op in jaxnorm.OPS.items():
     assert op.name == op.decl.name == name

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import nnx as jaxnorm_nnx
-from jaxnorm._ops import NORM_FAMILY, POINTWISE_FAMILY, lookup
+from jaxnorm._ops import NORM_FAMILY, POINTWISE_FAMILY, layer_replacements, lookup
 from jaxnorm.models._config import TransformerConfig
 
 
@@ -81,7 +81,7 @@ def _make_norm(config: TransformerConfig, rngs: nnx.Rngs, *, norm_type: str | No
   layer's initial alpha from ``config.pointwise_alpha``. An op's family (:data:`jaxnorm.OPS`)
   picks the builder; a name not in the table raises a ``ValueError`` naming ``norm_type``.
   """
-  op = lookup(norm_type or config.norm_type, "norm_type")
+  op = lookup(norm_type or config.norm_type, "norm_type", among=layer_replacements())
   num_features = num_features or config.d_model
   return _NORM_BUILDERS[op.family](config, rngs, op, num_features, role, **axes)
 
