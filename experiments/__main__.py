@@ -9,6 +9,8 @@ its options):
 * ``bench-qk``  the per-head (QK) norm against Flax's (:mod:`experiments.bench.qk`).
 * ``bench-pointwise``  DyT and Derf against the memory floor and autodiff
   (:mod:`experiments.bench.pointwise`).
+* ``bench-gated``  gated RMSNorm against the unfused jnp composition and the memory floor
+  (:mod:`experiments.bench.gated`).
 * ``bench-ensemble``  seeds as one vmapped training program vs one program per seed
   (:mod:`experiments.bench.ensemble`).
 * ``tune``   launch configurations of the Pallas kernels, measured on a GPU
@@ -28,6 +30,7 @@ COMMANDS = {
     "bench-qk": "experiments.bench.qk",
     "bench-ensemble": "experiments.bench.ensemble",
     "bench-pointwise": "experiments.bench.pointwise",
+    "bench-gated": "experiments.bench.gated",
     "demo": "experiments.demo",
     "tune": "experiments.bench.tune",
 }
