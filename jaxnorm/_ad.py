@@ -56,7 +56,7 @@ from jaxnorm import _math
 from jaxnorm import _xla
 from jaxnorm._memory_efficient import kept, recovered
 from jaxnorm._norm_config import NormConfig
-from jaxnorm._remat import name_residuals
+from jaxnorm._remat import INPUT_RESIDUAL, OUTPUT_RESIDUAL, STATS_RESIDUAL
 from jaxnorm._rules import Family, TangentRule, rows_of
 from jaxnorm._wide import wide_jvp, wide_tangent
 
@@ -169,7 +169,11 @@ def _split_axes(cfg: NormConfig) -> tuple:
 
 
 NORM = Family("norm", _RESIDUALS, _TANGENTS, _PARAMS, _formula, _backward, _out_types,
-              rows_batch=rows_of(_PARAMS), split_axes=_split_axes, second_order=wide_tangent)
+              rows_batch=rows_of(_PARAMS), split_axes=_split_axes, second_order=wide_tangent,
+              remat_names=(("x", INPUT_RESIDUAL), ("y", OUTPUT_RESIDUAL),
+                           ("shift", STATS_RESIDUAL), ("delta", STATS_RESIDUAL),
+                           ("rstd", STATS_RESIDUAL)),
+              output_residual="y")
 """The norm family's declaration for :class:`jaxnorm._rules.TangentRule`."""
 
 _RULE = TangentRule(NORM)
@@ -182,16 +186,14 @@ norm_tangent_p = _RULE.primitive
 
 def _norm_forward(cfg: NormConfig, x, scale, bias, mask):
   y, stats = wide_jvp(functools.partial(_backends.forward, cfg))(x, scale, bias, mask)
-  # What reverse mode saves (x and the statistics, or y and rstd), tagged with the remat names.
-  residuals, y = kept(cfg, x, y, bias, stats)
-  return y, dict(residuals, scale=scale, mask=mask)
+  # What reverse mode saves: x and the statistics, or y and rstd (memory_efficient).
+  return y, dict(kept(cfg, x, y, bias, stats), scale=scale, mask=mask)
 
 
 def _add_norm_forward(cfg: NormConfig, x, residual, scale, bias, mask):
   y, h, stats = wide_jvp(functools.partial(_backends.add_forward, cfg))(
       x, residual, scale, bias, mask)
-  h_saved, stats = name_residuals(h, stats)  # what reverse mode saves carries the remat names
-  return (y, h), dict(x=h_saved, scale=scale, mask=mask, shift=stats[0], delta=stats[1],
+  return (y, h), dict(x=h, scale=scale, mask=mask, shift=stats[0], delta=stats[1],
                       rstd=stats[2])
 
 

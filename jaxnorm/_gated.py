@@ -31,7 +31,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.ad_checkpoint import checkpoint_name
 
 from jaxnorm import _backends
 from jaxnorm import _validation as v
@@ -228,7 +227,9 @@ def _out_types(cfg: GatedConfig, a: dict):
 
 
 GATED = Family("gated", _RESIDUALS, _TANGENTS, _PARAMS, _formula, _backward, _out_types,
-               rows_batch=rows_of(_PARAMS), second_order=wide_tangent)
+               rows_batch=rows_of(_PARAMS), second_order=wide_tangent,
+               remat_names=(("x", INPUT_RESIDUAL), ("z", INPUT_RESIDUAL),
+                            ("rstd", STATS_RESIDUAL)))
 """The family's declaration for :class:`jaxnorm._rules.TangentRule`."""
 
 _RULE = TangentRule(GATED)
@@ -237,8 +238,7 @@ gated_tangent_p = _RULE.primitive
 
 def _forward(cfg: GatedConfig, x, z, scale):
   y, rstd = _backends.run_role(cfg, "forward", x, z, scale)
-  return y, dict(x=checkpoint_name(x, INPUT_RESIDUAL), z=checkpoint_name(z, INPUT_RESIDUAL),
-                 scale=scale, rstd=checkpoint_name(rstd, STATS_RESIDUAL))
+  return y, dict(x=x, z=z, scale=scale, rstd=rstd)
 
 
 def _value(cfg: GatedConfig, x, z, scale):

@@ -24,25 +24,22 @@ import jax.numpy as jnp
 
 from jaxnorm import _xla
 from jaxnorm._norm_config import NormConfig
-from jaxnorm._remat import OUTPUT_RESIDUAL, name_residuals
 
 __all__ = ["kept", "recovered"]
 
 
-def kept(cfg: NormConfig, x, y, bias, stats) -> tuple[dict, object]:
-  """``(operands, y)``: the residual operands the plain op's tangent primitive takes, tagged for
-  remat policies, and the primal output to return.
+def kept(cfg: NormConfig, x, y, bias, stats) -> dict:
+  """The residual operands the plain op's tangent primitive takes (the rule factory tags them
+  for remat policies, :data:`jaxnorm._ad.NORM`'s ``remat_names``).
 
-  Default: ``x`` and the op's statistics ``(shift, delta, rstd)``, and ``y`` as it is. With
-  ``memory_efficient``: ``y``, ``bias`` and ``rstd`` (the scale and the mask are given either
-  way), and the tagged ``y`` as the output too, so that a consumer that keeps ``y`` (a matmul's
-  weight gradient) keeps the same array rather than a second residual.
+  Default: ``x`` and the op's statistics ``(shift, delta, rstd)``. With ``memory_efficient``:
+  ``y``, ``bias`` and ``rstd`` (the scale and the mask are given either way); the factory then
+  returns the tagged ``y`` as the output too (``output_residual``), so that a consumer that
+  keeps ``y`` (a matmul's weight gradient) keeps the same array rather than a second residual.
   """
   if not cfg.option("memory_efficient"):
-    x, stats = name_residuals(x, stats)
-    return dict(x=x, shift=stats[0], delta=stats[1], rstd=stats[2]), y
-  y, (_, _, rstd) = name_residuals(y, stats, name=OUTPUT_RESIDUAL)
-  return dict(y=y, bias=bias, rstd=rstd), y
+    return dict(x=x, shift=stats[0], delta=stats[1], rstd=stats[2])
+  return dict(y=y, bias=bias, rstd=stats[2])
 
 
 def recovered(cfg: NormConfig, named: dict) -> dict:

@@ -48,7 +48,6 @@ from typing import Any, Callable
 
 import jax.numpy as jnp
 from jax import lax
-from jax.ad_checkpoint import checkpoint_name
 
 from jaxnorm import _validation as v
 from jaxnorm._remat import INPUT_RESIDUAL
@@ -258,7 +257,7 @@ def _rows_batch(operand_names, args, dims, groups: int, size: int):
 
 
 POINTWISE = Family("pointwise", _RESIDUALS, _TANGENTS, frozenset(), _formula, _backward,
-                   _out_types, rows_batch=_rows_batch)
+                   _out_types, rows_batch=_rows_batch, remat_names=(("x", INPUT_RESIDUAL),))
 """The pointwise family's declaration for :class:`jaxnorm._rules.TangentRule`."""
 
 _RULE = TangentRule(POINTWISE)
@@ -270,9 +269,9 @@ pointwise_tangent_p = _RULE.primitive
 
 
 def _forward(cfg: PointwiseConfig, x, alpha, shift, scale, bias):
-  """The value and what reverse mode keeps: ``x`` (tagged) and the parameters it reads."""
+  """The value and what reverse mode keeps: ``x`` and the parameters it reads."""
   y = forward(cfg, x, alpha, shift, scale, bias)
-  return y, dict(x=checkpoint_name(x, INPUT_RESIDUAL), alpha=alpha, shift=shift, scale=scale)
+  return y, dict(x=x, alpha=alpha, shift=shift, scale=scale)
 
 
 _pointwise = _RULE.op(forward, _forward, _TANGENTS)

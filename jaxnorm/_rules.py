@@ -20,8 +20,8 @@ differentiate again. A family (the norms of :mod:`jaxnorm._ad`, the pointwise op
 from the formula, abstract evaluation varying over the union of the operands' mesh axes,
 transposition by the backward with each cotangent summed over the mesh axes its operand is
 replicated on, a JVP of its own, batching that keeps the derived rules for batched parameters)
-and the ``custom_jvp`` op (:meth:`TangentRule.op`), with the residual naming left to the
-family's forward. :func:`jvp_by_formula` is the rule shared by every primitive whose
+and the ``custom_jvp`` op (:meth:`TangentRule.op`), whose residuals it tags with the remat names
+the family declares. :func:`jvp_by_formula` is the rule shared by every primitive whose
 derivative is autodiff of an XLA formula of the same value (the tangent primitives' own JVP,
 the kernel-call primitive's).
 
@@ -42,6 +42,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxnorm import _jax_compat as jc
 
@@ -135,6 +136,11 @@ class Family:
       axis named after them).
     second_order: the tangent of the formula in the primitive's own JVP
       (:func:`plain_tangent` or :func:`jaxnorm._wide.wide_tangent`).
+    remat_names: ``(operand, name)`` pairs: the residuals :meth:`TangentRule.op` tags with
+      ``jax.ad_checkpoint.checkpoint_name`` (the public names of :mod:`jaxnorm._remat`), so that
+      a ``jax.checkpoint`` policy can save or recompute them by name.
+    output_residual: a residual that is the op's (single) output where present (e.g. ``y``,
+      kept by a memory-saving backward): the op returns the tagged array, one buffer for both.
   """
 
   name: str
@@ -147,6 +153,8 @@ class Family:
   rows_batch: Callable | None = None
   split_axes: Callable = _no_split
   second_order: Callable = plain_tangent
+  remat_names: tuple = ()
+  output_residual: str | None = None
 
   @property
   def operands(self) -> tuple[str, ...]:
@@ -271,14 +279,22 @@ class TangentRule:
 
     ``value(cfg, *primals)``: the undifferentiated value (nothing kept). ``forward(cfg,
     *primals) -> (out, residuals)``: the value (an array or a tuple) and the residual operands
-    by name (tagged for remat policies by the family), the parameters the rule reads included.
+    by name, the parameters the rule reads included; those :attr:`Family.remat_names` names are
+    tagged here.
     ``tangent_names``: per primal, the tangent operand its tangent becomes (None: not
     differentiated, e.g. a mask). A call with no live tangent returns zero tangents.
     """
     f = jax.custom_jvp(value, nondiff_argnums=(0,))
 
+    tags = dict(self.family.remat_names)
+    kept_out = self.family.output_residual
+
     def rule(cfg, primals, tangents):
       out, residuals = forward(cfg, *primals)
+      residuals = {k: a if a is None or k not in tags else checkpoint_name(a, tags[k])
+                   for k, a in residuals.items()}
+      if kept_out is not None and residuals.get(kept_out) is not None:
+        out = residuals[kept_out]
       live = {n: t for n, t in zip(tangent_names, tangents)
               if n is not None and t is not None and not jc.is_symbolic_zero(t)}
       single = not isinstance(out, tuple)
