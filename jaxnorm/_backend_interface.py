@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from jaxnorm import _xla
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "add_backward_of"]
 
 
 class Backend:
@@ -92,23 +92,27 @@ class Backend:
     y, stats = self.forward(cfg, h, scale, bias, mask)
     return y, h, stats
 
-  def add_backward(self, cfg, h, scale, mask, stats, dy, dh, **backward_kw):
-    """``(dx, dresidual, dscale, dbias)``: ``dx = dh + J^T dy``, ``dresidual = alpha dx``.
+  def add_backward(self, cfg, h, scale, mask, stats, dy, dh):
+    """``(dx, dresidual, dscale, dbias)``: ``dx = dh + J^T dy``, ``dresidual = alpha dx``
+    (:func:`add_backward_of`, on this backend's :meth:`backward`)."""
+    return add_backward_of(self.backward, cfg, h, scale, mask, stats, dy, dh)
 
-    ``backward_kw`` go to :meth:`backward` (the XLA backend's ``c``, for second order).
 
-    ``J^T dy`` is the plain op's backward at ``h``, kept in the compute dtype until ``dh``
-    (None: ``h`` unused downstream) is added, so each cotangent is rounded once.
-    """
-    ct = _xla.compute_dtype(h.dtype)
-    # h goes in as stored, so the backward's barriers see it and no float32 copy of a narrow
-    # h is materialized.
-    dn, dscale, dbias = self.backward(cfg, h, scale, mask, stats, dy, dx_dtype=ct,
-                                      **backward_kw)
-    total = dn if dh is None else dn + dh.astype(ct)  # (..., d)
-    dx = total.astype(cfg.add.x_dtype)
-    if cfg.residual_scale == 1.0 and cfg.add.residual_dtype == cfg.add.x_dtype:
-      dres = dx  # one array for both input cotangents
-    else:
-      dres = (cfg.residual_scale * total).astype(cfg.add.residual_dtype)
-    return dx, dres, dscale, dbias
+def add_backward_of(backward, cfg, h, scale, mask, stats, dy, dh):
+  """The residual add + norm's backward composed from a plain op's ``backward`` (a backend's
+  method, or one with its own keywords bound): ``dx = dh + J^T dy``, ``dresidual = alpha dx``.
+
+  ``J^T dy`` is the plain op's backward at ``h``, kept in the compute dtype until ``dh``
+  (None: ``h`` unused downstream) is added, so each cotangent is rounded once.
+  """
+  ct = _xla.compute_dtype(h.dtype)
+  # h goes in as stored, so the backward's barriers see it and no float32 copy of a narrow
+  # h is materialized.
+  dn, dscale, dbias = backward(cfg, h, scale, mask, stats, dy, dx_dtype=ct)
+  total = dn if dh is None else dn + dh.astype(ct)  # (..., d)
+  dx = total.astype(cfg.add.x_dtype)
+  if cfg.residual_scale == 1.0 and cfg.add.residual_dtype == cfg.add.x_dtype:
+    dres = dx  # one array for both input cotangents
+  else:
+    dres = (cfg.residual_scale * total).astype(cfg.add.residual_dtype)
+  return dx, dres, dscale, dbias

@@ -8,8 +8,10 @@ formulas are :mod:`jaxnorm._xla`'s; the residual add + norm is :class:`Backend`'
 
 from __future__ import annotations
 
+import functools
+
 from jaxnorm import _xla
-from jaxnorm._backend_interface import Backend
+from jaxnorm._backend_interface import Backend, add_backward_of
 from jaxnorm._norm_ops import LAYER_NORM
 
 __all__ = ["FORWARD_VIEWS", "XLA", "XlaBackend"]
@@ -36,8 +38,14 @@ class XlaBackend(Backend):
     return _xla.forward(cfg, x, scale, bias, mask)
 
   def backward(self, cfg, x, scale, mask, stats, dy, dx_dtype=None, c=None):
-    """``(dx, dscale, dbias)`` (:func:`jaxnorm._xla.backward`; ``c`` as there)."""
+    """``(dx, dscale, dbias)`` (:func:`jaxnorm._xla.backward`; ``c``, the variance-path factor
+    second order recomputes, as there: this backend's own keyword)."""
     return _xla.backward(cfg, x, scale, mask, stats, dy, dx_dtype=dx_dtype, c=c)
+
+  def add_backward(self, cfg, h, scale, mask, stats, dy, dh, c=None):
+    """The composition of :class:`Backend`, with ``c`` passed to :meth:`backward`."""
+    return add_backward_of(functools.partial(self.backward, c=c), cfg, h, scale, mask, stats,
+                           dy, dh)
 
 
 XLA = XlaBackend()
