@@ -35,7 +35,7 @@ from jaxnorm._pallas.backend import TRITON
 from jaxnorm._pallas.kernel_call import kernel_call
 from jaxnorm._xla_backend import XLA
 
-__all__ = ["ALIASES", "BACKENDS", "PER_PLATFORM", "PLATFORM_BACKENDS", "PREFERENCE",
+__all__ = ["ALIASES", "BACKENDS", "IMPLS", "PER_PLATFORM", "PLATFORM_BACKENDS", "PREFERENCE",
            "add_backward", "add_forward", "add_forward_only", "backward", "formula", "forward",
            "forward_only", "param_cotangents", "resolve_add_impl", "resolve_impl", "run",
            "run_role"]
@@ -49,6 +49,8 @@ PREFERENCE = ("triton", "xla")
 PLATFORM_BACKENDS = types.MappingProxyType({
     platform: name for name in reversed(PREFERENCE)
     for platform in (BACKENDS[name].platforms or ())})
+# The accepted values of ``impl=``: "auto", every backend's name and every alias.
+IMPLS = ("auto",) + tuple(BACKENDS) + tuple(ALIASES)
 PER_PLATFORM = "per_platform"  # cfg.impl of impl="auto" where a platform's backend takes it
 _FALLBACK = PREFERENCE[-1]
 
@@ -58,7 +60,7 @@ _FALLBACK = PREFERENCE[-1]
 
 
 def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()) -> str:
-  """Resolves ``impl`` (:data:`jaxnorm._validation.IMPLS`) to a backend's name or
+  """Resolves ``impl`` (:data:`IMPLS`) to a backend's name or
   :data:`PER_PLATFORM`.
 
   "auto" on a call that every platform's backend of :data:`PLATFORM_BACKENDS` supports (their
@@ -71,7 +73,7 @@ def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()) ->
   :attr:`NormConfig.options`); whether the platform can compile the kernels is asked where the
   program is lowered (:mod:`jaxnorm._pallas.kernel_call`), for each platform it is lowered for.
   """
-  v.check_choice("impl", impl, v.IMPLS)
+  v.check_choice("impl", impl, IMPLS)
   call = (x2_shape, dtype, mask, axis_name, op, options)
   if impl == "auto":
     # Every platform's backend must take the call (one config serves every branch of run()).

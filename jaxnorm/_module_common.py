@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax.nnx.nn import dtypes as _flax_dtypes
 
+from jaxnorm import _backends
 from jaxnorm import _validation as v
 from jaxnorm._casting import CASTINGS, cast_plan
 from jaxnorm._ops import NORM_FAMILY, POINTWISE_FAMILY, lookup, names
@@ -96,7 +97,7 @@ def check_options(epsilon: Any, epsilon_placement: Any, zero_centered_scale: Any
   v.check_bool("zero_centered_scale", zero_centered_scale)
   v.check_bool("use_fast_variance", use_fast_variance)
   v.check_bool("memory_efficient", memory_efficient)
-  v.check_choice("impl", impl, v.IMPLS)
+  v.check_choice("impl", impl, _backends.IMPLS)
   v.check_choice("casting", casting, CASTINGS)
   return epsilon
 

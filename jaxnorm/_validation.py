@@ -19,8 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 
 EPSILON_PLACEMENTS = ("inside", "outside")
-# "triton" (the kernels, by their kernel language) and "pallas", its accepted alias.
-IMPLS = ("auto", "xla", "triton", "pallas")
 # What the Pallas (Triton) kernels take: the input/parameter dtypes and the backends they
 # compile for (interpret mode runs them anywhere).
 KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))

@@ -16,6 +16,7 @@ from flax import nnx
 import jaxnorm
 from jaxnorm._pallas import api as _pallas
 from jaxnorm._pallas import config as _pallas_config
+from jaxnorm import _backends
 from jaxnorm import _validation as v
 from jaxnorm import linen as jln
 from jaxnorm import nnx as jnn
@@ -163,8 +164,8 @@ def _one_of(name, choices, got):
     ("op", "epsilon_placement", v.EPSILON_PLACEMENTS,
      lambda bad: jaxnorm.layer_norm(X, epsilon_placement=bad)),
     ("op", "casting", jaxnorm.CASTINGS, lambda bad: jaxnorm.rms_norm(X, casting=bad)),
-    ("fused op", "impl", v.IMPLS, lambda bad: jaxnorm.add_rms_norm(X, X, impl=bad)),
-    ("nnx layer", "impl", v.IMPLS, lambda bad: jnn.RMSNorm(8, impl=bad, rngs=nnx.Rngs(0))),
+    ("fused op", "impl", _backends.IMPLS, lambda bad: jaxnorm.add_rms_norm(X, X, impl=bad)),
+    ("nnx layer", "impl", _backends.IMPLS, lambda bad: jnn.RMSNorm(8, impl=bad, rngs=nnx.Rngs(0))),
     ("linen module", "epsilon_placement", v.EPSILON_PLACEMENTS,
      lambda bad: jln.LayerNorm(epsilon_placement=bad)),
     ("model config", "norm_type", ("layer_norm", "rms_norm", "dyt", "derf"),
