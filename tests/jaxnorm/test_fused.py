@@ -56,7 +56,7 @@ OPS = {
 }
 D_LOOP = MAX_BLOCK_D + 8  # two column blocks in the kernels
 # The fixed cases check the value and the VJP, as they did before the kit (forward mode is in
-# every hypothesis example, and tests/test_forward_mode.py).
+# every hypothesis example, and tests/jaxnorm/test_forward_mode.py).
 REV = ("rev",)
 
 

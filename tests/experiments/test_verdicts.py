@@ -587,10 +587,10 @@ def test_every_claim_id_has_a_rule_table_here():
                  "vjp_matches_autodiff", "zhang_rms_speedup", "notes_rms_scale_invariance",
                  "notes_rms_grad_invariance", "notes_ln_shift_invariance", "notes_grad_norms_close",
                  "notes_rms_op_speedup",
-                 # issue 25: their rule tables are in tests/test_qk_norm_rules.py
+                 # issue 25: their rule tables are in tests/experiments/test_qk_norm_rules.py
                  "wortsman_qk_removes_logit_growth", "wortsman_qk_lr_sensitivity", "sun_lns_curbs_variance",
                  "kim_periln_balanced_variance",
-                 # issue 36: their rule tables are in tests/test_dyt_rules.py
+                 # issue 36: their rule tables are in tests/experiments/test_dyt_rules.py
                  "zhu_dyt_matches_norm", "zhu_alpha_width", "derf_beats_all", "derf_generalization",
                  "verma_regime_sign", "verma_saturation", "verma_regularizer", "verma_hardtanh"}
   observations = {"init_changes_picture", "warmup_variants", "qk_norm_post_ln"}
