@@ -268,19 +268,6 @@ def prepare_entry(f: Callable, inp: Inputs, *, modes: tuple[str, ...],
   return calls, memory
 
 
-def bench_entry(f: Callable, inp: Inputs, *, repeats: int, sample_ms: float,
-                modes: tuple[str, ...], fused: bool = False) -> dict[str, Any]:
-  """Times one implementation at one (op, shape, dtype) alone; per-mode timings and memory.
-
-  ``fused`` as in :func:`prepare_entry`.
-  """
-  calls, memory = prepare_entry(f, inp, modes=modes, fused=fused)
-  out: dict[str, Any] = {"memory_fwd_bwd": memory}
-  for mode, (call, call_args) in calls.items():
-    out[mode] = time_fn(call, call_args, repeats=repeats, sample_ms=sample_ms)
-  return out
-
-
 def copy_bandwidth(inp: Inputs, *, repeats: int, sample_ms: float) -> dict[str, float]:
   """Bandwidth of ``x * 2`` (reads and writes ``x`` once): the practical ceiling."""
   fn = jax.jit(lambda x: x * jnp.asarray(2, x.dtype))
