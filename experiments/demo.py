@@ -24,6 +24,11 @@ def _max_rel(a, b):
   return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
 
 
+def _params(op, s, b):
+  """``op``'s parameters (its entry of jaxnorm.OPS) from the demo's scale ``s`` and bias ``b``."""
+  return tuple({"scale": s, "bias": b}[name] for name in op.params)
+
+
 def _median_ms(f, *args, repeats):
   jax.block_until_ready(f(*args))
   times = []
@@ -69,18 +74,16 @@ def main(argv=None) -> int:
   for op_name in ("layer_norm", "rms_norm"):
     for kw in (dict(), dict(epsilon_placement="outside"), dict(zero_centered_scale=True),
                dict(mask=jax.random.bernoulli(ks[0], 0.8, x.shape))):
-      if op_name == "layer_norm":
-        mine = lambda x, s, b: jaxnorm.layer_norm(x, s, b, **kw)
-        ref = lambda x, s, b: reference.layer_norm(x, s, b, **kw)
-      else:
-        mine = lambda x, s, b: jaxnorm.rms_norm(x, s, **kw) + 0.0 * b
-        ref = lambda x, s, b: reference.rms_norm(x, s, **kw) + 0.0 * b
+      op, has_bias = jaxnorm.OPS[op_name], "bias" in jaxnorm.OPS[op_name].params
+      # (x, s, b) for every op; an op without a bias gets b through ``0 * b`` (dbias: zeros).
+      mine = lambda x, s, b: op.fn(x, *_params(op, s, b), **kw) + (0.0 if has_bias else 0.0 * b)
+      ref = lambda x, s, b: op.reference(x, *_params(op, s, b), **kw) + (0.0 if has_bias else 0.0 * b)
       y, pull = jax.vjp(mine, x, s, b)
       y_ref, pull_ref = jax.vjp(ref, x, s, b)
       errs = [_max_rel(y, y_ref)] + [_max_rel(g, h) for g, h in zip(pull(dy), pull_ref(dy))]
       label = ", ".join(f"{k}={'...' if k == 'mask' else v}" for k, v in kw.items()) or "default"
       cells = "".join(f"{e:>10.1e}" for e in errs[:3]) + (
-          f"{errs[3]:>10.1e}" if op_name == "layer_norm" else f"{'-':>10}")
+          f"{errs[3]:>10.1e}" if has_bias else f"{'-':>10}")
       print(f"{op_name:<11}{label:<30}{cells}")
 
   xt = jax.random.normal(ks[0], (args.tokens, args.d))

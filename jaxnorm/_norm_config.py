@@ -31,9 +31,6 @@ class AddConfig:
   residual_dtype: Any  # dtype of the residual input (its cotangent's dtype).
   x_vma: frozenset  # mesh axes x varies over inside shard_map.
   residual_vma: frozenset  # mesh axes residual varies over inside shard_map.
-  # With impl "triton": True (what the ops use) runs the fused add+norm kernels; False the add
-  # in XLA and the plain op's kernels, the decomposition the tests compare them with.
-  fused_kernels: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -140,7 +140,7 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask, *, use_views: bool = Fal
   casting modes match bit for bit inside models jitted in one program with the hand-written
   formula (views would stop XLA from keeping a bfloat16 input of its fusion in float32, as it may
   for the hand-written formula: a llama-mode decoder's bfloat16 logits then differ,
-  ``tests/test_casting.py``; with XLA's ``--xla_allow_excess_precision=false`` they agree
+  ``tests/jaxnorm/test_casting.py``; with XLA's ``--xla_allow_excess_precision=false`` they agree
   again).
 
   LayerNorm's fast variance (its option ``use_fast_variance``) follows the same rule: on fewer

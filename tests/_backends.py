@@ -8,7 +8,7 @@ subclassed by ``pallas_triton_test.py``. The backend carries the op arguments th
 The Pallas kernels run in interpret mode off a GPU (slow: each new shape compiles an
 interpreter of the kernel, about a second of CPU), so their battery draws fewer examples of
 smaller shapes; the kernels' own block structure (row tiles, the column loop) is covered by
-``tests/test_pallas.py`` and the fused kernel cases of ``tests/test_fused.py``.
+``tests/jaxnorm/test_pallas.py`` and the fused kernel cases of ``tests/jaxnorm/test_fused.py``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Known-wrong derivative rules (mutants) beside correct ones, for tests/test_testing_kit.py.
+"""Known-wrong derivative rules (mutants) beside correct ones, for tests/jaxnorm/test_testing_kit.py.
 
 Each :class:`Case` pairs a rule with its plain reference and the inputs hypothesis draws for
 it. The correct rules must pass :func:`jaxnorm.testing.check_rule`, the mutants must fail it.

@@ -5,12 +5,20 @@ of the conftest, before any test module imports ``jax``.
 """
 
 import os
+import sys
+
+# The shared helpers (_numerics.py, _kernels.py, ...) live in tests/ and are imported as top-level
+# modules (``from _kernels import ...``) by the tests of tests/jaxnorm/ and tests/experiments/:
+# tests/ goes on sys.path explicitly, whatever pytest's import mode or the directory it runs from.
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+if _TESTS not in sys.path:
+  sys.path.insert(0, _TESTS)
 
 # 8 host devices for the sharding tests. The tests run tiny shapes, so compilation dominates
 # their time; two flags make XLA:CPU compile faster without changing what a program computes
 # beyond its rounding (every comparison of the suite is within a tolerance, or bitwise between
 # programs built the same way: docs/bitwise.md):
-#  - LLVM at optimization level 0: about a third faster (tests/test_models.py -k "scan or
+#  - LLVM at optimization level 0: about a third faster (tests/jaxnorm/test_models.py -k "scan or
 #    theory", 43 -> 29 s CPU). XLA's HLO passes (fusion, layout) are unchanged.
 #  - XLA:CPU's older elemental emitters instead of its MLIR fusion emitters: a 1-layer training
 #    step compiles in 0.65 s instead of 2.4 s (jax 0.10.2; 0.73 vs 2.0 s at the floor, 0.8.1),
@@ -54,7 +62,7 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # pytest) makes the directory and removes it at exit; the workers inherit it through the
 # environment. The cache holds compiled executables keyed by the program, the compile options and
 # the jax/jaxlib versions, so a hit runs the same code a compile would have produced. A cache the
-# user configured (JAX_COMPILATION_CACHE_DIR) is left alone. Measured: tests/test_linen.py,
+# user configured (JAX_COMPILATION_CACHE_DIR) is left alone. Measured: tests/jaxnorm/test_linen.py,
 # test_nnx.py and test_forward_mode.py, 2 min 3 s -> 1 min 26 s on 2 cores (docs/perf-notes.md).
 if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
   if "JAXNORM_TEST_COMPILE_CACHE" not in os.environ:

@@ -42,10 +42,20 @@ def _require_gpu(what: str) -> None:
     raise NotApplicable(f"{what} needs a GPU (Triton); this backend is {backend}")
 
 
-def _params(op: str, scale, bias):
-  """``op``'s parameters (its entry of jaxnorm.OPS) from the benchmark's ``scale`` and ``bias``."""
+def param_dict(op: str, scale, bias) -> dict:
+  """``op``'s parameters by name (its entry of jaxnorm.OPS), from the benchmark's ``scale`` and ``bias``."""
   given = {"scale": scale, "bias": bias}
-  return tuple(given[name] for name in jaxnorm.OPS[op].params)
+  return {name: given[name] for name in jaxnorm.OPS[op].params}
+
+
+def _params(op: str, scale, bias):
+  """``op``'s parameters in call order (see :func:`param_dict`)."""
+  return tuple(param_dict(op, scale, bias).values())
+
+
+def has_option(op: str, option: str) -> bool:
+  """Whether ``op``'s declaration (jaxnorm.OPS) takes the keyword ``option``."""
+  return any(o.name == option for o in jaxnorm.OPS[op].decl.options)
 
 
 def _jaxnorm(impl: str, interpret: bool):
@@ -63,10 +73,11 @@ def _jaxnorm(impl: str, interpret: bool):
 
 def _jaxnorm_fast_variance(op: str):
   """LayerNorm with ``use_fast_variance=True`` (Flax's default variance; XLA only)."""
-  if op != "layer_norm":
-    raise NotApplicable("use_fast_variance is a LayerNorm option")
-  return lambda x, scale, bias: jaxnorm.layer_norm(x, scale, bias, epsilon=EPSILON, impl="xla",
-                                                   use_fast_variance=True)
+  if not has_option(op, "use_fast_variance"):
+    raise NotApplicable(f"{op} has no use_fast_variance option")
+  fn = jaxnorm.OPS[op].fn
+  return lambda x, scale, bias: fn(x, *_params(op, scale, bias), epsilon=EPSILON, impl="xla",
+                                   use_fast_variance=True)
 
 
 def _jaxnorm_interpreted(op: str):
@@ -86,17 +97,16 @@ def _reference(op: str):
 def _flax_linen(op: str, use_fast_variance: bool = True):
   """Flax's Linen layer; LayerNorm with ``use_fast_variance`` (Flax's default: True)."""
   nn = _import("flax.linen")
-  if not use_fast_variance and op != "layer_norm":
-    raise NotApplicable("use_fast_variance is a LayerNorm option")
+  # Flax's layer of the same class name as jaxnorm's (OPS[op].layer), with the same parameters.
+  fast = has_option(op, "use_fast_variance")
+  if not use_fast_variance and not fast:
+    raise NotApplicable(f"{op} has no use_fast_variance option")
+  layer = getattr(nn, jaxnorm.OPS[op].layer)
+  options = {"use_fast_variance": use_fast_variance} if fast else {}
 
   def f(x, scale, bias):
-    if op == "layer_norm":
-      module = nn.LayerNorm(epsilon=EPSILON, dtype=x.dtype, use_fast_variance=use_fast_variance)
-      params = {"scale": scale, "bias": bias}
-    else:
-      module = nn.RMSNorm(epsilon=EPSILON, dtype=x.dtype)
-      params = {"scale": scale}
-    return module.apply({"params": params}, x)
+    module = layer(epsilon=EPSILON, dtype=x.dtype, **options)
+    return module.apply({"params": param_dict(op, scale, bias)}, x)
   return f
 
 
@@ -110,7 +120,7 @@ def _jax_pallas_ops(interpret: bool):
     def f(x, scale, bias):
       # These ops take (batch, seq, d) and always add a bias (RMSNorm too); their config
       # (num_warps, num_stages, eps, backward_pass_impl, interpret) is positional.
-      b = bias if op == "layer_norm" else jnp.zeros_like(scale)
+      b = param_dict(op, scale, bias).get("bias", jnp.zeros_like(scale))
       return fn(x[None], scale, b, None, 3, EPSILON, "triton", interpret)[0]
     return f
   return build
@@ -122,8 +132,8 @@ def _tokamax(op: str):
 
   def f(x, scale, bias):
     return tokamax.layer_norm(
-        x, scale, bias if op == "layer_norm" else None, epsilon=EPSILON,
-        subtract_mean=op == "layer_norm", implementation="triton")
+        x, scale, param_dict(op, scale, bias).get("bias"), epsilon=EPSILON,
+        subtract_mean=jaxnorm.OPS[op].decl.mean_path, implementation="triton")
   return f
 
 

@@ -32,7 +32,8 @@ from experiments.suite.provenance import device_info
 
 def _fns(op_name: str, dtype):
   op, ref = jaxnorm.OPS[op_name].fn, jaxnorm.OPS[op_name].reference
-  n_scalars = 2 if op_name == "derf" else 1
+  # The scalars (alpha, and Derf's shift) are the parameters before scale and bias.
+  n_scalars = len([p for p in jaxnorm.OPS[op_name].params if p not in ("scale", "bias")])
 
   def params(d):
     scal = tuple(jnp.asarray(v, jnp.float32) for v in (0.5, 0.1)[:n_scalars])

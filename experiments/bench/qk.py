@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from experiments.bench.timing import time_interleaved
+import jaxnorm
 from jaxnorm import nnx as jaxnorm_nnx
 
 __all__ = ["bench_shape", "build_parser", "main", "norm_function"]
@@ -44,12 +45,12 @@ MODES = ("fwd", "fwd+bwd")
 
 def norm_function(impl: str, kind: str, heads: int, head_dim: int, dtype: str):
   """``(f, params)``: ``f(params, x)`` is the per-head norm layer of ``impl`` on ``x: (T, H, Dh)``."""
-  mods = {"jaxnorm": (jaxnorm_nnx.LayerNorm, jaxnorm_nnx.RMSNorm), "flax": (nnx.LayerNorm, nnx.RMSNorm)}
+  mods = {"jaxnorm": jaxnorm_nnx, "flax": nnx}  # both name their layers as jaxnorm.OPS[kind].layer
   if impl not in mods:
     raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}.")
   if kind not in KINDS:
     raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
-  cls = mods[impl][0] if kind == "layer_norm" else mods[impl][1]
+  cls = getattr(mods[impl], jaxnorm.OPS[kind].layer)
   layer = cls(heads * head_dim, feature_axes=(-2, -1), reduction_axes=-1, epsilon=1e-6,
               dtype=jnp.dtype(dtype), rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(layer)

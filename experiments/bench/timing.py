@@ -45,7 +45,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import jaxnorm
 from experiments.bench.impls import FUSED_OPS
+
+# The number of parameter vectors of each op of jaxnorm.OPS and of its residual add + norm op.
+_N_PARAMS = {**{name: len(op.params) for name, op in jaxnorm.OPS.items()},
+             **{op.add_fn.__name__: len(op.params) for op in jaxnorm.OPS.values() if op.add_fn}}
 
 MODES = ("fwd", "bwd", "fwd+bwd")
 # Opt-in (--modes ...,jvp): forward-mode primal + tangent, see jvp_call.
@@ -139,7 +144,7 @@ def _memory(compiled) -> dict[str, int] | None:
 def must_move_bytes(op: str, mode: str, rows: int, d: int, x_itemsize: int,
                     p_itemsize: int) -> int:
   """Bytes an implementation cannot avoid moving (see the module docstring)."""
-  n_params = 2 if op in ("layer_norm", "add_layer_norm") else 1
+  n_params = _N_PARAMS[op]
   n = rows * d
   if op in FUSED_OPS:  # read x, residual, write h, y; read h, dy, dh, write dx (= dresidual)
     fwd = 4 * n * x_itemsize + n_params * d * p_itemsize
@@ -266,19 +271,6 @@ def prepare_entry(f: Callable, inp: Inputs, *, modes: tuple[str, ...],
     jax.block_until_ready(call(*call_args))
     calls[mode] = (call, call_args)
   return calls, memory
-
-
-def bench_entry(f: Callable, inp: Inputs, *, repeats: int, sample_ms: float,
-                modes: tuple[str, ...], fused: bool = False) -> dict[str, Any]:
-  """Times one implementation at one (op, shape, dtype) alone; per-mode timings and memory.
-
-  ``fused`` as in :func:`prepare_entry`.
-  """
-  calls, memory = prepare_entry(f, inp, modes=modes, fused=fused)
-  out: dict[str, Any] = {"memory_fwd_bwd": memory}
-  for mode, (call, call_args) in calls.items():
-    out[mode] = time_fn(call, call_args, repeats=repeats, sample_ms=sample_ms)
-  return out
 
 
 def copy_bandwidth(inp: Inputs, *, repeats: int, sample_ms: float) -> dict[str, float]:

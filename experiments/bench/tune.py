@@ -33,7 +33,7 @@ import jax
 import numpy as np
 
 from experiments.bench import cli, timing
-from experiments.bench.impls import OPS
+from experiments.bench.impls import OPS, param_dict
 import jaxnorm
 
 SHAPES = ((4096, 4096), (16384, 4096), (32768, 8192))
@@ -42,10 +42,9 @@ SHAPES = ((4096, 4096), (16384, 4096), (32768, 8192))
 def _op(op: str, block, interpret: bool):
   """The public op on ``(x, scale, bias)`` with the Pallas kernels launched with ``block``."""
   pallas = jaxnorm.PallasConfig(interpret=interpret, block=block)
-  fn = getattr(jaxnorm, op)
-  if op == "layer_norm":
-    return lambda x, s, b: fn(x, s, b, epsilon=1e-6, impl="pallas", pallas=pallas)
-  return lambda x, s, b: fn(x, s, epsilon=1e-6, impl="pallas", pallas=pallas)
+  fn = jaxnorm.OPS[op].fn
+  return lambda x, s, b: fn(x, *param_dict(op, s, b).values(), epsilon=1e-6, impl="pallas",
+                            pallas=pallas)
 
 
 def _fwd(op: str, block, inp: timing.Inputs, interpret=False):

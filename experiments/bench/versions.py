@@ -27,26 +27,25 @@ import jaxnorm
 import jaxnorm_old  # noqa: F401  (the earlier version, see the docstring)
 
 
+def _params(kind, s, b):
+  """``kind``'s parameters by name (jaxnorm.OPS), from the benchmark's ``s`` and ``b``."""
+  return {name: {"scale": s, "bias": b}[name] for name in jaxnorm.OPS[kind].params}
+
+
 def flax_fn(kind):
-  m = nn.LayerNorm() if kind == "layer_norm" else nn.RMSNorm()
+  m = getattr(nn, jaxnorm.OPS[kind].layer)()  # Flax's layer of the same class name
 
   def f(x, s, b):
-    v = {"params": {"scale": s, "bias": b}} if kind == "layer_norm" else {"params": {"scale": s}}
-    return m.apply(v, x)
+    return m.apply({"params": _params(kind, s, b)}, x)
 
   return f
 
 
 def impls(kind):
-  new = (
-    (lambda x, s, b: jaxnorm.layer_norm(x, s, b)) if kind == "layer_norm" else (lambda x, s, b: jaxnorm.rms_norm(x, s))
-  )
-  old = (
-    (lambda x, s, b: jaxnorm_old.layer_norm(x, s, b))
-    if kind == "layer_norm"
-    else (lambda x, s, b: jaxnorm_old.rms_norm(x, s))
-  )
-  return {"before": old, "after": new, "flax": flax_fn(kind)}
+  new, old = getattr(jaxnorm, kind), getattr(jaxnorm_old, kind)
+  return {"before": lambda x, s, b: old(x, *_params(kind, s, b).values()),
+          "after": lambda x, s, b: new(x, *_params(kind, s, b).values()),
+          "flax": flax_fn(kind)}
 
 
 def modes(f):

@@ -22,6 +22,6 @@ stage fused 60 python3 -m experiments bench --dtypes bfloat16 --ops add_layer_no
   --shapes 16384x4096,16384x5120
 stage qk 45 python3 -m experiments bench-qk --dtype bfloat16 --tokens 16384 --heads 8,32 \
   --head-dims 64,128,256 --repeats 10 --sample-ms 5 --out $B/qk --tag h100
-stage tests 70 python3 -m pytest -q -x -p no:cacheprovider tests/test_pallas.py tests/test_forward_mode.py
+stage tests 70 python3 -m pytest -q -x -p no:cacheprovider tests/jaxnorm/test_pallas.py tests/jaxnorm/test_forward_mode.py
 tar czf "$OUT/bench.tgz" -C /tmp bench
 cat $B/stages.txt

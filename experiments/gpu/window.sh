@@ -10,6 +10,6 @@ BUDGET=${BUDGET:-6}
 TEST_S=${TEST_S:-150}
 bash experiments/gpu/preset.sh; echo "preset rc $?" | tee -a "$OUT/device.txt"
 timeout -k 5 "$TEST_S" python3 -m pytest -q -p no:cacheprovider -x \
-  tests/test_pallas.py tests/test_forward_mode.py tests/test_ops_sharding.py > "$OUT/tests-gpu.log" 2>&1
+  tests/jaxnorm/test_pallas.py tests/jaxnorm/test_forward_mode.py tests/jaxnorm/test_ops_sharding.py > "$OUT/tests-gpu.log" 2>&1
 echo "tests rc $?" | tee -a "$OUT/device.txt"
 tail -n 5 "$OUT/tests-gpu.log"

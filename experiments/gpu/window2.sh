@@ -18,8 +18,8 @@ stage f32 60 python3 -m experiments bench --dtypes float32 $PLAIN $R --out $B/f3
 stage fused 45 python3 -m experiments bench --dtypes bfloat16 --ops add_layer_norm,add_rms_norm \
   --fused-impls jaxnorm-pallas,jaxnorm-xla,unfused-xla,flax-linen $R --out $B/fused --shapes 16384x4096,8192x12288
 echo "== tests $(date -u +%T)"
-timeout -k 5 90 python3 -m pytest -q -p no:cacheprovider tests/test_pallas.py tests/test_forward_mode.py \
-  tests/test_ops_sharding.py 2>&1 | tee $B/tests-gpu.log | tail -n 25
+timeout -k 5 90 python3 -m pytest -q -p no:cacheprovider tests/jaxnorm/test_pallas.py tests/jaxnorm/test_forward_mode.py \
+  tests/jaxnorm/test_ops_sharding.py 2>&1 | tee $B/tests-gpu.log | tail -n 25
 echo "rc ${PIPESTATUS[0]} tests" | tee -a $B/stages.txt
 tar czf "$OUT/bench.tgz" -C /tmp bench
 cat $B/stages.txt

@@ -3,7 +3,7 @@
 The rules take the study's seed statistics (:func:`experiments.studies.seeds.point` per
 ``"<position>/L<depth>"``), its model-update curves and DeepNorm's constants, and return claim
 dicts (``id``, ``criterion``, ``ours``, ``holds``, ``per_seed``); none trains, so
-``tests/test_verdicts.py`` feeds each one synthetic results for yes, partly and no.
+``tests/experiments/test_verdicts.py`` feeds each one synthetic results for yes, partly and no.
 """
 
 from __future__ import annotations

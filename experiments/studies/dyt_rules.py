@@ -1,6 +1,6 @@
 r"""The verdict rules of the ``dyt`` study (:mod:`experiments.studies.dyt`): when does removing the norm help?
 
-Plain numbers in, claim dicts out (no training, no JAX); ``tests/test_dyt_rules.py`` feeds every rule
+Plain numbers in, claim dicts out (no training, no JAX); ``tests/experiments/test_dyt_rules.py`` feeds every rule
 synthetic results for each verdict. Drafted while the pilots on seeds 100-102 ran (their learning-rate
 stage seen, not their range stage), revised once after the pilots (T4: the best, not the final,
 validation loss decides whether a reference run trained; ``experiments/suite/rule_changes.toml``) and

@@ -2,7 +2,7 @@
 
 Every rule takes the study's analysis (:func:`experiments.studies.grad_init.analyse`: ratios, slopes
 and residual levels, plain numbers) and returns a claim dict (``id``, ``criterion``, ``ours``,
-``holds``); none measures anything, so ``tests/test_verdicts.py`` feeds each one synthetic results
+``holds``); none measures anything, so ``tests/experiments/test_verdicts.py`` feeds each one synthetic results
 for yes, partly and no. The criteria are the same for every preset.
 """
 

@@ -263,14 +263,15 @@ def plot(ctx, data: dict) -> list[str]:
 
   model = data.get("model")
   if model:
+    from jaxnorm import OPS  # the layers' class names label the curves
     fig, axes = ctx.subplots(1, 2, figsize=(11, 4))
     ax = axes[0]
     groups = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")
-    for norm, ls in (("layer_norm", "-"), ("rms_norm", "--")):
+    for norm, ls, short in (("layer_norm", "-", "LN"), ("rms_norm", "--", "RMS")):
       for gi, g in enumerate(groups):
         vals = model["init"][norm][g]
         ax.plot(np.arange(1, len(vals) + 1), vals, ls, color=f"C{gi}",
-                label=f"{g} ({'LN' if norm == 'layer_norm' else 'RMS'})")
+                label=f"{g} ({short})")
     ax.set_xlabel("layer")
     ax.set_ylabel("gradient norm at init")
     ax.set_yscale("log")
@@ -279,7 +280,7 @@ def plot(ctx, data: dict) -> list[str]:
     ax = axes[1]
     for norm in ("layer_norm", "rms_norm"):
       c = model["train"][norm]
-      ax.plot(c["step"], c["total"], label="LayerNorm" if norm == "layer_norm" else "RMSNorm", lw=1)
+      ax.plot(c["step"], c["total"], label=OPS[norm].layer, lw=1)  # the layer's class name
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("norm of all block-weight gradients")

@@ -2,7 +2,7 @@
 
 Each claim has a rule fed plain numbers (largest errors, break points, ratios) that returns a
 claim dict (``id``, ``criterion``, ``ours``, ``holds``); :func:`verdicts` reads those numbers
-from the study's measurements. ``tests/test_verdicts.py`` feeds every rule synthetic numbers for
+from the study's measurements. ``tests/experiments/test_verdicts.py`` feeds every rule synthetic numbers for
 each verdict it can give. Scale and gradient invariance are exact properties (without epsilon):
 they hold to float rounding or they do not, so their rules give yes or no, never partly, and
 their criteria say so.

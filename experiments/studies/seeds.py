@@ -47,15 +47,14 @@ def shared_rise_steps(curves: list) -> set[int]:
   return {t for t in steps if sum(r.get(t, 0.0) >= SHARED_RISE_NATS for r in per) > len(per) / 2}
 
 
-def largest_rise(train_curve, skip=()) -> dict | None:
+def largest_rise(train_curve) -> dict | None:
   r"""The largest rise of a training-loss curve above its running minimum: a loss spike's size.
 
   .. math:: r = \max_t \big(\ell_t - \min_{s < t} \ell_s\big)
 
   Args:
-    train_curve: ``[(step, loss), ...]`` in step order (non-finite losses are skipped).
-    skip: steps not to count as a rise (:func:`shared_rise_steps`: hard batches every run shares);
-      their losses still enter the running minimum.
+    train_curve: ``[(step, loss), ...]`` in step order (non-finite losses are skipped). A hard
+      batch every run shares (:func:`shared_rise_steps`) counts as a rise like any other step.
 
   Returns:
     ``{"rise", "step", "peak"}`` (the rise in nats, the step and the loss there; for a curve
@@ -67,7 +66,7 @@ def largest_rise(train_curve, skip=()) -> dict | None:
     loss = float(loss)
     if not np.isfinite(loss):
       continue
-    if lo < np.inf and int(step) not in skip and loss - lo > (0.0 if best is None else best["rise"]):
+    if lo < np.inf and loss - lo > (0.0 if best is None else best["rise"]):
       best = {"rise": float(loss - lo), "step": int(step), "peak": loss}
     lo, top = min(lo, loss), max(top, loss)
   if best is None and lo < np.inf:

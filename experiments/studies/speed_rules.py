@@ -3,7 +3,7 @@
 A timing difference gets a verdict only where it is measured beyond its own spread: both claims
 rest on repeated, interleaved timings (each round times LayerNorm and RMSNorm one after the
 other, so a change of background load hits both), and each round's RMSNorm time reduction
-``1 - t_RMS / t_LN`` is one sample of the difference. ``tests/test_verdicts.py`` feeds the rules
+``1 - t_RMS / t_LN`` is one sample of the difference. ``tests/experiments/test_verdicts.py`` feeds the rules
 synthetic reductions for yes, partly, no and n/a.
 """
 

@@ -3,7 +3,7 @@
 A jaxnorm/Flax pair is judged to round-off where training is deterministic (step 1, the early
 steps) and, for the long curve of a chaotic run, against a chaos baseline measured in the same
 run (the Flax run again with its input scaled by one float32 ulp). The rules take the curve
-differences of :func:`experiments.studies.vjp.compare`; ``tests/test_verdicts.py`` feeds them
+differences of :func:`experiments.studies.vjp.compare`; ``tests/experiments/test_verdicts.py`` feeds them
 synthetic differences for yes, partly and no.
 """
 

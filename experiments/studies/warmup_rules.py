@@ -2,7 +2,7 @@ r"""The verdict rules of the warm-up grid (:mod:`experiments.studies.warmup`): p
 
 Every rule takes grid points (:func:`experiments.studies.seeds.point`, keyed ``(position, lr,
 warmup)``) and returns a claim dict (``id``, ``criterion``, ``ours``, ``holds``, ``per_seed``);
-none trains or imports JAX, so ``tests/test_verdicts.py`` feeds each one synthetic results for
+none trains or imports JAX, so ``tests/experiments/test_verdicts.py`` feeds each one synthetic results for
 yes, partly, no and "not testable". The rules of issue 31 were frozen before the report's run
 (the commit is named in the report); the pilots that chose the design (seeds >= 100) and the
 report at 87da7be had been seen (the report's "Rule changes" section).

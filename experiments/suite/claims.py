@@ -11,7 +11,7 @@ Verdicts: ``"yes"``, ``"no"``, ``"partly"`` (some of the configurations agree), 
 hold; the report prints "not testable at this scale" with the reason, never a bold no), ``"n/a"``
 (nothing was measured that the rule could judge, e.g. no depth with both layouts in ``smoke``),
 ``"obs"`` (an observation without a published counterpart). Every rule can give each of yes /
-partly / no / not testable on some input (``tests/test_verdicts.py`` feeds each one synthetic
+partly / no / not testable on some input (``tests/experiments/test_verdicts.py`` feeds each one synthetic
 results for each verdict); where one of them cannot occur the criterion says why.
 
 **Testability before verdicts.** Every claim states, in :attr:`Claim.testable_when`, the

@@ -5,7 +5,7 @@ The docs restate no verdict by hand: the block between
 rendered from a results folder by :func:`experiments.suite.report.docs_block`.
 ``python -m experiments.suite.docs_sync`` rewrites it from ``experiments/results/cpu`` and
 ``experiments/results/cpu-extra`` (the two commands' committed reports);
-``--check`` exits with status 1 where the docs differ (``tests/test_docs_report.py`` runs the
+``--check`` exits with status 1 where the docs differ (``tests/experiments/test_docs_report.py`` runs the
 same comparison).
 """
 

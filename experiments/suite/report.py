@@ -519,7 +519,7 @@ def docs_block(roots) -> str:
 
   The docs restate no verdict by hand: this block is rendered from the results folders ``roots``
   (one folder or a list: ``experiments/results/cpu`` and ``experiments/results/cpu-extra``), one
-  part per report listing the claims its preset ran; ``tests/test_docs_report.py`` fails if the
+  part per report listing the claims its preset ran; ``tests/experiments/test_docs_report.py`` fails if the
   docs' copy differs. ``python -m experiments.suite.docs_sync`` rewrites it.
   """
   roots = [roots] if isinstance(roots, (str, pathlib.Path)) else list(roots)

@@ -6,9 +6,10 @@ Launches the kernels of :mod:`jaxnorm._pallas.forward` and :mod:`jaxnorm._pallas
 :class:`~jaxnorm._norm_config.NormConfig`, the per-row statistics reshaped to the XLA
 backend's ``(..., 1)`` layout (either backward consumes either forward's statistics), per-head
 parameters mapped as one more grid axis. The residual add + norm runs the fused kernels (one
-read of ``x`` and ``residual``) unless ``cfg.add.fused_kernels`` is False (the decomposition
-tests compare them with). The kernel modules are imported on first use (:func:`kernels`), so
-this module and the table that holds it leave ``jax.experimental.pallas`` unimported.
+read of ``x`` and ``residual``) unless ``cfg.pallas`` is a :class:`DecomposedAddConfig` (the
+decomposition the tests compare them with). The kernel modules are imported on first use
+(:func:`kernels`), so this module and the table that holds it leave ``jax.experimental.pallas``
+unimported.
 
 :class:`TritonBackend` declares what it runs: its lowering platforms (:data:`PLATFORMS`), its
 config class (:class:`~jaxnorm._pallas.config.PallasConfig`) and an allow-list of the ops the
@@ -33,7 +34,8 @@ from jaxnorm._norm_config import NormConfig
 from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 from jaxnorm._pallas import config as _config
 
-__all__ = ["KERNEL_OPS", "OP_KERNELS", "PLATFORMS", "TRITON", "TritonBackend", "kernels",
+__all__ = ["KERNEL_OPS", "OP_KERNELS", "PLATFORMS", "TRITON", "DecomposedAddConfig",
+           "TritonBackend", "kernels",
            "kernel_spec"]
 
 # The lowering platforms the Triton kernels compile for (elsewhere: interpret mode only).
@@ -267,24 +269,42 @@ class TritonBackend(Backend):
 
   def add_forward_only(self, cfg, x, residual, scale, bias, mask):
     """``(y, h)`` from the fused forward kernel."""
-    if not cfg.add.fused_kernels:
+    if not _fused_add(cfg):
       return super().add_forward_only(cfg, x, residual, scale, bias, mask)
     y, h, _ = self.add_forward(cfg, x, residual, scale, bias, mask)
     return y, h
 
   def add_forward(self, cfg, x, residual, scale, bias, mask):
     """``(y, h, stats)`` from the fused forward kernel."""
-    if not cfg.add.fused_kernels:
+    if not _fused_add(cfg):
       return super().add_forward(cfg, x, residual, scale, bias, mask)
     return over_heads(cfg, _add_forward_one, "rrpp", "rrr")(x, residual, scale, bias)
 
   def add_backward(self, cfg, h, scale, mask, stats, dy, dh):
     """``(dx, dresidual, dscale, dbias)`` from the fused backward kernels."""
-    if not cfg.add.fused_kernels:
+    if not _fused_add(cfg):
       return super().add_backward(cfg, h, scale, mask, stats, dy, dh)
     dx, dres, dscale, dbias = over_heads(cfg, _add_backward_one, "rprrr", "rrpp")(
         h, scale, stats, dy, dh)
     return (dx, dres, *_param_sums(cfg, scale, dscale, dbias))
+
+
+@dataclasses.dataclass(frozen=True)
+class DecomposedAddConfig(_config.PallasConfig):
+  """A :class:`~jaxnorm._pallas.config.PallasConfig` under which the residual add + norm runs as
+  the add in XLA and the plain op's kernels instead of the fused kernels: the decomposition the
+  tests compare the fused kernels with. Not public. A distinct class, so a config of either kind
+  is a distinct static argument (no cached program of one is reused for the other)."""
+
+  @classmethod
+  def of(cls, pallas: _config.PallasConfig) -> "DecomposedAddConfig":
+    """The same kernel settings (interpret, block) as ``pallas``, with the add decomposed."""
+    return cls(**{f.name: getattr(pallas, f.name) for f in dataclasses.fields(pallas)})
+
+
+def _fused_add(cfg: NormConfig) -> bool:
+  """Whether the residual add + norm of ``cfg`` runs the fused kernels (see DecomposedAddConfig)."""
+  return not isinstance(cfg.pallas, DecomposedAddConfig)
 
 
 TRITON = TritonBackend()

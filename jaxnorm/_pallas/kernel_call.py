@@ -71,9 +71,10 @@ def _run_elsewhere(*leaves, cfg, fn, tree, groups, elsewhere, platforms):
   if elsewhere == "xla":
     return _flat_fn(dataclasses.replace(cfg, impl="xla"), fn, tree, groups)(*leaves)
   other = next(p for p in platforms if p not in PLATFORMS)
-  # Named as the kernels' public name ("pallas", the alias of "triton"): the spelling the call
-  # used is not part of its config.
-  raise ValueError(v.backend_refusal("pallas", v.kernel_problem(backend=other)))
+  # The config does not carry the spelling the call used ("triton" or its alias "pallas"), so the
+  # message names both.
+  raise ValueError(v.backend_refusal("triton", v.kernel_problem(backend=other)).replace(
+      "impl='triton'", "impl='triton' (alias 'pallas')", 1))
 
 
 def _impl(*leaves, cfg, fn, tree, groups, elsewhere):

@@ -109,12 +109,14 @@ class TransformerConfig:
       an op of :data:`jaxnorm.OPS` as ``norm_type`` names one (``"rms_norm"``,
       ``"layer_norm"``, ``"dyt"``, ``"derf"``). With learned positions, which are added to the
       model input, the norm acts on the projected queries and keys directly. The same
-      ``norm_impl``, ``epsilon``, ``dtype`` and ``casting`` as the other norms.
-    qk_norm_scale: ``"per_head"``: one learned scale (and LayerNorm bias) per head and
-      feature, Flax's spelling ``feature_axes=(-2, -1), reduction_axes=-1`` with a parameter
+      ``norm_impl``, ``epsilon``, ``dtype`` and ``casting`` as the other norms (``"dyt"`` and
+      ``"derf"`` take ``pointwise_alpha``'s first value and no ``epsilon`` or ``casting``).
+    qk_norm_scale: ``"per_head"``: one learned scale (and bias: LayerNorm, DyT, Derf) per head
+      and feature, Flax's spelling ``feature_axes=(-2, -1), reduction_axes=-1`` with a parameter
       of shape ``(n_heads * head_dim,)``; ``"shared"``: one ``(head_dim,)`` scale shared by
       every head (as Hugging Face's Qwen3 and Gemma 3 do; OLMo 2 normalizes the whole
-      ``(n_heads * head_dim)`` projection at once, which neither option reproduces).
+      ``(n_heads * head_dim)`` projection at once, which neither option reproduces). DyT's and
+      Derf's scalar ``alpha`` (and Derf's ``shift``) is one per layer either way.
     norm_scaling: multiply the output of each block's input norms in layer :math:`l`
       (1-indexed) by :math:`1/\\sqrt{l}` (LayerNorm Scaling, Sun et al. 2025, "The Curse of
       Depth in Large Language Models"): Pre-LN and Sandwich only (the input norms; the

@@ -42,7 +42,7 @@ OPS = {
     "rms_norm": (jaxnorm.rms_norm, reference.rms_norm, False),
 }
 # The fixed cases check the value and the VJP, as they did before the kit (forward mode is in
-# every hypothesis example, and tests/test_forward_mode.py).
+# every hypothesis example, and tests/jaxnorm/test_forward_mode.py).
 REV = ("rev",)
 
 

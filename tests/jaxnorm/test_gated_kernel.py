@@ -39,9 +39,7 @@ def _inputs(rows, d, x_dtype, z_dtype, has_scale, seed=0):
 
 def _oracle(x, z, scale, dy, group_size, norm_before_gate):
   """``(y, rstd, dx, dz, dscale)`` of the float64 oracle (``jax.vjp``) at the given inputs."""
-  # "allow": the oracle multiplies (rows, d) by the (d,) scale with implicit rank promotion,
-  # which the suite's conftest otherwise turns into an error.
-  with jax.enable_x64(True), jax.numpy_rank_promotion("allow"):
+  with jax.enable_x64(True):
     args = [jnp.asarray(np.asarray(a, np.float64)) for a in (x, z) + ((scale,) if scale is not None
                                                                       else ())]
 

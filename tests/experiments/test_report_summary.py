@@ -143,7 +143,7 @@ def test_reanalyse_rejudges_committed_runs_without_training(tmp_path):
   import shutil
 
   from experiments.suite import reanalyse
-  src = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "results" / "cpu-extra"
+  src = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "results" / "cpu-extra"
   root = tmp_path / "cpu-extra"
   shutil.copytree(src, root)
   old = json.loads((root / "dyt" / "done.json").read_text())
@@ -165,7 +165,7 @@ def test_committed_reports_open_with_the_answer_within_25_kb():
   """Issue 44: each committed preset's report.md opens with "What to use" (at most 150 words) and is at most
   25 KB; the criteria and rule history are in its appendix.md."""
   import pathlib
-  results = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "results"
+  results = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "results"
   for preset in ("cpu", "cpu-extra", "gpu"):
     text = (results / preset / "report.md").read_text()
     assert len(text.encode()) <= report.REPORT_BYTES, (preset, len(text.encode()))

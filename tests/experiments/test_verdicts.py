@@ -587,10 +587,10 @@ def test_every_claim_id_has_a_rule_table_here():
                  "vjp_matches_autodiff", "zhang_rms_speedup", "notes_rms_scale_invariance",
                  "notes_rms_grad_invariance", "notes_ln_shift_invariance", "notes_grad_norms_close",
                  "notes_rms_op_speedup",
-                 # issue 25: their rule tables are in tests/test_qk_norm_rules.py
+                 # issue 25: their rule tables are in tests/experiments/test_qk_norm_rules.py
                  "wortsman_qk_removes_logit_growth", "wortsman_qk_lr_sensitivity", "sun_lns_curbs_variance",
                  "kim_periln_balanced_variance",
-                 # issue 36: their rule tables are in tests/test_dyt_rules.py
+                 # issue 36: their rule tables are in tests/experiments/test_dyt_rules.py
                  "zhu_dyt_matches_norm", "zhu_alpha_width", "derf_beats_all", "derf_generalization",
                  "verma_regime_sign", "verma_saturation", "verma_regularizer", "verma_hardtanh"}
   observations = {"init_changes_picture", "warmup_variants", "qk_norm_post_ln"}
@@ -623,12 +623,13 @@ def test_hard_batches_are_listed_not_taken_out_of_the_rises():
   hard = [[(1, 5.0), (2, 3.0), (3, 3.6), (4, 2.9)], [(1, 5.0), (2, 3.2), (3, 3.9), (4, 3.0)],
           [(1, 5.0), (2, 3.1), (3, 3.7), (4, 3.05), (5, 3.5)]]
   assert seeds.shared_rise_steps(hard) == {3}
-  assert seeds.largest_rise(hard[2])["step"] == 3
-  r = seeds.largest_rise(hard[2], skip={3})
-  assert r["step"] == 5 and r["rise"] == pytest.approx(0.45)
+  # The shared step 3 (3.1 -> 3.7) is the largest rise of the third run, above its own step 5 (3.05 -> 3.5).
+  assert seeds.largest_rise(hard[2]) == {"rise": pytest.approx(0.6), "step": 3, "peak": 3.7}
+  expected = [seeds.largest_rise(c) for c in hard]
   runs = {"a": [dict(seed=0, train_curve=c) for c in hard[:1]], "b": [dict(seed=0, train_curve=c) for c in hard[1:]]}
   shared = seeds.set_rises(runs)
-  assert shared == {0: [3]} and runs["b"][1]["rise"]["step"] == 3 and "train_curve" not in runs["a"][0]
+  assert shared == {0: [3]} and "train_curve" not in runs["a"][0]
+  assert [r["rise"] for rs in runs.values() for r in rs] == expected and runs["b"][1]["rise"]["step"] == 3
 
 
 def test_depth_trains_only_the_read_layouts_at_the_shallowest_depth():

@@ -26,7 +26,7 @@ POINTWISE = [op for op in jaxnorm.OPS.values() if op.family == "pointwise"]
 # "Pointwise ops"). A float32 result may carry that plus its own rounding.
 TOL = Tolerance(ulps=6.0)
 # Second order in bfloat16/float16 passes through first-order cotangents rounded to the 16-bit
-# dtype (by contract); like the norms' (tests/test_testing_kit.py), it is checked in float32.
+# dtype (by contract); like the norms' (tests/jaxnorm/test_testing_kit.py), it is checked in float32.
 
 
 def _params(op, d, key, *, per="scalar", dtype=jnp.float32):

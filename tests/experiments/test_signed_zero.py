@@ -14,7 +14,7 @@ import pytest
 
 from experiments.studies import depth_rules
 
-ROOT = pathlib.Path(__file__).resolve().parents[1] / "experiments"
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "experiments"
 # The code whose texts become verdicts and reports (the benchmarks print timings, never a zero).
 SCANNED = ("studies", "suite", "harness")
 # A replacement field whose spec ends in a float type (f, g, e, %) with a precision, without "z".

@@ -2,7 +2,7 @@
 arguments, messages and strategies do what they say.
 
 The rules jaxnorm ships (every op, variant, casting and backend) are checked with the kit by
-the op batteries (tests/test_ops_vjp.py, tests/test_fused.py, tests/test_per_head.py), each
+the op batteries (tests/jaxnorm/test_ops_vjp.py, tests/jaxnorm/test_fused.py, tests/jaxnorm/test_per_head.py), each
 hypothesis example under one drawn transformation; one fixed case here runs every
 transformation at once. The mutants of :mod:`_mutants` must each be rejected (hypothesis finds
 a failing input) while the correct rules beside them are accepted.

@@ -23,7 +23,8 @@ from experiments.harness import train_config
 from experiments.harness.train_config import TrainConfig
 from jaxnorm.models import TransformerConfig
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The repository: tests/experiments/ is two below.
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY_MODEL = TransformerConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, max_len=32)
 STEPS = 8
 # Most runs below share the compiled step of the reference config (train() caches compiled

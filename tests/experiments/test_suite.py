@@ -274,7 +274,7 @@ def test_to_jsonable_keeps_json_valid():
   assert math.isnan(registry.from_json_float("nan"))
 
 
-# The verdict rules themselves: tests/test_verdicts.py (yes / partly / no for every claim).
+# The verdict rules themselves: tests/experiments/test_verdicts.py (yes / partly / no for every claim).
 
 
 def test_vjp_compare_and_depth_constants():

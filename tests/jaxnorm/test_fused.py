@@ -56,7 +56,7 @@ OPS = {
 }
 D_LOOP = MAX_BLOCK_D + 8  # two column blocks in the kernels
 # The fixed cases check the value and the VJP, as they did before the kit (forward mode is in
-# every hypothesis example, and tests/test_forward_mode.py).
+# every hypothesis example, and tests/jaxnorm/test_forward_mode.py).
 REV = ("rev",)
 
 
@@ -304,6 +304,7 @@ def test_fused_kernels_match_add_then_plain_kernels():
   from jaxnorm import _ad
   from jaxnorm import _norm_args
   from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
+  from jaxnorm._pallas.backend import DecomposedAddConfig
 
   ks = jax.random.split(jax.random.key(3), 6)
   x = random(ks[0], (9, 96), jnp.bfloat16)
@@ -317,15 +318,17 @@ def test_fused_kernels_match_add_then_plain_kernels():
         epsilon=1e-5, axis=-1, mask=None, epsilon_placement="outside", zero_centered_scale=True,
         axis_name=None, axis_index_groups=None, dtype=None, impl="pallas",
         pallas=PALLAS.pallas)
-    assert cfg.add.fused_kernels
+    assert not isinstance(cfg.pallas, DecomposedAddConfig)
     outs = []
-    unfused = dataclasses.replace(cfg, add=dataclasses.replace(cfg.add, fused_kernels=False))
+    unfused = dataclasses.replace(cfg, pallas=DecomposedAddConfig.of(cfg.pallas))
+    assert unfused.pallas.interpret == cfg.pallas.interpret and unfused != cfg
     for c in (cfg, unfused):
+      fused = c is cfg
       f = lambda x, r, s, b, c=c: _ad.add_norm(c, x, r, s, b, None)  # noqa: E731
       names = program_text(f, x2, r2, s, b if center else None)
       op = "layer_norm" if center else "rms_norm"
-      assert (f"jaxnorm_add_{op}_fwd" in names) == c.add.fused_kernels
-      assert (f"jaxnorm_{op}_fwd" in names) != c.add.fused_kernels
+      assert (f"jaxnorm_add_{op}_fwd" in names) == fused
+      assert (f"jaxnorm_{op}_fwd" in names) != fused
       out, pull = jax.vjp(f, x2, r2, s, b if center else None)
       outs.append((out, pull((dy, dh))))
     (out_f, g_f), (out_u, g_u) = outs
