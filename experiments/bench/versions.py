@@ -10,9 +10,12 @@ Prepare the earlier version as a package of another name, then run (from the rep
 ``--shapes``: ``TOKENSxD,...`` (default ``1024x64,4096x256,8192x1024``, the CPU bench's);
 ``--modes``: a subset of ``fwd,jvp,fwd+bwd`` (default all three).
 
-Per op (LayerNorm, RMSNorm), shape, dtype and mode (forward, ``jax.jvp``, forward+backward as one
-jitted gradient), the three implementations run in 15 interleaved rounds; the printed ratios are
-the medians of the per-round time ratios to Flax's (below 1: faster than Flax). ``impl="auto"``.
+Per op (``--ops``: LayerNorm, RMSNorm, DyT, Derf and the two residual add + norm ops by default),
+shape, dtype and mode (forward, ``jax.jvp``, forward+backward as one jitted gradient), the three
+implementations (before, after, and a baseline: Flax's layer for LayerNorm/RMSNorm, autodiff of
+``jaxnorm.reference`` otherwise) run in 15 interleaved rounds; the printed ratios are the medians
+of the per-round time ratios (to the baseline, below 1: faster; after/before, the change).
+``impl="auto"``.
 """
 
 import argparse
@@ -27,9 +30,17 @@ import jaxnorm
 import jaxnorm_old  # noqa: F401  (the earlier version, see the docstring)
 
 
+# The ops compared: the one-input ops of the table, and the residual add + norm ops (fed the
+# reversed x as the residual, in both versions alike).
+FUSED = {"add_layer_norm": "layer_norm", "add_rms_norm": "rms_norm"}
+
+
 def _params(kind, s, b):
-  """``kind``'s parameters by name (jaxnorm.OPS), from the benchmark's ``s`` and ``b``."""
-  return {name: {"scale": s, "bias": b}[name] for name in jaxnorm.OPS[kind].params}
+  """``kind``'s parameters by name (jaxnorm.OPS), from the benchmark's ``s`` and ``b`` (DyT's and
+  Derf's alpha 0.5 and shift 0.1, scalars)."""
+  given = {"scale": s, "bias": b, "alpha": jnp.asarray(0.5, s.dtype),
+           "shift": jnp.asarray(0.1, s.dtype)}
+  return {name: given[name] for name in jaxnorm.OPS[FUSED.get(kind, kind)].params}
 
 
 def flax_fn(kind):
@@ -42,10 +53,19 @@ def flax_fn(kind):
 
 
 def impls(kind):
+  """``before``, ``after`` and the baseline: Flax's layer for LayerNorm/RMSNorm, else autodiff of
+  :mod:`jaxnorm.reference` (the fused ops: of the add then the op)."""
   new, old = getattr(jaxnorm, kind), getattr(jaxnorm_old, kind)
+  if kind in FUSED:
+    ref = getattr(jaxnorm.reference, FUSED[kind])
+    return {"before": lambda x, s, b: old(x, x[::-1], *_params(kind, s, b).values())[0],
+            "after": lambda x, s, b: new(x, x[::-1], *_params(kind, s, b).values())[0],
+            "base": lambda x, s, b: ref(x + x[::-1], *_params(kind, s, b).values())}
+  base = flax_fn(kind) if jaxnorm.OPS[kind].layer in ("LayerNorm", "RMSNorm") else (
+      lambda x, s, b: getattr(jaxnorm.reference, kind)(x, *_params(kind, s, b).values()))
   return {"before": lambda x, s, b: old(x, *_params(kind, s, b).values()),
           "after": lambda x, s, b: new(x, *_params(kind, s, b).values()),
-          "flax": flax_fn(kind)}
+          "base": base}
 
 
 def modes(f):
@@ -88,6 +108,9 @@ parser.add_argument("out", help="the JSON file to write")
 parser.add_argument("--shapes", type=lambda t: [_shape(s) for s in t.split(",")],
                     default=[(1024, 64), (4096, 256), (8192, 1024)], help="TOKENSxD,...")
 parser.add_argument("--modes", type=_modes, default=list(MODE_NAMES), help="subset of fwd,jvp,fwd+bwd")
+parser.add_argument("--ops", type=lambda t: t.split(","),
+                    default=["layer_norm", "rms_norm", "dyt", "derf", "add_layer_norm",
+                             "add_rms_norm"], help="ops to compare (default: every op of 20ad8f4)")
 args = parser.parse_args()
 rows = []
 for shape in args.shapes:
@@ -97,7 +120,7 @@ for shape in args.shapes:
     t = jax.random.normal(key[1], shape).astype(dtype)
     s = jnp.ones(shape[-1], dtype) * 1.1
     b = jnp.zeros(shape[-1], dtype) + 0.1
-    for kind in ("layer_norm", "rms_norm"):
+    for kind in args.ops:
       imp = impls(kind)
       for mode in args.modes:
         fns = {n: modes(f)[mode] for n, f in imp.items()}
@@ -111,7 +134,9 @@ for shape in args.shapes:
           for n, fn in fns.items():
             samples[n].append(clock(fn, call_args, k))
         med = {n: float(np.median(v)) for n, v in samples.items()}
-        paired = {n: float(np.median(np.array(samples[n]) / np.array(samples["flax"]))) for n in ("before", "after")}
+        paired = {n: float(np.median(np.array(samples[n]) / np.array(samples["base"])))
+                  for n in ("before", "after")}
+        after_before = float(np.median(np.array(samples["after"]) / np.array(samples["before"])))
         rows.append(
           dict(
             shape=shape,
@@ -119,9 +144,11 @@ for shape in args.shapes:
             op=kind,
             mode=mode,
             us={n: 1e6 * v for n, v in med.items()},
-            ratio_vs_flax=paired,
+            ratio_vs_base=paired,
+            after_over_before=after_before,
           )
         )
-        print(f"{kind:10s} {shape[0]}x{shape[1]:<5d} {jnp.dtype(dtype).name:8s} {mode:7s} "
-              f"before/flax {paired['before']:.2f}  after/flax {paired['after']:.2f}", flush=True)
+        print(f"{kind:14s} {shape[0]}x{shape[1]:<5d} {jnp.dtype(dtype).name:8s} {mode:7s} "
+              f"before/base {paired['before']:.2f}  after/base {paired['after']:.2f}  "
+              f"after/before {after_before:.3f}", flush=True)
 json.dump(rows, open(args.out, "w"), indent=1)
