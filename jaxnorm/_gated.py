@@ -83,34 +83,44 @@ class GatedConfig:
 # The XLA formulas (one home for the forward, tangent and backward).
 
 
-def _grouped(cfg: GatedConfig, a):
-  """``a: (..., d)`` viewed as ``(..., d // group_size, group_size)``."""
+def _grouped(cfg: GatedConfig, a, ct):
+  """``a: (..., d)`` in ``ct``, viewed as ``(..., groups, group_size)`` (None stays None); with
+  one group, ``a`` as it is (XLA:CPU's programs with the size-1 axis ran the backward 1.3-3x
+  slower, docs/perf-notes.md). Every formula below works in this view, so a group's statistic
+  broadcasts along its last axis."""
+  if a is None:
+    return None
+  a = a.astype(ct)
+  if a.shape[-1] == cfg.group_size:
+    return a
   return a.reshape(a.shape[:-1] + (a.shape[-1] // cfg.group_size, cfg.group_size))
 
 
-def _group_mean(cfg: GatedConfig, a):
-  """The mean over each group of ``a: (..., d)``, broadcast back to ``(..., d)``."""
-  m = jnp.mean(_grouped(cfg, a), axis=-1, keepdims=True)
-  return jnp.broadcast_to(m, m.shape[:-1] + (cfg.group_size,)).reshape(a.shape)
+def _gamma(cfg: GatedConfig, scale, ndim: int):
+  """``scale`` (``(d,)`` or None) in the compute dtype in the grouped view, with leading size-1
+  axes to its rank."""
+  if scale is None:
+    return None
+  g = _grouped(cfg, scale, cfg.compute_dtype)
+  rank = ndim if g.ndim == 1 else ndim + 1
+  return g.reshape((1,) * (rank - g.ndim) + g.shape)
 
 
-def _per_feature(cfg: GatedConfig, rstd):
-  """``rstd: (..., groups)`` repeated to ``(..., d)``."""
-  return jnp.repeat(rstd, cfg.group_size, axis=-1)
+def _row_stat(cfg: GatedConfig, rstd, d: int, ct):
+  """The residual ``rstd: (..., groups)`` broadcastable against the grouped view."""
+  rstd = rstd.astype(ct)
+  return rstd if d == cfg.group_size else rstd[..., None]
+
+
+def _group_mean(a):
+  return jnp.mean(a, axis=-1, keepdims=True)
 
 
 def _gate(z):
-  """``(silu(z), silu'(z))`` with :math:`\\operatorname{silu}'(z) = s(1 + z(1 - s))`,
-  :math:`s = \\sigma(z)`."""
+  r"""``(silu(z), silu'(z))`` with :math:`\operatorname{silu}'(z) = s(1 + z(1 - s))`,
+  :math:`s = \sigma(z)`."""
   s = jax.nn.sigmoid(z)
   return z * s, s * (1.0 + z * (1.0 - s))
-
-
-def _gamma(cfg: GatedConfig, scale, ndim: int):
-  """``scale`` (``(d,)`` or None) in the compute dtype, with ``ndim - 1`` leading size-1 axes."""
-  if scale is None:
-    return None
-  return scale.astype(cfg.compute_dtype).reshape((1,) * (ndim - 1) + scale.shape[-1:])
 
 
 def _times(a, b):
@@ -120,14 +130,15 @@ def _times(a, b):
 def forward(cfg: GatedConfig, x, z, scale):
   """``(y, rstd)``: ``y`` in ``cfg.out_dtype``, ``rstd: (..., groups)`` in the compute dtype."""
   ct = cfg.compute_dtype
-  xf, zf = x.astype(ct), z.astype(ct)
-  g, _ = _gate(zf)
-  u = xf if cfg.norm_before_gate else xf * g
-  rstd = lax.rsqrt(jnp.mean(jnp.square(_grouped(cfg, u)), axis=-1) + cfg.epsilon)
-  y = _times(u * _per_feature(cfg, rstd), _gamma(cfg, scale, x.ndim))
+  xg, zg = _grouped(cfg, x, ct), _grouped(cfg, z, ct)
+  g, _ = _gate(zg)
+  u = xg if cfg.norm_before_gate else xg * g
+  rstd = lax.rsqrt(_group_mean(jnp.square(u)) + cfg.epsilon)
+  y = _times(u * rstd, _gamma(cfg, scale, x.ndim))
   if cfg.norm_before_gate:
     y = y * g
-  return y.astype(cfg.out_dtype), rstd
+  rstd = rstd if x.shape[-1] == cfg.group_size else rstd[..., 0]
+  return y.reshape(x.shape).astype(cfg.out_dtype), rstd
 
 
 def forward_only(cfg: GatedConfig, x, z, scale):
@@ -136,60 +147,60 @@ def forward_only(cfg: GatedConfig, x, z, scale):
 
 
 def tangent(cfg: GatedConfig, x, z, scale, rstd, tx, tz, tscale):
-  """:math:`\\dot y`, linear in the tangents (None ones are zero), in ``cfg.out_dtype``:
-  :math:`\\dot{\\hat u} = r(\\dot u - \\hat u\\,\\overline{\\hat u \\dot u})` with
-  :math:`\\dot u = \\dot x` (gate last) or :math:`\\dot x g + x g' \\dot z` (gate first)."""
+  r""":math:`\dot y`, linear in the tangents (None ones are zero), in ``cfg.out_dtype``:
+  :math:`\dot{\hat u} = r(\dot u - \hat u\,\overline{\hat u \dot u})` with
+  :math:`\dot u = \dot x` (gate last) or :math:`\dot x g + x g' \dot z` (gate first)."""
   ct = cfg.compute_dtype
-  xf, zf = x.astype(ct), z.astype(ct)
-  g, dg = _gate(zf)
-  r = _per_feature(cfg, rstd.astype(ct))
-  u = xf if cfg.norm_before_gate else xf * g
+  xg, zg, txg, tzg = (_grouped(cfg, a, ct) for a in (x, z, tx, tz))
+  g, dg = _gate(zg)
+  r = _row_stat(cfg, rstd, x.shape[-1], ct)
+  u = xg if cfg.norm_before_gate else xg * g
   uh = u * r
   gamma = _gamma(cfg, scale, x.ndim)
-  tgate = None if tz is None else dg * tz.astype(ct)
+  gate_after = g if cfg.norm_before_gate else None
+  tgate = None if tzg is None else dg * tzg
   if cfg.norm_before_gate:
-    tu = None if tx is None else tx.astype(ct)
+    tu = txg
   else:
-    parts = [p for p in (None if tx is None else tx.astype(ct) * g,
-                         None if tgate is None else xf * tgate) if p is not None]
+    parts = [p for p in (None if txg is None else txg * g,
+                         None if tgate is None else xg * tgate) if p is not None]
     tu = None if not parts else sum(parts[1:], parts[0])
   out = jnp.zeros(u.shape, ct)
   if tu is not None:
-    tuh = r * (tu - uh * _group_mean(cfg, uh * tu))
-    out = out + _times(_times(tuh, gamma), g if cfg.norm_before_gate else None)
+    out = out + _times(_times(r * (tu - uh * _group_mean(uh * tu)), gamma), gate_after)
   if cfg.norm_before_gate and tgate is not None:
     out = out + _times(uh, gamma) * tgate
   if tscale is not None:
-    out = out + _times(uh * _gamma(cfg, tscale, x.ndim), g if cfg.norm_before_gate else None)
-  return out.astype(cfg.out_dtype)
+    out = out + _times(uh * _gamma(cfg, tscale, x.ndim), gate_after)
+  return out.reshape(x.shape).astype(cfg.out_dtype)
 
 
 def backward(cfg: GatedConfig, x, z, scale, rstd, dy):
-  """The derived VJP, ``(dx, dz, dscale)``: ``dx``/``dz`` in ``x``'s/``z``'s dtypes, ``dscale``
+  r"""The derived VJP, ``(dx, dz, dscale)``: ``dx``/``dz`` in ``x``'s/``z``'s dtypes, ``dscale``
   summed over the rows in the compute dtype (None without a scale). With
-  :math:`a` the cotangent of :math:`\\hat u` (:math:`\\bar y \\gamma g` gate last,
-  :math:`\\bar y \\gamma` gate first) and :math:`\\bar u = r(a - \\hat u\\,\\overline{a \\hat u})`:
-  gate last, :math:`\\bar x = \\bar u`, :math:`\\bar z = \\bar y \\gamma \\hat u g'`,
-  :math:`\\bar\\gamma = \\Sigma\\,\\bar y \\hat u g`; gate first, :math:`\\bar x = \\bar u g`,
-  :math:`\\bar z = \\bar u x g'`, :math:`\\bar\\gamma = \\Sigma\\,\\bar y \\hat u`."""
+  :math:`a` the cotangent of :math:`\hat u` (:math:`\bar y \gamma g` gate last,
+  :math:`\bar y \gamma` gate first) and :math:`\bar u = r(a - \hat u\,\overline{a \hat u})`:
+  gate last, :math:`\bar x = \bar u`, :math:`\bar z = \bar y \gamma \hat u g'`,
+  :math:`\bar\gamma = \Sigma\,\bar y \hat u g`; gate first, :math:`\bar x = \bar u g`,
+  :math:`\bar z = \bar u x g'`, :math:`\bar\gamma = \Sigma\,\bar y \hat u`."""
   ct = cfg.compute_dtype
-  xf, zf, dyf = x.astype(ct), z.astype(ct), dy.astype(ct)
-  g, dg = _gate(zf)
-  r = _per_feature(cfg, rstd.astype(ct))
-  u = xf if cfg.norm_before_gate else xf * g
+  xg, zg, dyg = (_grouped(cfg, a, ct) for a in (x, z, dy))
+  g, dg = _gate(zg)
+  r = _row_stat(cfg, rstd, x.shape[-1], ct)
+  u = xg if cfg.norm_before_gate else xg * g
   uh = u * r
   gamma = _gamma(cfg, scale, x.ndim)
-  dyg = dyf * g if cfg.norm_before_gate else dyf  # the cotangent of gamma * u_hat
-  a = _times(dyg, gamma)
-  du = r * (a - uh * _group_mean(cfg, a * uh))
+  dn = dyg * g if cfg.norm_before_gate else dyg  # the cotangent of gamma * u_hat
+  a = _times(dn, gamma)
+  du = r * (a - uh * _group_mean(a * uh))
   if cfg.norm_before_gate:
-    dx, dz = du, _times(dyf * uh, gamma) * dg
+    dx, dz = du, _times(dyg * uh, gamma) * dg
   else:
-    dx, dz = du * g, du * xf * dg
+    dx, dz = du * g, du * xg * dg
   dscale = None
   if scale is not None:
-    dscale = jnp.sum((dyg * uh).reshape(-1, u.shape[-1]), axis=0)
-  return dx.astype(x.dtype), dz.astype(z.dtype), dscale
+    dscale = jnp.sum((dn * uh).reshape(-1, x.shape[-1]), axis=0)
+  return dx.reshape(x.shape).astype(x.dtype), dz.reshape(z.shape).astype(z.dtype), dscale
 
 
 GATED_RMS_NORM = GatedOp(

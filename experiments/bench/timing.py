@@ -96,7 +96,8 @@ def time_interleaved(calls: dict[str, tuple[Callable, tuple]], *, repeats: int,
 
   ``calls`` maps a name to ``(fn, args)`` (already compiled and warmed up). Each function gets
   its own ``k`` calls per sample, chosen so a sample lasts about ``sample_ms``; round ``r`` takes
-  sample ``r`` of every function in turn, so slow phases of a shared machine hit all of them.
+  sample ``r`` of every function in turn, so slow phases of a shared machine hit all of them,
+  starting at the ``r``-th function (the order rotates, so no function always runs first).
   ``clock``: a key of :data:`CLOCKS`, ``"wall"`` (elapsed) or ``"cpu"`` (the process's CPU time,
   all threads: steadier than elapsed time on a loaded machine, blind to idle waiting).
 
@@ -108,8 +109,14 @@ def time_interleaved(calls: dict[str, tuple[Callable, tuple]], *, repeats: int,
   tick = CLOCKS[clock]
   ks = {name: _calls_per_sample(fn, args, sample_ms) for name, (fn, args) in calls.items()}
   samples: dict[str, list[float]] = {name: [] for name in calls}
-  for _ in range(repeats):
-    for name, (fn, args) in calls.items():
+  names = list(calls)
+  for r in range(repeats):
+    # The order rotates by one each round, so every function takes every position equally
+    # often: with a fixed order, two runs of one program timed 0.73-0.89x (the second of a
+    # pair) and 1.05-1.21x (the last of a round) of each other on the 2-core AMD EPYC
+    # (docs/perf-notes.md, issue 45).
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      fn, args = calls[name]
       samples[name].append(_sample(fn, args, ks[name], tick))
   return {name: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v),
                  "calls_per_sample": ks[name], "samples": len(v), "times_s": v}
