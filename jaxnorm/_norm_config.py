@@ -7,8 +7,8 @@ of :mod:`jaxnorm._xla`, the kernel launches, which derive their
 :class:`jaxnorm._pallas.common.KernelSpec` from it) and the differentiation rules
 (:mod:`jaxnorm._ad`). A residual add + norm call is the same description with :attr:`add` set.
 Hashable: it is a static argument of ``jax.custom_jvp`` and a parameter of the tangent
-primitive. Imports nothing of jaxnorm but :mod:`jaxnorm._casting`, the op declarations and the
-Pallas config.
+primitive. Imports nothing of jaxnorm but :mod:`jaxnorm._casting` and the op declarations (the
+kernel backend's config is carried, not imported).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Any
 
 from jaxnorm._casting import CastPlan, cast_plan
 from jaxnorm._norm_ops import NormOp
-from jaxnorm._pallas.config import PallasConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +50,9 @@ class NormConfig:
   # jaxnorm._backends.PLATFORM_BACKENDS where the program is lowered for it, XLA elsewhere
   # (impl="auto" on a call those backends support; decided per lowering platform).
   impl: str
-  pallas: PallasConfig = PallasConfig()  # How the kernels run (interpret, block).
+  # How the kernel backend runs (its config class: the Triton backend's PallasConfig, with
+  # interpret and block), set by jaxnorm._norm_args.prepare on every call.
+  pallas: Any = None
   cast: CastPlan | None = None  # The affine stage's dtypes (casting=); None: "float32".
   add: AddConfig | None = None  # The residual add of add_layer_norm/add_rms_norm, or None.
   # Sizes of the per-head axes of scale/bias (x's axes just before the normalized ones that the

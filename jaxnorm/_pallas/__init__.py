@@ -5,8 +5,8 @@ Importing this package, :mod:`~jaxnorm._pallas.config`, :mod:`~jaxnorm._pallas.k
 and every XLA-path call leave it out of ``sys.modules``. The kernel modules,
 :mod:`~jaxnorm._pallas.common` (with the fence around Pallas API differences),
 :mod:`~jaxnorm._pallas.forward` and :mod:`~jaxnorm._pallas.backward`, are imported where a
-kernel is traced (:func:`jaxnorm._pallas.backend.kernels`); the checked kernel API
-:mod:`~jaxnorm._pallas.api` serves tests and benchmarks.
+kernel is traced (:func:`jaxnorm._pallas.backend.kernels`). The checked API of the kernels on
+their own, which only the tests use, is ``tests/_kernel_api.py``.
 
 Modules:
   config: :class:`PallasConfig`, :class:`BlockConfig`, the block-size heuristic and whether
@@ -15,5 +15,5 @@ Modules:
   backend: the ``"triton"`` entry (alias ``"pallas"``) of the backend table
     (:mod:`jaxnorm._backends`).
   common, forward, backward: the kernels.
-  api: the kernels on their own, on checked ``(rows, d)`` arguments.
+  gated, gated_entry: gated RMSNorm's kernels and their entry in the backend.
 """

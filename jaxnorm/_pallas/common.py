@@ -1,9 +1,9 @@
 r"""Internal API: what the forward and backward Pallas kernels share.
 
 Used by :mod:`jaxnorm._pallas.forward`, :mod:`jaxnorm._pallas.backward` and the callers that
-launch them (:mod:`jaxnorm._pallas.backend`, :mod:`jaxnorm._pallas.api`). Names without
+launch them (:mod:`jaxnorm._pallas.backend`, ``tests/_kernel_api.py``). Names without
 a leading underscore are the package's internal API. Everything here trusts its arguments: they
-were checked once, by the public op or by the checked kernel API of :mod:`jaxnorm._pallas.api`.
+were checked once, by the public op or by the tests' checked kernel API.
 
 A tile is ``block_rows`` rows by ``block_d`` columns of the ``(rows, d)`` input, loaded masked
 and promoted to float32; rows wider than one block loop over column blocks (:func:`col_loop`).

@@ -30,6 +30,7 @@ __all__ = [
     "PallasConfig",
     "block_config",
     "default_block_config",
+    "gated_refusal",
     "pallas_compiles_on",
     "supported",
 ]
@@ -210,3 +211,32 @@ def supported(x_shape, dtype, *, backend: str | None = None) -> tuple[bool, str]
     return False, f"the input is empty (shape {shape})"
   reason = v.kernel_problem(dtypes=(("x", dtype),), backend=backend)
   return (False, reason) if reason is not None else (True, "")
+
+
+def gated_refusal(d: int, group_size: int | None, dtype) -> str | None:
+  """Why the gated kernels cannot take rows of ``d`` features in groups of ``group_size``.
+
+  Args:
+    d: the feature size (the trailing axis of ``x`` and ``z``).
+    group_size: features per group, or None for one group of ``d``.
+    dtype: the dtype of one input; call once per input (``x``, ``z``, ``scale``): each must be
+      float32, bfloat16 or float16.
+
+  Returns:
+    The reason (a phrase without a final period), or None when the kernels can run the call.
+    Any group size that divides ``d`` is taken (widths that are not powers of two are masked,
+    groups wider than one block loop over column blocks).
+  """
+  if not isinstance(d, int) or isinstance(d, bool) or d < 1:
+    return f"the gated kernels need a positive feature size d, got {d!r}"
+  if group_size is not None:
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
+      return f"the gated kernels need a positive int group_size, got {group_size!r}"
+    if d % group_size:
+      return (f"the gated kernels need group_size to divide the feature size: "
+              f"{d} % {group_size} = {d % group_size}")
+  try:
+    dt = jnp.dtype(dtype)
+  except TypeError:
+    return f"the gated kernels take float32, bfloat16 or float16 inputs, got {dtype!r}"
+  return v.kernel_problem(dtypes=(("inputs", dt),))

@@ -50,8 +50,7 @@ from jaxnorm import _math
 from jaxnorm._pallas.backward import backward_kernel_dscale_dbias
 from jaxnorm._pallas.common import backward_config, col_loop, compiler_params, ds, fori, iota
 from jaxnorm._pallas.common import load
-from jaxnorm._pallas.config import BlockConfig, default_block_config
-from jaxnorm._pallas.gated_entry import gated_refusal
+from jaxnorm._pallas.config import BlockConfig, default_block_config, gated_refusal
 
 __all__ = ["GatedSpec", "gated_backward", "gated_forward", "gated_refusal"]
 

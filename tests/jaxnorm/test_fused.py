@@ -41,7 +41,7 @@ from jax import lax
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jaxnorm
-from jaxnorm._pallas import api as _pallas
+import _kernel_api as _pallas
 from jaxnorm import reference
 from jaxnorm import testing as jt
 from jaxnorm._pallas.config import MAX_BLOCK_D

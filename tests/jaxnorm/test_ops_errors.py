@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 import jaxnorm
-from jaxnorm._pallas import api as _pallas
+import _kernel_api as _pallas
 from jaxnorm._pallas import config as _pallas_config
 from jaxnorm import _backends
 from jaxnorm import _validation as v

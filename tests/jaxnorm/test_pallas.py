@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jaxnorm
-from jaxnorm._pallas import api as _pallas
+import _kernel_api as _pallas
 from jaxnorm import reference
 from jaxnorm._pallas.common import backward_config
 from jaxnorm._pallas.config import GPU_BACKENDS, MAX_BLOCK_D, TARGET_TILE, block_config, supported

@@ -1,4 +1,7 @@
-r"""The checked kernel API: LayerNorm/RMSNorm Pallas kernels (Triton backend) on ``(rows, d)``.
+r"""Test helper: the checked kernel API, LayerNorm/RMSNorm Pallas kernels on ``(rows, d)``.
+
+It lived in the library as ``jaxnorm._pallas.api``; only the tests use it, and it imports the
+ops' argument preparation, above the kernels, so it is here (issue 45).
 
 Normalization is memory-bound on a GPU, so the kernels move each byte once: the forward
 (:mod:`jaxnorm._pallas.forward`) reads ``x`` once and writes ``y`` and the per-row statistics;
@@ -13,7 +16,7 @@ direct, mean and variance paths, as derived in ``docs/derivations.md`` (in a ker
 variance takes two passes over the row held in registers). The residuals ``shift``,
 ``delta``, ``rstd`` mean the same thing on both paths, so either backward can consume them.
 
-This module is the boundary of the kernels used on their own (tests, benchmarks): every function
+This module is the boundary of the kernels used on their own (tests): every function
 describes its call with the ops' own :func:`jaxnorm._norm_args.prepare` (one check per rule, the
 same messages as the ops), checks what only this API takes (2-D ``x``, per-row statistics,
 cotangents), and launches the kernels from the launch spec the ops derive
