@@ -9,26 +9,26 @@ says how ``impl="pallas"`` runs the kernels (interpret mode, a :class:`BlockConf
 """
 
 from jaxnorm import reference as reference
-from jaxnorm._add_norm import add_layer_norm as add_layer_norm
-from jaxnorm._add_norm import add_rms_norm as add_rms_norm
-from jaxnorm._jacobian import layer_norm_jacobian as layer_norm_jacobian
-from jaxnorm._jacobian import rms_norm_jacobian as rms_norm_jacobian
-from jaxnorm._layer_norm import layer_norm as layer_norm
-from jaxnorm._ops import OPS as OPS
-from jaxnorm._pallas.config import BlockConfig as BlockConfig
-from jaxnorm._pallas.config import PallasConfig as PallasConfig
-from jaxnorm._pallas.config import default_block_config as default_block_config
-from jaxnorm._pallas.config import pallas_compiles_on as pallas_compiles_on
+from jaxnorm.ops.norm.add_norm import add_layer_norm as add_layer_norm
+from jaxnorm.ops.norm.add_norm import add_rms_norm as add_rms_norm
+from jaxnorm.ops.norm.jacobian import layer_norm_jacobian as layer_norm_jacobian
+from jaxnorm.ops.norm.jacobian import rms_norm_jacobian as rms_norm_jacobian
+from jaxnorm.ops.norm.layer_norm import layer_norm as layer_norm
+from jaxnorm.ops.table import OPS as OPS
+from jaxnorm.backends.triton.config import BlockConfig as BlockConfig
+from jaxnorm.backends.triton.config import PallasConfig as PallasConfig
+from jaxnorm.backends.triton.config import default_block_config as default_block_config
+from jaxnorm.backends.triton.config import pallas_compiles_on as pallas_compiles_on
 from jaxnorm._remat import INPUT_RESIDUAL as INPUT_RESIDUAL
 from jaxnorm._remat import OUTPUT_RESIDUAL as OUTPUT_RESIDUAL
 from jaxnorm._remat import STATS_RESIDUAL as STATS_RESIDUAL
 from jaxnorm._casting import CASTINGS as CASTINGS
-from jaxnorm._gated import gated_rms_norm as gated_rms_norm
-from jaxnorm._pointwise_ops import derf as derf
-from jaxnorm._pointwise_ops import derf_jacobian as derf_jacobian
-from jaxnorm._pointwise_ops import dyt as dyt
-from jaxnorm._pointwise_ops import dyt_jacobian as dyt_jacobian
-from jaxnorm._rms_norm import rms_norm as rms_norm
+from jaxnorm.ops.gated.rules import gated_rms_norm as gated_rms_norm
+from jaxnorm.ops.pointwise.api import derf as derf
+from jaxnorm.ops.pointwise.api import derf_jacobian as derf_jacobian
+from jaxnorm.ops.pointwise.api import dyt as dyt
+from jaxnorm.ops.pointwise.api import dyt_jacobian as dyt_jacobian
+from jaxnorm.ops.norm.rms_norm import rms_norm as rms_norm
 
 __version__ = "0.1.0"
 

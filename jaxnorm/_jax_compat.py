@@ -1,6 +1,6 @@
 """Internal API: every use of JAX outside its public ``jax.*`` API, in one fenced module.
 
-jaxnorm defines one primitive of its own (the tangent map of :mod:`jaxnorm._ad`), and JAX
+jaxnorm defines one primitive of its own (the tangent map of :mod:`jaxnorm.ops.norm.rules`), and JAX
 registers a primitive's rules through modules that are not covered by its API guarantees
 (``jax.interpreters.ad``, ``batching``, ``mlir``), and records the mesh axes an array varies
 over inside ``shard_map`` in an abstract-value field that has been renamed between releases

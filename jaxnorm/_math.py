@@ -1,8 +1,9 @@
 r"""The formulas every implementation shares: the normalizer ``rstd`` and the variance-path factor.
 
-One home for the two rules that the XLA path (:mod:`jaxnorm._xla`), the Pallas kernels
-(:mod:`jaxnorm._pallas`) and the autodiff reference (:mod:`jaxnorm.reference`) must agree on.
-Plain ``jax.numpy``/``lax`` on arrays, so they trace inside a Pallas kernel as well as in XLA.
+One home for the two rules that the XLA path (:mod:`jaxnorm.backends.xla.formulas`), the Pallas
+kernels (:mod:`jaxnorm.backends.triton`) and the autodiff reference (:mod:`jaxnorm.reference`) must
+agree on. Plain ``jax.numpy``/``lax`` on arrays, so they trace inside a Pallas kernel as well as in
+XLA.
 
 .. math::
 
@@ -69,7 +70,7 @@ def variance_path_factor_of_std(std, epsilon: float):
   :math:`\epsilon r` rounds to within an ulp of 1 and ``1 - eps*r`` keeps few digits (1.2% at
   :math:`\sqrt v/\epsilon = 5\cdot10^{-6}` in float32), and its derivative twice that. For the
   second-order path, which recomputes the statistics from ``x`` and so has :math:`v`
-  (:func:`jaxnorm._ad._wide_backward`). 0 on a zero-variance row, as there.
+  (:func:`jaxnorm.ops.norm.rules._wide_backward`). 0 on a zero-variance row, as there.
 
   Args:
     std: :math:`\sqrt v`, the row standard deviation (LayerNorm) or root mean square (RMSNorm).

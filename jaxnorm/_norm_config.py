@@ -1,14 +1,14 @@
 """Internal API: the one static description of a norm call, :class:`NormConfig`.
 
-Built once per call by :func:`jaxnorm._norm_args.prepare` (plain ops, layers, models, the
-Jacobian) or :func:`jaxnorm._norm_args.prepare_add` (the residual add + norm ops), validated
-there, and trusted everywhere below: the backends (:mod:`jaxnorm._backends`: the XLA formulas
-of :mod:`jaxnorm._xla`, the kernel launches, which derive their
-:class:`jaxnorm._pallas.common.KernelSpec` from it) and the differentiation rules
-(:mod:`jaxnorm._ad`). A residual add + norm call is the same description with :attr:`add` set.
-Hashable: it is a static argument of ``jax.custom_jvp`` and a parameter of the tangent
-primitive. Imports nothing of jaxnorm but :mod:`jaxnorm._casting` and the op declarations (the
-kernel backend's config is carried, not imported).
+Built once per call by :func:`jaxnorm.ops.norm.args.prepare` (plain ops, layers, models, the
+Jacobian) or :func:`jaxnorm.ops.norm.args.prepare_add` (the residual add + norm ops), validated
+there, and trusted everywhere below: the backends (:mod:`jaxnorm.backends.table`: the XLA formulas
+of :mod:`jaxnorm.backends.xla.formulas`, the kernel launches, which derive their
+:class:`jaxnorm.backends.triton.common.KernelSpec` from it) and the differentiation rules
+(:mod:`jaxnorm.ops.norm.rules`). A residual add + norm call is the same description with
+:attr:`add` set. Hashable: it is a static argument of ``jax.custom_jvp`` and a parameter of the
+tangent primitive. Imports nothing of jaxnorm but :mod:`jaxnorm._casting` and the op declarations
+(the kernel backend's config is carried, not imported).
 """
 
 from __future__ import annotations
@@ -47,11 +47,11 @@ class NormConfig:
   bias_shape: Any  # Shape of the prepared bias, (heads..., d) (for its cotangent), or None.
   bias_vma: frozenset  # Mesh axes bias varies over inside shard_map (empty outside).
   # A backend's name ("xla", "triton"), or "per_platform": each platform's backend of
-  # jaxnorm._backends.PLATFORM_BACKENDS where the program is lowered for it, XLA elsewhere
+  # jaxnorm.backends.table.PLATFORM_BACKENDS where the program is lowered for it, XLA elsewhere
   # (impl="auto" on a call those backends support; decided per lowering platform).
   impl: str
   # How the kernel backend runs (its config class: the Triton backend's PallasConfig, with
-  # interpret and block), set by jaxnorm._norm_args.prepare on every call.
+  # interpret and block), set by jaxnorm.ops.norm.args.prepare on every call.
   pallas: Any = None
   cast: CastPlan | None = None  # The affine stage's dtypes (casting=); None: "float32".
   add: AddConfig | None = None  # The residual add of add_layer_norm/add_rms_norm, or None.

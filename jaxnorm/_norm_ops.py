@@ -17,11 +17,11 @@ the declaration from the call's :class:`~jaxnorm._norm_config.NormConfig` (``cfg
   (:class:`Option`, e.g. LayerNorm's ``use_fast_variance``).
 
 How a backend computes an op (e.g. XLA:CPU's tuning of LayerNorm's forward on few rows,
-:data:`jaxnorm._xla_backend.FORWARD_VIEWS`) is the backend's, not the declaration's.
+:data:`jaxnorm.backends.xla.backend.FORWARD_VIEWS`) is the backend's, not the declaration's.
 
 The math, derivations and numerics are in ``docs/derivations.md``. A new op of the family is one
 more declaration here with its statistics, named by its entry of :data:`jaxnorm.OPS`
-(``docs/ops.md``); the family's table, :data:`jaxnorm._ops.NORM_OPS`, is derived from ``OPS``.
+(``docs/ops.md``); the family's table, :data:`jaxnorm.ops.table.NORM_OPS`, is derived from ``OPS``.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def _layer_norm_statistics(cfg, x, mask, *, decouple: bool = True):
   ``decouple``: the two shifted sums read ``x`` through separate :func:`~jaxnorm._xla_rows.fresh`
   views (for when the statistics are outputs of the jitted program, e.g. residuals, and for
   LayerNorm's forward alone on fewer rows than YNNPACK takes whole); False lets them share ``x -
-  shift`` (the forward alone otherwise, :func:`jaxnorm._xla.forward_only`).
+  shift`` (the forward alone otherwise, :func:`jaxnorm.backends.xla.formulas.forward_only`).
 
   With the option ``use_fast_variance=True``: Flax's ``E[x^2] - E[x]^2`` instead,
   :func:`_fast_statistics`, which returns ``(mean, None, rstd)``.

@@ -4,8 +4,9 @@ An op with hand-derived rules is a ``jax.custom_jvp`` whose tangent is a *tangen
 a primitive linear in the tangent operands, whose transpose rule is the derived backward. So
 ``jax.jvp`` runs the derived tangent, ``jax.grad`` linearizes the JVP rule (the forward runs once,
 its residuals are kept) and transposes the primitive into the derived VJP, and both
-differentiate again. A family (the norms of :mod:`jaxnorm._ad`, the pointwise ops of
-:mod:`jaxnorm._pointwise`, gated RMSNorm of :mod:`jaxnorm._gated`) declares only its math, as a
+differentiate again. A family (the norms of :mod:`jaxnorm.ops.norm.rules`, the pointwise ops of
+:mod:`jaxnorm.ops.pointwise.rules`, gated RMSNorm of :mod:`jaxnorm.ops.gated.rules`) declares only
+its math, as a
 :class:`Family`:
 
 * the names of the primitive's operands: ``residuals`` (what reverse mode keeps) then
@@ -274,7 +275,7 @@ class TangentRule:
 
   # -- the custom_jvp op ----------------------------------------------------------------------
 
-  def op(self, value: Callable, forward: Callable, tangent_names: tuple):
+  def op(self, value: Callable, forward: Callable, tangent_names: tuple, name: str):
     """The ``custom_jvp`` op ``f(cfg, *primals)``.
 
     ``value(cfg, *primals)``: the undifferentiated value (nothing kept). ``forward(cfg,
@@ -282,9 +283,14 @@ class TangentRule:
     by name, the parameters the rule reads included; those :attr:`Family.remat_names` names are
     tagged here.
     ``tangent_names``: per primal, the tangent operand its tangent becomes (None: not
-    differentiated, e.g. a mask). A call with no live tangent returns zero tangents.
+    differentiated, e.g. a mask). A call with no live tangent returns zero tangents. ``name``:
+    the ``custom_jvp``'s name in a jaxpr (``custom_jvp_call[name=...]``).
     """
-    f = jax.custom_jvp(value, nondiff_argnums=(0,))
+    def named_value(cfg, *primals):
+      return value(cfg, *primals)
+
+    named_value.__name__ = named_value.__qualname__ = name
+    f = jax.custom_jvp(named_value, nondiff_argnums=(0,))
 
     tags = dict(self.family.remat_names)
     kept_out = self.family.output_residual

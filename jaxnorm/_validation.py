@@ -270,8 +270,9 @@ def kernel_problem(*, dtypes: Sequence[tuple[str, Any]] = (), backend: str | Non
   """Why the Pallas kernels cannot take these dtypes or run on ``backend``; None if they can.
 
   The one statement of what the kernels support, read by every caller that decides or checks
-  ``impl="pallas"`` (the ops' ``impl`` resolution, the fused ops, :func:`jaxnorm._pallas.config.
-  supported`, the checked kernel API), which wrap the reason in their own error.
+  ``impl="pallas"`` (the ops' ``impl`` resolution, the fused ops,
+  :func:`jaxnorm.backends.triton.config. supported`, the checked kernel API), which wrap the reason
+  in their own error.
 
   Args:
     dtypes: ``(argument name, dtype)`` pairs; each must be one of :data:`KERNEL_DTYPES`.

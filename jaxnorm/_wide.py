@@ -1,8 +1,8 @@
 """Internal API: derivatives of the derived rules' own programs taken in float32 (second order).
 
-Moved out of :mod:`jaxnorm._ad`, which uses them for the forward that keeps the statistics, the
-backward and the tangent primitive's own JVP (``docs/derivations.md``, "Second order in 16
-bits").
+Moved out of :mod:`jaxnorm.ops.norm.rules`, which uses them for the forward that keeps the
+statistics, the backward and the tangent primitive's own JVP (``docs/derivations.md``, "Second
+order in 16 bits").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Internal API: the row reductions, collectives and barriers every XLA formula is built from.
 
 Shared by the op declarations (:mod:`jaxnorm._norm_ops`, whose statistics are written with
-them) and the formulas (:mod:`jaxnorm._xla`). ``cfg`` is the call's
+them) and the formulas (:mod:`jaxnorm.backends.xla.formulas`). ``cfg`` is the call's
 :class:`jaxnorm._norm_config.NormConfig` (its ``axis_name``, ``axis_index_groups``,
 ``epsilon`` and ``epsilon_placement``), trusted as prepared.
 """
@@ -91,9 +91,9 @@ def fresh(*arrays):
   freshly mapped buffer. Giving each consumer (a row sum, a column sum, the final map) its own
   barrier-wrapped view of the inputs stops common-subexpression elimination from merging their
   elementwise prologues, so each fuses with its own recomputation. Where YNNPACK takes the whole
-  forward into one loop (4096 rows or more, see :func:`jaxnorm._xla.forward_only`), the forward
-  alone goes without them. The barriers are removed before code generation and cost nothing at
-  run time.
+  forward into one loop (4096 rows or more, see
+  :func:`jaxnorm.backends.xla.formulas.forward_only`), the forward alone goes without them. The
+  barriers are removed before code generation and cost nothing at run time.
 
   Two barriers over the same operands in the same order are themselves merged (and constant
   operands do not tell them apart), so every call site passes a different tuple; where two sites

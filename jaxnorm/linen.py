@@ -56,10 +56,10 @@ from flax import linen as nn
 from flax.typing import Axes, Dtype, Initializer
 from jax.nn import initializers
 
-from jaxnorm import _module_common as common
+from jaxnorm.flax import common as common
 from jaxnorm import _validation as v
-from jaxnorm._gated_linen import GatedRMSNorm as GatedRMSNorm
-from jaxnorm._ops import OPS
+from jaxnorm.flax.gated_linen import GatedRMSNorm as GatedRMSNorm
+from jaxnorm.ops.table import OPS
 
 __all__ = ["Derf", "DyT", "GatedRMSNorm", "LayerNorm", "RMSNorm"]
 

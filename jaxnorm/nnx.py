@@ -57,16 +57,16 @@ from flax.nnx import rnglib
 from flax.nnx.nn import dtypes, initializers
 from flax.typing import Axes, Dtype, Initializer, PromoteDtypeFn
 
-from jaxnorm import _module_common as common
-from jaxnorm._gated_nnx import GatedRMSNorm as GatedRMSNorm
-from jaxnorm._nnx_pointwise import Derf, DyT
-from jaxnorm._nnx_pointwise import param as _param
-from jaxnorm._nnx_pointwise import value as _value
-from jaxnorm._ops import OPS
+from jaxnorm.flax import common as common
+from jaxnorm.flax.gated_nnx import GatedRMSNorm as GatedRMSNorm
+from jaxnorm.flax.nnx_pointwise import Derf, DyT
+from jaxnorm.flax.nnx_pointwise import param as _param
+from jaxnorm.flax.nnx_pointwise import value as _value
+from jaxnorm.ops.table import OPS
 
 __all__ = ["Derf", "DyT", "GatedRMSNorm", "LayerNorm", "RMSNorm"]
 
-# DyT and Derf live in jaxnorm._nnx_pointwise (size limit); their public home is this module.
+# DyT and Derf live in jaxnorm.flax.nnx_pointwise (size limit); their public home is this module.
 DyT.__module__ = Derf.__module__ = __name__
 
 

@@ -1,27 +1,27 @@
 r"""Test helper: the checked kernel API, LayerNorm/RMSNorm Pallas kernels on ``(rows, d)``.
 
-It lived in the library as ``jaxnorm._pallas.api``; only the tests use it, and it imports the
+It lived in the library as ``jaxnorm.backends.triton.api``; only the tests use it, and it imports the
 ops' argument preparation, above the kernels, so it is here (issue 45).
 
 Normalization is memory-bound on a GPU, so the kernels move each byte once: the forward
-(:mod:`jaxnorm._pallas.forward`) reads ``x`` once and writes ``y`` and the per-row statistics;
-the backward (:mod:`jaxnorm._pallas.backward`) reads ``x`` and ``dy`` once and writes ``dx``,
+(:mod:`jaxnorm.backends.triton.forward`) reads ``x`` once and writes ``y`` and the per-row statistics;
+the backward (:mod:`jaxnorm.backends.triton.backward`) reads ``x`` and ``dy`` once and writes ``dx``,
 with ``dscale``/``dbias`` summed deterministically by a second small kernel. Feature sizes larger
 than one block (``d > config.MAX_BLOCK_D``) loop over column blocks; blocks are powers
 of two and loads are masked, so any ``d`` works.
 
-The kernels compute the same derived formulas as the XLA path (:mod:`jaxnorm._xla`): the
+The kernels compute the same derived formulas as the XLA path (:mod:`jaxnorm.backends.xla.formulas`): the
 shifted-data statistics with the row's first element as pivot, the forward, and the backward's
 direct, mean and variance paths, as derived in ``docs/derivations.md`` (in a kernel the
 variance takes two passes over the row held in registers). The residuals ``shift``,
 ``delta``, ``rstd`` mean the same thing on both paths, so either backward can consume them.
 
 This module is the boundary of the kernels used on their own (tests): every function
-describes its call with the ops' own :func:`jaxnorm._norm_args.prepare` (one check per rule, the
+describes its call with the ops' own :func:`jaxnorm.ops.norm.args.prepare` (one check per rule, the
 same messages as the ops), checks what only this API takes (2-D ``x``, per-row statistics,
 cotangents), and launches the kernels from the launch spec the ops derive
-(:func:`jaxnorm._pallas.backend.kernel_spec`). Block sizes come
-from :func:`jaxnorm._pallas.config.default_block_config`. On a CPU the kernels run in Pallas
+(:func:`jaxnorm.backends.triton.backend.kernel_spec`). Block sizes come
+from :func:`jaxnorm.backends.triton.config.default_block_config`. On a CPU the kernels run in Pallas
 interpret mode (``interpret=True``; the public ops take it as
 ``pallas=jaxnorm.PallasConfig(interpret=True)``).
 """
@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jaxnorm import _norm_args
+from jaxnorm.ops.norm import args as _norm_args
 from jaxnorm import _validation as v
 from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
-from jaxnorm._pallas.backend import kernel_spec
-from jaxnorm._pallas.backward import add_norm_backward, norm_backward
-from jaxnorm._pallas.config import supported
-from jaxnorm._pallas.forward import add_norm_forward, norm_forward
+from jaxnorm.backends.triton.backend import kernel_spec
+from jaxnorm.backends.triton.backward import add_norm_backward, norm_backward
+from jaxnorm.backends.triton.config import supported
+from jaxnorm.backends.triton.forward import add_norm_forward, norm_forward
 
 __all__ = [
     "add_layer_norm_bwd",
@@ -52,14 +52,14 @@ __all__ = [
 
 def _spec(x, scale, bias, *, op, epsilon, epsilon_placement, zero_centered_scale, interpret,
           has_bias=None, residual_scale=1.0, x_name="x"):
-  """The launch spec of a kernel-API call, from the ops' own :func:`jaxnorm._norm_args.prepare`.
+  """The launch spec of a kernel-API call, from the ops' own :func:`jaxnorm.ops.norm.args.prepare`.
 
   One description of a call and one check per rule: ``prepare`` checks ``x``, ``scale``, ``bias``,
   ``epsilon`` and the choices exactly as for the public ops and builds the
-  :class:`~jaxnorm._norm_config.NormConfig` that :func:`jaxnorm._pallas.backend.kernel_spec` turns
+  :class:`~jaxnorm._norm_config.NormConfig` that :func:`jaxnorm.backends.triton.backend.kernel_spec` turns
   into the launch spec, as the ops do. What is the kernel API's own contract is checked here on
   top: ``x`` is 2-D, non-empty and of a dtype the kernels take
-  (:func:`jaxnorm._pallas.config.supported`, the ops' own statement of it), and the parameters are
+  (:func:`jaxnorm.backends.triton.config.supported`, the ops' own statement of it), and the parameters are
   one ``(d,)`` row (no per-head parameters: map the kernels over heads yourself). Whether the
   platform compiles the kernels is Pallas's to say when the call is lowered (``interpret=True``
   runs anywhere).

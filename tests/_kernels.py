@@ -1,6 +1,6 @@
 """What a traced program runs: its jaxpr text with the kernel calls expanded into their kernels.
 
-The kernels sit behind ``jaxnorm._pallas.kernel_call.kernel_call_p``, whose jaxpr equation names the
+The kernels sit behind ``jaxnorm.backends.triton.kernel_call.kernel_call_p``, whose jaxpr equation names the
 function it runs rather than holding its jaxpr (so that it can be typed without tracing the
 kernels). :func:`program_text` traces each such equation's kernels on its input types and
 splices their jaxpr in, so tests can count ``pallas_call``s and read the kernels' names.
@@ -10,7 +10,7 @@ import functools
 
 import jax
 
-from jaxnorm._pallas import kernel_call as _kernel_call
+from jaxnorm.backends.triton import kernel_call as _kernel_call
 
 
 def _sub_jaxprs(params):

@@ -159,7 +159,7 @@ def vmap_ignores_batched_parameters():
   one) is replaced by its first slice, so the derived rules run with the first example's
   parameters for every example. Right everywhere but under ``vmap`` with batched parameters."""
   from jax.interpreters import batching
-  from jaxnorm import _ad
+  from jaxnorm.ops.norm import rules as _ad
 
   right = batching.fancy_primitive_batchers[_ad.norm_tangent_p]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from jaxnorm import _validation as v
 from jaxnorm._casting import CASTINGS
-from jaxnorm._ops import NORM_FAMILY, POINTWISE_FAMILY, layer_replacements, names
+from jaxnorm.ops.table import NORM_FAMILY, POINTWISE_FAMILY, layer_replacements, names
 
 NORM_POSITIONS = ("pre", "post", "sandwich", "deepnorm")
 NORM_TYPES = layer_replacements()  # OPS' one-input ops: "layer_norm", "rms_norm", "dyt", "derf"

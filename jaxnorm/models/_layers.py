@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxnorm import nnx as jaxnorm_nnx
-from jaxnorm._ops import NORM_FAMILY, POINTWISE_FAMILY, layer_replacements, lookup
+from jaxnorm.ops.table import NORM_FAMILY, POINTWISE_FAMILY, layer_replacements, lookup
 from jaxnorm.models._config import TransformerConfig
 
 

@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 
 import jaxnorm
-from jaxnorm import _ad, _backends, _norm_args
+from jaxnorm.ops.norm import rules as _ad
+from jaxnorm.backends import table as _backends
+from jaxnorm.ops.norm import args as _norm_args
 from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
-from jaxnorm._pallas import backend as triton_backend
-from jaxnorm._xla_backend import FORWARD_VIEWS
+from jaxnorm.backends.triton import backend as triton_backend
+from jaxnorm.backends.xla.backend import FORWARD_VIEWS
 
 TRITON_CALL = "__gpu$xla.gpu.triton"
 # An op of the norm family that the kernels do not implement: RMSNorm's statistics under another

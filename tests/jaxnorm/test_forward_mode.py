@@ -18,10 +18,10 @@ from hypothesis import example, given, settings, strategies as st
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jaxnorm
-from jaxnorm import _xla
+from jaxnorm.backends.xla import formulas as _xla
 from jaxnorm import linen as jln
 from jaxnorm import nnx as jnn
-from jaxnorm._pallas import backward as _pallas_backward
+from jaxnorm.backends.triton import backward as _pallas_backward
 from jaxnorm import reference
 from jaxnorm import testing as jt
 from _kernels import count_pallas_calls
@@ -314,7 +314,7 @@ def test_pallas_interpret(name, monkeypatch):
       lambda *a: jnp.sum(jnp.sin(f(*a, impl=impl, **k)) * tx), (0, 1, 2))
   g_pallas = grad("pallas", pallas=INTERPRET)(*args)
   # The backward kernel runs once; the XLA backward is only traced abstractly, to type the
-  # kernel call (jaxnorm._pallas.kernel_call), and the program holds the forward and both backward
+  # kernel call (jaxnorm.backends.triton.kernel_call), and the program holds the forward and both backward
   # kernels, nothing else of the norm's.
   assert called.count(kernel) == 1, called
   assert count_pallas_calls(grad("pallas", pallas=INTERPRET), *args) == 3

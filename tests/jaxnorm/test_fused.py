@@ -44,7 +44,7 @@ import jaxnorm
 import _kernel_api as _pallas
 from jaxnorm import reference
 from jaxnorm import testing as jt
-from jaxnorm._pallas.config import MAX_BLOCK_D
+from jaxnorm.backends.triton.config import MAX_BLOCK_D
 from _kernels import program_text
 from _backends import FINITE_KINDS, INTERPRET, PALLAS, XLA, Backend, grid_transforms
 from _compat import jaxprs_in_params
@@ -301,10 +301,10 @@ def test_fused_kernels_match_add_then_plain_kernels():
   op's kernels. Same values and cotangents."""
   import dataclasses
 
-  from jaxnorm import _ad
-  from jaxnorm import _norm_args
+  from jaxnorm.ops.norm import rules as _ad
+  from jaxnorm.ops.norm import args as _norm_args
   from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
-  from jaxnorm._pallas.backend import DecomposedAddConfig
+  from jaxnorm.backends.triton.backend import DecomposedAddConfig
 
   ks = jax.random.split(jax.random.key(3), 6)
   x = random(ks[0], (9, 96), jnp.bfloat16)

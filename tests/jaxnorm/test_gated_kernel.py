@@ -1,4 +1,4 @@
-"""The gated RMSNorm Pallas kernels (:mod:`jaxnorm._pallas.gated`) against the float64 oracle.
+"""The gated RMSNorm Pallas kernels (:mod:`jaxnorm.backends.triton.gated`) against the float64 oracle.
 
 First the hand-derived backward (``docs/derivations.md``, "Gated RMSNorm") is checked, in plain
 ``jax.numpy`` and float64, against ``jax.vjp`` of :func:`jaxnorm.reference.gated_rms_norm`; then
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from jaxnorm import reference
-from jaxnorm._pallas.config import GPU_BACKENDS, default_block_config
-from jaxnorm._pallas.gated import gated_backward, gated_forward, gated_refusal
+from jaxnorm.backends.triton.config import GPU_BACKENDS, default_block_config
+from jaxnorm.backends.triton.gated import gated_backward, gated_forward, gated_refusal
 
 from _numerics import assert_close
 

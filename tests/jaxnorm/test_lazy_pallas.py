@@ -1,6 +1,6 @@
 """``import jaxnorm`` and the XLA path leave ``jax.experimental.pallas`` unimported (issue 33):
-only a kernel launch or lowering imports it (:func:`jaxnorm._pallas.backend.kernels`), and
-only through :mod:`jaxnorm._pallas.compat`."""
+only a kernel launch or lowering imports it (:func:`jaxnorm.backends.triton.backend.kernels`), and
+only through :mod:`jaxnorm.backends.triton.compat`."""
 
 import subprocess
 import sys
@@ -28,7 +28,7 @@ def test_pallas_is_imported_only_by_a_kernel_call():
 
 
 def test_pallas_api_is_imported_in_one_module():
-  """Pallas is fenced like JAX internals: only ``jaxnorm/_pallas/compat.py`` imports it."""
+  """Pallas is fenced like JAX internals: only ``jaxnorm/backends/triton/compat.py`` imports it."""
   import pathlib
   import re
 
@@ -39,6 +39,6 @@ def test_pallas_api_is_imported_in_one_module():
                              r"from\s+jax\.experimental\s+import\s+.*\bpallas\b|"
                              r"import\s+jax\.experimental\.pallas)", re.M)
   offenders = [str(p.relative_to(package)) for p in package.rglob("*.py")
-               if p.relative_to(package) != pathlib.Path("_pallas/compat.py")
+               if p.relative_to(package) != pathlib.Path("backends/triton/compat.py")
                and pallas_import.search(p.read_text())]
   assert offenders == []

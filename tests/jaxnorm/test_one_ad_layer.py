@@ -26,10 +26,10 @@ import pytest
 from flax import nnx
 
 import jaxnorm
-from jaxnorm import _ad
-from jaxnorm import _backends
-from jaxnorm import _norm_args
-from jaxnorm import _xla
+from jaxnorm.ops.norm import rules as _ad
+from jaxnorm.backends import table as _backends
+from jaxnorm.ops.norm import args as _norm_args
+from jaxnorm.backends.xla import formulas as _xla
 from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 from jaxnorm import reference
 from jaxnorm.models import TransformerConfig, TransformerLM
@@ -441,7 +441,7 @@ def test_no_import_cycle():
     graph[name] = {m for m in _imports(path, package) if m != name}
   # A package's __init__ re-exports its modules: an edge from a module to an enclosing
   # package's __init__ is the only back edge allowed (``from jaxnorm import _xla`` is read as
-  # the module ``jaxnorm._xla``, not as the package).
+  # the module ``jaxnorm.backends.xla.formulas``, not as the package).
   state = {}
 
   def visit(node, stack):
@@ -458,8 +458,8 @@ def test_no_import_cycle():
   for node in sorted(graph):
     if node not in state:
       visit(node, [])
-  assert "jaxnorm._ad" in graph and "jaxnorm._backends" in graph["jaxnorm._ad"]
-  assert "jaxnorm._ad" not in graph["jaxnorm._backends"]
+  assert "jaxnorm.ops.norm.rules" in graph and "jaxnorm.backends.table" in graph["jaxnorm.ops.norm.rules"]
+  assert "jaxnorm.ops.norm.rules" not in graph["jaxnorm.backends.table"]
 
 
 # ---------------------------------------------------------------------------------------------

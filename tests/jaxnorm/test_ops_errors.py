@@ -15,8 +15,8 @@ from flax import nnx
 
 import jaxnorm
 import _kernel_api as _pallas
-from jaxnorm._pallas import config as _pallas_config
-from jaxnorm import _backends
+from jaxnorm.backends.triton import config as _pallas_config
+from jaxnorm.backends import table as _backends
 from jaxnorm import _validation as v
 from jaxnorm import linen as jln
 from jaxnorm import nnx as jnn

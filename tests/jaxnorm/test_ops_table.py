@@ -11,8 +11,9 @@ import pytest
 from flax import nnx
 
 import jaxnorm
-from jaxnorm import _module_common as common
-from jaxnorm import _ops, _pointwise
+from jaxnorm.flax import common as common
+from jaxnorm.ops import table as _ops
+from jaxnorm.ops.pointwise import rules as _pointwise
 from jaxnorm import linen as jln
 from jaxnorm import nnx as jnn
 from jaxnorm.models import TransformerConfig, _config

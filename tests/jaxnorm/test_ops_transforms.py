@@ -86,7 +86,7 @@ def test_second_order_with_epsilon_outside_on_tiny_rows(op, ref):
   """Epsilon outside the square root, far above the rows' deviation (5e-7 against 0.1): the
   variance-path factor ``1 / (1 - eps*rstd)`` keeps few digits there, and second order took
   its derivative: 600 to 1,750 times the kit's float32 budget. Second order takes ``c`` from
-  the recomputed standard deviation instead (``jaxnorm/_ad.py``, ``_wide_backward``)."""
+  the recomputed standard deviation instead (``jaxnorm/ops/norm/rules.py``, ``_wide_backward``)."""
   kw = dict(epsilon=0.1, epsilon_placement="outside")
   rng = np.random.default_rng(0)
   x = jnp.asarray(5e-7 * rng.standard_normal((2, 33)), jnp.float32)
@@ -99,7 +99,7 @@ def test_second_order_with_an_outlier_first_feature():
   """A LayerNorm over two axes whose first feature is an outlier, 20 above N(0, 1) values
   (about 17 deviations out). The statistics' pivot is the first element, which loses bits of
   the variance there; second order amplified that to 4.3-5.6 times the kit's float32 budget.
-  Second order takes the statistics about the plain mean now (``jaxnorm/_ad.py``,
+  Second order takes the statistics about the plain mean now (``jaxnorm/ops/norm/rules.py``,
   ``_wide_backward``): 0.04-0.12. First order keeps the first-element pivot, and on this input
   is off the kit's budget by design (``docs/testing.md``, "Found in jaxnorm"): only the
   second-order checks are asserted."""

@@ -16,8 +16,8 @@ import pytest
 import jaxnorm
 import _kernel_api as _pallas
 from jaxnorm import reference
-from jaxnorm._pallas.common import backward_config
-from jaxnorm._pallas.config import GPU_BACKENDS, MAX_BLOCK_D, TARGET_TILE, block_config, supported
+from jaxnorm.backends.triton.common import backward_config
+from jaxnorm.backends.triton.config import GPU_BACKENDS, MAX_BLOCK_D, TARGET_TILE, block_config, supported
 
 from _numerics import assert_allclose, assert_ulp_close
 

@@ -1,0 +1,119 @@
+r"""Internal API: the one interface every backend of the norm family implements.
+
+A backend declares what it runs: ``name``, ``platforms`` (the lowering platforms it compiles
+for, None for every one), ``config_class`` (the class of its ``impl``-specific configuration,
+None for none) and :meth:`Backend.refusal` / :meth:`Backend.supports`, an allow-list of the
+ops and call options it implements. The dispatcher (:mod:`jaxnorm.backends.table`) asks; a backend
+never guesses an op.
+
+A backend (an entry of :data:`jaxnorm.backends.table.BACKENDS`) runs the norm ops on ``(..., d)``
+arrays prepared by :mod:`jaxnorm.ops.norm.args` and described by a
+:class:`jaxnorm._norm_config.NormConfig`, whose ``impl`` names the backend. It has six methods,
+the plain op and the residual add + norm op each in three roles:
+
+* ``forward_only``: the value of an undifferentiated call, nothing kept;
+* ``forward``: the value and the per-row statistics reverse mode keeps (the JVP rule's primal);
+* ``backward``: the derived VJP (run where :mod:`jaxnorm.ops.norm.rules` transposes the tangent
+map).
+
+The math is the op's (:mod:`jaxnorm._norm_ops`, derived in ``docs/derivations.md``); a backend
+says only how it is computed. :class:`Backend` gives the residual add + norm as the composition
+of an add in XLA and the backend's own plain op (what the XLA backend runs); a backend with fused
+add + norm kernels overrides the three ``add_*`` methods. Imports nothing of jaxnorm but the XLA
+formulas.
+"""
+
+from __future__ import annotations
+
+from jaxnorm.backends.xla import formulas as _xla
+
+__all__ = ["Backend", "add_backward_of"]
+
+
+class Backend:
+  """The methods of a backend; the ``add_*`` ones default to add-then-plain-op.
+
+  Every method takes the static config first and trusts it. ``stats`` is the op's residual
+  tuple ``(shift, delta, rstd)``, each ``(..., 1)`` in the compute dtype (None where the op
+  keeps none, e.g. RMSNorm's shift and delta). Parameter cotangents come back in their primals'
+  shapes and dtypes, not yet summed over the mesh axes their primal is replicated on
+  (:func:`jaxnorm.backends.table.param_cotangents` does that).
+  """
+
+  name = ""
+  platforms: tuple[str, ...] | None = None  # None: every lowering platform
+  config_class: type | None = None
+
+  def refusal(self, x2_shape, dtype, mask, axis_name, op, options=()) -> str | None:
+    """Why this backend cannot take a plain call on ``x2: (rows, d)`` of ``dtype``, or None.
+
+    ``op``: the call's :class:`~jaxnorm._norm_ops.NormOp`; ``options``: its ``(name, value)``
+    pairs. The default takes every call.
+    """
+    del x2_shape, dtype, mask, axis_name, op, options
+    return None
+
+  def supports(self, op, x2_shape, dtype, mask=None, axis_name=None, options=()) -> bool:
+    """Whether this backend implements ``op`` with these options on this call (:meth:`refusal`
+    has no objection)."""
+    return self.refusal(x2_shape, dtype, mask, axis_name, op, options) is None
+
+  def role(self, op, name: str):
+    """The function ``(cfg, *args)`` that runs the role ``name`` ("forward", "backward", ...) of
+    ``op``, an op outside the norm family's methods (its declaration, e.g. gated RMSNorm's), on
+    this backend. The default runs the op's own XLA formulas, which its declaration names
+    (``op.xla_roles``); a kernel backend returns its kernels for the ops it allows."""
+    return dict(op.xla_roles)[name]
+
+  def add_refusal(self, dtypes) -> str | None:
+    """Why this backend cannot take a residual add's ``(name, dtype)`` pairs, or None."""
+    del dtypes
+    return None
+
+  def forward_only(self, cfg, x, scale, bias, mask):
+    """``y``: the value of an undifferentiated call."""
+    raise NotImplementedError
+
+  def forward(self, cfg, x, scale, bias, mask):
+    """``(y, stats)``: the value and the statistics reverse mode keeps."""
+    raise NotImplementedError
+
+  def backward(self, cfg, x, scale, mask, stats, dy, dx_dtype=None):
+    """``(dx, dscale, dbias)``; ``dx`` in ``dx_dtype`` (None: ``x.dtype``)."""
+    raise NotImplementedError
+
+  def add_forward_only(self, cfg, x, residual, scale, bias, mask):
+    """``(y, h)`` of the residual add + norm, nothing kept."""
+    h = _xla.residual_add(cfg, x, residual)
+    return self.forward_only(cfg, h, scale, bias, mask), h
+
+  def add_forward(self, cfg, x, residual, scale, bias, mask):
+    """``(y, h, stats)``: the statistics are the plain op's at ``h``."""
+    h = _xla.residual_add(cfg, x, residual)
+    y, stats = self.forward(cfg, h, scale, bias, mask)
+    return y, h, stats
+
+  def add_backward(self, cfg, h, scale, mask, stats, dy, dh):
+    """``(dx, dresidual, dscale, dbias)``: ``dx = dh + J^T dy``, ``dresidual = alpha dx``
+    (:func:`add_backward_of`, on this backend's :meth:`backward`)."""
+    return add_backward_of(self.backward, cfg, h, scale, mask, stats, dy, dh)
+
+
+def add_backward_of(backward, cfg, h, scale, mask, stats, dy, dh):
+  """The residual add + norm's backward composed from a plain op's ``backward`` (a backend's
+  method, or one with its own keywords bound): ``dx = dh + J^T dy``, ``dresidual = alpha dx``.
+
+  ``J^T dy`` is the plain op's backward at ``h``, kept in the compute dtype until ``dh``
+  (None: ``h`` unused downstream) is added, so each cotangent is rounded once.
+  """
+  ct = _xla.compute_dtype(h.dtype)
+  # h goes in as stored, so the backward's barriers see it and no float32 copy of a narrow
+  # h is materialized.
+  dn, dscale, dbias = backward(cfg, h, scale, mask, stats, dy, dx_dtype=ct)
+  total = dn if dh is None else dn + dh.astype(ct)  # (..., d)
+  dx = total.astype(cfg.add.x_dtype)
+  if cfg.residual_scale == 1.0 and cfg.add.residual_dtype == cfg.add.x_dtype:
+    dres = dx  # one array for both input cotangents
+  else:
+    dres = (cfg.residual_scale * total).astype(cfg.add.residual_dtype)
+  return dx, dres, dscale, dbias

@@ -1,0 +1,227 @@
+"""Internal API: the table of backends, the choice of one for a call, and the dispatch to it.
+
+:data:`BACKENDS` maps a name to an object with the methods of
+:class:`jaxnorm.backends.interface.Backend`: ``"xla"`` (:mod:`jaxnorm.backends.xla.backend`, runs
+everywhere) and ``"triton"`` (:mod:`jaxnorm.backends.triton.backend`, the Triton kernels written in
+Pallas; ``impl="pallas"`` is its alias, :data:`ALIASES`). Each backend declares its lowering
+platforms, its config class and what it supports. :data:`PREFERENCE` is the order
+``impl="auto"`` tries them in; :data:`PLATFORM_BACKENDS`, the ``{platform: backend}`` map the
+per-platform choice is built from, is derived from it and the backends' platforms. Adding a
+backend is one module implementing the interface and one entry in :data:`BACKENDS` and
+:data:`PREFERENCE` (``docs/ops.md``).
+
+A call's ``impl`` is resolved once, when it is prepared (:func:`resolve_impl`): a backend's
+name, or "per_platform" (``impl="auto"`` on a call a platform's preferred backend takes: that
+backend where the program is lowered for its platform, XLA elsewhere). :func:`run` then looks
+the method up in the table for the resolved backend, behind the primitive that lowers the
+kernels per platform (:func:`jaxnorm.backends.triton.kernel_call.kernel_call`) where they may run.
+The functions below are what the differentiation layer (:mod:`jaxnorm.ops.norm.rules`) and the
+tests call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+
+import jax.numpy as jnp
+from jax import lax
+
+from jaxnorm import _jax_compat
+from jaxnorm import _validation as v
+from jaxnorm._xla_rows import match_vma
+from jaxnorm._norm_config import NormConfig
+from jaxnorm.backends.triton.backend import TRITON
+from jaxnorm.backends.triton.kernel_call import kernel_call
+from jaxnorm.backends.xla.backend import XLA
+
+__all__ = ["ALIASES", "BACKENDS", "IMPLS", "PER_PLATFORM", "PLATFORM_BACKENDS", "PREFERENCE",
+           "add_backward", "add_forward", "add_forward_only", "backward", "formula", "forward",
+           "forward_only", "param_cotangents", "resolve_add_impl", "resolve_impl", "run",
+           "run_role"]
+
+BACKENDS = types.MappingProxyType({XLA.name: XLA, TRITON.name: TRITON})
+ALIASES = types.MappingProxyType({"pallas": "triton"})  # accepted names of a backend
+# impl="auto": the backends in the order tried; the last runs every call on every platform.
+PREFERENCE = ("triton", "xla")
+# The per-platform choice: each platform's first backend in PREFERENCE that lowers for it (a
+# backend with platforms=None, XLA, is the default branch of every platform not listed).
+PLATFORM_BACKENDS = types.MappingProxyType({
+    platform: name for name in reversed(PREFERENCE)
+    for platform in (BACKENDS[name].platforms or ())})
+# The accepted values of ``impl=``: "auto", every backend's name and every alias.
+IMPLS = ("auto",) + tuple(BACKENDS) + tuple(ALIASES)
+PER_PLATFORM = "per_platform"  # cfg.impl of impl="auto" where a platform's backend takes it
+_FALLBACK = PREFERENCE[-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing a backend (once, when a call is prepared).
+
+
+def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()) -> str:
+  """Resolves ``impl`` (:data:`IMPLS`) to a backend's name or
+  :data:`PER_PLATFORM`.
+
+  "auto" on a call that every platform's backend of :data:`PLATFORM_BACKENDS` supports (their
+  :meth:`~jaxnorm.backends.interface.Backend.refusal` has no objection) is "per_platform":
+  each backend where the program is lowered for its platform and XLA elsewhere, decided per
+  lowering platform (:func:`run`), not from the default backend at trace time; any other call
+  is "xla". It never fails where "xla" works. A backend named (or its alias) raises a
+  ``ValueError`` saying why when it cannot take the call (``op``, a
+  :class:`~jaxnorm._norm_ops.NormOp`, with its ``options``, the ``(name, value)`` pairs of
+  :attr:`NormConfig.options`); whether the platform can compile the kernels is asked where the
+  program is lowered (:mod:`jaxnorm.backends.triton.kernel_call`), for each platform it is lowered
+  for.
+  """
+  v.check_choice("impl", impl, IMPLS)
+  call = (x2_shape, dtype, mask, axis_name, op, options)
+  if impl == "auto":
+    # Every platform's backend must take the call (one config serves every branch of run()).
+    kernels = set(PLATFORM_BACKENDS.values())
+    takes = kernels and all(BACKENDS[n].refusal(*call) is None for n in kernels)
+    return PER_PLATFORM if takes else _FALLBACK
+  name = ALIASES.get(impl, impl)
+  why_not = BACKENDS[name].refusal(*call)
+  if why_not is not None:
+    raise ValueError(v.backend_refusal(impl, why_not))
+  return name
+
+
+def resolve_add_impl(cfg: NormConfig, dtypes, impl: str) -> NormConfig:
+  """``cfg`` with impl="xla" where the add + norm kernels cannot take one of ``dtypes`` ("auto");
+  a ``ValueError`` where the backend was named."""
+  if cfg.impl == _FALLBACK:
+    return cfg
+  names = set(PLATFORM_BACKENDS.values()) if cfg.impl == PER_PLATFORM else {cfg.impl}
+  reason = next(filter(None, (BACKENDS[n].add_refusal(dtypes) for n in sorted(names))), None)
+  if reason is None:
+    return cfg
+  if impl == "auto":
+    return dataclasses.replace(cfg, impl=_FALLBACK)
+  raise ValueError(v.backend_refusal(impl, reason))
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatch.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Method:
+  """``BACKENDS[cfg.impl].<name>(cfg, *args, **static)``: a hashable function of the config
+  (a parameter of the kernel-call primitive, which swaps in ``impl="xla"`` to type it)."""
+
+  name: str
+  static: tuple = ()
+
+  def __call__(self, cfg: NormConfig, *args):
+    return getattr(BACKENDS[cfg.impl], self.name)(cfg, *args, **dict(self.static))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Role:
+  """``BACKENDS[cfg.impl].role(cfg.op, name)(cfg, *args)``: one role of an op outside the norm
+  family's methods (gated RMSNorm's "forward", ...), hashable as :class:`_Method`."""
+
+  name: str
+
+  def __call__(self, cfg, *args):
+    return BACKENDS[cfg.impl].role(cfg.op, self.name)(cfg, *args)
+
+
+def run_role(cfg, name: str, *args):
+  """The role ``name`` of the call's op (``cfg.op``, not a norm-family op) on the resolved
+  ``cfg.impl``, dispatched per platform as :func:`run`. ``cfg`` is the op's config: it has
+  ``op``, ``impl`` and ``pallas`` fields."""
+  return _dispatch(cfg, _Role(name), *args)
+
+
+def run(cfg: NormConfig, name: str, *args, **static):
+  """The backend method ``name`` of the resolved ``cfg.impl`` on ``args``.
+
+  :data:`PER_PLATFORM` is decided per lowering platform: a ``lax.platform_dependent`` with one
+  branch per platform of :data:`PLATFORM_BACKENDS` (the Triton kernels for cuda and rocm) and
+  XLA as the default branch. Only the branch of the platform a program
+  is lowered for is compiled, so ``jax.export(..., platforms=["cuda"])`` from a CPU host carries
+  the kernels and ``["tpu"]`` the XLA formulas; both branches return the same shapes and
+  dtypes. The kernels run behind :func:`jaxnorm.backends.triton.kernel_call.kernel_call`, so every
+  branch can be differentiated again.
+  """
+  return _dispatch(cfg, _Method(name, tuple(sorted(static.items()))), *args)
+
+
+def _dispatch(cfg, fn, *args):
+  """``fn(cfg, *args)`` on ``cfg.impl``: directly for the fallback, behind the kernel-call
+  primitive for a named kernel backend, per lowering platform for :data:`PER_PLATFORM`."""
+  if cfg.impl == _FALLBACK:
+    return fn(cfg, *args)
+  if cfg.impl != PER_PLATFORM:
+    return kernel_call(cfg, fn, *args)
+  fallback = dataclasses.replace(cfg, impl=_FALLBACK)
+  # A program lowered for several platforms lowers every branch for each of them: a kernels'
+  # branch then lowers to the XLA path where the kernels do not compile (elsewhere="xla").
+  # One branch per backend, shared by its platforms (platform_dependent merges equal branches).
+  per_backend = {name: functools.partial(kernel_call, dataclasses.replace(cfg, impl=name), fn,
+                                         elsewhere="xla")
+                 for name in set(PLATFORM_BACKENDS.values())}
+  branches = {platform: per_backend[name] for platform, name in PLATFORM_BACKENDS.items()}
+  return lax.platform_dependent(*args, default=functools.partial(fn, fallback), **branches)
+
+
+def formula(cfg: NormConfig, name: str):
+  """The method ``name`` of the backend every call can fall back to (XLA's closed forms), bound
+  to ``cfg``: what the differentiation layer differentiates again where a backend's own
+  derivative rule has none (:func:`jaxnorm.ops.norm.rules._wide_backward`)."""
+  return functools.partial(getattr(BACKENDS[_FALLBACK], name), cfg)
+
+
+def param_cotangents(cfg: NormConfig, scale, dscale, dbias):
+  """``dscale``/``dbias`` in their primals' shapes and dtypes, summed over replicated mesh axes."""
+  if dscale is not None:
+    dscale = dscale.reshape(scale.shape).astype(scale.dtype)
+    dscale = match_vma(dscale, _jax_compat.varying_axes(scale))
+  if dbias is not None:
+    dbias = dbias.reshape(cfg.bias_shape).astype(cfg.bias_dtype)
+    dbias = match_vma(dbias, cfg.bias_vma)
+  return dscale, dbias
+
+
+def forward_only(cfg: NormConfig, x, scale, bias, mask):
+  """``y`` of ``x: (..., d)``, nothing kept: the value of an undifferentiated call."""
+  return run(cfg, "forward_only", x, scale, bias, mask)
+
+
+def forward(cfg: NormConfig, x, scale, bias, mask):
+  """``(y, stats)`` of ``x: (..., d)``: the value and what reverse mode keeps."""
+  return run(cfg, "forward", x, scale, bias, mask)
+
+
+def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None):
+  """``(dx, dscale, dbias)``: the derived VJP; ``dx`` in ``dx_dtype`` (default ``x.dtype``).
+
+  ``dscale``/``dbias`` come back unreduced over mesh axes: see :func:`param_cotangents`.
+  """
+  dx_dtype = None if dx_dtype is None else jnp.dtype(dx_dtype)
+  return run(cfg, "backward", x, scale, mask, stats, dy, dx_dtype=dx_dtype)
+
+
+def add_forward_only(cfg: NormConfig, x, residual, scale, bias, mask):
+  """``(y, h)`` of the residual add + norm, nothing kept."""
+  return run(cfg, "add_forward_only", x, residual, scale, bias, mask)
+
+
+def add_forward(cfg: NormConfig, x, residual, scale, bias, mask):
+  """``(y, h, stats)`` of the residual add + norm (stats: the plain op's at ``h``)."""
+  return run(cfg, "add_forward", x, residual, scale, bias, mask)
+
+
+def add_backward(cfg: NormConfig, h, scale, mask, stats, dy, dh):
+  """``(dx, dresidual, dscale, dbias)``, each in its primal's dtype, summed over the mesh axes
+  its primal is replicated on. ``dh`` None: ``h`` unused downstream (nothing added)."""
+  dx, dres, dscale, dbias = run(cfg, "add_backward", h, scale, mask, stats, dy, dh)
+  dscale, dbias = param_cotangents(cfg, scale, dscale, dbias)
+  add = cfg.add
+  dx = match_vma(dx, add.x_vma)
+  dres = match_vma(dres, add.residual_vma)
+  return dx, dres, dscale, dbias

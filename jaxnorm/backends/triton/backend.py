@@ -1,0 +1,311 @@
+"""Internal API: the ``"triton"`` entry of the backend table (alias ``"pallas"``), the Triton
+kernels written in Pallas behind it.
+
+Launches the kernels of :mod:`jaxnorm.backends.triton.forward` and
+:mod:`jaxnorm.backends.triton.backward` on ``(..., d)`` arrays: the rows flattened, the launch spec
+derived from the call's :class:`~jaxnorm._norm_config.NormConfig`, the per-row statistics reshaped
+to the XLA backend's ``(..., 1)`` layout (either backward consumes either forward's statistics),
+per-head parameters mapped as one more grid axis. The residual add + norm runs the fused kernels
+(one read of ``x`` and ``residual``) unless ``cfg.pallas`` is a :class:`DecomposedAddConfig` (the
+decomposition the tests compare them with). The kernel modules are imported on first use
+(:func:`kernels`), so this module and the table that holds it leave ``jax.experimental.pallas``
+unimported.
+
+:class:`TritonBackend` declares what it runs: its lowering platforms (:data:`PLATFORMS`), its
+config class (:class:`~jaxnorm.backends.triton.config.PallasConfig`) and an allow-list of the ops
+the kernels implement (:data:`KERNEL_OPS`, each op's declaration mapped to the kernels' row
+centring); :meth:`TritonBackend.refusal` says why it cannot take a call, an op outside the
+allow-list first. The choice of backend is :func:`jaxnorm.backends.table.resolve_impl`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import types
+
+import jax
+import jax.numpy as jnp
+
+from jaxnorm import _validation as v
+from jaxnorm.backends.interface import Backend
+from jaxnorm._norm_config import NormConfig
+from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
+from jaxnorm.backends.triton import config as _config
+
+__all__ = ["KERNEL_OPS", "OP_KERNELS", "PLATFORMS", "TRITON", "DecomposedAddConfig",
+           "TritonBackend", "kernels",
+           "kernel_spec"]
+
+# The lowering platforms the Triton kernels compile for (elsewhere: interpret mode only).
+PLATFORMS = _config.GPU_PLATFORMS
+
+# The allow-list: the ops the kernels implement, each declaration mapped to the kernels' one
+# switch between them (``KernelSpec.center``: subtract the row mean). An op not listed here is
+# refused, so the kernels never run an op they do not implement.
+KERNEL_OPS = types.MappingProxyType({LAYER_NORM: True, RMS_NORM: False})
+
+# The ops outside the norm family the kernels implement: each op's name mapped to its entry
+# module (Pallas-free, imported on first use), which has ``refusal(x2_shape, dtype, options)``
+# and one function per role of the op (:meth:`TritonBackend.role`).
+OP_KERNELS = types.MappingProxyType({"gated_rms_norm": "jaxnorm.backends.triton.gated_entry"})
+
+
+def kernels():
+  """The kernel modules (``common``, ``forward``, ``backward``), imported on first use.
+
+  Only a kernel launch or lowering needs ``jax.experimental.pallas``: ``import jaxnorm`` and
+  every XLA-path call leave it unimported (its API moves between JAX releases, and importing it
+  costs time on every start).
+  """
+  from jaxnorm.backends.triton import backward, common, forward
+  return types.SimpleNamespace(common=common, forward=forward, backward=backward)
+
+
+def kernel_spec(cfg: NormConfig, x, scale, *, has_bias: bool, residual_scale: float = 1.0):
+  """The kernels' launch spec for ``x: (..., d)`` from a checked config (no re-validation).
+
+  ``cfg.op`` must be in :data:`KERNEL_OPS` (a ``KeyError`` otherwise: :meth:`TritonBackend.
+  refusal` refuses such a call before any launch).
+  """
+  d = x.shape[-1]
+  return kernels().common.kernel_spec(
+      x.size // d, d, x.dtype, center=KERNEL_OPS[cfg.op], has_scale=scale is not None,
+      has_bias=has_bias, epsilon=cfg.epsilon, epsilon_placement=cfg.epsilon_placement,
+      zero_centered_scale=cfg.zero_centered_scale, residual_scale=residual_scale,
+      block=cfg.pallas.block, cast=cfg.cast)
+
+
+def stats_from_kernels(cfg: NormConfig, row_shape, flat_stats):
+  """The kernels' ``(rows,)`` statistics (the op's ``residuals``, in order) as
+  ``(shift, delta, rstd)``, each ``row_shape`` (None where the op keeps none)."""
+  named = dict(zip(cfg.op.residuals, flat_stats))
+  return tuple(None if named.get(k) is None else named[k].reshape(row_shape)
+               for k in ("shift", "delta", "rstd"))
+
+
+def stats_for_kernels(stats):
+  """``(shift, delta, rstd)`` of shape ``(..., 1)`` as the kernels' float32 ``(rows,)``."""
+  return tuple(None if s is None else s.reshape(-1).astype(jnp.float32) for s in stats)
+
+
+def over_heads(cfg: NormConfig, fn, kinds: str, out_kinds: str):
+  """``fn(cfg, *args)`` on the kernels, mapped over the per-head axes of the parameters.
+
+  The kernels take one parameter row for all rows. With per-head parameters (``cfg.heads``,
+  e.g. ``x: (tokens, heads, d)``, ``scale: (heads, d)``) each head is one kernel problem, and
+  ``jax.vmap`` over the head axes gives one launch with one more grid axis. ``kinds`` and
+  ``out_kinds`` say, per argument and per result, "r" for a row-like ``(..., heads..., d|1)``
+  array, "p" for a ``(heads..., d)`` parameter (broadcast to every head first; its cotangent
+  comes back per head: see :func:`sum_to`). Without per-head parameters: ``fn`` itself.
+  """
+  if not cfg.heads:
+    return functools.partial(fn, cfg)
+  inner = dataclasses.replace(cfg, heads=(), bias_shape=None if cfg.bias_shape is None else
+                              cfg.bias_shape[-1:])
+
+  def mapped(*args):
+    d = args[0].shape[-1]
+    args = [jnp.broadcast_to(a, cfg.heads + (d,)) if k == "p" and a is not None else a
+            for a, k in zip(args, kinds)]
+    f = functools.partial(fn, inner)
+    for j in range(len(cfg.heads)):  # innermost: the head axis next to d
+      axis = {"r": -(j + 2), "p": 0}
+      f = jax.vmap(f, in_axes=tuple(axis[k] for k in kinds),
+                   out_axes=tuple(axis[k] for k in out_kinds))
+    return f(*args)
+
+  return mapped
+
+
+def sum_to(ct, shape):
+  """A per-head parameter cotangent summed over the head axes its parameter is shared on."""
+  if ct is None or tuple(ct.shape) == tuple(shape):
+    return ct
+  extra = ct.ndim - len(shape)
+  return jnp.sum(ct, axis=tuple(range(extra))).reshape(shape)
+
+
+def _flat(p):
+  return None if p is None else p.reshape(-1)
+
+
+def _params_like(cfg: NormConfig, scale, dscale, dbias):
+  """The kernels' ``dscale``/``dbias`` in their primals' shapes and dtypes (as XLA's come)."""
+  if dscale is not None:
+    dscale = dscale.reshape(scale.shape).astype(scale.dtype)
+  if dbias is not None:
+    dbias = dbias.reshape(cfg.bias_shape).astype(cfg.bias_dtype)
+  return dscale, dbias
+
+
+def _param_sums(cfg: NormConfig, scale, dscale, dbias):
+  return (None if scale is None else sum_to(dscale, scale.shape),
+          None if dbias is None else sum_to(dbias, cfg.bias_shape))
+
+
+# One head's launches (:func:`over_heads` maps them over the per-head axes).
+
+
+def _forward_one(cfg: NormConfig, x, scale, bias):
+  d = x.shape[-1]
+  spec = kernel_spec(cfg, x, scale, has_bias=bias is not None)
+  y, *stats = kernels().forward.norm_forward(
+      x.reshape(-1, d), _flat(scale), _flat(bias), spec=spec, out_dtype=cfg.out_dtype,
+      interpret=cfg.pallas.interpret)
+  return y.reshape(x.shape), stats_from_kernels(cfg, x.shape[:-1] + (1,), stats)
+
+
+def _backward_one(cfg: NormConfig, x, scale, stats, dy):
+  d = x.shape[-1]
+  spec = kernel_spec(cfg, x, scale, has_bias=cfg.bias_dtype is not None)
+  shift, delta, rstd = stats_for_kernels(stats)
+  dx, dscale, dbias = kernels().backward.norm_backward(
+      x.reshape(-1, d), dy.reshape(-1, d), _flat(scale), shift, delta, rstd, spec=spec,
+      interpret=cfg.pallas.interpret)
+  return (dx.reshape(x.shape), *_params_like(cfg, scale, dscale, dbias))
+
+
+def _add_forward_one(cfg: NormConfig, x, residual, scale, bias):
+  d = x.shape[-1]
+  spec = kernel_spec(cfg, x, scale, has_bias=bias is not None, residual_scale=cfg.residual_scale)
+  y, h, *stats = kernels().forward.add_norm_forward(
+      x.reshape(-1, d), residual.reshape(-1, d), _flat(scale), _flat(bias), spec=spec,
+      out_dtype=cfg.out_dtype, h_dtype=cfg.h_dtype, interpret=cfg.pallas.interpret)
+  return (y.reshape(x.shape), h.reshape(x.shape),
+          stats_from_kernels(cfg, x.shape[:-1] + (1,), stats))
+
+
+def _add_backward_one(cfg: NormConfig, h, scale, stats, dy, dh):
+  d = h.shape[-1]
+  spec = kernel_spec(cfg, h, scale, has_bias=cfg.bias_dtype is not None,
+                     residual_scale=cfg.residual_scale)
+  shift, delta, rstd = stats_for_kernels(stats)
+  dx, dres, dscale, dbias = kernels().backward.add_norm_backward(
+      h.reshape(-1, d), dy.reshape(-1, d), None if dh is None else dh.reshape(-1, d),
+      _flat(scale), shift, delta, rstd, spec=spec, x_dtype=cfg.add.x_dtype,
+      residual_dtype=cfg.add.residual_dtype, interpret=cfg.pallas.interpret)
+  return (dx.reshape(h.shape), dres.reshape(h.shape),
+          *_params_like(cfg, scale, dscale, dbias))
+
+
+def _under_non_manual_mesh() -> bool:
+  """Whether the current trace has an abstract mesh with an axis that is not Manual."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh is None or mesh.empty:
+    return False
+  return any(t != jax.sharding.AxisType.Manual for t in mesh.axis_types)
+
+
+def _entry(op):
+  """The entry module of ``op`` in :data:`OP_KERNELS` (imported on first use)."""
+  return importlib.import_module(OP_KERNELS[op.name])
+
+
+class TritonBackend(Backend):
+  """The Triton kernels behind :class:`~jaxnorm.backends.interface.Backend`'s methods.
+
+  Called with ``cfg.impl == "triton"``, inside
+  :func:`jaxnorm.backends.triton.kernel_call.kernel_call` (:func:`jaxnorm.backends.table.run` puts
+  it there).
+  """
+
+  name = "triton"
+  platforms = PLATFORMS
+  config_class = _config.PallasConfig
+
+  def refusal(self, x2_shape, dtype, mask, axis_name, op, options=()):
+    """Why the kernels cannot take a plain call on ``x2: (rows, d)``, or None if they can.
+
+    ``op``: the op's declaration; ``options``: its ``(name, value)`` pairs. The kernels
+    implement the norm ops of :data:`KERNEL_OPS` without any option away from its default, and
+    the ops of :data:`OP_KERNELS` with what their entry's ``refusal`` allows; no other op.
+    """
+    if op.name in OP_KERNELS:
+      why = _entry(op).refusal(x2_shape, dtype, dict(options))
+      if why is not None:
+        return why
+    elif op not in KERNEL_OPS:
+      return f"the Pallas kernels do not implement {op.name}"
+    else:
+      defaults = {o.name: o.default for o in op.options}
+      changed = [f"{name}={value!r}" for name, value in options if value != defaults[name]]
+      if changed:
+        return (f"the Pallas kernels implement {op.name} without its options "
+                f"({', '.join(changed)})")
+    if mask is not None:
+      return "the Pallas kernels do not take a mask"
+    if axis_name is not None:
+      return "the Pallas kernels do not take an axis_name (sharded feature axis)"
+    if _under_non_manual_mesh():
+      return ("the call is traced under a mesh with non-manual axes (explicit or automatic "
+              "sharding); a pallas_call runs per device, inside shard_map only")
+    ok, reason = _config.supported(x2_shape, dtype)
+    return None if ok else reason
+
+  def role(self, op, name):
+    """The kernels' function for the role ``name`` of ``op`` (an op of :data:`OP_KERNELS`)."""
+    return getattr(_entry(op), name)
+
+  def add_refusal(self, dtypes):
+    """Why the fused kernels cannot take the residual add's ``(name, dtype)`` pairs, or None."""
+    return v.kernel_problem(dtypes=dtypes)
+
+  def forward_only(self, cfg, x, scale, bias, mask):
+    """``y`` from the forward kernel."""
+    return self.forward(cfg, x, scale, bias, mask)[0]
+
+  def forward(self, cfg, x, scale, bias, mask):
+    """``(y, stats)`` from the forward kernel (no mask: refused at preparation)."""
+    del mask
+    return over_heads(cfg, _forward_one, "rpp", "rr")(x, scale, bias)
+
+  def backward(self, cfg, x, scale, mask, stats, dy, dx_dtype=None):
+    """``(dx, dscale, dbias)`` from the backward kernels."""
+    del mask
+    dx, dscale, dbias = over_heads(cfg, _backward_one, "rprr", "rpp")(x, scale, stats, dy)
+    dx = dx.astype(x.dtype if dx_dtype is None else dx_dtype)
+    return (dx, *_param_sums(cfg, scale, dscale, dbias))
+
+  def add_forward_only(self, cfg, x, residual, scale, bias, mask):
+    """``(y, h)`` from the fused forward kernel."""
+    if not _fused_add(cfg):
+      return super().add_forward_only(cfg, x, residual, scale, bias, mask)
+    y, h, _ = self.add_forward(cfg, x, residual, scale, bias, mask)
+    return y, h
+
+  def add_forward(self, cfg, x, residual, scale, bias, mask):
+    """``(y, h, stats)`` from the fused forward kernel."""
+    if not _fused_add(cfg):
+      return super().add_forward(cfg, x, residual, scale, bias, mask)
+    return over_heads(cfg, _add_forward_one, "rrpp", "rrr")(x, residual, scale, bias)
+
+  def add_backward(self, cfg, h, scale, mask, stats, dy, dh):
+    """``(dx, dresidual, dscale, dbias)`` from the fused backward kernels."""
+    if not _fused_add(cfg):
+      return super().add_backward(cfg, h, scale, mask, stats, dy, dh)
+    dx, dres, dscale, dbias = over_heads(cfg, _add_backward_one, "rprrr", "rrpp")(
+        h, scale, stats, dy, dh)
+    return (dx, dres, *_param_sums(cfg, scale, dscale, dbias))
+
+
+@dataclasses.dataclass(frozen=True)
+class DecomposedAddConfig(_config.PallasConfig):
+  """A :class:`~jaxnorm.backends.triton.config.PallasConfig` under which the residual add + norm
+  runs as the add in XLA and the plain op's kernels instead of the fused kernels: the decomposition
+  the tests compare the fused kernels with. Not public. A distinct class, so a config of either kind
+  is a distinct static argument (no cached program of one is reused for the other)."""
+
+  @classmethod
+  def of(cls, pallas: _config.PallasConfig) -> "DecomposedAddConfig":
+    """The same kernel settings (interpret, block) as ``pallas``, with the add decomposed."""
+    return cls(**{f.name: getattr(pallas, f.name) for f in dataclasses.fields(pallas)})
+
+
+def _fused_add(cfg: NormConfig) -> bool:
+  """Whether the residual add + norm of ``cfg`` runs the fused kernels (see DecomposedAddConfig)."""
+  return not isinstance(cfg.pallas, DecomposedAddConfig)
+
+
+TRITON = TritonBackend()

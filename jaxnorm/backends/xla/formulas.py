@@ -1,0 +1,315 @@
+r"""Internal API: the norm family's closed-form forward, backward and tangent in XLA ops.
+
+Written once for every op of the family (:mod:`jaxnorm._norm_ops`): each function takes the
+static :class:`jaxnorm._norm_config.NormConfig` first, trusts it (checked once, in
+:mod:`jaxnorm.ops.norm.args`) and reads the op's declaration from ``cfg.op`` (its statistics, its
+centred row, whether the mean-path term is present). Used by the XLA backend
+(:mod:`jaxnorm.backends.xla.backend`), the differentiation layer (:func:`tangent`) and the Jacobian.
+With :math:`\hat x = x_c\, r`, :math:`g = \gamma \odot dy` and bars for masked row means,
+
+.. math::
+
+   y = \gamma \odot \hat x + \beta, \qquad
+   dx = r \Big( g - m\, \overline{g} - c\, m\, \hat x\, \overline{g \hat x} \Big)
+
+(:math:`\overline g` only with a mean path; :math:`c` the variance-path factor), derived in
+``docs/derivations.md`` with the forward-mode tangent; the program-shape choices (the
+:func:`~jaxnorm._xla_rows.fresh` barriers, the YNNPACK threshold) are explained beside each
+function and in ``docs/perf-notes.md``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+from jax import lax
+
+from jaxnorm._norm_config import NormConfig
+from jaxnorm._xla_rows import compute_dtype, count, fresh, psum, row_sums, variance_path_factor
+
+
+def residual_add(cfg: NormConfig, x, residual):
+  """h = x + alpha * residual, added in at least float32 and rounded once to ``h_dtype``."""
+  ct = compute_dtype(jnp.promote_types(cfg.h_dtype, jnp.promote_types(x.dtype,
+                                                                      residual.dtype)))
+  r = residual.astype(ct)
+  if cfg.residual_scale != 1.0:
+    r = cfg.residual_scale * r
+  return (x.astype(ct) + r).astype(cfg.h_dtype)
+
+
+def statistics(cfg: NormConfig, x, mask, *, decouple: bool = True):
+  """``(shift, delta, rstd)`` of ``x: (..., d)``, each ``(..., 1)``: the op's own statistics
+  (:attr:`jaxnorm._norm_ops.NormOp.statistics`); ``decouple`` as there."""
+  return cfg.op.statistics(cfg, x, mask, decouple=decouple)
+
+
+def centered(cfg: NormConfig, xf, shift, delta):
+  """``x_c``, the op's centred row (:meth:`jaxnorm._norm_ops.NormOp.centered`)."""
+  return cfg.op.centered(xf, shift, delta)
+
+
+def x_hat(cfg: NormConfig, xf, shift, delta, rstd):
+  """The normalized row, ``x_c * rstd`` (:func:`centered`), in the compute dtype."""
+  return centered(cfg, xf, shift, delta) * rstd
+
+
+def as_row(p, ndim, dtype):
+  """:func:`_row` of a parameter, in ``dtype``."""
+  return _row(p, ndim).astype(dtype)
+
+
+def _row(p, ndim):
+  """A ``(heads..., d)`` parameter as ``(1, ..., 1, heads..., d)`` (explicit rank, no rank
+  promotion) in its own dtype, or None. ``heads`` is empty for a parameter shared by every
+  row; per-head parameters line up with ``x``'s axes just before the normalized one."""
+  return None if p is None else p.reshape((1,) * (ndim - p.ndim) + tuple(p.shape))
+
+
+def _rows_axes(p, ndim):
+  """The axes of a ``(..., d)`` array a ``(heads..., d)`` parameter's cotangent sums over."""
+  return tuple(range(ndim - p.ndim))
+
+
+def gamma(cfg: NormConfig, scale, ndim, dtype=None):
+  r"""The effective per-feature multiplier :math:`\gamma` as a ``(1, ..., 1, d)`` row, or None.
+
+  :math:`\gamma = s` or :math:`1 + s` (``zero_centered_scale``), formed as the call's casting
+  mode forms it (:meth:`jaxnorm._casting.CastPlan.gamma_of`: in the scale's dtype for "llama"
+  and "t5") and returned in the compute dtype. The one place the XLA forward, the backward, the
+  tangent and the Jacobian get it from (the kernels call the same ``gamma_of``). ``dtype``: the
+  input's dtype (it fixes the compute dtype); default ``scale.dtype``.
+  """
+  if scale is None:
+    return None
+  plan = cfg.plan(scale.dtype if dtype is None else dtype)
+  return plan.gamma_of(_row(scale, ndim), cfg.zero_centered_scale)
+
+
+def forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True):
+  """``(y, (shift, delta, rstd))``: what the JVP rule computes (reverse mode keeps the stats).
+
+  ``decouple`` as in :func:`statistics`; the undifferentiated call goes through
+  :func:`forward_only`.
+  """
+  stats = statistics(cfg, x, mask, decouple=decouple)
+  if decouple:
+    # y's map sees its own view of x and of the statistics (see fresh), so that XLA does not
+    # share x's float32 copy or x - shift between the statistics' fusions and this one.
+    x, stats, scale, bias = fresh(x, stats, scale, bias)
+  shift, delta, rstd = stats
+  xc = centered(cfg, x.astype(rstd.dtype), shift, delta)
+  plan = cfg.plan(x.dtype)  # the order of casts of the affine stage (jaxnorm._casting)
+  y = plan.normalized_affine(xc, rstd, gamma(cfg, scale, x.ndim, x.dtype), _row(bias, x.ndim))
+  return y.astype(cfg.out_dtype), stats
+
+
+# XLA:CPU hands an instruction to YNNPACK only if it or an operand has at least this many
+# elements (``kMinElements`` in XLA's ``IsInstructionPreferredByYnn``, xla/backends/cpu/
+# ynn_support.cc): with fewer rows than this, the per-row statistics stay out of YNNPACK's
+# fusions, which then cannot take the whole normalization into one loop (see forward_only).
+YNN_MIN_ELEMENTS = 4096
+
+
+def forward_only(cfg: NormConfig, x, scale, bias, mask, *, use_views: bool = False):
+  r"""``y`` alone, for a call that is not differentiated: nothing is kept for a backward.
+
+  .. math::
+
+     y = \gamma \odot (x - K - \delta)\, r + \beta
+
+  :func:`forward` without the statistics as outputs. How ``x`` is shared between the row sums
+  and the output map follows what XLA:CPU's YNNPACK fusion can do with the call's shape:
+
+  * **At least** :data:`YNN_MIN_ELEMENTS` **rows**: one shared ``x - K`` (no :func:`fresh`
+    views). YNNPACK takes the pivot's consumers, both row sums and the map, into one fusion, a
+    loop over ``x``; separate views would add a subtraction (and a bfloat16 convert) per
+    element and per view to it.
+  * **Fewer rows**, with ``use_views`` (the XLA backend's tuning for LayerNorm,
+    :data:`jaxnorm.backends.xla.backend.FORWARD_VIEWS`): the per-row statistics (fewer elements than
+    the threshold) stay outside YNNPACK, so the sums and the map are separate fusions. A
+    shared ``x - K`` then has three users and is written to memory once for them (a full-size
+    store and two loads more than Flax's program). With a :func:`fresh` view per sum and one
+    for the map (``decouple``, as :func:`forward` does for the JVP rule), each sum's fusion
+    subtracts the pivot as it reads ``x``, and the program has Flax's shape plus the pivot's
+    slice (the measurements of both choices: ``docs/perf-notes.md``, issue 23).
+
+  RMSNorm keeps the shared form at every size: its one row sum reads ``x`` directly, and its
+  program must stay the one XLA compiles for the published formula written by hand, which the
+  casting modes match bit for bit inside models jitted in one program with the hand-written
+  formula (views would stop XLA from keeping a bfloat16 input of its fusion in float32, as it may
+  for the hand-written formula: a llama-mode decoder's bfloat16 logits then differ,
+  ``tests/jaxnorm/test_casting.py``; with XLA's ``--xla_allow_excess_precision=false`` they agree
+  again).
+
+  LayerNorm's fast variance (its option ``use_fast_variance``) follows the same rule: on fewer
+  rows its two sums read ``x`` through views too (Flax's program otherwise writes a float32 copy
+  of a bfloat16 ``x`` for them), on more it is Flax's one YNNPACK loop.
+
+  The rows counted are those of the traced ``x``: under ``jax.vmap`` the per-example rows (a
+  vmap of many short sequences takes the views, whatever the batch). The choice is made per
+  lowering platform (``lax.platform_dependent``): XLA on other platforms, whose fusions were
+  not measured, always gets the shared form.
+
+  Returned in ``cfg.out_dtype``. The JVP rule, which reverse mode linearizes, calls
+  :func:`forward` instead.
+  """
+  def shared(x, scale, bias, mask):
+    return forward(cfg, x, scale, bias, mask, decouple=False)[0]
+
+  def views(x, scale, bias, mask):
+    return forward(cfg, x, scale, bias, mask, decouple=True)[0]
+
+  if not use_views or math.prod(x.shape[:-1]) >= YNN_MIN_ELEMENTS:
+    return shared(x, scale, bias, mask)
+  # YNNPACK is XLA:CPU's: a program lowered for another platform keeps the shared form.
+  return lax.platform_dependent(x, scale, bias, mask, cpu=views, default=shared)
+
+
+def row_std(cfg: NormConfig, x, mask, stats):
+  r""":math:`\sqrt v` of each row, ``(..., 1)``: the masked mean square of :func:`centered`
+  (psum'd over ``axis_name``), from ``stats`` of the same ``x``; two-pass, so no digits are lost
+  to a large mean. For second order (:func:`jaxnorm.ops.norm.rules._wide_backward`), not a
+  forward."""
+  ct = compute_dtype(x.dtype)
+  xc = centered(cfg, x.astype(ct), stats[0], stats[1])
+  (s,) = row_sums(xc * xc, mask=mask)
+  return jnp.sqrt(psum(cfg, s) / count(cfg, mask, x.shape, ct))
+
+
+def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None, c=None):
+  """The closed-form backward in XLA ops; ``dx`` in ``dx_dtype`` (default ``x.dtype``).
+
+  ``c``: the variance-path factor, where the caller has it from the standard deviation
+  (:func:`jaxnorm._math.variance_path_factor_of_std`; second order); None: from ``rstd``.
+
+  Written as ``dx = rstd * (g - m * mean(g)) + A * m * x_c`` with the per-row coefficient
+  ``A = -c * rstd**3 * sum(g * x_c) / n`` (``x_c = x - mean``, so ``rstd * x_c = x_hat``): the
+  same formula as the module docstring, arranged so that the only ``(..., d)`` quantities are
+  the inputs, ``x_c`` and ``g``, and none is stored. Independent computations, each one pass
+  over its inputs: ``dscale = sum_rows(dy * x_c * rstd)``, ``dbias = sum_rows(dy)``, the row sums
+  ``sum(g * x_c)`` and ``sum(g)``, and the final map to ``dx`` (XLA puts the last three into one
+  fusion when ``d`` is large). Each sees the inputs through its own :func:`fresh` barrier, so
+  that XLA recomputes ``x_c`` and ``g`` inside every fusion instead of materializing them; that
+  also keeps them apart from the forward's fusions when both are in one jitted function.
+  """
+  ct = compute_dtype(x.dtype)
+  plan = cfg.plan(x.dtype)  # each cast's transpose rounds the cotangent (docs/derivations.md)
+
+  def centered_of(xv, statsv):  # (..., d): x - mean (x for RMSNorm), in the compute dtype
+    shift, delta, _ = statsv
+    return centered(cfg, xv.astype(ct), shift, delta)
+
+  def g_of(dyv, scalev):  # (..., d): rd_A(rd_P(gamma * dy)), in the compute dtype
+    return plan.cotangents(dyv, gamma(cfg, scalev, x.ndim, x.dtype))[2]
+
+  dscale = dbias = None
+  if scale is not None:
+    xv, dyv, statsv = fresh(x, dy, stats)
+    u, _ = plan.affine_of(centered_of(xv, statsv) * statsv[2], None, None)  # rd_A(x_hat)
+    dscale = jnp.sum(plan.cotangents(dyv, None)[1] * u, axis=_rows_axes(scale, x.ndim))
+    dscale = dscale.reshape(scale.shape).astype(scale.dtype)
+  if cfg.bias_dtype is not None:
+    (dyv,) = fresh(dy)
+    dq = plan.cotangents(dyv, None)[0]
+    lead = tuple(range(x.ndim - len(cfg.bias_shape)))
+    dbias = jnp.sum(dq, axis=lead).reshape(cfg.bias_shape).astype(cfg.bias_dtype)
+
+  n = count(cfg, mask, x.shape, ct)  # (..., 1)
+  xv, dyv, statsv, scalev = fresh(x, dy, stats, scale)
+  rstd = statsv[2]  # (..., 1)
+  if c is None:
+    c = variance_path_factor(cfg, rstd)  # (..., 1) or None
+  (sum_gxc,) = row_sums(g_of(dyv, scalev) * centered_of(xv, statsv))  # (..., 1)
+  if cfg.op.mean_path:
+    dyv, _, scalev = fresh(dy, rstd, scale)
+    (sum_g,) = row_sums(g_of(dyv, scalev))  # (..., 1)
+    if cfg.axis_name is not None:
+      sum_g, sum_gxc = psum(cfg, jnp.stack([sum_g, sum_gxc]))
+  else:
+    sum_gxc = psum(cfg, sum_gxc)
+  coef = -(rstd * rstd * rstd) * (sum_gxc / n)  # variance (RMS) path, per row
+  if c is not None:
+    coef = coef * c
+  mean_g = rstd * (sum_g / n) if cfg.op.mean_path else None  # mean path, per row
+
+  dyv, xv, statsv, scalev, maskv = fresh(dy, x, stats, scale, mask)
+  xc = centered_of(xv, statsv)  # (..., d)
+  g = g_of(dyv, scalev)  # (..., d)
+  if maskv is not None:
+    m = maskv.astype(ct)
+    var_term = (coef * m) * xc
+    mean_term = None if mean_g is None else mean_g * m
+  else:
+    var_term = coef * xc
+    mean_term = mean_g
+  # (statsv's rstd, not the one above: XLA:CPU materializes a broadcast of a per-row value that
+  # comes from outside the barrier.)
+  dx = statsv[2] * g + var_term
+  if mean_term is not None:
+    dx = dx - mean_term
+  return dx.astype(x.dtype if dx_dtype is None else dx_dtype), dscale, dbias
+
+
+def tangent(cfg: NormConfig, x, scale, mask, stats, tx, tscale, tbias):
+  r"""``dot y`` of the plain op at ``x`` for the tangents ``tx, tscale, tbias`` (None = zero).
+
+  .. math::
+
+     \dot y = \gamma \odot \big(r (\dot x - \overline{\dot x}) + A\, x_c\big)
+              + x_c\, r \odot \dot s + \dot\beta, \qquad
+     A = -c\, r^3\, \tfrac1n {\textstyle\sum_i} m_i x_{c,i} \dot x_i,
+
+  with ``x_c = x - shift - delta`` (``x`` for RMSNorm) and the bar the masked row mean (absent
+  for RMSNorm): the closed form of ``docs/derivations.md`` ("Forward mode") arranged like
+  :func:`backward`, so that the ``(..., d)`` quantities are inputs and ``x_c``, recomputed, is
+  never stored. For LayerNorm the row sum behind ``A`` is taken about the pivot,
+  :math:`\sum m (x - K)\dot x - \delta \sum m \dot x`, so that it does not wait for
+  ``delta``: with the statistics' pivot a slice of ``x``, every row sum of the forward and of the
+  tangent is one level over the inputs (as in autodiff of a one-pass variance). The two row sums
+  and the final map each read the inputs through their own :func:`fresh` view, so that XLA:CPU
+  keeps no float32 copy of ``x`` or broadcast statistic in memory between them. Returned in
+  ``cfg.out_dtype``.
+  """
+  ct = compute_dtype(x.dtype)
+  shift, delta, rstd = stats
+  coef = mean_t = None
+  if tx is not None:
+    n = count(cfg, mask, x.shape, ct)  # (..., 1)
+    txv, xv, shiftv, maskv = fresh(tx, x, shift, mask)
+    xk = centered(cfg, xv.astype(ct), shiftv, None)  # (..., d): x - K, or x
+    (s_kt,) = row_sums(xk * txv.astype(ct), mask=maskv)  # (..., 1)
+    if cfg.op.mean_path:
+      maskv, txv = fresh(mask, tx)
+      (s_t,) = row_sums(txv.astype(ct), mask=maskv)  # (..., 1)
+      if cfg.axis_name is not None:
+        s_t, s_kt = psum(cfg, jnp.stack([s_t, s_kt]))
+      mean_t = s_t / n
+      s_xt = s_kt if delta is None else s_kt - delta * s_t  # sum(m x_c tx)
+    else:
+      s_xt = psum(cfg, s_kt)
+    coef = -(rstd * rstd * rstd) * (s_xt / n)  # variance (RMS) path, per row
+    c = variance_path_factor(cfg, rstd)
+    if c is not None:
+      coef = coef * c
+  # The final map: its own view of the inputs and of every per-row value it broadcasts.
+  txv, statsv, xv, scalev, tscalev, tbiasv, coefv, mean_tv = fresh(
+      tx, stats, x, scale, tscale, tbias, coef, mean_t)
+  shiftv, deltav, rstdv = statsv
+  xf = xv.astype(ct)
+  xc = centered(cfg, xf, shiftv, deltav)  # (..., d)
+  ty = jnp.zeros(x.shape, ct)
+  if txv is not None:
+    txf = txv.astype(ct)
+    if mean_tv is not None:
+      txf = txf - mean_tv
+    ty = rstdv * txf + coefv * xc
+    gam = gamma(cfg, scalev, x.ndim, x.dtype)
+    if gam is not None:
+      ty = ty * gam
+  if tscalev is not None:
+    ty = ty + (xc * rstdv) * as_row(tscalev, x.ndim, ct)
+  if tbiasv is not None:
+    ty = ty + as_row(tbiasv, x.ndim, ct)
+  return ty.astype(cfg.out_dtype)

@@ -1,0 +1,97 @@
+"""Public LayerNorm op: argument handling around the one ``jax.custom_jvp`` of :mod:`_ad`."""
+
+from __future__ import annotations
+
+from jaxnorm.ops.norm import args as _norm_args
+from jaxnorm.ops.norm import rules as _ad
+from jaxnorm._norm_ops import LAYER_NORM
+
+
+def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
+               epsilon_placement="inside", zero_centered_scale=False, axis_name=None,
+               axis_index_groups=None, dtype=None, impl="auto", pallas=None, casting="float32",
+               use_fast_variance=False, memory_efficient=False):
+  r"""Layer normalization with hand-derived backward and tangent rules.
+
+  .. math::
+
+     y = \gamma \odot \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} + \beta, \qquad
+     \mu = \frac1d \sum_i x_i, \quad \sigma^2 = \frac1d \sum_i (x_i - \mu)^2
+
+  over the normalized ``axis``. ``jax.grad`` runs the hand-derived VJP and ``jax.jvp`` the
+  hand-derived tangent (one ``jax.custom_jvp``, :mod:`jaxnorm.ops.norm.rules`), each differentiable
+  again to any order; both, with the masked and "outside" variants, are derived in
+  ``docs/derivations.md``. Residuals: ``x``, ``scale`` and 12 bytes per row (a float32 pivot,
+  the mean's offset from it, and ``rstd``).
+
+  Statistics and the backward's row reductions are computed in float32 (float64 for float64
+  inputs) with a shifted-data variance that stays exact to float32 rounding for mean/std
+  ratios of ``1e4`` and beyond. ``y`` comes back in ``dtype`` (default ``x.dtype``), every
+  cotangent in the dtype of its primal.
+
+  Args:
+    x: ``(..., *normalized_shape)`` floating array.
+    scale: ``normalized_shape`` (or ``(d,)``) array, the :math:`\gamma`; None for none.
+    bias: ``normalized_shape`` (or ``(d,)``) array, the :math:`\beta`; None for none.
+    epsilon: Python float >= 0 added to the variance.
+    axis: int or tuple of ints: the trailing axes to normalize over (flattened into one).
+    mask: optional bool array broadcastable to ``x``: statistics over the True elements only
+      (``n`` of them instead of ``d``); every element is still normalized. A row with no True
+      element has undefined statistics (NaN), as in Flax.
+    epsilon_placement: "inside" (:math:`1/\sqrt{\sigma^2 + \epsilon}`) or "outside"
+      (:math:`1/(\sigma + \epsilon)`).
+    zero_centered_scale: if True the multiplier is :math:`1 + \gamma` (parameters stored as
+      offsets from one, Gemma style).
+    axis_name: the axis name over which the normalized axis is split: a mesh axis inside
+      ``shard_map``, or a named ``jax.vmap`` axis (derivatives included);
+      statistics and the backward's two row reductions are summed over it with ``psum``.
+    axis_index_groups: optional groups of indices of ``axis_name`` (as in ``lax.psum``).
+    dtype: dtype of ``y``; default ``x.dtype``.
+    impl: "auto", "xla", or "triton" (the Triton kernels of :mod:`jaxnorm.backends.triton`;
+    "pallas" is
+      its alias, the same behaviour).
+      "auto" takes the kernels on a GPU where they apply (no mask, no axis_name, not traced
+      under a mesh with non-manual axes, a supported dtype) and XLA otherwise; it never fails
+      where "xla" works.
+    pallas: a :class:`jaxnorm.PallasConfig` saying how the kernels run (interpret mode, a
+      block configuration); None for the default (compiled, the heuristic's blocks).
+    casting: where the affine stage rounds: "float32" (default; one cast at the end),
+      "llama" (HF ``LlamaRMSNorm``) or "t5" (HF ``T5LayerNorm``); the order of casts of each
+      mode and its backward: ``docs/modules.md`` and ``docs/derivations.md``.
+    use_fast_variance: if True the variance is Flax's ``E[x^2] - E[x]^2`` (clamped at 0) instead
+      of the shifted-data form: in float32 it loses about ``2 log2(mean/std)`` bits (nothing
+      left at a ratio of ``1e4``); the backward and tangent are the derived ones at the
+      statistics it computed. Runs on XLA ("auto" never takes the kernels with it).
+    memory_efficient: if True reverse mode keeps ``y`` and ``rstd`` instead of ``x`` and
+      recovers :math:`\hat x = (y - \beta) / \gamma` in the backward (NVIDIA Apex's option of
+      that name; ``docs/derivations.md``): one ``x``-sized array less per call where ``y`` is
+      kept anyway (by the next layer). Every :math:`\gamma_i` must be nonzero: where one is 0
+      the cotangents are NaN (documented; a concrete ``scale`` with a zero raises a
+      ``ValueError``). Runs on XLA ("auto" never takes the kernels with it).
+
+  Returns:
+    ``y`` with the shape of ``x``.
+
+  Raises:
+    TypeError: ``x``, ``scale``, ``bias`` not floating; ``mask`` not boolean; ``epsilon`` not a
+      Python number; ``zero_centered_scale``, ``use_fast_variance`` or ``memory_efficient`` not
+      a bool.
+    ValueError: ``scale``/``bias`` shape not the normalized shape, ``axis`` out of range or not
+      trailing, ``epsilon`` negative or NaN, unknown ``epsilon_placement``/``impl``/``casting``,
+      ``impl="pallas"`` with ``use_fast_variance=True`` or ``memory_efficient=True``; a concrete
+      ``scale`` with a zero :math:`\gamma_i` and ``memory_efficient=True``.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, jaxnorm
+    >>> x = jax.random.normal(jax.random.key(0), (4, 8))
+    >>> y = jaxnorm.layer_norm(x, jnp.ones(8), jnp.zeros(8))
+    >>> bool(jnp.allclose(y.mean(-1), 0, atol=1e-6))
+    True
+  """
+  cfg, x2, mask2, restore = _norm_args.prepare(
+      x, scale, bias, op=LAYER_NORM, epsilon=epsilon, axis=axis, mask=mask, dtype=dtype,
+      impl=impl, epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
+      axis_name=axis_name, axis_index_groups=axis_index_groups, pallas=pallas, casting=casting,
+      options={"use_fast_variance": use_fast_variance, "memory_efficient": memory_efficient})
+  scale, bias = _norm_args.flat_params(x, x2, scale, bias)
+  return restore(_ad.apply(cfg, x2, scale, bias, mask2))

@@ -1,0 +1,63 @@
+r"""Internal API: the memory-saving backward of the norm ops (option ``memory_efficient``).
+
+NVIDIA Apex's ``memory_efficient=True``: reverse mode keeps the output ``y`` and ``rstd``
+instead of the input ``x``, and the backward recovers
+
+.. math:: \hat x = (y - \beta) / \gamma
+
+(derived in ``docs/derivations.md``, "memory_efficient=True"). The derived backward and tangent
+are not written again: they run on a stand-in ``x' = \hat x / r`` with pivot 0 and no offset, for
+which ``centered`` gives ``x'`` and ``x_hat`` gives :math:`\hat x`. The differentiation layer
+(:mod:`jaxnorm.ops.norm.rules`) asks :func:`kept` what to give its tangent primitive, and the
+primitive's formula and transpose call :func:`recovered`, so partial evaluation saves ``y``, the
+parameters and ``rstd`` (``x'`` is computed in the backward, never saved).
+
+Where a :math:`\gamma_i` is 0, ``y_i = \beta_i`` carries nothing of :math:`\hat x_i`: the
+recovered value is ``0/0``, NaN, and so are that feature's ``dscale`` and the rows' ``dx``
+(documented; :func:`jaxnorm._validation.check_invertible_scale` raises where the scale is a
+concrete array).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jaxnorm.backends.xla import formulas as _xla
+from jaxnorm._norm_config import NormConfig
+
+__all__ = ["kept", "recovered"]
+
+
+def kept(cfg: NormConfig, x, y, bias, stats) -> dict:
+  """The residual operands the plain op's tangent primitive takes (the rule factory tags them
+  for remat policies, :data:`jaxnorm.ops.norm.rules.NORM`'s ``remat_names``).
+
+  Default: ``x`` and the op's statistics ``(shift, delta, rstd)``. With ``memory_efficient``:
+  ``y``, ``bias`` and ``rstd`` (the scale and the mask are given either way); the factory then
+  returns the tagged ``y`` as the output too (``output_residual``), so that a consumer that
+  keeps ``y`` (a matmul's weight gradient) keeps the same array rather than a second residual.
+  """
+  if not cfg.option("memory_efficient"):
+    return dict(x=x, shift=stats[0], delta=stats[1], rstd=stats[2])
+  return dict(y=y, bias=bias, rstd=stats[2])
+
+
+def recovered(cfg: NormConfig, named: dict) -> dict:
+  """``named`` operands with ``x``, ``shift`` and ``delta`` recovered from ``y`` where the call
+  kept ``y`` (``named["x"]`` None); otherwise ``named`` itself.
+
+  ``x = (y - bias) / gamma / rstd`` in the compute dtype (``rstd``'s), the pivot 0 (LayerNorm;
+  RMSNorm has none) and no offset: the backward and the tangent then see :math:`\\hat x`.
+  """
+  if named["x"] is not None:
+    return named
+  y, rstd = named["y"], named["rstd"]
+  ct = rstd.dtype
+  xhat = y.astype(ct)
+  if named["bias"] is not None:
+    xhat = xhat - _xla.as_row(named["bias"], y.ndim, ct)
+  g = _xla.gamma(cfg, named["scale"], y.ndim, ct)
+  if g is not None:
+    xhat = xhat / g.astype(ct)
+  shift = jnp.zeros_like(rstd) if cfg.op.mean_path else None
+  return {**named, "x": xhat / rstd, "shift": shift, "delta": None}
