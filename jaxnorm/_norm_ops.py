@@ -31,7 +31,8 @@ from typing import Any, Callable
 
 import jax.numpy as jnp
 
-from jaxnorm._xla_rows import compute_dtype, count, first_pivot, fresh, normalizer, psum, row_sums
+from jaxnorm._xla_rows import compute_dtype, count, cse_barrier, first_pivot, normalizer, psum
+from jaxnorm._xla_rows import row_sums
 
 __all__ = ["LAYER_NORM", "MEMORY_EFFICIENT", "RMS_NORM", "NormOp", "Option"]
 
@@ -102,10 +103,11 @@ def _layer_norm_statistics(cfg, x, mask, *, decouple: bool = True):
   feature is an outlier channel 100 standard deviations out keeps about 10 of float32's 24); the
   mean pivot loses nothing there.
 
-  ``decouple``: the two shifted sums read ``x`` through separate :func:`~jaxnorm._xla_rows.fresh`
-  views (for when the statistics are outputs of the jitted program, e.g. residuals, and for
-  LayerNorm's forward alone on fewer rows than YNNPACK takes whole); False lets them share ``x -
-  shift`` (the forward alone otherwise, :func:`jaxnorm.backends.xla.formulas.forward_only`).
+  ``decouple``: the two shifted sums read ``x`` through separate
+  :func:`~jaxnorm._xla_rows.cse_barrier` views (for when the statistics are outputs of the
+  jitted program, e.g. residuals, and for LayerNorm's forward alone on fewer rows than YNNPACK
+  takes whole); False lets them share ``x - shift`` (the forward alone otherwise,
+  :func:`jaxnorm.backends.xla.formulas.forward_only`).
 
   With the option ``use_fast_variance=True``: Flax's ``E[x^2] - E[x]^2`` instead,
   :func:`_fast_statistics`, which returns ``(mean, None, rstd)``.
@@ -124,12 +126,12 @@ def _layer_norm_statistics(cfg, x, mask, *, decouple: bool = True):
     # garbage) entries, which a masked-out first element could be.
     (s0,) = row_sums(xf, mask=mask)
     shift = psum(cfg, s0) / n
-  # The two shifted sums each see their own view of x (see fresh): when the statistics are
+  # The two shifted sums each see their own view of x (see cse_barrier): when the statistics are
   # residuals, XLA:CPU computes each in its own fusion, and would otherwise write x - shift (in
   # float32) to memory once for both to read.
-  x1, shift1, mask1 = fresh(x, shift, mask) if decouple else (x, shift, mask)
+  x1, shift1, mask1 = cse_barrier(x, shift, mask) if decouple else (x, shift, mask)
   (s1,) = row_sums(x1.astype(ct) - shift1, mask=mask1)
-  shift2, x2, mask2 = fresh(shift, x, mask) if decouple else (shift, x, mask)
+  shift2, x2, mask2 = cse_barrier(shift, x, mask) if decouple else (shift, x, mask)
   xs2 = x2.astype(ct) - shift2
   (s2,) = row_sums(xs2 * xs2, mask=mask2)
   delta, rstd = _mean_and_rstd(cfg, s1, s2, n)
@@ -169,10 +171,10 @@ def _fast_statistics(cfg, x, mask, n, *, decouple: bool):
   :func:`_layer_norm_statistics`.
   """
   ct = compute_dtype(x.dtype)
-  x1, mask1 = fresh(x, mask) if decouple else (x, mask)
+  x1, mask1 = cse_barrier(x, mask) if decouple else (x, mask)
   (s1,) = row_sums(x1.astype(ct), mask=mask1)
   # (x twice: with no mask, a barrier over (x,) alone would be merged with the first one.)
-  mask2, x2, _ = fresh(mask, x, x) if decouple else (mask, x, x)
+  mask2, x2, _ = cse_barrier(mask, x, x) if decouple else (mask, x, x)
   xf2 = x2.astype(ct)
   (s2,) = row_sums(xf2 * xf2, mask=mask2)
   mean, rstd = _mean_and_rstd(cfg, s1, s2, n)

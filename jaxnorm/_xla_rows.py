@@ -15,8 +15,8 @@ from jax import lax
 from jaxnorm import _jax_compat
 from jaxnorm import _math
 
-__all__ = ["compute_dtype", "count", "first_pivot", "fresh", "match_vma", "normalizer", "psum",
-           "row_sums", "variance_path_factor"]
+__all__ = ["compute_dtype", "count", "cse_barrier", "first_pivot", "match_vma", "normalizer",
+           "psum", "row_sums", "variance_path_factor"]
 
 
 def compute_dtype(dtype) -> np.dtype:
@@ -82,7 +82,7 @@ def variance_path_factor(cfg, rstd):
   return _math.variance_path_factor(rstd, cfg.epsilon, cfg.epsilon_placement == "outside")
 
 
-def fresh(*arrays):
+def cse_barrier(*arrays):
   """The arrays behind an ``optimization_barrier``: same values, opaque to XLA's CSE.
 
   XLA:CPU keeps a full-size ``(..., d)`` intermediate (``x - shift``, a broadcast ``rstd``, the
@@ -105,10 +105,10 @@ def fresh(*arrays):
 def first_pivot(x):
   """The row's first element, ``(..., 1)`` in the compute dtype: a pivot with no reduction.
 
-  Sliced from a :func:`fresh` view of ``x``: XLA:CPU cannot put a slice into the loop fusion
+  Sliced from a :func:`cse_barrier` view of ``x``: XLA:CPU cannot put a slice into the loop fusion
   of the row sums, and without the barrier it hoists the float32 convert of a bfloat16 ``x``
   out of that loop for the slice to share (a full-size float32 copy). With it, the slice is a
   small fusion of its own that reads one element per row, and the sums' loop reads ``x``.
   """
-  (xv,) = fresh(x)
+  (xv,) = cse_barrier(x)
   return xv[..., :1].astype(compute_dtype(x.dtype))

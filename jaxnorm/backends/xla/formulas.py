@@ -14,7 +14,7 @@ With :math:`\hat x = x_c\, r`, :math:`g = \gamma \odot dy` and bars for masked r
 
 (:math:`\overline g` only with a mean path; :math:`c` the variance-path factor), derived in
 ``docs/derivations.md`` with the forward-mode tangent; the program-shape choices (the
-:func:`~jaxnorm._xla_rows.fresh` barriers, the YNNPACK threshold) are explained beside each
+:func:`~jaxnorm._xla_rows.cse_barrier` barriers, the YNNPACK threshold) are explained beside each
 function and in ``docs/perf-notes.md``.
 """
 
@@ -26,7 +26,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxnorm._norm_config import NormConfig
-from jaxnorm._xla_rows import compute_dtype, count, fresh, psum, row_sums, variance_path_factor
+from jaxnorm._xla_rows import compute_dtype, count, cse_barrier, psum, row_sums
+from jaxnorm._xla_rows import variance_path_factor
 
 
 def residual_add(cfg: NormConfig, x, residual):
@@ -95,9 +96,9 @@ def forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True):
   """
   stats = statistics(cfg, x, mask, decouple=decouple)
   if decouple:
-    # y's map sees its own view of x and of the statistics (see fresh), so that XLA does not
+    # y's map sees its own view of x and of the statistics (see cse_barrier), so that XLA does not
     # share x's float32 copy or x - shift between the statistics' fusions and this one.
-    x, stats, scale, bias = fresh(x, stats, scale, bias)
+    x, stats, scale, bias = cse_barrier(x, stats, scale, bias)
   shift, delta, rstd = stats
   xc = centered(cfg, x.astype(rstd.dtype), shift, delta)
   plan = cfg.plan(x.dtype)  # the order of casts of the affine stage (jaxnorm._casting)
@@ -122,7 +123,7 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask, *, use_views: bool = Fal
   :func:`forward` without the statistics as outputs. How ``x`` is shared between the row sums
   and the output map follows what XLA:CPU's YNNPACK fusion can do with the call's shape:
 
-  * **At least** :data:`YNN_MIN_ELEMENTS` **rows**: one shared ``x - K`` (no :func:`fresh`
+  * **At least** :data:`YNN_MIN_ELEMENTS` **rows**: one shared ``x - K`` (no :func:`cse_barrier`
     views). YNNPACK takes the pivot's consumers, both row sums and the map, into one fusion, a
     loop over ``x``; separate views would add a subtraction (and a bfloat16 convert) per
     element and per view to it.
@@ -130,7 +131,7 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask, *, use_views: bool = Fal
     :data:`jaxnorm.backends.xla.backend.FORWARD_VIEWS`): the per-row statistics (fewer elements than
     the threshold) stay outside YNNPACK, so the sums and the map are separate fusions. A
     shared ``x - K`` then has three users and is written to memory once for them (a full-size
-    store and two loads more than Flax's program). With a :func:`fresh` view per sum and one
+    store and two loads more than Flax's program). With a :func:`cse_barrier` view per sum and one
     for the map (``decouple``, as :func:`forward` does for the JVP rule), each sum's fusion
     subtracts the pivot as it reads ``x``, and the program has Flax's shape plus the pivot's
     slice (the measurements of both choices: ``docs/perf-notes.md``, issue 23).
@@ -190,7 +191,7 @@ def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None, c=None):
   the inputs, ``x_c`` and ``g``, and none is stored. Independent computations, each one pass
   over its inputs: ``dscale = sum_rows(dy * x_c * rstd)``, ``dbias = sum_rows(dy)``, the row sums
   ``sum(g * x_c)`` and ``sum(g)``, and the final map to ``dx`` (XLA puts the last three into one
-  fusion when ``d`` is large). Each sees the inputs through its own :func:`fresh` barrier, so
+  fusion when ``d`` is large). Each sees the inputs through its own :func:`cse_barrier` barrier, so
   that XLA recomputes ``x_c`` and ``g`` inside every fusion instead of materializing them; that
   also keeps them apart from the forward's fusions when both are in one jitted function.
   """
@@ -206,24 +207,24 @@ def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None, c=None):
 
   dscale = dbias = None
   if scale is not None:
-    xv, dyv, statsv = fresh(x, dy, stats)
+    xv, dyv, statsv = cse_barrier(x, dy, stats)
     u, _ = plan.affine_of(centered_of(xv, statsv) * statsv[2], None, None)  # rd_A(x_hat)
     dscale = jnp.sum(plan.cotangents(dyv, None)[1] * u, axis=_rows_axes(scale, x.ndim))
     dscale = dscale.reshape(scale.shape).astype(scale.dtype)
   if cfg.bias_dtype is not None:
-    (dyv,) = fresh(dy)
+    (dyv,) = cse_barrier(dy)
     dq = plan.cotangents(dyv, None)[0]
     lead = tuple(range(x.ndim - len(cfg.bias_shape)))
     dbias = jnp.sum(dq, axis=lead).reshape(cfg.bias_shape).astype(cfg.bias_dtype)
 
   n = count(cfg, mask, x.shape, ct)  # (..., 1)
-  xv, dyv, statsv, scalev = fresh(x, dy, stats, scale)
+  xv, dyv, statsv, scalev = cse_barrier(x, dy, stats, scale)
   rstd = statsv[2]  # (..., 1)
   if c is None:
     c = variance_path_factor(cfg, rstd)  # (..., 1) or None
   (sum_gxc,) = row_sums(g_of(dyv, scalev) * centered_of(xv, statsv))  # (..., 1)
   if cfg.op.mean_path:
-    dyv, _, scalev = fresh(dy, rstd, scale)
+    dyv, _, scalev = cse_barrier(dy, rstd, scale)
     (sum_g,) = row_sums(g_of(dyv, scalev))  # (..., 1)
     if cfg.axis_name is not None:
       sum_g, sum_gxc = psum(cfg, jnp.stack([sum_g, sum_gxc]))
@@ -234,7 +235,7 @@ def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None, c=None):
     coef = coef * c
   mean_g = rstd * (sum_g / n) if cfg.op.mean_path else None  # mean path, per row
 
-  dyv, xv, statsv, scalev, maskv = fresh(dy, x, stats, scale, mask)
+  dyv, xv, statsv, scalev, maskv = cse_barrier(dy, x, stats, scale, mask)
   xc = centered_of(xv, statsv)  # (..., d)
   g = g_of(dyv, scalev)  # (..., d)
   if maskv is not None:
@@ -268,7 +269,7 @@ def tangent(cfg: NormConfig, x, scale, mask, stats, tx, tscale, tbias):
   :math:`\sum m (x - K)\dot x - \delta \sum m \dot x`, so that it does not wait for
   ``delta``: with the statistics' pivot a slice of ``x``, every row sum of the forward and of the
   tangent is one level over the inputs (as in autodiff of a one-pass variance). The two row sums
-  and the final map each read the inputs through their own :func:`fresh` view, so that XLA:CPU
+  and the final map each read the inputs through their own :func:`cse_barrier` view, so that XLA:CPU
   keeps no float32 copy of ``x`` or broadcast statistic in memory between them. Returned in
   ``cfg.out_dtype``.
   """
@@ -277,11 +278,11 @@ def tangent(cfg: NormConfig, x, scale, mask, stats, tx, tscale, tbias):
   coef = mean_t = None
   if tx is not None:
     n = count(cfg, mask, x.shape, ct)  # (..., 1)
-    txv, xv, shiftv, maskv = fresh(tx, x, shift, mask)
+    txv, xv, shiftv, maskv = cse_barrier(tx, x, shift, mask)
     xk = centered(cfg, xv.astype(ct), shiftv, None)  # (..., d): x - K, or x
     (s_kt,) = row_sums(xk * txv.astype(ct), mask=maskv)  # (..., 1)
     if cfg.op.mean_path:
-      maskv, txv = fresh(mask, tx)
+      maskv, txv = cse_barrier(mask, tx)
       (s_t,) = row_sums(txv.astype(ct), mask=maskv)  # (..., 1)
       if cfg.axis_name is not None:
         s_t, s_kt = psum(cfg, jnp.stack([s_t, s_kt]))
@@ -294,7 +295,7 @@ def tangent(cfg: NormConfig, x, scale, mask, stats, tx, tscale, tbias):
     if c is not None:
       coef = coef * c
   # The final map: its own view of the inputs and of every per-row value it broadcasts.
-  txv, statsv, xv, scalev, tscalev, tbiasv, coefv, mean_tv = fresh(
+  txv, statsv, xv, scalev, tscalev, tbiasv, coefv, mean_tv = cse_barrier(
       tx, stats, x, scale, tscale, tbias, coef, mean_t)
   shiftv, deltav, rstdv = statsv
   xf = xv.astype(ct)
