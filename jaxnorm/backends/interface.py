@@ -58,6 +58,15 @@ class Backend:
     has no objection)."""
     return self.refusal(x2_shape, dtype, mask, axis_name, op, options) is None
 
+  def launch(self, cfg, fn, *args, elsewhere: str = "raise"):
+    """``fn(cfg, *args)``, one of this backend's methods bound by the dispatcher, run the way this
+    backend runs its code. The default runs it as it is (XLA ops). A kernel backend runs it
+    behind a primitive of its own that lowers the kernels for its platforms (``elsewhere``: what
+    lowering for another platform gives, "raise" or "xla"; see
+    :func:`jaxnorm.backends.triton.kernel_call.kernel_call`)."""
+    del elsewhere
+    return fn(cfg, *args)
+
   def role(self, op, name: str):
     """The function ``(cfg, *args)`` that runs the role ``name`` ("forward", "backward", ...) of
     ``op``, an op outside the norm family's methods (its declaration, e.g. gated RMSNorm's), on

@@ -13,8 +13,9 @@ backend is one module implementing the interface and one entry in :data:`BACKEND
 A call's ``impl`` is resolved once, when it is prepared (:func:`resolve_impl`): a backend's
 name, or "per_platform" (``impl="auto"`` on a call a platform's preferred backend takes: that
 backend where the program is lowered for its platform, XLA elsewhere). :func:`run` then looks
-the method up in the table for the resolved backend, behind the primitive that lowers the
-kernels per platform (:func:`jaxnorm.backends.triton.kernel_call.kernel_call`) where they may run.
+the method up in the table for the resolved backend and runs it through that backend's
+``launch`` (the Triton backend's: the primitive that lowers the kernels per platform,
+:func:`jaxnorm.backends.triton.kernel_call.kernel_call`).
 The functions below are what the differentiation layer (:mod:`jaxnorm.ops.norm.rules`) and the
 tests call.
 """
@@ -33,7 +34,6 @@ from jaxnorm import _validation as v
 from jaxnorm._xla_rows import match_vma
 from jaxnorm._norm_config import NormConfig
 from jaxnorm.backends.triton.backend import TRITON
-from jaxnorm.backends.triton.kernel_call import kernel_call
 from jaxnorm.backends.xla.backend import XLA
 
 __all__ = ["ALIASES", "BACKENDS", "IMPLS", "PER_PLATFORM", "PLATFORM_BACKENDS", "PREFERENCE",
@@ -145,25 +145,23 @@ def run(cfg: NormConfig, name: str, *args, **static):
   XLA as the default branch. Only the branch of the platform a program
   is lowered for is compiled, so ``jax.export(..., platforms=["cuda"])`` from a CPU host carries
   the kernels and ``["tpu"]`` the XLA formulas; both branches return the same shapes and
-  dtypes. The kernels run behind :func:`jaxnorm.backends.triton.kernel_call.kernel_call`, so every
-  branch can be differentiated again.
+  dtypes. A kernel backend runs its kernels through its own ``launch`` (the Triton backend's
+  kernel-call primitive), so every branch can be differentiated again.
   """
   return _dispatch(cfg, _Method(name, tuple(sorted(static.items()))), *args)
 
 
 def _dispatch(cfg, fn, *args):
-  """``fn(cfg, *args)`` on ``cfg.impl``: directly for the fallback, behind the kernel-call
-  primitive for a named kernel backend, per lowering platform for :data:`PER_PLATFORM`."""
-  if cfg.impl == _FALLBACK:
-    return fn(cfg, *args)
+  """``fn(cfg, *args)`` on ``cfg.impl``, through the backend's ``launch`` (the fallback's runs it
+  directly); per lowering platform for :data:`PER_PLATFORM`."""
   if cfg.impl != PER_PLATFORM:
-    return kernel_call(cfg, fn, *args)
+    return BACKENDS[cfg.impl].launch(cfg, fn, *args)
   fallback = dataclasses.replace(cfg, impl=_FALLBACK)
   # A program lowered for several platforms lowers every branch for each of them: a kernels'
   # branch then lowers to the XLA path where the kernels do not compile (elsewhere="xla").
   # One branch per backend, shared by its platforms (platform_dependent merges equal branches).
-  per_backend = {name: functools.partial(kernel_call, dataclasses.replace(cfg, impl=name), fn,
-                                         elsewhere="xla")
+  per_backend = {name: functools.partial(BACKENDS[name].launch, dataclasses.replace(cfg, impl=name),
+                                         fn, elsewhere="xla")
                  for name in set(PLATFORM_BACKENDS.values())}
   branches = {platform: per_backend[name] for platform, name in PLATFORM_BACKENDS.items()}
   return lax.platform_dependent(*args, default=functools.partial(fn, fallback), **branches)

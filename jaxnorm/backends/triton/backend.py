@@ -33,6 +33,7 @@ from jaxnorm.backends.interface import Backend
 from jaxnorm._norm_config import NormConfig
 from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 from jaxnorm.backends.triton import config as _config
+from jaxnorm.backends.triton.kernel_call import kernel_call
 
 __all__ = ["KERNEL_OPS", "OP_KERNELS", "PLATFORMS", "TRITON", "DecomposedAddConfig",
            "TritonBackend", "kernels",
@@ -243,6 +244,11 @@ class TritonBackend(Backend):
               "sharding); a pallas_call runs per device, inside shard_map only")
     ok, reason = _config.supported(x2_shape, dtype)
     return None if ok else reason
+
+  def launch(self, cfg, fn, *args, elsewhere="raise"):
+    """``fn(cfg, *args)`` behind the kernel-call primitive, lowered per platform
+    (:func:`jaxnorm.backends.triton.kernel_call.kernel_call`)."""
+    return kernel_call(cfg, fn, *args, elsewhere=elsewhere)
 
   def role(self, op, name):
     """The kernels' function for the role ``name`` of ``op`` (an op of :data:`OP_KERNELS`)."""
