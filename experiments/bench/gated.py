@@ -20,16 +20,13 @@ Writes ``gated-<tag>-<date>.json`` and ``.md``.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 
 import jax
 import jax.numpy as jnp
 
 import jaxnorm
 from experiments.bench.timing import time_interleaved
-from experiments.suite.provenance import device_info
+from experiments.bench.output import bench_meta, write_outputs
 
 
 def _vjp_pair(f):
@@ -131,21 +128,7 @@ def main(argv=None) -> int:
     parser.error(f"--repeats must be >= 3, got {args.repeats}")
   rows = bench(shapes, args.dtypes.split(","), impls, [o == "last" for o in orders],
                args.group_size, args.repeats, args.sample_ms)
-  info = device_info()
-  meta = {"device": f"{info['backend']} {info['device_kind']} ({info['cpu']}, "
-                    f"{info['cpu_count']} cores)",
-          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-          "command": "python -m experiments bench-gated " + " ".join(argv or []),
-          "repeats": args.repeats, "load": f"{info['load_avg_1m']:.1f}",
-          "group_size": args.group_size, "versions": {"jax": jax.__version__}}
-  md = _markdown(meta, rows)
-  print(md)
-  if args.out:
-    os.makedirs(args.out, exist_ok=True)
-    tag = args.tag or f"{info['backend']}-{info['cpu_count']}cores"
-    stem = os.path.join(args.out, f"gated-{tag}-{meta['date'][:10]}")
-    with open(stem + ".json", "w") as f:
-      json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    with open(stem + ".md", "w") as f:
-      f.write(md)
+  meta = bench_meta("python -m experiments bench-gated " + " ".join(argv or []), args.repeats,
+                    group_size=args.group_size)
+  write_outputs(args.out, "gated", args.tag, meta, rows, _markdown(meta, rows))
   return 0

@@ -18,16 +18,13 @@ costs once XLA has fused it with the add. Writes ``pointwise-<tag>-<date>.json``
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 
 import jax
 import jax.numpy as jnp
 
 import jaxnorm
 from experiments.bench.timing import time_interleaved
-from experiments.suite.provenance import device_info
+from experiments.bench.output import bench_meta, write_outputs
 
 
 def _fns(op_name: str, dtype):
@@ -121,21 +118,7 @@ def main(argv=None) -> int:
   if args.repeats < 3:
     parser.error(f"--repeats must be >= 3, got {args.repeats}")
   rows = bench(shapes, args.dtypes.split(","), ops, args.repeats, args.sample_ms)
-  info = device_info()
-  meta = {"device": f"{info['backend']} {info['device_kind']} ({info['cpu']}, "
-                    f"{info['cpu_count']} cores)",
-          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-          "command": "python -m experiments bench-pointwise " + " ".join(argv or []),
-          "repeats": args.repeats, "load": f"{info['load_avg_1m']:.1f}",
-          "versions": {"jax": jax.__version__}}
-  md = _markdown(meta, rows)
-  print(md)
-  if args.out:
-    os.makedirs(args.out, exist_ok=True)
-    tag = args.tag or f"{info['backend']}-{info['cpu_count']}cores"
-    stem = os.path.join(args.out, f"pointwise-{tag}-{meta['date'][:10]}")
-    with open(stem + ".json", "w") as f:
-      json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    with open(stem + ".md", "w") as f:
-      f.write(md)
+  meta = bench_meta("python -m experiments bench-pointwise " + " ".join(argv or []),
+                    args.repeats)
+  write_outputs(args.out, "pointwise", args.tag, meta, rows, _markdown(meta, rows))
   return 0

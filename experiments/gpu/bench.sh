@@ -4,13 +4,10 @@
 # and writes under /tmp/bench; everything is packed into $OUT/bench.tgz at the end, so a stage
 # that runs out of time never loses the ones before it.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=.
-OUT=${OUT:-/tmp/out}
-B=/tmp/bench; mkdir -p $B
+B=/tmp/bench
+source "$(dirname "$0")/common.sh"
 R="--repeats 15 --sample-ms 3"
 PLAIN="--ops layer_norm,rms_norm --impls jaxnorm-pallas,jaxnorm-xla,flax-linen,jax-pallas-ops,reference-vjp"
-stage() { local name=$1 secs=$2; shift 2; echo "== $name (timeout ${secs}s) $(date -u +%T)";
-  timeout -k 5 "$secs" "$@" > "$B/$name.log" 2>&1; echo "rc $? $name $(date -u +%T)" | tee -a "$B/stages.txt"; tail -n 4 "$B/$name.log"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > $B/device.txt
 # bf16: x of 128-256 MiB, widths 1024-16384 (5120, 6144 and 12288 included)
 stage bf16 170 python3 -m experiments bench --dtypes bfloat16 $PLAIN $R --out $B/bf16 \

@@ -5,12 +5,9 @@
 # tests on the GPU (the kernels compiled, not interpreted). Stages have their own timeouts;
 # everything is packed into $OUT at the end.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=.
-OUT=${OUT:-/tmp/out}
-B=/tmp/gated; mkdir -p $B
+B=/tmp/gated
+source "$(dirname "$0")/common.sh"
 R="--repeats 11 --sample-ms 3"
-stage() { local name=$1 secs=$2; shift 2; echo "== $name (timeout ${secs}s) $(date -u +%T)";
-  timeout -k 5 "$secs" "$@" > "$B/$name.log" 2>&1; echo "rc $? $name $(date -u +%T)" | tee -a "$B/stages.txt"; tail -n 3 "$B/$name.log"; }
 nvidia-smi --query-gpu=name,driver_version --format=csv > $B/device.txt
 SHAPES=65536x1024,32768x2048,16384x4096,8192x8192
 stage one-group 120 python3 -m experiments bench-gated --dtypes bfloat16 --impls auto,xla $R \

@@ -3,13 +3,10 @@
 # measured in the same process (bfloat16, float32, fused add + norm), then the GPU-only tests with
 # their output on stdout too. Each stage has its own timeout; results are packed into $OUT at the end.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=.
-OUT=${OUT:-/tmp/out}
-B=/tmp/bench; mkdir -p $B
+B=/tmp/bench
+source "$(dirname "$0")/common.sh"
 R="--repeats 11 --sample-ms 3"
 PLAIN="--ops layer_norm,rms_norm --impls jaxnorm-pallas,jaxnorm-xla,flax-linen,jax-pallas-ops,reference-vjp"
-stage() { local name=$1 secs=$2; shift 2; echo "== $name (timeout ${secs}s) $(date -u +%T)";
-  timeout -k 5 "$secs" "$@" > "$B/$name.log" 2>&1; echo "rc $? $name $(date -u +%T)" | tee -a "$B/stages.txt"; tail -n 3 "$B/$name.log"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > $B/device.txt
 stage bf16 150 python3 -m experiments bench --dtypes bfloat16 $PLAIN $R --out $B/bf16 \
   --shapes 65536x1024,32768x2048,16384x4096,16384x5120,16384x6144,8192x12288,8192x16384
