@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 import jaxnorm
 from experiments.bench.timing import time_interleaved
-from experiments.bench.output import bench_meta, write_outputs
+from experiments.bench.output import add_run_args, bench_meta, write_outputs
 
 
 def _vjp_pair(f):
@@ -109,10 +109,7 @@ def main(argv=None) -> int:
   parser.add_argument("--orders", default="last,first",
                       help="gate orders: last (norm_before_gate=True), first")
   parser.add_argument("--group-size", type=int, default=None)
-  parser.add_argument("--repeats", type=int, default=15)
-  parser.add_argument("--sample-ms", type=float, default=20.0)
-  parser.add_argument("--out", default=None, help="folder for the JSON and markdown")
-  parser.add_argument("--tag", default=None, help="device tag of the file names")
+  add_run_args(parser)
   args = parser.parse_args(argv)
   try:
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]

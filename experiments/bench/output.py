@@ -1,9 +1,9 @@
 """What the small benchmark commands (``bench-pointwise``, ``bench-gated``) share: the run's
 description and where its table goes.
 
-:func:`bench_meta` describes the run (device, date, command, rounds, load, versions);
-:func:`write_outputs` prints the markdown table and, given a folder, writes
-``<kind>-<tag>-<date>.json`` (``{"meta": ..., "rows": ...}``) and ``.md`` there.
+:func:`add_run_args` adds the options they share, :func:`bench_meta` describes the run
+(device, date, command, rounds, load, versions); :func:`write_outputs` prints the markdown
+table and, given a folder, writes ``<kind>-<tag>-<date>.json`` (``{"meta": ..., "rows": ...}``) and ``.md`` there.
 """
 
 from __future__ import annotations
@@ -15,6 +15,14 @@ import os
 import jax
 
 from experiments.suite.provenance import device_info
+
+
+def add_run_args(parser, repeats: int = 15) -> None:
+  """The options every small bench takes: ``--repeats``, ``--sample-ms``, ``--out``, ``--tag``."""
+  parser.add_argument("--repeats", type=int, default=repeats)
+  parser.add_argument("--sample-ms", type=float, default=20.0)
+  parser.add_argument("--out", default=None, help="folder for the JSON and markdown")
+  parser.add_argument("--tag", default=None, help="device tag of the file names")
 
 
 def bench_meta(command: str, repeats: int, **extra) -> dict:

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 import jaxnorm
 from experiments.bench.timing import time_interleaved
-from experiments.bench.output import bench_meta, write_outputs
+from experiments.bench.output import add_run_args, bench_meta, write_outputs
 
 
 def _fns(op_name: str, dtype):
@@ -105,10 +105,7 @@ def main(argv=None) -> int:
                       help="ROWSxD,... (default: %(default)s)")
   parser.add_argument("--dtypes", default="float32,bfloat16")
   parser.add_argument("--ops", default="dyt,derf")
-  parser.add_argument("--repeats", type=int, default=15)
-  parser.add_argument("--sample-ms", type=float, default=20.0)
-  parser.add_argument("--out", default=None, help="folder for the JSON and markdown")
-  parser.add_argument("--tag", default=None, help="device tag of the file names")
+  add_run_args(parser)
   args = parser.parse_args(argv)
   shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
   ops = args.ops.split(",")

@@ -7,8 +7,6 @@ set -uo pipefail
 B=/tmp/bench
 source "$(dirname "$0")/common.sh"
 R="--repeats 15 --sample-ms 3"
-PLAIN="--ops layer_norm,rms_norm --impls jaxnorm-pallas,jaxnorm-xla,flax-linen,jax-pallas-ops,reference-vjp"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > $B/device.txt
 # bf16: x of 128-256 MiB, widths 1024-16384 (5120, 6144 and 12288 included)
 stage bf16 170 python3 -m experiments bench --dtypes bfloat16 $PLAIN $R --out $B/bf16 \
   --shapes 65536x1024,32768x2048,16384x4096,16384x5120,16384x6144,8192x12288,8192x16384

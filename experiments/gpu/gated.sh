@@ -8,7 +8,6 @@ set -uo pipefail
 B=/tmp/gated
 source "$(dirname "$0")/common.sh"
 R="--repeats 11 --sample-ms 3"
-nvidia-smi --query-gpu=name,driver_version --format=csv > $B/device.txt
 SHAPES=65536x1024,32768x2048,16384x4096,8192x8192
 stage one-group 120 python3 -m experiments bench-gated --dtypes bfloat16 --impls auto,xla $R \
   --shapes $SHAPES --out $B/one-group --tag gpu

@@ -6,8 +6,6 @@ set -uo pipefail
 B=/tmp/bench
 source "$(dirname "$0")/common.sh"
 R="--repeats 11 --sample-ms 3"
-PLAIN="--ops layer_norm,rms_norm --impls jaxnorm-pallas,jaxnorm-xla,flax-linen,jax-pallas-ops,reference-vjp"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > $B/device.txt
 stage bf16 150 python3 -m experiments bench --dtypes bfloat16 $PLAIN $R --out $B/bf16 \
   --shapes 65536x1024,32768x2048,16384x4096,16384x5120,16384x6144,8192x12288,8192x16384
 stage f32 60 python3 -m experiments bench --dtypes float32 $PLAIN $R --out $B/f32 \
