@@ -1,4 +1,4 @@
-r"""The one differentiation layer: each public op is one ``jax.custom_jvp`` over a linear primitive.
+r"""Internal API: the norm family's derived rules, each op one ``jax.custom_jvp`` over a primitive.
 
 Reverse mode *is* the derived custom VJP. Each op is a ``jax.custom_jvp`` function (``jax.jvp``
 needs one: JAX refuses forward mode through a ``jax.custom_vjp``) whose JVP rule returns the
@@ -9,9 +9,9 @@ tangents and whose transpose rule is the hand-derived backward
 backward kernels included). ``jax.grad`` linearizes the JVP rule (the forward runs once, its
 residuals ``x, scale, mask, stats`` are kept) and transposes the primitive: exactly the pair
 ``jax.custom_vjp(fwd, bwd)`` with ``fwd`` = :func:`jaxnorm.backends.table.forward` and ``bwd`` =
-:func:`jaxnorm.backends.table.backward`, which ``tests/test_one_ad_layer.py`` builds and compares
-bitwise, program included. An undifferentiated call runs :func:`jaxnorm.backends.table.forward_only`
-(one pass, nothing kept).
+:func:`jaxnorm.backends.table.backward`, which ``tests/jaxnorm/test_one_ad_layer.py`` builds and
+compares bitwise, program included. An undifferentiated call runs
+:func:`jaxnorm.backends.table.forward_only` (one pass, nothing kept).
 
 The tangent (derived in ``docs/derivations.md``, "Forward mode"), per row, with
 :math:`\dot x_c = \dot x - m\text{-mean}(\dot x)` (LayerNorm; :math:`\dot x_c = \dot x` for
