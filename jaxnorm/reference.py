@@ -234,7 +234,7 @@ def gated_rms_norm(x, z, scale=None, *, epsilon=1e-6, group_size=None, norm_befo
                          jnp.float32)
   xf, zf = jnp.asarray(x).astype(dt), jnp.asarray(z).astype(dt)
   d = x.shape[-1]
-  k = d if group_size is None else group_size
+  k = (d or 1) if group_size is None else group_size  # no features: one empty group
   gate = zf * (1.0 / (1.0 + jnp.exp(-zf)))
   u = xf if norm_before_gate else xf * gate
   ug = u.reshape(u.shape[:-1] + (d // k, k))

@@ -176,3 +176,16 @@ def test_float64_on_auto_runs_the_xla_formulas():
       jaxnorm.gated_rms_norm(x, z, s, impl="triton", pallas=INTERPRET)
     np.testing.assert_allclose(jaxnorm.gated_rms_norm(x, z, s, group_size=4),
                                reference.gated_rms_norm(x, z, s, group_size=4), rtol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(2, 0), (0, 8), (8,)], ids=["no-features", "no-rows", "1-d"])
+def test_empty_and_one_row_shapes(shape):
+  """No features or no rows give empty results and gradients, as rms_norm; a 1-D x is one row."""
+  x = jnp.linspace(-1.0, 1.0, int(np.prod(shape))).reshape(shape)
+  s = jnp.ones(shape[-1:])
+  np.testing.assert_allclose(OP.fn(x, x, s), OP.reference(x, x, s), rtol=1e-6, atol=1e-7)
+  got = jax.grad(lambda x, s: jnp.sum(OP.fn(x, x, s) ** 2), argnums=(0, 1))(x, s)
+  want = jax.grad(lambda x, s: jnp.sum(OP.reference(x, x, s) ** 2), argnums=(0, 1))(x, s)
+  for g, w in zip(got, want):
+    assert g.shape == w.shape
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

@@ -199,7 +199,8 @@ def backward(cfg: GatedConfig, x, z, scale, rstd, dy):
     dx, dz = du * g, du * xg * dg
   dscale = None
   if scale is not None:
-    dscale = jnp.sum((dn * uh).reshape(-1, x.shape[-1]), axis=0)
+    prod = (dn * uh).reshape(x.shape)
+    dscale = jnp.sum(prod, axis=tuple(range(x.ndim - 1)))
   return dx.reshape(x.shape).astype(x.dtype), dz.reshape(z.shape).astype(z.dtype), dscale
 
 
@@ -298,7 +299,8 @@ def _prepare(x, z, scale, *, epsilon, group_size, norm_before_gate, dtype, impl,
                        f"{tuple(scale.shape)}.")
   epsilon = v.check_epsilon(epsilon)
   v.check_bool("norm_before_gate", norm_before_gate)
-  k = d if group_size is None else v.check_positive_int("group_size", group_size)
+  # No features: one group of one (nothing to normalize; the result is empty, as rms_norm's).
+  k = (d or 1) if group_size is None else v.check_positive_int("group_size", group_size)
   if d % k:
     raise ValueError(f"group_size must divide x's last axis ({d}), got {k}; Mamba2's "
                      f"group_size is d // ngroups.")
