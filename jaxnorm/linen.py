@@ -72,7 +72,7 @@ def _params(mdl: nn.Module, x: jax.Array, use_scale: bool, use_bias: bool):
   return scale, bias
 
 
-def _call(mdl: nn.Module, kind: str, x: Any, mask: Any, use_scale: bool, use_bias: bool,
+def _call(mdl: nn.Module, op_name: str, x: Any, mask: Any, use_scale: bool, use_bias: bool,
           residual: Any = None, residual_scale: float = 1.0):
   """The shared ``__call__``: parameters, Flax Linen's dtype rules, the op.
 
@@ -89,7 +89,7 @@ def _call(mdl: nn.Module, kind: str, x: Any, mask: Any, use_scale: bool, use_bia
   # Linen does not promote x: the output dtype is `dtype`, else result_type(x, scale, bias).
   h = x if residual is None else common.residual_input(x, residual)
   out_dtype = common.output_dtype(h, scale, bias, dtype=mdl.dtype)
-  return common.normalize(kind, x, scale, bias, dtype=out_dtype, mask=mask, residual=residual,
+  return common.normalize(op_name, x, scale, bias, dtype=out_dtype, mask=mask, residual=residual,
                           residual_scale=residual_scale, **common.layer_options(mdl))
 
 

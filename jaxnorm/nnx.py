@@ -75,7 +75,7 @@ DyT.__module__ = Derf.__module__ = __name__
 _PARAM_ARGS = ("self", "rngs", "scale_init", "bias_init", "scale_metadata", "bias_metadata")
 
 
-def _init_norm(layer: nnx.Module, name: str, kind: str, args: dict[str, tp.Any]) -> None:
+def _init_norm(layer: nnx.Module, name: str, op_name: str, args: dict[str, tp.Any]) -> None:
   """The shared constructor body of :class:`LayerNorm` and :class:`RMSNorm`.
 
   ``args`` is the constructor's ``locals()`` on entry: its arguments by name. Checks them
@@ -88,9 +88,9 @@ def _init_norm(layer: nnx.Module, name: str, kind: str, args: dict[str, tp.Any])
   """
   fields = {k: a for k, a in args.items() if k not in _PARAM_ARGS}
   fields["num_features"] = common.check_num_features_arg(name, fields["num_features"])
-  fields["epsilon"] = common.check_layer_options(kind, fields)
+  fields["epsilon"] = common.check_layer_options(op_name, fields)
   shape = (fields["num_features"],)
-  for p in OPS[kind].params:  # ("scale",) or ("scale", "bias")
+  for p in OPS[op_name].params:  # ("scale",) or ("scale", "bias")
     setattr(layer, p, _param(args["rngs"], fields[f"use_{p}"], args[f"{p}_init"], shape,
                              fields["param_dtype"], args[f"{p}_metadata"]))
   for k, a in fields.items():
@@ -307,7 +307,7 @@ class RMSNorm(nnx.Module):
     return _call(self, "rms_norm", x, _value(self.scale), None, mask, residual, residual_scale)
 
 
-def _call(layer: tp.Any, kind: str, x: tp.Any, scale: tp.Any, bias: tp.Any, mask: tp.Any,
+def _call(layer: tp.Any, op_name: str, x: tp.Any, scale: tp.Any, bias: tp.Any, mask: tp.Any,
           residual: tp.Any = None, residual_scale: float = 1.0) -> tp.Any:
   """The shared ``__call__``: Flax NNX's dtype promotion, then the op (with the feature check).
 
@@ -321,13 +321,13 @@ def _call(layer: tp.Any, kind: str, x: tp.Any, scale: tp.Any, bias: tp.Any, mask
     x = jnp.asarray(x)
   # Flax NNX promotes the input and the parameters to one dtype (`dtype` when given) first.
   h = x if residual is None else common.residual_input(x, residual)
-  if "bias" in OPS[kind].params:  # the op's declared parameters
+  if "bias" in OPS[op_name].params:  # the op's declared parameters
     h, scale, bias = layer.promote_dtype((h, scale, bias), dtype=layer.dtype)
   else:
     h, scale = layer.promote_dtype((h, scale), dtype=layer.dtype)
   out_dtype = common.output_dtype(h, scale, bias, dtype=layer.dtype)
   if residual is None:
     x = h
-  return common.normalize(kind, x, scale, bias, dtype=out_dtype, mask=mask, residual=residual,
+  return common.normalize(op_name, x, scale, bias, dtype=out_dtype, mask=mask, residual=residual,
                           residual_scale=residual_scale, num_features=layer.num_features,
                           module=name, **common.layer_options(layer))

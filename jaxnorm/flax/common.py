@@ -102,17 +102,17 @@ def check_options(epsilon: Any, epsilon_placement: Any, zero_centered_scale: Any
   return epsilon
 
 
-def check_layer_options(kind: str, options: Mapping[str, Any]) -> float:
+def check_layer_options(op_name: str, options: Mapping[str, Any]) -> float:
   """:func:`check_options` of a norm layer's options, given by name (the layer's attributes).
 
   ``options`` holds ``epsilon``, ``epsilon_placement``, ``zero_centered_scale``, ``impl``,
-  ``casting`` and the op's own options (``OPS[kind].decl.options``: LayerNorm's
+  ``casting`` and the op's own options (``OPS[op_name].decl.options``: LayerNorm's
   ``use_fast_variance``; RMSNorm's flag of that name is not checked, it has no effect).
 
   Returns:
     ``epsilon`` as a Python float.
   """
-  own = {o.name: options[o.name] for o in lookup(kind, "kind", NORM_FAMILY).decl.options}
+  own = {o.name: options[o.name] for o in lookup(op_name, "op_name", NORM_FAMILY).decl.options}
   return check_options(options["epsilon"], options["epsilon_placement"],
                        options["zero_centered_scale"], options["impl"], options["casting"], **own)
 
@@ -146,14 +146,14 @@ def layer_options(layer: Any) -> dict[str, Any]:
   return {name: getattr(layer, name) for name in LAYER_OPTIONS}
 
 
-def normalize(kind: str, x: Any, scale: Any, bias: Any, *, reduction_axes: Any, feature_axes: Any,
-              epsilon: float, dtype: Any, mask: Any = None, axis_name: Any = None,
-              axis_index_groups: Any = None, epsilon_placement: str = "inside",
+def normalize(op_name: str, x: Any, scale: Any, bias: Any, *, reduction_axes: Any,
+              feature_axes: Any, epsilon: float, dtype: Any, mask: Any = None,
+              axis_name: Any = None, axis_index_groups: Any = None, epsilon_placement: str = "inside",
               zero_centered_scale: bool = False, impl: str = "auto", casting: str = "float32",
               num_features: int | None = None, module: str = "", residual: Any = None,
               residual_scale: float = 1.0, use_fast_variance: bool = False,
               memory_efficient: bool = False) -> Any:
-  r"""Normalizes ``x`` over any ``reduction_axes`` with the custom-VJP op of ``kind``.
+  r"""Normalizes ``x`` over any ``reduction_axes`` with the custom-VJP op of ``op_name``.
 
   .. math::
 
@@ -166,7 +166,7 @@ def normalize(kind: str, x: Any, scale: Any, bias: Any, *, reduction_axes: Any, 
   :math:`\beta` broadcast along ``feature_axes``.
 
   Args:
-    kind: the name of a norm-family op of :data:`jaxnorm.OPS` (``"layer_norm"``,
+    op_name: the name of a norm-family op of :data:`jaxnorm.OPS` (``"layer_norm"``,
       ``"rms_norm"``); another name raises a ``ValueError``.
     x: the input, already cast as the layer's dtype rules require.
     scale: ``None`` or an array with ``prod(feature shape)`` elements (any shape).
@@ -199,7 +199,7 @@ def normalize(kind: str, x: Any, scale: Any, bias: Any, *, reduction_axes: Any, 
     ValueError: for axes out of range, or ``scale``/``bias`` whose size is not the feature size.
     TypeError: for a non-floating ``x`` or a non-boolean ``mask``.
   """
-  red, feat, fshape = _check_call(kind, x, scale, bias, reduction_axes, feature_axes,
+  red, feat, fshape = _check_call(op_name, x, scale, bias, reduction_axes, feature_axes,
                                   residual, residual_scale, num_features, module, axis_name)
   xt, rt, mt, back = _to_trailing(x, residual, mask, red)
   op_kwargs = dict(
@@ -209,7 +209,7 @@ def normalize(kind: str, x: Any, scale: Any, bias: Any, *, reduction_axes: Any, 
   # The op's own options, as its declaration lists them (LayerNorm: use_fast_variance); a
   # layer's option the op does not declare has no effect (RMSNorm's use_fast_variance).
   given = {"use_fast_variance": use_fast_variance, "memory_efficient": memory_efficient}
-  own = lookup(kind, "kind", NORM_FAMILY).decl.options
+  own = lookup(op_name, "op_name", NORM_FAMILY).decl.options
   op_kwargs.update({o.name: given[o.name] for o in own})
   pshape = _in_op_param_shape(x, red, feat)
   if pshape is not None or (scale is None and bias is None):
@@ -218,10 +218,10 @@ def normalize(kind: str, x: Any, scale: Any, bias: Any, *, reduction_axes: Any, 
     # (and differentiates) them, the kernels included.
     s = None if scale is None else scale.reshape(pshape)
     b = None if bias is None else bias.reshape(pshape)
-    out = _op(kind, xt, rt, s, b, residual_scale, zero_centered_scale=zero_centered_scale,
+    out = _op(op_name, xt, rt, s, b, residual_scale, zero_centered_scale=zero_centered_scale,
               dtype=dtype, casting=casting, **op_kwargs)
     return tuple(map(back, out)) if rt is not None else back(out)
-  return _affine_after(kind, x, xt, rt, scale, bias, feat, back, residual_scale=residual_scale,
+  return _affine_after(op_name, x, xt, rt, scale, bias, feat, back, residual_scale=residual_scale,
                        zero_centered_scale=zero_centered_scale, dtype=dtype, casting=casting,
                        **op_kwargs)
 
@@ -246,15 +246,15 @@ def _in_op_param_shape(x, red, feat):
   return tuple(int(x.shape[a]) for a in extra) + tuple(int(x.shape[a]) for a in red)
 
 
-def _check_call(kind, x, scale, bias, reduction_axes, feature_axes, residual, residual_scale,
+def _check_call(op_name, x, scale, bias, reduction_axes, feature_axes, residual, residual_scale,
                 num_features, module, axis_name):
   """Checks what only the layer knows (axes, feature sizes); ``(red, feat, feature shape)``.
 
   The arrays' dtypes, the residual's shape and the mask are checked once, by the op.
   """
-  op = lookup(kind, "kind", NORM_FAMILY)
+  op = lookup(op_name, "op_name", NORM_FAMILY)
   if bias is not None and "bias" not in op.params:
-    raise ValueError(f"{kind} has no bias; got a bias array. Pass bias=None.")
+    raise ValueError(f"{op_name} has no bias; got a bias array. Pass bias=None.")
   if residual is None and residual_scale != 1.0:
     raise ValueError(f"residual_scale={residual_scale!r} multiplies the residual; pass "
                      f"residual= as well (or leave residual_scale at 1.0).")
@@ -293,7 +293,7 @@ def _to_trailing(x, residual, mask, red):
           lambda a: jnp.transpose(a, np.argsort(perm)))
 
 
-def _affine_after(kind, x, xt, rt, scale, bias, feat, back, *, residual_scale,
+def _affine_after(op_name, x, xt, rt, scale, bias, feat, back, *, residual_scale,
                   zero_centered_scale, dtype, casting, **op_kwargs):
   """Feature axes other than the reduction axes: the op normalizes in (at least) float32, then
   the broadcast affine map is applied with jnp, as Flax does, and cast once at the end (with
@@ -301,7 +301,7 @@ def _affine_after(kind, x, xt, rt, scale, bias, feat, back, *, residual_scale,
   compute = jnp.promote_types(x.dtype, jnp.float32)
   if rt is not None:
     compute = jnp.promote_types(compute, rt.dtype)
-  out = _op(kind, xt, rt, None, None, residual_scale, dtype=compute, **op_kwargs)
+  out = _op(op_name, xt, rt, None, None, residual_scale, dtype=compute, **op_kwargs)
   yt, h = (out[0], back(out[1])) if rt is not None else (out, None)
   y = back(yt)  # (x.shape), float32
   bshape = [1] * x.ndim
@@ -319,9 +319,9 @@ def _affine_after(kind, x, xt, rt, scale, bias, feat, back, *, residual_scale,
   return y.astype(dtype) if h is None else (y.astype(dtype), h)
 
 
-def _op(kind, x, residual, scale, bias, residual_scale, **kw):
-  """The op of ``kind``: ``y``, or ``(y, h)`` of the residual add + norm op with ``residual``."""
-  op = lookup(kind, "kind", NORM_FAMILY)
+def _op(op_name, x, residual, scale, bias, residual_scale, **kw):
+  """The op of ``op_name``: ``y``, or ``(y, h)`` of the residual add + norm op with ``residual``."""
+  op = lookup(op_name, "op_name", NORM_FAMILY)
   params = _by_name(op, scale=scale, bias=bias)
   if residual is not None:
     if kw.pop("memory_efficient", False):
@@ -348,7 +348,7 @@ def residual_input(x: Any, residual: Any) -> Any:
   return jnp.zeros((), jnp.result_type(x, residual))
 
 
-def pointwise(kind: str, x: Any, alpha: Any, shift: Any, scale: Any, bias: Any, *,
+def pointwise(op_name: str, x: Any, alpha: Any, shift: Any, scale: Any, bias: Any, *,
               feature_axes: Any, dtype: Any, num_features: int, module: str,
               residual: Any = None, residual_scale: float = 1.0) -> Any:
   """The pointwise layers' call: ``op(h)`` with ``h = x + residual_scale * residual``.
@@ -356,11 +356,11 @@ def pointwise(kind: str, x: Any, alpha: Any, shift: Any, scale: Any, bias: Any, 
   ``scale``/``bias`` (``(num_features,)``) are laid along ``feature_axes`` of ``x`` and
   broadcast over the other axes; ``alpha`` and ``shift`` are scalars. With ``residual`` the add
   runs in XLA ahead of the op (both elementwise: XLA fuses them into one loop) and the result
-  is ``(y, h)``. ``kind``: the name of a pointwise op of :data:`jaxnorm.OPS` (``"dyt"``,
+  is ``(y, h)``. ``op_name``: the name of a pointwise op of :data:`jaxnorm.OPS` (``"dyt"``,
   ``"derf"``; each takes the parameters its entry names, ``shift`` only where declared);
   another name raises a ``ValueError``.
   """
-  op = lookup(kind, "kind", POINTWISE_FAMILY)
+  op = lookup(op_name, "op_name", POINTWISE_FAMILY)
   if residual is not None:
     v.check_residual_shape(getattr(residual, "shape", None), x.shape)
     alpha_r = v.check_residual_scale(residual_scale)

@@ -99,7 +99,7 @@ def lookup(name: Any, argument: str, family: str | None = None,
 
   Args:
     name: the op's name as the caller received it (any type: a non-string is refused too).
-    argument: what the caller calls it (``"norm_type"``, ``"kind"``, ...), for the message.
+    argument: what the caller calls it (``"norm_type"``, ``"op_name"``, ...), for the message.
     family: if given, only that family's ops are valid.
     among: if given, only these names are valid (e.g. :func:`layer_replacements`).
   """

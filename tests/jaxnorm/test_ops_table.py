@@ -89,17 +89,17 @@ def test_an_unknown_name_raises_naming_the_argument(call):
                                               norm_type="hard_tanh"),
       "config": lambda: TransformerConfig(norm_type="hard_tanh"),
   }
-  argument = {"normalize": "kind", "pointwise": "kind", "make_norm": "norm_type", "config": "norm_type"}
+  argument = {"normalize": "op_name", "pointwise": "op_name", "make_norm": "norm_type", "config": "norm_type"}
   with pytest.raises(ValueError, match=rf"{argument[call]} must be one of \(.*'(rms_norm|derf)'\), got 'hard_tanh'"):
     calls[call]()
 
 
 def test_a_name_of_the_other_family_is_refused():
   x = jnp.ones((2, 8))
-  with pytest.raises(ValueError, match=r"kind must be one of \('layer_norm', 'rms_norm'\), got 'dyt'"):
+  with pytest.raises(ValueError, match=r"op_name must be one of \('layer_norm', 'rms_norm'\), got 'dyt'"):
     common.normalize("dyt", x, None, None, reduction_axes=-1, feature_axes=-1, epsilon=1e-6,
                      dtype=jnp.float32)
-  with pytest.raises(ValueError, match=r"kind must be one of \('dyt', 'derf'\), got 'rms_norm'"):
+  with pytest.raises(ValueError, match=r"op_name must be one of \('dyt', 'derf'\), got 'rms_norm'"):
     common.pointwise("rms_norm", x, jnp.ones(()), None, None, None, feature_axes=-1,
                      dtype=jnp.float32, num_features=8, module="M")
 
