@@ -148,11 +148,11 @@ def layer_options(layer: Any) -> dict[str, Any]:
 
 def normalize(op_name: str, x: Any, scale: Any, bias: Any, *, reduction_axes: Any,
               feature_axes: Any, epsilon: float, dtype: Any, mask: Any = None,
-              axis_name: Any = None, axis_index_groups: Any = None, epsilon_placement: str = "inside",
-              zero_centered_scale: bool = False, impl: str = "auto", casting: str = "float32",
-              num_features: int | None = None, module: str = "", residual: Any = None,
-              residual_scale: float = 1.0, use_fast_variance: bool = False,
-              memory_efficient: bool = False) -> Any:
+              axis_name: Any = None, axis_index_groups: Any = None,
+              epsilon_placement: str = "inside", zero_centered_scale: bool = False,
+              impl: str = "auto", casting: str = "float32", num_features: int | None = None,
+              module: str = "", residual: Any = None, residual_scale: float = 1.0,
+              use_fast_variance: bool = False, memory_efficient: bool = False) -> Any:
   r"""Normalizes ``x`` over any ``reduction_axes`` with the custom-VJP op of ``op_name``.
 
   .. math::
