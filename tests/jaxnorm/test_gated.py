@@ -159,6 +159,7 @@ def test_layer_dtype_follows_the_inputs_as_flax_norms():
     (lambda x: jaxnorm.gated_rms_norm(x, x, group_size=0), ValueError, "group_size"),
     (lambda x: jaxnorm.gated_rms_norm(x, x, norm_before_gate=1), TypeError, "norm_before_gate"),
     (lambda x: jaxnorm.gated_rms_norm(x, x.astype(jnp.int32)), TypeError, "z"),
+    (lambda x: jaxnorm.gated_rms_norm(x.astype(jnp.float8_e4m3fn), x), TypeError, "x must be"),
     (lambda x: jaxnorm.gated_rms_norm(x, x, impl="cuda"), ValueError, "impl"),
     (lambda x: jnn.GatedRMSNorm(16, group_size=3, rngs=nnx.Rngs(0)), ValueError, "group_size"),
     (lambda x: jnn.GatedRMSNorm(8, rngs=nnx.Rngs(0))(x, x), ValueError, "8 features"),

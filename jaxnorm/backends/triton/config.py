@@ -219,8 +219,9 @@ def gated_refusal(d: int, group_size: int | None, dtype) -> str | None:
   Args:
     d: the feature size (the trailing axis of ``x`` and ``z``).
     group_size: features per group, or None for one group of ``d``.
-    dtype: the dtype of one input; call once per input (``x``, ``z``, ``scale``): each must be
-      float32, bfloat16 or float16.
+    dtype: the dtype the inputs (``x``, ``z``, ``scale``) promote to, or one input's: float32,
+      bfloat16 or float16 are taken (the op has refused 8-bit floats before; any float64 input
+      promotes to float64, refused here).
 
   Returns:
     The reason (a phrase without a final period), or None when the kernels can run the call.

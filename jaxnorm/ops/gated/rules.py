@@ -18,14 +18,16 @@ backends (:meth:`jaxnorm.backends.interface.Backend.role`). The Triton backend r
 kernels where it allows the op (:mod:`jaxnorm.backends.triton.gated_entry`).
 
 Numerics: the arithmetic runs in ``promote_types(x, z, scale, float32)``; ``y`` is rounded once
-to ``dtype``, cotangents come back in their primals' dtypes. Reverse mode keeps ``x``, ``z``
-(tagged :data:`jaxnorm.INPUT_RESIDUAL`), the scale and 4 bytes per group and row (``rstd``,
-tagged :data:`jaxnorm.STATS_RESIDUAL`).
+to ``dtype``, cotangents come back in their primals' dtypes; second order differentiates the
+forward and the backward in float32 copies of 16-bit inputs, as the norm family does. Reverse
+mode keeps ``x``, ``z`` (tagged :data:`jaxnorm.INPUT_RESIDUAL`), the scale and one compute-dtype
+number per group and row (``rstd``, tagged :data:`jaxnorm.STATS_RESIDUAL`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -38,7 +40,7 @@ from jaxnorm._norm_ops import Option
 from jaxnorm.backends.triton.config import PallasConfig
 from jaxnorm._remat import INPUT_RESIDUAL, STATS_RESIDUAL
 from jaxnorm._rules import Family, TangentRule, rows_of
-from jaxnorm._wide import wide_tangent
+from jaxnorm._wide import wide_jvp, wide_tangent
 
 __all__ = ["GATED_RMS_NORM", "GatedConfig", "GatedOp", "backward", "check_layer_features",
            "check_layer_group", "forward", "gated_rms_norm", "tangent"]
@@ -225,8 +227,10 @@ def _formula(cfg: GatedConfig, a: dict):
 
 def _backward(cfg: GatedConfig, a: dict, cts, wanted: dict) -> dict:
   (dy,) = cts  # never None: the factory answers an all-zero cotangent itself
-  dx, dz, dscale = _backends.run_role(cfg, "backward", a["x"], a["z"], a["scale"], a["rstd"],
-                                      dy)
+  # Second order differentiates the backward in float32 copies of 16-bit inputs (wide_jvp), as
+  # the norm family's, so each path's cotangent is rounded once.
+  dx, dz, dscale = wide_jvp(functools.partial(_backends.run_role, cfg, "backward"))(
+      a["x"], a["z"], a["scale"], a["rstd"], dy)
   out = {"tx": dx, "tz": dz}
   if "tscale" in wanted:
     shape, dtype = wanted["tscale"]
@@ -249,7 +253,7 @@ gated_tangent_p = _RULE.primitive
 
 
 def _forward(cfg: GatedConfig, x, z, scale):
-  y, rstd = _backends.run_role(cfg, "forward", x, z, scale)
+  y, rstd = wide_jvp(functools.partial(_backends.run_role, cfg, "forward"))(x, z, scale)
   return y, dict(x=x, z=z, scale=scale, rstd=rstd)
 
 
@@ -283,8 +287,12 @@ def check_layer_group(layer: str, num_features: int, group_size) -> None:
 
 def _prepare(x, z, scale, *, epsilon, group_size, norm_before_gate, dtype, impl, pallas):
   """Checks a call; returns its :class:`GatedConfig`."""
-  v.check_floating("x", x)
-  v.check_floating("z", z)
+  for name, a in (("x", x), ("z", z), ("scale", scale)):
+    if a is not None:
+      v.check_floating(name, a)
+      if jnp.finfo(a.dtype).bits < 16:
+        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {a.dtype}; "
+                        f"cast it first, e.g. {name}.astype(jnp.bfloat16).")
   if x.ndim < 1:
     raise ValueError(f"x must have at least one axis (the normalized features), got shape "
                      f"{tuple(x.shape)}.")
@@ -293,7 +301,6 @@ def _prepare(x, z, scale, *, epsilon, group_size, norm_before_gate, dtype, impl,
                      f"{tuple(z.shape)}.")
   d = int(x.shape[-1])
   if scale is not None:
-    v.check_floating("scale", scale)
     if tuple(scale.shape) != (d,):
       raise ValueError(f"scale must have shape ({d},) (x's last axis), got "
                        f"{tuple(scale.shape)}.")
