@@ -108,10 +108,16 @@ def _gamma(cfg: GatedConfig, scale, ndim: int):
   return g.reshape((1,) * (rank - g.ndim) + g.shape)
 
 
-def _row_stat(cfg: GatedConfig, rstd, d: int, ct):
-  """The residual ``rstd: (..., groups)`` broadcastable against the grouped view."""
-  rstd = rstd.astype(ct)
-  return rstd if d == cfg.group_size else rstd[..., None]
+def _from_residuals(cfg: GatedConfig, x, z, scale, rstd):
+  """What the tangent and the backward recompute from the residuals, in the grouped view and the
+  compute dtype: ``(x, silu(z), silu'(z), r, u_hat, gamma)``, ``r`` broadcastable."""
+  ct = cfg.compute_dtype
+  xg, zg = _grouped(cfg, x, ct), _grouped(cfg, z, ct)
+  g, dg = _gate(zg)
+  r = rstd.astype(ct)
+  r = r if x.shape[-1] == cfg.group_size else r[..., None]
+  u = xg if cfg.norm_before_gate else xg * g
+  return xg, g, dg, r, u * r, _gamma(cfg, scale, x.ndim)
 
 
 def _group_mean(a):
@@ -153,12 +159,8 @@ def tangent(cfg: GatedConfig, x, z, scale, rstd, tx, tz, tscale):
   :math:`\dot{\hat u} = r(\dot u - \hat u\,\overline{\hat u \dot u})` with
   :math:`\dot u = \dot x` (gate last) or :math:`\dot x g + x g' \dot z` (gate first)."""
   ct = cfg.compute_dtype
-  xg, zg, txg, tzg = (_grouped(cfg, a, ct) for a in (x, z, tx, tz))
-  g, dg = _gate(zg)
-  r = _row_stat(cfg, rstd, x.shape[-1], ct)
-  u = xg if cfg.norm_before_gate else xg * g
-  uh = u * r
-  gamma = _gamma(cfg, scale, x.ndim)
+  xg, g, dg, r, uh, gamma = _from_residuals(cfg, x, z, scale, rstd)
+  txg, tzg = _grouped(cfg, tx, ct), _grouped(cfg, tz, ct)
   gate_after = g if cfg.norm_before_gate else None
   tgate = None if tzg is None else dg * tzg
   if cfg.norm_before_gate:
@@ -167,7 +169,7 @@ def tangent(cfg: GatedConfig, x, z, scale, rstd, tx, tz, tscale):
     parts = [p for p in (None if txg is None else txg * g,
                          None if tgate is None else xg * tgate) if p is not None]
     tu = None if not parts else sum(parts[1:], parts[0])
-  out = jnp.zeros(u.shape, ct)
+  out = jnp.zeros(uh.shape, ct)
   if tu is not None:
     out = out + _times(_times(r * (tu - uh * _group_mean(uh * tu)), gamma), gate_after)
   if cfg.norm_before_gate and tgate is not None:
@@ -185,13 +187,8 @@ def backward(cfg: GatedConfig, x, z, scale, rstd, dy):
   gate last, :math:`\bar x = \bar u`, :math:`\bar z = \bar y \gamma \hat u g'`,
   :math:`\bar\gamma = \Sigma\,\bar y \hat u g`; gate first, :math:`\bar x = \bar u g`,
   :math:`\bar z = \bar u x g'`, :math:`\bar\gamma = \Sigma\,\bar y \hat u`."""
-  ct = cfg.compute_dtype
-  xg, zg, dyg = (_grouped(cfg, a, ct) for a in (x, z, dy))
-  g, dg = _gate(zg)
-  r = _row_stat(cfg, rstd, x.shape[-1], ct)
-  u = xg if cfg.norm_before_gate else xg * g
-  uh = u * r
-  gamma = _gamma(cfg, scale, x.ndim)
+  xg, g, dg, r, uh, gamma = _from_residuals(cfg, x, z, scale, rstd)
+  dyg = _grouped(cfg, dy, cfg.compute_dtype)
   dn = dyg * g if cfg.norm_before_gate else dyg  # the cotangent of gamma * u_hat
   a = _times(dn, gamma)
   du = r * (a - uh * _group_mean(a * uh))
