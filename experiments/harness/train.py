@@ -206,6 +206,14 @@ def _train_loop(config: TrainConfig, corpus: data_lib.Corpus, mesh, placement: P
     writer.write(line)
     return val
 
+  def evaluate_alt(step: int) -> None:
+    # The same model on a second set of validation windows: how much the loss moves with the sample
+    # alone (the reports' evaluation noise, measured, not assumed).
+    alt = jax.device_get([eval_step(params, x, y)[0]
+                          for x, y in _eval_batches(config, corpus, placement, ALT_EVAL_SEED)])
+    v = float(np.mean([float(a) for a in alt]))
+    writer.write({"step": step, "val_loss_alt": v if math.isfinite(v) else repr(v)})
+
   tty = sys.stderr.isatty()
   bar = progress_lib.Progress(config.steps, desc="train", bar=tty if progress is None else bool(progress),
                               log=progress_lib.stderr_line if (progress is None and not tty) else None,
@@ -237,8 +245,11 @@ def _train_loop(config: TrainConfig, corpus: data_lib.Corpus, mesh, placement: P
         writer.write({"step": step, "event": "diverged", "loss": to_py(loss)})
         bar.message(f"diverged at step {step}: loss {loss}")
         break
-      if config.eval_every and step % config.eval_every == 0 and step != config.steps:
+      if step != config.steps and ((config.eval_every and step % config.eval_every == 0)
+                                   or step in config.alt_eval_steps):
         val = evaluate(step)
+        if step in config.alt_eval_steps:
+          evaluate_alt(step)
       if manager is not None and (step % config.checkpoint_every == 0 or step == config.steps):
         import orbax.checkpoint as ocp
         manager.save(step, args=ocp.args.StandardSave({"params": params,
@@ -246,12 +257,7 @@ def _train_loop(config: TrainConfig, corpus: data_lib.Corpus, mesh, placement: P
     else:
       if end == config.steps and config.steps > start:
         val = evaluate(config.steps)
-        # The same final model on a second set of validation windows: how much the loss moves
-        # with the sample alone (the reports' evaluation noise, measured, not assumed).
-        alt = jax.device_get([eval_step(params, x, y)[0]
-                              for x, y in _eval_batches(config, corpus, placement, ALT_EVAL_SEED)])
-        v = float(np.mean([float(a) for a in alt]))
-        writer.write({"step": config.steps, "val_loss_alt": v if math.isfinite(v) else repr(v)})
+        evaluate_alt(config.steps)
         if config.eval_train:
           writer.write(_evaluate_train(config, corpus, placement, params))
   finally:
@@ -281,6 +287,7 @@ def _summary(config: TrainConfig, corpus: data_lib.Corpus, lines: list[dict], *,
   train_curve = [(l["step"], l["loss"]) for l in lines if "loss" in l and "event" not in l]
   val_curve = [(l["step"], l["val_loss"]) for l in lines if "val_loss" in l]
   alt = [l["val_loss_alt"] for l in lines if "val_loss_alt" in l]
+  val_curve_alt = [(l["step"], l["val_loss_alt"]) for l in lines if "val_loss_alt" in l]
   train_eval = [l for l in lines if "train_eval_loss" in l]
   finished = diverged_at is None and end == config.steps
   steps_done = diverged_at if diverged_at is not None else end
@@ -294,6 +301,8 @@ def _summary(config: TrainConfig, corpus: data_lib.Corpus, lines: list[dict], *,
       "tokens_per_s": tokens / timed_s if timed_s > 0 else None,
       "steps_done": steps_done,
       "val_curve": val_curve,
+      # the second set of validation windows at ``alt_eval_steps`` and the last step
+      "val_curve_alt": val_curve_alt,
       "train_curve": train_curve,
       # the final model on a second set of validation windows (None unless the run finished)
       "final_val_loss_alt": (alt[-1] if alt and isinstance(alt[-1], float) and diverged_at is None

@@ -106,6 +106,9 @@ class TrainConfig:
       (:func:`~experiments.harness.data.train_subset`: nested random chunks of the training split);
       ``None``: the whole split. The number of steps, and so the bytes processed, do not change:
       fewer unique bytes means more epochs over them (Verma 2026's design).
+    alt_eval_steps: steps at which the model is also scored on the second set of validation windows
+      (``val_curve_alt`` of the summary; the last step always is): the measured evaluation noise of a
+      loss read before the end of the run, e.g. at the points of a training-length ladder.
     eval_train: at the end, also evaluate the final model on ``eval_batches`` fixed batches of the
       training bytes it was trained on (``final_train_loss``) and, for a DyT/Derf model, the
       fraction of saturated activations per norm input on them (``final_saturation``).
@@ -140,6 +143,7 @@ class TrainConfig:
   fsdp: bool = False
   z_loss: float = 0.0
   train_bytes: int | None = None
+  alt_eval_steps: tuple = ()
   eval_train: bool = False
 
   def __post_init__(self):
@@ -176,6 +180,12 @@ class TrainConfig:
       check_int("decay_timescale", self.decay_timescale, 1)
     if self.train_bytes is not None:
       check_int("train_bytes", self.train_bytes, 1)
+    if not isinstance(self.alt_eval_steps, (tuple, list)):
+      raise TypeError(f"alt_eval_steps must be a tuple of steps, got {type(self.alt_eval_steps).__name__}.")
+    for step in self.alt_eval_steps:
+      check_int("alt_eval_steps[i]", step, 1)
+      if step > self.steps:
+        raise ValueError(f"alt_eval_steps must lie in 1..steps={self.steps}, got {step}.")
     if not isinstance(self.eval_train, bool):
       raise TypeError(f"eval_train must be a bool, got {type(self.eval_train).__name__}.")
 
@@ -189,6 +199,7 @@ class TrainConfig:
     """Inverse of :meth:`to_dict`."""
     d = dict(d)
     d["model"] = TransformerConfig(**d["model"])
+    d["alt_eval_steps"] = tuple(d.get("alt_eval_steps", ()))
     return cls(**d)
 
 

@@ -138,7 +138,7 @@ def _logit_change(graphdef, params, inputs, ref_logits):
 _HOST_ONLY = dict(seed=0, eval_every=0, eval_batches=1, checkpoint_every=0,
                   divergence_loss=1.0, data=None, log_every=1, steps=0, lr=1.0, warmup=0,
                   b1=0.9, b2=0.98, weight_decay=0.0, decay_timescale=None, train_bytes=None,
-                  eval_train=False)
+                  eval_train=False, alt_eval_steps=())
 
 
 @functools.lru_cache(maxsize=32)
