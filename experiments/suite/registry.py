@@ -21,6 +21,7 @@ __all__ = ["EXPERIMENTS", "from_json_float", "read_json", "to_jsonable", "write_
 # Experiment name -> module, in the order of the report (the numbering of the issue).
 EXPERIMENTS: dict[str, str] = {
     "grad_init": "experiments.studies.grad_init",
+    "scale": "experiments.studies.scale",
     "warmup": "experiments.studies.warmup",
     "depth": "experiments.studies.depth",
     "invariance": "experiments.studies.invariance",

@@ -1,0 +1,206 @@
+"""Pilot runs of the ``scale`` study (issues 50 and 55), on seeds the report never uses (100-102).
+
+They choose, before the study's rules are frozen and before its report runs, each layout's peak
+learning rate per sequence length and the ladder's lengths. A pilot is one training run of the harness
+with the study's recipe (6-layer width-64 LayerNorm models, AdamW(0.9, 0.98), inverse-square-root decay
+on ``tau`` = 40 after a linear warm-up: none for Pre-LN, 40 steps for Post-LN, 512 tokens per step),
+appended as one JSON line (spec, parameters, validation curve on 16,384 bytes, the second set of windows
+at the ladder's candidate points, wall time) to ``--out``; a re-run skips what is there.
+
+Command line::
+
+    python -m experiments.studies.scale_pilots --stage ladder --out experiments/results/pilots/scale/ladder.jsonl
+    python -m experiments.studies.scale_pilots --stage seq256 --out experiments/results/pilots/scale/seq.jsonl
+    python -m experiments.studies.scale_pilots --stage seq128 --out experiments/results/pilots/scale/seq.jsonl
+    python -m experiments.studies.scale_pilots --stage timing --out experiments/results/pilots/scale/timing.jsonl
+    XLA_FLAGS=--xla_cpu_max_isa=AVX2 python -m experiments.studies.scale_pilots --stage timing --out ...
+    python -m experiments.studies.scale_pilots --summarise --out experiments/results/pilots/scale/ladder.jsonl
+
+Stages: ``ladder`` (sequence length 32, the ``cpu`` preset's model with ``max_len`` 64, 1,200 steps:
+Pre-LN at four rates of the grid, Post-LN with warm-up at three; its third, 0.003125, failed in 2 of 3
+seeds of the committed 200-step report but may train over a longer run), ``seq256`` and ``seq128`` (the
+``cpu-scale`` model, ``max_len`` 256, at 2 x 256 and 4 x 128 tokens, 600 steps; Pre-LN at the top three of
+those rates, :data:`SEQ_RATES`); ``timing`` (the layouts' steps side by side, for the cost model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import tempfile
+import time
+
+__all__ = ["PILOT_SEEDS", "STAGES", "main", "stage_runs"]
+
+PILOT_SEEDS = (100, 101, 102)
+WIDTH = {"d_model": 64, "n_heads": 4, "d_ff": 256}
+N_LAYERS = 6
+WARMUP_POST, TAU = 40, 40
+EVAL_BYTES = 16_384
+RATES = {"pre": (0.001756, 0.003125, 0.005558, 0.009875), "post": (0.0009875, 0.001756, 0.003125)}
+# The sequence-length stages start from what the ladder stage showed (Pre-LN's best rate was its highest
+# piloted one at every length there): Pre-LN's lowest rate is left out.
+SEQ_RATES = {"pre": (0.003125, 0.005558, 0.009875), "post": (0.0009875, 0.001756)}
+# stage -> (max_len, batch, seq_len, steps, candidate ladder points)
+STAGES = {"ladder": (64, 16, 32, 1200, (200, 400, 600, 800, 1200)),
+          "seq256": (256, 2, 256, 600, (200, 400, 600)),
+          "seq128": (256, 4, 128, 600, (200, 400, 600))}
+
+
+def stage_runs(stage: str) -> list[dict]:
+  """The run specs of ``stage``: every (position, rate, seed), rates innermost-but-one (one program per
+  position and layout).
+
+  Raises:
+    ValueError: unknown stage.
+  """
+  if stage not in STAGES:
+    raise ValueError(f"stage must be one of {sorted(STAGES)}, got {stage!r}.")
+  max_len, batch, seq, steps, _ = STAGES[stage]
+  return [dict(stage=stage, position=pos, lr=lr, seed=s, batch=batch, seq_len=seq, max_len=max_len, steps=steps)
+          for pos in ("pre", "post") for lr in (RATES if stage == "ladder" else SEQ_RATES)[pos] for s in PILOT_SEEDS]
+
+
+def run_one(spec: dict, corpus) -> dict:
+  """Trains one pilot; returns its spec with the summary numbers."""
+  from experiments.harness import train as train_lib
+  from experiments.harness.train_config import TrainConfig
+  from experiments.studies.dyt_recipe import param_count
+  from jaxnorm.models import TransformerConfig
+  mc = TransformerConfig(**WIDTH, max_len=spec["max_len"], n_layers=N_LAYERS, norm_position=spec["position"])
+  points = STAGES[spec["stage"]][4]
+  tc = TrainConfig(model=mc, batch_size=spec["batch"], seq_len=spec["seq_len"], steps=spec["steps"], lr=spec["lr"],
+                   warmup=WARMUP_POST if spec["position"] == "post" else 0, decay_timescale=TAU, seed=spec["seed"],
+                   eval_every=100, eval_batches=EVAL_BYTES // (spec["batch"] * spec["seq_len"]),
+                   alt_eval_steps=points)
+  t0 = time.perf_counter()
+  with tempfile.TemporaryDirectory() as d:
+    s = train_lib.train(tc, d, progress=False, corpus=corpus)
+  n_all = param_count(mc) + spec["max_len"] * WIDTH["d_model"]
+  return {**spec, "params_all": n_all, "params_without_positions": param_count(mc),
+          "unigram": train_lib.eval_unigram_nats(tc, corpus), "final_val_loss": s["final_val_loss"],
+          "diverged_at": s["diverged_at"], "val_curve": s["val_curve"], "val_curve_alt": s["val_curve_alt"],
+          "wall_s": time.perf_counter() - t0}
+
+
+def timing(corpus, repeats: int = 5, steps: int = 30) -> dict:
+  """Seconds per training step of the 6-layer ``max_len`` 256 model at 16 x 32, 4 x 128 and 2 x 256 tokens,
+  interleaved (``repeats`` rounds of ``steps`` steps each after a compile round; medians), and each layout's
+  step over the 16 x 32 one: the cost model's ``layout_factor`` (ratios measured side by side hold on a
+  loaded machine; the absolute times do not)."""
+  import statistics
+
+  import jax
+
+  from experiments.harness import data as data_lib
+  from experiments.harness import train as train_lib
+  from experiments.harness.train_config import TrainConfig, make_optimizer
+  from jaxnorm.models import TransformerConfig
+  layouts = ((16, 32), (4, 128), (2, 256))
+  mc = TransformerConfig(**WIDTH, max_len=256, n_layers=N_LAYERS, norm_position="pre")
+  setups = {}
+  for b, t in layouts:
+    tc = TrainConfig(model=mc, batch_size=b, seq_len=t, steps=100, lr=0.003, decay_timescale=TAU)
+    step, _, _ = train_lib.compiled_steps(tc)
+    _, params, _ = train_lib.init_params(mc, 0)
+    batches = [data_lib.batch_at(corpus.train, i, batch_size=b, seq_len=t, seed=0) for i in range(steps)]
+    setups[(b, t)] = [step, params, make_optimizer(tc).init(params), batches]
+  times = {k: [] for k in layouts}
+  for r in range(repeats + 1):
+    for k, st in setups.items():
+      t0 = time.perf_counter()
+      for x, y in st[3]:
+        st[1], st[2], m = st[0](st[1], st[2], x, y)
+      jax.block_until_ready(m["loss"])
+      if r:  # round 0 compiles
+        times[k].append((time.perf_counter() - t0) / steps)
+  med = {k: statistics.median(v) for k, v in times.items()}
+  return {"stage": "timing", "xla_flags": os.environ.get("XLA_FLAGS", ""),
+          "step_s": {f"{b}x{t}": v for (b, t), v in med.items()},
+          "factor": {f"{b}x{t}": v / med[(16, 32)] for (b, t), v in med.items()},
+          "rounds": {f"{b}x{t}": v for (b, t), v in times.items()}}
+
+
+def summarise(path: pathlib.Path) -> str:
+  """Markdown tables of a pilots file: per stage, the seed-mean loss of each (position, rate) at the candidate
+  ladder points (min-max over seeds), and Pre-LN minus Post-LN per seed at each position's best rate there."""
+  import numpy as np
+  recs = [r for r in (json.loads(x) for x in pathlib.Path(path).read_text().splitlines() if x.strip())
+          if r["stage"] in STAGES]
+  out = []
+  for stage in STAGES:
+    rs = [r for r in recs if r["stage"] == stage]
+    if not rs:
+      continue
+    points = STAGES[stage][4]
+    val = {}
+    for r in rs:
+      c = dict((int(k), v) for k, v in r["val_curve"])
+      val[(r["position"], r["lr"], r["seed"])] = c
+    combos = sorted({(r["position"], r["lr"]) for r in rs})
+    seeds = sorted({r["seed"] for r in rs})
+    out += [f"### {stage} ({rs[0]['batch']} x {rs[0]['seq_len']}, max_len {rs[0]['max_len']}, "
+            f"{rs[0]['params_all']:,} parameters, unigram plateau {rs[0]['unigram']:z.3f})", "",
+            "| layout, rate | " + " | ".join(
+                f"step {t} (T/P {t * rs[0]['batch'] * rs[0]['seq_len'] / rs[0]['params_all']:z.2f})" for t in points)
+            + " |", "|---" * (len(points) + 1) + "|"]
+    best = {}
+    for pos, lr in combos:
+      cells = []
+      for t in points:
+        v = [val[(pos, lr, s)].get(t, float("nan")) for s in seeds if (pos, lr, s) in val]
+        cells.append(f"{np.mean(v):z.3f} [{min(v):z.3f}, {max(v):z.3f}] ({len(v)})")
+        if len(v) == len(seeds) and (best.get((pos, t)) is None or np.mean(v) < best[(pos, t)][0]):
+          best[(pos, t)] = (np.mean(v), lr)
+      out.append(f"| {pos} {lr:g} | " + " | ".join(cells) + " |")
+    out += ["", "Pre-LN minus Post-LN with warm-up, per seed, at each one's best piloted rate:", ""]
+    for t in points:
+      if ("pre", t) in best and ("post", t) in best:
+        a, b = best[("pre", t)][1], best[("post", t)][1]
+        d = [val[("pre", a, s)][t] - val[("post", b, s)][t] for s in seeds]
+        out.append(f"- step {t}: Pre {a:g}, Post {b:g}: " + ", ".join(f"{x:+z.3f}" for x in d))
+    out.append("")
+  return "\n".join(out)
+
+
+def main(argv=None) -> int:
+  """Runs a stage's pilots that ``--out`` does not hold yet; prints one line per run."""
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--stage", choices=sorted(STAGES) + ["timing"])
+  p.add_argument("--out", required=True)
+  p.add_argument("--summarise", action="store_true", help="print the tables of --out and exit")
+  a = p.parse_args(argv)
+  if a.summarise:
+    print(summarise(pathlib.Path(a.out)))
+    return 0
+  if a.stage is None:
+    p.error("--stage is required unless --summarise")
+  from experiments.harness import data as data_lib
+  corpus = data_lib.load_corpus()
+  out = pathlib.Path(a.out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  if a.stage == "timing":
+    rec = {**timing(corpus), "load": os.getloadavg()[0]}
+    with open(out, "a") as f:
+      f.write(json.dumps(rec) + "\n")
+    print(json.dumps(rec["factor"]), flush=True)
+    return 0
+  keys = ("stage", "position", "lr", "seed")
+  done = set()
+  if out.exists():
+    done = {tuple(r[k] for k in keys) for r in map(json.loads, out.read_text().splitlines())}
+  for spec in stage_runs(a.stage):
+    if tuple(spec[k] for k in keys) in done:
+      continue
+    rec = {**run_one(spec, corpus), "load": os.getloadavg()[0]}
+    with open(out, "a") as f:
+      f.write(json.dumps(rec) + "\n")
+    print(f"{spec['stage']} {spec['position']} lr={spec['lr']} seed={spec['seed']} val={rec['final_val_loss']} "
+          f"diverged_at={rec['diverged_at']} wall={rec['wall_s']:z.0f}s load={rec['load']:z.1f}", flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
