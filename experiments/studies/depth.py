@@ -108,7 +108,10 @@ def units(cfg: Config) -> list:
   """The training runs, then the model-update probes of :func:`run`, in its order (for the planner).
 
   A probe's train step is the depth runs' (the same compile key)."""
-  out = [train_unit("depth", f"depth-{pos}-L{L}-s{seed}", L, cfg.steps, pos)
+  lr = study_lr(cfg)[0]
+  out = [train_unit("depth", f"depth-{pos}-L{L}-s{seed}", L, cfg.steps, pos,
+                    run_key=("run", L, pos, "layer_norm", "xavier", lr, cfg.warmup, cfg.decay_timescale, cfg.steps,
+                             seed))
          for L in cfg.depths for pos in trained_at(cfg, L) for seed in cfg.seeds]
   out += [Unit("depth", f"update-{pos}-L{L}-s{seed}", L, cfg.update_steps, ("train", L, pos, "layer_norm", "jaxnorm"),
                "update") for L in (cfg.update_depths or cfg.depths) for pos in cfg.positions

@@ -50,7 +50,7 @@ from typing import NamedTuple
 import numpy as np
 
 from experiments.studies import warmup_figures
-from experiments.studies.seeds import (STALL_NATS, failed, format_finals, format_rises, late_counts_as_stalled, point,
+from experiments.studies.seeds import (STALL_NATS, format_finals, format_rises, late_counts_as_stalled, point,
                                       set_rises)
 from experiments.studies.warmup_rules import MARGIN, describe, verdicts
 from experiments.suite.runs import train_run
@@ -299,8 +299,10 @@ def _plot_curves(ctx, runs: dict, grid: dict, cfg: Config, unigram: float, telli
 def units(cfg: Config) -> list:
   """The training runs of :func:`run`, in its order (for the planner): the grid, then the
   RMSNorm and small-init runs at the telling rate."""
-  out = [train_unit("warmup", f"{pos}-lr{i}-w{wu}-s{seed}", cfg.n_layers, cfg.steps, pos)
-         for i in range(len(cfg.lr_times_d)) for pos, wu in grid_layouts(cfg) for seed in cfg.seeds]
+  out = [train_unit("warmup", f"{pos}-lr{i}-w{wu}-s{seed}", cfg.n_layers, cfg.steps, pos,
+                    run_key=("run", cfg.n_layers, pos, "layer_norm", "xavier", ("lr/d", c), wu, cfg.decay_timescale,
+                             cfg.steps, seed))
+         for i, c in enumerate(cfg.lr_times_d) for pos, wu in grid_layouts(cfg) for seed in cfg.seeds]
   extra = []
   if cfg.rms_norm:
     extra += [(pos, wu, "rms_norm", "xavier") for pos, wu in grid_layouts(cfg) if wu in (0, cfg.warmups[-1])]
@@ -331,16 +333,17 @@ def _train_points(ctx, cfg: Config, specs: list[dict], extra_kw: dict) -> dict:
   return out
 
 
-def _save_raw(ctx, all_runs: dict, unigram: float) -> None:
+def _save_raw(ctx, all_runs: dict, unigram: float, steps: int) -> None:
   """Writes ``runs.json`` (every run, by point label) and ``final.csv`` (one row per run: its
-  point, seed, final validation loss, divergence step and failure)."""
+  point, seed, final validation loss, divergence step and failure by the report's definition:
+  diverged, stalled at the end, or still on the plateau at 2/3 of the run, issue 50)."""
   ser = {label(k): v for k, v in all_runs.items()}
   ctx.save_json("runs.json", ser)
   rows = []
   for k, v in all_runs.items():
-    for r in v:
-      rows.append([label(k), r["seed"], r["final_val_loss"], r["diverged_at"],
-                   failed(r, unigram) or ""])
+    fails = late_counts_as_stalled(point(v, unigram), steps)["failures"]
+    for r, f in zip(v, fails):
+      rows.append([label(k), r["seed"], r["final_val_loss"], r["diverged_at"], f or ""])
   ctx.save_csv("final.csv", ["point", "seed", "final_val_loss", "diverged_at", "failure"], rows)
 
 
@@ -403,7 +406,7 @@ def run(ctx, cfg: Config) -> dict:
                         warmup=long_, **extra_kw)
   schedule = describe_schedule(tc).replace(f"peak {telling:g}", "peak lr").replace(
       f"warm-up {long_}", f"warm-up {'/'.join(map(str, cfg.warmups))}")
-  _save_raw(ctx, all_runs, unigram)
+  _save_raw(ctx, all_runs, unigram, cfg.steps)
   files = plot(ctx, runs, grid, lrs, cfg, unigram, telling, extra_points)
   return {"claims": claims, "files": files, "seeds": list(cfg.seeds), "lrs": lrs, "telling_lr": telling,
           "telling_text": telling_text,

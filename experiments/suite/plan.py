@@ -59,6 +59,14 @@ class Cost:
 
   Attributes:
     step_at: measured steps that replace the linear model, ``{(n_layers, seq_len): seconds}``.
+    layout_factor: a measured layout's step over the ``ref_layout`` step at the same depth, ``{(batch,
+      seq_len): factor}`` (the ``scale`` study's layouts of 512 tokens a step at sequence 128 and 256); a
+      layout not listed is priced as the reference batch's step at its sequence length times ``batch / ref
+      batch``.
+    ref_layout: ``(batch, seq_len)`` of the steps ``step_s`` was measured with (its batch for every length).
+    update_s: the measured seconds of one update probe, its compile included (``None``: the formula of
+      :func:`unit_seconds`).
+    guessed: layouts ``(batch, seq_len)`` whose factor is a guess, not a measurement (the plan says so).
     step_s: one training step of a 6-layer width-64 (CPU) or width-256 (GPU) model, host work
       and evaluations included, per sequence length of the preset's batches.
     step_per_layer_s: added per layer beyond 6 (taken off per layer below 6), per sequence length.
@@ -77,13 +85,23 @@ class Cost:
   invocation_s: float
   op_s: float
   step_at: dict = dataclasses.field(default_factory=dict)
+  layout_factor: dict = dataclasses.field(default_factory=dict)
+  guessed: frozenset = frozenset()
+  ref_layout: tuple = (16, 32)
+  update_s: float | None = None
 
-  def step(self, n_layers: int, seq_len: int) -> float:
-    """Seconds per training step at ``n_layers`` with batches of ``seq_len`` tokens.
+  def step(self, n_layers: int, seq_len: int, batch_size: int | None = None) -> float:
+    """Seconds per training step at ``n_layers`` with batches of ``seq_len`` tokens (``batch_size`` of them,
+    where the unit sets its own layout).
 
     Raises:
-      ValueError: no step time was measured at ``seq_len`` on this kind.
+      ValueError: no step time was measured at ``seq_len`` (or at the layout) on this kind.
     """
+    if batch_size is not None and (batch_size, seq_len) in self.layout_factor:
+      return self.layout_factor[(batch_size, seq_len)] * self.step(n_layers, self.ref_layout[1])
+    if batch_size is not None and batch_size != self.ref_layout[0]:
+      # Not measured: the calibrated step of the reference batch at this sequence length, scaled by the windows.
+      return self.step(n_layers, seq_len) * batch_size / self.ref_layout[0]
     if (n_layers, seq_len) in self.step_at:
       return self.step_at[(n_layers, seq_len)]
     if seq_len not in self.step_s:
@@ -99,7 +117,9 @@ class Cost:
     return Cost({k: v * factor for k, v in self.step_s.items()},
                 {k: v * factor for k, v in self.step_per_layer_s.items()},
                 self.compile_train_s * factor, self.compile_grad_s * factor, self.start_s * factor,
-                self.invocation_s * factor, self.op_s * factor, {k: v * factor for k, v in self.step_at.items()})
+                self.invocation_s * factor, self.op_s * factor, {k: v * factor for k, v in self.step_at.items()},
+                dict(self.layout_factor), self.guessed, self.ref_layout,
+                None if self.update_s is None else self.update_s * factor)
 
 
 # The Intel Xeon (AVX-512, 2 cores) this was calibrated on, issue 31 (2026-11-26): a 6-layer step
@@ -117,9 +137,17 @@ class Cost:
 # The 2-layer step at 16 x 64 tokens (the qk_norm study of cpu-extra) is measured too, from the clean cpu-extra
 # run at 06b2b44 (load 5.9 at its start): the study's 170 s for 72 runs of 80 steps, less 4 compiles (20 s) and
 # 72 starts (36 s), is 19.8 ms a step (the linear model said 42 ms); 2 x the (2, 32) step agrees.
+# The scale study's layouts of 512 tokens a step (issue 55), measured side by side with the 16 x 32 step of the
+# same 6-layer model (max_len 256), 5 interleaved rounds of 30 steps after a compile round
+# (experiments/results/pilots/scale/timing.jsonl; the ratios hold on a loaded machine, the absolute times do
+# not): on the AMD EPYC with AVX-512, 4 x 128 costs 1.89 and 2 x 256 2.39 times the 16 x 32 step; with
+# XLA_FLAGS=--xla_cpu_max_isa=AVX2 (the AVX2 programs on the same CPU, the stand-in for the AVX2-only machine),
+# 2.40 and 4.31 times.
+LAYOUT_AVX512 = {(4, 128): 1.89, (2, 256): 2.39}
+LAYOUT_AVX2 = {(4, 128): 2.40, (2, 256): 4.31}
 _AVX512 = Cost(step_s={32: 0.030, 64: 0.078}, step_per_layer_s={32: 0.008, 64: 0.009}, compile_train_s=5.0,
                compile_grad_s=3.0, start_s=0.5, invocation_s=12.0, op_s=1.0,
-               step_at={(2, 32): 0.0095, (2, 64): 0.020})
+               step_at={(2, 32): 0.0095, (2, 64): 0.020}, layout_factor=LAYOUT_AVX512)
 # AMD EPYC, AVX2 only: its own measured step, 0.116 s for the 16 x 64 model (issue 31's per-study times of
 # a clean cpu run at 715294c: the warm-up grid, 3840 steps in 447 s), over this Intel's 0.078 s. The
 # issue's "1.8x" compared it with another, faster Intel machine (the README's 12 min 38 s run); the
@@ -128,17 +156,25 @@ AVX2_FACTOR = 0.116 / 0.078
 
 COSTS = {
     # Estimates for one H100 (see the module docstring): not measured end to end.
-    "gpu": Cost(step_s={256: 8e-3}, step_per_layer_s={256: 0.8e-3}, compile_train_s=18.0, compile_grad_s=10.0,
-                start_s=0.3, invocation_s=20.0, op_s=2.0),
+    # Calibrated on the H200 run of the gpu preset (experiments/results/gpu-h200-2026-11-28/preset-run.log,
+    # issue 50): a 500-step 6-layer run of 32 x 256 bytes took 5.3 s with its evaluations and start (9.8 ms a step), a
+    # 12-layer one 9.0 s (18 ms: 1.25 ms per further layer); the first run of a program 11-17 s more (its
+    # compile), an update probe about 6 s. The 256 x 32 layout (the scale study's mirror leg, issue 55) is a
+    # guess: the same tokens as 32 x 256 with an eighth of the attention work; 0.8 of its step until a GPU
+    # measures it.
+    "gpu": Cost(step_s={256: 9.8e-3}, step_per_layer_s={256: 1.25e-3}, compile_train_s=12.0, compile_grad_s=10.0,
+                start_s=0.3, invocation_s=20.0, op_s=2.0, layout_factor={(256, 32): 0.8},
+                guessed=frozenset({(256, 32)}), ref_layout=(32, 256), update_s=6.0),
     "cpu-avx512": _AVX512,
-    "cpu-avx2": _AVX512.scaled(AVX2_FACTOR),
+    "cpu-avx2": dataclasses.replace(_AVX512.scaled(AVX2_FACTOR), layout_factor=LAYOUT_AVX2),
 }
 CPU_KINDS = ("cpu-avx512", "cpu-avx2")
 
 
 def default_kinds(preset_name: str) -> tuple[str, ...]:
-  """The device kinds a preset's plan is printed for: the GPU for ``gpu``, both CPU kinds otherwise."""
-  return ("gpu",) if preset_name == "gpu" else CPU_KINDS
+  """The device kinds a preset's plan is printed for: the GPU for ``gpu`` and ``gpu-*``, both CPU kinds
+  otherwise."""
+  return ("gpu",) if preset_name == "gpu" or preset_name.startswith("gpu-") else CPU_KINDS
 
 
 def _config(preset: dict, name: str):
@@ -148,25 +184,39 @@ def _config(preset: dict, name: str):
 
 def units(preset_name: str) -> list[Unit]:
   """Every unit of a preset, in the order the suite computes them: each study's own
-  ``units(cfg)`` (:mod:`experiments.suite.study`), in the order of the report."""
+  ``units(cfg)`` (:mod:`experiments.suite.study`), in the order of the report, rates of the form
+  ``("lr/d", c)`` in their ``run_key`` resolved with the preset's width."""
   preset = presets_lib.get_preset(preset_name)
+  d = preset.get("model", {}).get("d_model")
   out: list[Unit] = []
   for name in presets_lib.studies(preset):
     module, cfg = _config(preset, name)
-    out += module.units(cfg)
+    out += [dataclasses.replace(u, run_key=_resolve(u.run_key, d)) for u in module.units(cfg)]
   return out
+
+
+def _resolve(key: tuple, d_model: int | None) -> tuple:
+  return tuple(float(f"{x[1] / d_model:z.4g}") if isinstance(x, tuple) and len(x) == 2 and x[0] == "lr/d"
+               and d_model else x for x in key)
 
 
 def unit_seconds(unit: Unit, cost: Cost, compiled: set, seq_len: int, n_ops: int = 8) -> float:
   """Estimated seconds of ``unit`` (batches of ``seq_len`` tokens); adds its compile key to
-  ``compiled`` (first time pays)."""
+  ``compiled`` (first time pays) and its ``run_key`` (a run already priced costs nothing: the suite's
+  cache finds it)."""
+  if unit.run_key:
+    if ("run",) + unit.run_key in compiled:
+      return 0.0
+    compiled.add(("run",) + unit.run_key)
   first = unit.compile_key not in compiled
   compiled.add(unit.compile_key)
   if unit.kind == "op":
     return n_ops * cost.op_s
   if unit.kind == "grad":
     return cost.start_s + (cost.compile_grad_s if first else 0.0)
-  t = cost.start_s + unit.steps * cost.step(unit.n_layers, unit.seq_len or seq_len)
+  t = cost.start_s + unit.steps * cost.step(unit.n_layers, unit.seq_len or seq_len, unit.batch_size)
+  if unit.kind == "update" and cost.update_s is not None:
+    return cost.update_s
   if unit.kind == "update":  # plus the probe's own forward functions (about a third)
     return t + (cost.compile_train_s if first else 0.0) + cost.compile_train_s / 3
   return t + (cost.compile_train_s if first else 0.0)
@@ -223,6 +273,10 @@ def format_plan(preset_name: str, device: str | None = None) -> str:
     parts = ", ".join(f"{e} {len(ts)} units {sum(ts):z.0f} s" for e, ts in per_exp.items())
     lines.append(f"  chunk {i}: ~{total / 60:z.1f} min  ({parts})")
   lines.append(f"  total: ~{grand / 60:z.1f} min in {len(plan)} chunks")
+  guessed = sorted({(u.batch_size, u.seq_len) for c in plan for u, _ in c} & set(cost.guessed))
+  if guessed:
+    lines.append("  not calibrated on this kind (a guess until measured): layouts "
+                 + ", ".join(f"{b} x {t}" for b, t in guessed))
   if device in CPU_KINDS:
     lines.append(f"run it as: python -m experiments run --preset {preset_name}")
     return "\n".join(lines)

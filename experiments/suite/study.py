@@ -42,6 +42,12 @@ class Unit:
     kind: ``"train"``, ``"grad"`` (gradients at init), ``"update"``, ``"throughput"`` or ``"op"``.
     seq_len: the sequence length of its batches when it differs from the preset's (``None``: the
       preset's; the cost model prices the step at this length).
+    batch_size: the batch of its steps when a study sets its own layout (``None``: the preset's; the cost
+      model prices a measured ``(batch_size, seq_len)`` layout where it has one).
+    run_key: what makes the training run itself (depth, layout, norm, init, rate, warm-up, decay, steps,
+      seed), or ``()``: units of equal non-empty keys are one cached run (the suite's cache finds it by its
+      config) and are priced once. A rate may be written ``("lr/d", c)``: ``c / d_model`` rounded as the
+      warm-up grid rounds it, resolved with the preset's width by the planner.
   """
 
   experiment: str
@@ -51,13 +57,15 @@ class Unit:
   compile_key: tuple
   kind: str = "train"
   seq_len: int | None = None
+  batch_size: int | None = None
+  run_key: tuple = ()
 
 
 def train_unit(experiment: str, label: str, n_layers: int, steps: int, position: str, norm: str = "layer_norm",
-               impl: str = "jaxnorm") -> Unit:
+               impl: str = "jaxnorm", run_key: tuple = ()) -> Unit:
   """A training run's unit; its compile key leaves out the init (it changes the parameters, not
   the program, and JAX's persistent compilation cache finds the compiled program)."""
-  return Unit(experiment, label, n_layers, steps, ("train", n_layers, position, norm, impl))
+  return Unit(experiment, label, n_layers, steps, ("train", n_layers, position, norm, impl), run_key=run_key)
 
 
 @runtime_checkable
