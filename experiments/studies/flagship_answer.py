@@ -1,8 +1,10 @@
 """The "What to use" sentences of the flagship studies (issue 44): effect sizes a user can act on.
 
 :func:`warmup_answer` and :func:`depth_answer` read a study's summary (its ``done.json``) and return
-short sentences with numbers: the highest rate each layout trains at, per seed; Pre-LN minus Post-LN,
-paired; the warm-up gain; deep Post-LN against Pre-LN. They judge nothing: the verdicts are the rules'.
+short sentences with numbers: the highest rate each layout trains at, per seed (">=" at the grid's top); Pre-LN
+minus Post-LN, paired; the warm-up gain; deep Post-LN against Pre-LN. They judge nothing: the verdicts are the
+rules'. A line is bold only where every seed agrees beyond the rules' margin at each compared layout's
+best-tuned rate (:func:`best_rate`: lowest seed-mean final loss where it trains in every seed), issue 50.
 Summaries written before the issue-44 field ``highest_trained_per_seed`` (the gpu report's, at 20ad8f4) get
 the per-seed highest rate from the grid's recorded ``failures`` over every rate (:func:`_per_seed`), the
 same reading as ``warmup_rules.highest_trained``; a summary without a grid gives no sentence.
@@ -15,8 +17,21 @@ from experiments.studies.warmup_rules import MARGIN
 __all__ = ["depth_answer", "warmup_answer"]
 
 
-def _rates(rates) -> str:
-  return ", ".join("none" if r is None else f"{r:z.2g}" for r in rates)
+def _rates(rates, top: float | None = None) -> str:
+  """Rates per seed; the grid's top rate reads ">= top" (the layout may train higher still)."""
+  return ", ".join("none" if r is None else (">= " if top is not None and r >= top else "") + f"{r:z.2g}"
+                   for r in rates)
+
+
+def best_rate(grid: dict, lrs, key) -> float | None:
+  """The rate where the layout (``key(lr)`` its grid label) has the lowest seed-mean final loss among the
+  rates where it trains in every seed (None if it trains at none): its best-tuned rate."""
+  ok = [(grid[key(lr)]["mean"], lr) for lr in lrs if key(lr) in grid and not any(grid[key(lr)]["failures"])]
+  return min(ok)[1] if ok else None
+
+
+def _paired(grid: dict, a: str, b: str) -> list[float]:
+  return [x - y for x, y in zip(grid[a]["values"], grid[b]["values"])]
 
 
 def _span(xs) -> str:
@@ -51,10 +66,13 @@ def warmup_answer(summary: dict) -> list[str]:
     return []
   long_ = max(warmups)
   n = len(summary.get("seeds", []))
+  lrs = summary.get("lrs", [])
+  top = max(lrs) if lrs else None
+  steps = (summary.get("config") or {}).get("steps")
   pre_r, post_r = per.get("pre|0", []), per.get(f"post|{long_}", [])
-  out = [f"Highest peak rate each layout trained at, per seed ({n} seed{'s' if n != 1 else ''}): Pre-LN without "
-         f"warm-up {_rates(pre_r)}; Post-LN without warm-up {_rates(per.get('post|0', []))}, with warm-up {long_} "
-         f"{_rates(post_r)}."]
+  out = [f"Highest peak rate each layout trained at, per seed ({n} seed{'s' if n != 1 else ''}, {steps} steps): "
+         f"Pre-LN without warm-up {_rates(pre_r, top)}; Post-LN without warm-up {_rates(per.get('post|0', []), top)}, "
+         f"with warm-up {long_} {_rates(post_r, top)}."]
   diffs = []
   for lr in summary.get("lrs", []):
     pre, post = grid.get(f"pre|{lr}|0"), grid.get(f"post|{lr}|{long_}")
@@ -63,19 +81,20 @@ def warmup_answer(summary: dict) -> list[str]:
   if diffs:
     out.append("Final loss, Pre-LN without minus Post-LN with warm-up (paired per seed): "
                + "; ".join(f"{_span(d)} nats at {lr:z.2g}" for lr, d in diffs) + ".")
-  # A recommendation only where every seed and every compared rate agree.
+  # A bold recommendation only where every seed agrees, at each layout's best-tuned rate (issue 50).
   higher = pre_r and all(a is not None and (b is None or a >= b) for a, b in zip(pre_r, post_r))
-  if higher and diffs and all(x < -MARGIN for _, d in diffs for x in d):
-    out.insert(0, "**Pre-LN** trained at higher rates and to a lower loss than Post-LN in every seed.")
-  gains = []
-  for lr in summary.get("lrs", []):
-    a, b = grid.get(f"post|{lr}|0"), grid.get(f"post|{lr}|{long_}")
-    if a and b:
-      gains.append((lr, [x - y for x, y in zip(a["values"], b["values"])]))
-  if gains:
-    lr, g = max(gains, key=lambda t: sum(t[1]) / len(t[1]))
-    lead = "**With Post-LN, use warm-up**:" if sum(g) / len(g) > MARGIN else "Warm-up for Post-LN:"
-    out.append(f"{lead} its largest paired gain in final loss is {_span(g)} nats (per seed) at {lr:z.2g}.")
+  bp, bq = best_rate(grid, lrs, lambda lr: f"pre|{lr}|0"), best_rate(grid, lrs, lambda lr: f"post|{lr}|{long_}")
+  if bp is not None and bq is not None:
+    d = _paired(grid, f"pre|{bp}|0", f"post|{bq}|{long_}")
+    lead = ("**Pre-LN** trained at higher rates and, at each one's best rate, to a lower loss than Post-LN in every "
+            f"seed after {steps} steps: " if higher and all(x < -MARGIN for x in d) else "At each one's best rate: ")
+    out.insert(0, f"{lead}Pre-LN ({bp:z.2g}) minus Post-LN with warm-up ({bq:z.2g}) {_span(d)} nats per seed.")
+  b0 = best_rate(grid, lrs, lambda lr: f"post|{lr}|0")
+  if b0 is not None and bq is not None:
+    g = _paired(grid, f"post|{b0}|0", f"post|{bq}|{long_}")
+    lead = ("**With Post-LN, use warm-up**:" if all(x > MARGIN for x in g)
+            else "Warm-up for Post-LN, not a rule here (the seeds disagree at the best rates):")
+    out.append(f"{lead} at each one's best rate ({b0:z.2g} without, {bq:z.2g} with) it gains {_span(g)} nats per seed.")
   return out
 
 
