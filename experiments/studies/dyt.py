@@ -289,10 +289,12 @@ def report_section(summary: dict, rel: str) -> str:
   lines = [
       f"Setup: Pre-LN models of width {fmt['d']} and {cfg['n_layers']} layer(s) ({fmt['P']} parameters without the "
       f"position table) with LayerNorm, RMSNorm, DyT or Derf in every norm position, {cfg['steps']} steps of "
-      f"{cfg['batch_size']} x {cfg['seq_len']} bytes in every cell, the unique training bytes set by tokens per "
-      f"parameter {fmt['tpps']}; seeds {', '.join(map(str, cfg['seeds']))}; peak rates {lrs}. Validation on the "
-      f"held-out files (two sets of windows; plateau {float(summary['unigram']):z.3f} nats). Lines: seed means; "
-      "bands: the seeds' range.", "",
+      f"{cfg['batch_size']} x {cfg['seq_len']} bytes in every cell"
+      + (f" ({cfg['steps'] * cfg['batch_size'] * cfg['seq_len'] / summary['params']:z.2f} tokens trained per parameter)"
+         if summary.get("params") else "")
+      + f", the unique training bytes set by T/P (unique tokens per parameter) {fmt['tpps']}; seeds "
+      f"{', '.join(map(str, cfg['seeds']))}; peak rates {lrs}. Validation on the held-out files (two sets of "
+      f"windows; plateau {float(summary['unigram']):z.3f} nats). Lines: seed means; bands: the seeds' range.", "",
       f"![loss against tokens per parameter]({rel}/dyt_loss.png)", "",
       f"![gap and saturation]({rel}/dyt_gap.png)", ""]
   if "dyt_curves.png" in summary.get("files", []):

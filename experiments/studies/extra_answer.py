@@ -1,9 +1,15 @@
-"""The "What to use" sentences of the second command's studies (issue 44): DyT/Derf and QK-norm.
+"""The "What to use" sentences of the second command's studies (issues 44, 50): DyT/Derf and QK-norm.
 
 :func:`dyt_answer` reads the ``dyt`` summary's ``table`` (per T/P and norm: seed mean, min, max of the
-final and best-of-curve validation loss); :func:`qk_answer` reads the ``qk_norm`` summary's ``table``
-(per layout, QK-norm and seed: the peak attention logit at each rate). Numbers only, no verdict.
-Summaries without these fields give no sentence.
+final and best-of-curve validation loss), ``epochs`` and ``params``; :func:`qk_answer` reads the
+``qk_norm`` summary's ``table`` (per layout, QK-norm and seed: the final loss and the peak attention
+logit at each rate of ``config["lrs"]``). Numbers only, no verdict. Summaries without these fields
+give no sentence.
+
+Tokens per parameter (issue 50): the dyt study's "T/P" is *unique* training tokens per parameter (the
+data available); the tokens *trained* per parameter are the passes times T/P (0.92 at T/P 1.84 in
+``cpu-extra``: half a pass), the figure comparable with the papers' and the other studies' regimes. The
+sentence gives both, named.
 """
 
 from __future__ import annotations
@@ -15,6 +21,10 @@ __all__ = ["dyt_answer", "qk_answer"]
 
 def _pct(a: float, b: float) -> float:
   return 100.0 * (a - b) / b
+
+
+def _fin(x) -> bool:
+  return x is not None and math.isfinite(float(x))
 
 
 def dyt_answer(summary: dict) -> list[str]:
@@ -33,8 +43,41 @@ def dyt_answer(summary: dict) -> list[str]:
       parts.append(f"{name} {_pct(r['best'][0], ln['best'][0]):+z.1f}%")
   if not parts:
     return []
-  return [f"Norm-free layers: at the most data per parameter trained here (T/P {tpp:g}), best validation loss "
-          f"against LayerNorm (seed mean): " + ", ".join(parts) + "; a small model, outside the papers' regime."]
+  passes = next((float(v) for k, v in (summary.get("epochs") or {}).items() if float(k) == float(tpp)), None)
+  trained = f", {passes * tpp:z.2f} trained" if passes is not None else ""
+  params = f", {summary['params']:,} parameters" if summary.get("params") else ""
+  return [f"Norm-free layers: at the most data per parameter here (T/P {tpp:g} unique tokens per parameter{trained}"
+          f"{params}), best validation loss against LayerNorm (seed mean): " + ", ".join(parts)
+          + "; below the papers' 2.9-29 trained tokens per parameter."]
+
+
+def _diffs(pairs: dict, i: int) -> list[float]:
+  """QK-norm minus no QK-norm at rate index ``i``, per seed where both runs finished."""
+  return [q[i] - n[i] for n, q in pairs.values() if _fin(n[i]) and _fin(q[i])]
+
+
+def _loss_effect(table: list, lrs: list, position: str) -> str:
+  """The final-loss effect of QK-norm in one layout: at each seed's best rate (best with minus best
+  without), and at each rate above the highest best rate without QK-norm (per-seed range over the seeds
+  where both finished, how many seeds lower, how many runs without QK-norm diverged)."""
+  pairs = {}
+  for r in table:
+    if r.get("position") == position and r.get("finals"):
+      pairs.setdefault(r["seed"], [None, None])[bool(r["qk_norm"])] = [float(v) if _fin(v) else None
+                                                                      for v in r["finals"]]
+  pairs = {s: p for s, p in pairs.items() if p[0] and p[1]}
+  if not pairs:
+    return ""
+  best = [min(v for v in q if v is not None) - min(v for v in n if v is not None) for n, q in pairs.values()]
+  top = max(min(range(len(lrs)), key=lambda i, n=n: n[i] if n[i] is not None else math.inf) for n, _ in pairs.values())
+  out = [f"at each seed's best rate {min(best):+z.3f} to {max(best):+z.3f} nats"]
+  for i in range(top + 1, len(lrs)):
+    d = _diffs(pairs, i)
+    div = sum(n[i] is None and q[i] is not None for n, q in pairs.values())
+    if d:
+      out.append(f"at {lrs[i]:g} {min(d):+z.2f} to {max(d):+z.2f} ({sum(x < 0 for x in d)}/{len(pairs)} lower"
+                 + (f"; {div} run without it diverged" if div else "") + ")")
+  return ", ".join(out)
 
 
 def qk_answer(summary: dict) -> list[str]:
@@ -47,5 +90,11 @@ def qk_answer(summary: dict) -> list[str]:
       top.setdefault(bool(r["qk_norm"]), []).append(max(peaks))
   if not top.get(True) or not top.get(False):
     return []
-  return [f"QK-norm (Pre-LN): largest attention logit over the rate sweep {min(top[True]):z.3g}-{max(top[True]):z.3g} "
-          f"with it, {min(top[False]):z.3g}-{max(top[False]):z.3g} without (per seed)."]
+  out = [f"QK-norm (Pre-LN): largest attention logit over the rate sweep {min(top[True]):z.3g}-{max(top[True]):z.3g} "
+         f"with it, {min(top[False]):z.3g}-{max(top[False]):z.3g} without (per seed)."]
+  lrs = [float(v) for v in (summary.get("config") or {}).get("lrs") or []]
+  pre, post = (_loss_effect(table, lrs, p) if lrs else "" for p in ("pre", "post"))
+  if pre:
+    out[0] += (f" Final loss with minus without: {pre}" + (f"; Post-LN {post.split(', at ')[0]}" if post else "")
+               + " (evaluation noise: Limitations).")
+  return out

@@ -3,7 +3,9 @@
 Every rule takes the study's analysis (:func:`experiments.studies.grad_init.analyse`: ratios, slopes
 and residual levels, plain numbers) and returns a claim dict (``id``, ``criterion``, ``ours``,
 ``holds``); none measures anything, so ``tests/experiments/test_verdicts.py`` feeds each one synthetic results
-for yes, partly and no. The criteria are the same for every preset.
+for yes, partly and no. The criteria are the same for every preset. The two seed-dependent verdicts
+(growth and slope) on fewer than :data:`FIRM_SEEDS` seeds are marked thin in their text and their
+``seeds`` entry (the report's seed column), naming where the seeds disagree (issue 50).
 """
 
 from __future__ import annotations
@@ -32,6 +34,17 @@ SLOPE_POST_ABS = 0.25        # |log-log slope| within this counts as "independen
 LEMMA2_INCREMENT = (0.5, 1.5)  # Lemma 2: E||x||^2/d grows by this much per whole Pre-LN layer
 POST_LEVEL = (1.25, 1.75)    # "about 3/2" (Post-LN FFN norm inputs)
 ATTN_LEVEL = (1.0, 2.0)      # Post-LN attention norm inputs with W^Q = W^K = 0
+FIRM_SEEDS = 3               # fewer seeds: the growth and slope verdicts are marked thin (issue 50)
+
+
+def _thin(cfg: Design, split: list[str]) -> tuple[str, str]:
+  """``(prefix of ours, seeds column)`` of a seed-dependent verdict: with fewer than :data:`FIRM_SEEDS`
+  seeds it is marked thin, naming where the seeds fall on both sides of a cut-off (``split``)."""
+  seeds = list(cfg.seeds)
+  if len(seeds) >= FIRM_SEEDS:
+    return "", str(seeds)
+  where = f", they disagree: {'; '.join(split)}" if split else ""
+  return f"**thin: {len(seeds)} seeds**{where}. ", f"{seeds} (thin: fewer than {FIRM_SEEDS})"
 
 
 def _fmt_ratio(x):
@@ -49,11 +62,14 @@ def _growth_claim(an: dict, cfg: Design) -> dict:
     holds, ours = claims_lib.not_testable([f"needs >= 2 seeds and >= 2 depths, one >= 12; the preset has seeds "
                                            f"{list(cfg.seeds)}, depths {list(cfg.depths)}"])
     return {"id": "xiong_grad_growth", "criterion": crit, "ours": ours, "holds": holds}
-  pairs, oks, pre_by_norm = [], [], {}
+  pairs, oks, pre_by_norm, split = [], [], {}, []
   for norm in cfg.norm_types:
     for L in cfg.depths:
       post = an["ratios"][f"xavier/post/{norm}/L{L}"]["mlp_out"]
       pre = an["ratios"][f"xavier/pre/{norm}/L{L}"]["mlp_out"]
+      per = an["ratios"][f"xavier/post/{norm}/L{L}"].get("mlp_out_per_seed") or []
+      if norm == "layer_norm" and len({v >= GROWTH_FACTOR for v in per}) > 1:
+        split.append(f"Post-LN at L={L} per seed " + ", ".join(_fmt_ratio(v) for v in per))
       grows, pre_grows = post >= GROWTH_FACTOR, pre >= GROWTH_FACTOR
       if norm == "layer_norm":
         oks.append(grows and not pre_grows)
@@ -69,10 +85,15 @@ def _growth_claim(an: dict, cfg: Design) -> dict:
   lo, hi = min(cfg.depths), max(cfg.depths)
   trend = "; ".join(f"Pre-LN ({'LN' if n == 'layer_norm' else 'RMS'}) last/first {_fmt_ratio(v[0])} at L={lo} -> "
                     f"{_fmt_ratio(v[-1])} at L={hi}" for n, v in pre_by_norm.items() if len(v) > 1)
+  thin, seeds = _thin(cfg, split)
+  ln = ", ".join(f"L={L} {_fmt_ratio(an['ratios'][f'xavier/post/layer_norm/L{L}']['mlp_out'])} vs "
+                 f"{_fmt_ratio(an['ratios'][f'xavier/pre/layer_norm/L{L}']['mlp_out'])}" for L in cfg.depths
+                 if "layer_norm" in cfg.norm_types)
   return {"id": "xiong_grad_growth", "criterion": crit,
-          "ours": "last/first-layer W2 grad ratio, Post-LN vs Pre-LN (Xavier): " + "; ".join(pairs)
+          "ours": thin + "last/first-layer W2 grad ratio, Post-LN vs Pre-LN (Xavier): " + "; ".join(pairs)
           + (f". {trend}" if trend else ""),
-          "holds": claims_lib.verdict(oks)}
+          "short": thin + f"last/first W2 ratio, Post-LN vs Pre-LN (LN, Xavier): {ln}",
+          "holds": claims_lib.verdict(oks), "seeds": seeds}
 
 
 def _scaling_claim(an: dict, cfg: Design) -> dict:
@@ -87,9 +108,14 @@ def _scaling_claim(an: dict, cfg: Design) -> dict:
     holds, ours = claims_lib.not_testable([f"needs >= 3 depths spanning a factor >= 4 and >= 2 seeds; the preset "
                                            f"has depths {ds}, seeds {list(cfg.seeds)}"])
     return {"id": "xiong_grad_depth_scaling", "criterion": crit, "ours": ours, "holds": holds}
-  parts, oks = [], []
+  parts, oks, split = [], [], []
   for norm in cfg.norm_types:
     spre, spost = an["slopes"][f"xavier/pre/{norm}"], an["slopes"][f"xavier/post/{norm}"]
+    for name, d, ok in (("Post-LN", spost, lambda v: abs(v) <= SLOPE_POST_ABS),
+                        ("Pre-LN", spre, lambda v: v < -SLOPE_POST_ABS)):
+      per = d.get("slope_per_seed") or []
+      if norm == "layer_norm" and len({ok(v) for v in per}) > 1:
+        split.append(f"{name} slope per seed " + ", ".join(f"{v:+z.2f}" for v in per))
     sp, so = spre["slope"], spost["slope"]
 
     def seeds(d, ok):
@@ -104,9 +130,13 @@ def _scaling_claim(an: dict, cfg: Design) -> dict:
                  f"{seeds(spre, lambda v: v < -SLOPE_POST_ABS)}")
     if norm == "layer_norm":
       oks += [abs(so) <= SLOPE_POST_ABS, sp < -SLOPE_POST_ABS]
+  thin, seeds = _thin(cfg, split)
+  ln = {k: an["slopes"].get(f"xavier/{k}/layer_norm", {}).get("slope") for k in ("post", "pre")}
   return {"id": "xiong_grad_depth_scaling", "criterion": crit,
-          "ours": f"log-log slope of the last-layer W2 grad norm vs L ({min(cfg.depths)}-{max(cfg.depths)}): "
-          + "; ".join(parts) + " (bound: -0.5 for Pre-LN)", "holds": claims_lib.verdict(oks)}
+          **({"short": thin + f"log-log slope of the last-layer W2 grad norm vs L (LN): Post-LN {ln['post']:+z.2f}, "
+                              f"Pre-LN {ln['pre']:+z.2f}"} if None not in ln.values() else {}),
+          "ours": thin + f"log-log slope of the last-layer W2 grad norm vs L ({min(cfg.depths)}-{max(cfg.depths)}): "
+          + "; ".join(parts) + " (bound: -0.5 for Pre-LN)", "holds": claims_lib.verdict(oks), "seeds": seeds}
 
 
 def verdicts(an: dict, cfg: Design) -> list[dict]:

@@ -371,3 +371,10 @@ def report_section(summary: dict, rel: str) -> str:
               "*Weight-gradient norms of LayerNorm and RMSNorm models: the op, a Pre-LN model at init and in "
               "training (same seed).*", ""]
   return "\n".join(lines)
+
+
+def reanalyse(ctx, cfg: Config, summary: dict) -> dict:
+  """The summary with its claims judged again from the folder's ``data.json`` (no measuring; figures and
+  tables kept: they do not depend on the rules; :mod:`experiments.suite.reanalyse`)."""
+  from experiments.suite.registry import read_json
+  return {**summary, "claims": verdicts(read_json(ctx.exp_dir / "data.json"))}

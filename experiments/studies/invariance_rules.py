@@ -93,6 +93,8 @@ def grad_norms_claim(op_ratio: float, init_ratio: float | None = None, train_rat
     op_seeds: the seeds of the op-level ratio (labels only).
     op_range: its (min, max) over those seeds (labels only).
     model_seed: the one seed of the model-level ratios (labels only; the verdict does not read it).
+
+  The claim's ``seeds`` (the report's seed column) names the seeds of each part where they are known.
   """
   op_name = "op (y = N(xW))"
   if op_seeds is not None:
@@ -103,7 +105,10 @@ def grad_norms_claim(op_ratio: float, init_ratio: float | None = None, train_rat
   checks = [(op_name, op_ratio), (f"Pre-LN model at init{model_tag}", init_ratio),
             (f"in training (median over steps{model_tag})", train_ratio)]
   checks = [(name, r) for name, r in checks if r is not None]
-  return {"id": "notes_grad_norms_close",
+  # The seed column says which part ran which seeds (issue 50: the model parts, which decide a partly, ran one).
+  parts = ([f"op {list(op_seeds)}"] if op_seeds is not None else []) + (
+      [f"model at init and in training [{model_seed}] only"] if model_seed is not None and len(checks) > 1 else [])
+  return {"id": "notes_grad_norms_close", **({"seeds": "; ".join(parts)} if parts else {}),
           "criterion": f"the RMS/LN weight-gradient norm ratio is in [{CLOSE_RATIO[0]}, {CLOSE_RATIO[1]}] ('close') "
                        "for the op, the model at init and the model in training; yes/partly/no = all/some/none",
           "ours": "; ".join(f"{name}: RMS/LN {r:z.3f}" for name, r in checks),

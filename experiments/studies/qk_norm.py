@@ -155,13 +155,14 @@ def judge(runs: dict, cfg: Config) -> tuple[list[dict], dict]:
   ``runs`` is keyed ``(position, qk, lr, seed)``.
   """
   top = cfg.lrs[-1]
-  sens = {}
+  sens, init, best = {}, {}, {}
   for pos in cfg.positions:
     for qk in (False, True):
       for seed in cfg.seeds:
         rs = [runs[(pos, qk, lr, seed)] for lr in cfg.lrs]
-        init = float(np.nanmax([r["init_loss"] for r in rs]))
-        sens[(pos, qk, seed)] = rules.lr_sensitivity([r["final"] for r in rs], init)
+        init[(pos, qk, seed)] = rules.init_loss(r["init_loss"] for r in rs)   # one l0 per grid (issue 50)
+        sens[(pos, qk, seed)] = rules.lr_sensitivity([r["final"] for r in rs], init[(pos, qk, seed)])
+        best[(pos, qk, seed)] = min((float(r["final"]) for r in rs if r["final"] is not None), default=float("nan"))
   per = {seed: {"noqk": runs[("pre", False, top, seed)]["growth"], "qk": runs[("pre", True, top, seed)]["growth"],
                 "qk_diverged_at": runs[("pre", True, top, seed)]["diverged_at"],
                 "noqk_shape": runs[("pre", False, top, seed)]["shape"]} for seed in cfg.seeds}
@@ -169,12 +170,13 @@ def judge(runs: dict, cfg: Config) -> tuple[list[dict], dict]:
   for seed in cfg.seeds:
     no, qk = ([runs[("pre", q, lr, seed)] for lr in cfg.lrs] for q in (False, True))
     per_sens[seed] = {"finals_noqk": [r["final"] for r in no], "finals_qk": [r["final"] for r in qk],
-                      "init": float(np.nanmax([r["init_loss"] for r in no + qk])),
-                      "noqk_top": runs[("pre", False, top, seed)]["growth"],
-                      "loss_unstable": [lr for lr, a, b in zip(cfg.lrs, no, qk) if a["unstable"] and not b["unstable"]]}
+                      "init_noqk": init[("pre", False, seed)], "init_qk": init[("pre", True, seed)],
+                      "noqk_top": runs[("pre", False, top, seed)]["growth"], "lrs": list(cfg.lrs)}
   claims = [rules.claim_logit_growth(per), rules.claim_lr_sensitivity(per_sens)]
   if "post" in cfg.positions:
-    claims.append(rules.claim_post_ln({seed: {"lrs_noqk": sens[("post", False, seed)],
+    claims.append(rules.claim_post_ln({seed: {"best_noqk": best[("post", False, seed)],
+                                              "best_qk": best[("post", True, seed)],
+                                              "lrs_noqk": sens[("post", False, seed)],
                                               "lrs_qk": sens[("post", True, seed)],
                                               "noqk_top": runs[("post", False, top, seed)]["growth"],
                                               "qk_top": runs[("post", True, top, seed)]["growth"]}
@@ -290,9 +292,9 @@ def report_section(summary: dict, rel: str) -> str:
       f"| weight decay | independent 1e-4 | independent {cfg['independent_weight_decay']:g} (optax wd = that / peak "
       "lr), on weight matrices and embeddings only (not on norm scales or biases) |",
       f"| z-loss | 1e-4 | {cfg.get('z_loss', 0.0):g} (the reported losses are the cross-entropy alone) |", "",
-      "A diverged run is reported as 'diverged at step k', never judged as if it had finished; the loss-level "
-      "instability (a run without QK-norm that diverges or spikes above 1 nat where the QK-norm run at the same "
-      "rate and seed does not) must be reproduced in a seed before its LR sensitivity is judged.", "",
+      "A diverged run is reported as 'diverged at step k', never judged as if it had finished; in the LR "
+      "sensitivity it counts as its model's initial loss (each grid capped at its own). A seed's LR sensitivity "
+      "is judged where the run without QK-norm grows its logits at the top rate.", "",
       f"![qk norm]({rel}/qk_norm.png)", "",
       "| layout | seed | LR sensitivity | " + " | ".join(f"final @ {v:g}" for v in lrs) + " | peak logit @ "
       f"{lrs[-1]:g} |", "|---|---|---|" + "---|" * len(lrs) + "---|"]

@@ -2,11 +2,12 @@
 experiments.suite.reanalyse DIR NAME [NAME ...]``.
 
 For each named experiment of the results folder ``DIR`` whose study module defines
-``reanalyse(ctx, cfg, summary) -> dict`` (the dyt, qk_norm and grad_init studies), the study
+``reanalyse(ctx, cfg, summary) -> dict`` (the dyt, qk_norm, grad_init and invariance studies), the study
 recomputes its claims, tables and figures from the raw data files in its folder (the ones the
 committed reports export: ``cells.json``, ``runs.json``, ``data.json``) with the rules of the
 current commit; ``done.json`` is rewritten (its ``config`` and ``wall_s`` kept), the invocation
-is appended to ``suite.json``'s ``invocations`` (so the report's provenance lists it) and
+is appended to ``suite.json``'s ``invocations`` with ``rejudged`` (the names; the report's provenance
+lists it as re-judged, with its commit and whether the tree was dirty) and
 ``report.md`` is re-rendered. A study without the hook is left as it is (an error names it).
 
 This is how a rule change is seen on data already committed (the training runs are not exported,
@@ -54,7 +55,8 @@ def reanalyse(root: str | pathlib.Path, names: list[str]) -> pathlib.Path:
     write_json(done, new)
   prov = provenance(preset, None)
   inv = {k: prov[k] for k in ("created", "git", "device", "versions")}
-  inv["command"] = f"python -m experiments.suite.reanalyse {root} {' '.join(names)} (re-judged from the raw data)"
+  inv["command"] = f"python -m experiments.suite.reanalyse {root} {' '.join(names)}"
+  inv["rejudged"] = names
   state.setdefault("invocations", []).append(inv)
   write_json(root / "suite.json", state)
   return report.render(root)

@@ -108,9 +108,12 @@ def _provenance_lines(state: dict) -> list[str]:
       f"| git | `{git.get('commit')}`{' (with uncommitted changes)' if git.get('dirty') else ''} |",
   ]
   for inv in state.get("invocations", [])[1:]:
-    what = "re-rendered (no unit recomputed)" if inv.get("report_only") else "later invocation"
+    what = ("re-rendered (no unit recomputed)" if inv.get("report_only") else
+            f"re-judged from the raw data ({', '.join(inv['rejudged'])}; no unit recomputed)" if inv.get("rejudged")
+            else "later invocation")
+    g = inv.get("git") or {}
     lines.append(f"| {what} | {inv.get('created')}: `{inv.get('command', '').strip()}` "
-                 f"(git `{(inv.get('git') or {}).get('commit')}`) |")
+                 f"(git `{g.get('commit')}`{', dirty: with uncommitted changes' if g.get('dirty') else ''}) |")
   return lines
 
 
@@ -120,7 +123,8 @@ def _first_screen(summaries: dict, rows: list[dict], counts: dict) -> list[str]:
   ``_FIRST_SCREEN_CHARS`` characters)."""
   out = ["## Verdicts with their conditions and criteria", ""]
   out += [", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) + " (full claims table at the end).", ""]
-  measured = {c["id"]: (c, summaries[n].get("seeds", "")) for n in summaries for c in summaries[n].get("claims", [])}
+  measured = {c["id"]: (c, c.get("seeds", summaries[n].get("seeds", ""))) for n in summaries
+              for c in summaries[n].get("claims", [])}
   for kind, title in _KIND_TITLE.items():
     kind_rows = [r for r in rows if r["kind"] == kind and r["holds"] in claims_lib.VERDICTS]
     out += [f"### {title}", "", "| claim | testable when | criterion | ours | seeds | verdict |",
@@ -359,7 +363,8 @@ def _pilot_verdicts(state: dict) -> dict[str, str]:
 def _verdict_table(summaries: dict, rows: list[dict], pilots: dict) -> list[str]:
   """The verdict table: claim, what we measured (short), seeds, verdict, and the pilots' verdict where the
   preset names its pilots; criteria and full numbers are in the appendix."""
-  measured = {c["id"]: (c, summaries[n].get("seeds", "")) for n in summaries for c in summaries[n].get("claims", [])}
+  measured = {c["id"]: (c, c.get("seeds", summaries[n].get("seeds", ""))) for n in summaries
+              for c in summaries[n].get("claims", [])}
   head = "| claim | ours (short; full numbers in the appendix) | seeds | verdict |" + (" pilots predicted |"
                                                                                      if pilots else "")
   out = ["## Verdicts", "", head, "|---|---|---|---|" + ("---|" if pilots else "")]
@@ -405,10 +410,7 @@ def render_text(root: str | pathlib.Path) -> str:
   sections = _sections(root, summaries, failed)
   moved = _moved_sections(len(head.encode()), sections)
   for name, (title, body) in sections.items():
-    if name in moved:
-      body = f"This study's section is in the appendix ([appendix.md](appendix.md#section-{name})), to keep this " \
-             f"report under {REPORT_BYTES // 1000} KB."
-    out += [title, "", body, ""]
+    out += [title, "", _pointer(name) if name in moved else body, ""]
   return "\n".join(out)
 
 
@@ -454,16 +456,27 @@ def _sections(root: pathlib.Path, summaries: dict, failed: dict) -> dict[str, tu
   return out
 
 
+def _pointer(name: str) -> str:
+  """The text left in the report in place of a section moved to the appendix."""
+  return (f"This study's section is in the appendix ([appendix.md](appendix.md#section-{name})), to keep this report "
+          f"under {REPORT_BYTES // 1000} KB.")
+
+
 def _moved_sections(head_bytes: int, sections: dict[str, tuple[str, str]]) -> set[str]:
   """The studies whose sections go to the appendix: the largest first, until the report fits
-  :data:`REPORT_BYTES` (with a 1 KB margin for the pointers left in their place)."""
-  sizes = {n: len((t + b).encode()) + 4 for n, (t, b) in sections.items()}
+  :data:`REPORT_BYTES` (each moved section counted as the :func:`_pointer` left in its place, with a
+  200-byte margin). The sections of the studies that answer "What to use" (an ``answer`` function) stay
+  in the report; they move only if the others do not make room (issue 50)."""
+  sizes = {n: len((t + b).encode()) + 5 for n, (t, b) in sections.items()}
   total, moved = head_bytes + sum(sizes.values()), set()
-  for n in sorted(sizes, key=sizes.get, reverse=True):
-    if total <= REPORT_BYTES - 1000:
+  answers = {n for n in sizes if hasattr(study.load(EXPERIMENTS[n]), "answer")}
+  for n in sorted(sizes, key=lambda n: (n in answers, -sizes[n])):
+    gain = sizes[n] - len((sections[n][0] + _pointer(n)).encode()) - 5
+    if total <= REPORT_BYTES - 200:
       break
-    moved.add(n)
-    total -= sizes[n] - 200
+    if gain > 0:   # a section shorter than its pointer stays
+      moved.add(n)
+      total -= gain
   return moved
 
 

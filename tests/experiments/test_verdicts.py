@@ -431,6 +431,28 @@ def test_grad_depth_scaling(pre_slope, post_slope, want):
   assert _gi((3.0, 3.5, 4.0), pre_slope, post_slope)["xiong_grad_depth_scaling"]["holds"] == want
 
 
+def test_grad_verdicts_on_two_seeds_are_marked_thin():
+  """Issue 50: the growth and slope verdicts rest on the preset's 2 seeds: marked thin in the text and the seed
+  column (3 seeds or more: not marked); where the seeds fall on both sides of a cut-off it is named."""
+  v = _gi((3.0, 3.5, 4.0), -0.5)
+  for cid in ("xiong_grad_growth", "xiong_grad_depth_scaling"):
+    assert v[cid]["ours"].startswith("**thin: 2 seeds**") and v[cid]["short"].startswith("**thin: 2 seeds**")
+    assert v[cid]["seeds"] == "[0, 1] (thin: fewer than 3)"
+  an = {"ratios": {f"xavier/{pos}/layer_norm/L{L}": {"mlp_out": r, "mlp_out_per_seed": per}
+                   for L, (pos, r, per) in [(L, x) for L in (4, 8, 16) for x in
+                                            (("post", 1.4, [0.9, 2.1] if L == 16 else [1.4, 1.4]),
+                                             ("pre", 0.5, [0.5, 0.5]))]},
+        "slopes": {"xavier/post/layer_norm": {"slope": -0.2, "slope_per_seed": [-0.4, 0.0]},
+                   "xavier/pre/layer_norm": {"slope": -0.4, "slope_per_seed": [-0.35, -0.45]}}}
+  got = {c["id"]: c for c in (grad_init_rules._growth_claim(an, GCFG), grad_init_rules._scaling_claim(an, GCFG))}
+  assert "they disagree: Post-LN at L=16 per seed 0.90, 2.10" in got["xiong_grad_growth"]["short"]
+  assert "they disagree: Post-LN slope per seed -0.40, +0.00" in got["xiong_grad_depth_scaling"]["short"]
+  three = grad_init.Config(depths=(4, 8, 16), seeds=(0, 1, 2), norm_types=("layer_norm",), small_init=False,
+                           theory=False)
+  v = _gi((3.0, 3.5, 4.0), -0.5, cfg=three)
+  assert "thin" not in v["xiong_grad_growth"]["ours"] and v["xiong_grad_growth"]["seeds"] == "[0, 1, 2]"
+
+
 @pytest.mark.parametrize("inc, want", [((0.9, 1.0, 1.2), "yes"), ((0.9, 1.0, 2.0), "partly"), ((0.3, 2.0, 2.0), "no")])
 def test_lemma2_per_whole_layer(inc, want):
   assert _gi((3.0, 3.5, 4.0), -0.5, inc=inc)["xiong_lemma2_preln"]["holds"] == want
@@ -577,6 +599,8 @@ def test_invariance_verdicts_read_the_measurements():
   # Each ratio names its seeds: the op's mean over seeds 0-1 with its range, the model's one seed.
   ours = v["notes_grad_norms_close"]["ours"]
   assert "mean over seeds [0, 1] (range 1.010-1.030)" in ours and ours.count("seed 0 only") == 2
+  # Issue 50: the seed column says which part ran which seeds.
+  assert v["notes_grad_norms_close"]["seeds"] == "op [0, 1]; model at init and in training [0] only"
   assert all(c["criterion"] for c in v.values())
 
 
