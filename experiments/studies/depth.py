@@ -101,7 +101,7 @@ def study_lr(cfg: Config) -> tuple[float, str]:
   """The peak rate of every depth run and where it came from: the preset, fixed before running."""
   return float(cfg.lr), ("the preset's rate, fixed before running from pilot runs on seeds the report never uses, "
                          "where Post-LN at the shallowest depth trained in every pilot seed "
-                         "(experiments/results/pilots/README.md); not read from the warm-up grid's results")
+                         "(experiments/results/pilots/flagship-44/README.md); not read from the warm-up grid's results")
 
 
 def units(cfg: Config) -> list:

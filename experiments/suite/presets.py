@@ -2,28 +2,31 @@
 
 A preset fixes every size the suite uses (model width, depths, steps, learning rates, seeds) and
 which studies it runs (``studies``; :func:`studies`), never a threshold of a claim: the verdict
-criteria live in the studies' ``*_rules`` modules and do not change with the preset. Four presets:
+criteria live in the studies' ``*_rules`` modules and do not change with the preset. The presets:
 
 * ``smoke``: what the tests run; about a minute on 2 CPU cores. Tiny models, a handful of
   steps, every study: it checks that every experiment produces its files and the report
   renders, and the structural facts that hold at any scale.
-* ``cpu``: the README's main job, the flagship question (issue 31): the warm-up x learning-rate
-  grid and the depth study, at most 15 minutes on 2 cores, install included, and at most 14
-  minutes of experiments on an AVX2-only CPU by the cost model (``--list``). Width 64, 16 x 32
-  tokens per step, 300-step runs, warm-ups 0 and 60, three rates, seeds 0-2; the sizes were
-  chosen from pilot runs on seeds 100-102 (``experiments/results/pilots/README.md``) before the
-  verdict rules were frozen. Pre-LN is not trained at 6 layers in the depth study and the update
-  probe runs seed 0 only: budget cuts made after the first clean runs (the rule reads only
-  Post-LN at 6 layers).
+* ``cpu``: the README's main job, the flagship question: the training-length ladder (issue 50), the
+  warm-up x learning-rate grid and the depth study, at most 20 minutes on a 2-core AVX2-only CPU,
+  install included, and at most 18.5 minutes of experiments there by the cost model (``--list``).
+  Width 64, 16 x 32 tokens per step; the grid's 200-step runs at five rates, warm-ups 0 and 40,
+  seeds 10-12 (issue 44, ``experiments/results/pilots/flagship-44/``); the ladder's 1,200-step runs,
+  seeds 20-22 (``experiments/results/pilots/scale/``). The sizes were chosen from pilot runs on seeds
+  100-102 before the verdict rules were frozen.
+* ``cpu-pilot``: the ``cpu`` grid and depth design on the pilot seeds (how issue 44 chose it).
+* ``cpu-scale``: the sequence-length arm of issue 55 (16 x 32 against 2 x 256 tokens a step, the same
+  model), at most 20 minutes on an AVX2 CPU by the cost model.
 * ``cpu-extra``: the second command, every other study (gradients at init, invariance, speed,
   the derived VJP in training, QK-norm, LayerNorm Scaling, DyT/Derf across tokens per parameter),
   at most 20 minutes on an AVX2 CPU by the cost model; the sizes of the ``cpu`` report before issue
   31, QK-norm and LayerNorm Scaling on 3 seeds (issue 32), the ``dyt`` study sized by its pilots
   on seeds 100-102 (issue 36, ``experiments/results/pilots/dyt/README.md``).
-* ``gpu``: the flagship studies on one H100, the ``cpu`` design at width 256 and 500 steps,
-  about 6 minutes by the cost model (:mod:`experiments.suite.plan`; never measured end to end,
-  not chosen by GPU pilots); ``--budget 7`` resumes a cut invocation. The other studies keep
-  their GPU sizes here for ``--only NAME``.
+* ``gpu``: the flagship studies and the ladder on one H100/H200 on the ``cpu`` design's terms (issue 50),
+  at most 8 minutes by the cost model (:mod:`experiments.suite.plan`, calibrated on an H200 run of the
+  older design; not measured end to end, not chosen by GPU pilots); ``--budget 7`` resumes a cut
+  invocation. ``gpu-scale``: its sequence-length arm (issue 55). The other studies keep their GPU sizes
+  in ``gpu`` for ``--only NAME``.
 
 The presets are data, in ``presets.toml`` next to this module (read by
 :mod:`experiments.suite.tables`, arrays as tuples), with the reasons for their sizes as comments.
