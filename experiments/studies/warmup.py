@@ -139,21 +139,25 @@ def eval_noise(runs: dict, lrs: list[float], long_w: int) -> dict:
 
   ``single``: :math:`|L_1 - L_2|` per run; ``paired``: per (rate, seed), how much the warm-up gain
   :math:`\Delta = L_\text{Post, 0} - L_\text{Post, long}` moves between the two sets,
-  :math:`|\Delta_1 - \Delta_2|` (what the rules' paired margin must exceed). Each as
+  :math:`|\Delta_1 - \Delta_2|` (what the rules' paired margin must exceed); ``pre_post``: the same for the
+  paired difference Pre-LN without minus Post-LN with the long warm-up (issue 50). Each as
   ``{"n", "median", "max"}`` (None without data).
   """
   def stats(v):
     return {"n": len(v), "median": float(np.median(v)), "max": float(np.max(v))} if v else None
   single = [abs(r["final_val_loss"] - r["final_val_loss_alt"]) for rs in runs.values() for r in rs
             if r.get("final_val_loss") is not None and r.get("final_val_loss_alt") is not None]
-  paired = []
-  for lr in lrs:
-    for a, b in zip(runs.get(("post", lr, 0), []), runs.get(("post", lr, long_w), [])):
-      if None not in (a.get("final_val_loss"), a.get("final_val_loss_alt"), b.get("final_val_loss"),
-                      b.get("final_val_loss_alt")):
-        paired.append(abs((a["final_val_loss"] - b["final_val_loss"])
-                          - (a["final_val_loss_alt"] - b["final_val_loss_alt"])))
-  return {"single": stats(single), "paired": stats(paired)}
+  def pairs(ka, kb):
+    out = []
+    for lr in lrs:
+      for a, b in zip(runs.get((ka[0], lr, ka[1]), []), runs.get((kb[0], lr, kb[1]), [])):
+        if None not in (a.get("final_val_loss"), a.get("final_val_loss_alt"), b.get("final_val_loss"),
+                        b.get("final_val_loss_alt")):
+          out.append(abs((a["final_val_loss"] - b["final_val_loss"])
+                         - (a["final_val_loss_alt"] - b["final_val_loss_alt"])))
+    return out
+  return {"single": stats(single), "paired": stats(pairs(("post", 0), ("post", long_w))),
+          "pre_post": stats(pairs(("pre", 0), ("post", long_w)))}
 
 
 def telling_rate(grid: dict, lrs: list[float], long_w: int) -> float:
@@ -430,7 +434,10 @@ def _noise_text(noise: dict | None) -> str:
   return (f"Evaluation noise, measured (the same final model on a second set of validation windows): a run's loss "
           f"moves by median {s['median']:z.3f}, at most {s['max']:z.3f} nats over {s['n']} runs"
           + (f"; a paired warm-up gain moves by median {p['median']:z.3f}, at most {p['max']:z.3f} over {p['n']} pairs"
-             if p else "") + f" (the rules' paired margin: {MARGIN} nats).")
+             if p else "")
+          + (f"; a paired Pre-LN minus Post-LN difference by median {q['median']:z.3f}, at most {q['max']:z.3f} "
+             f"over {q['n']} pairs" if (q := noise.get("pre_post")) else "")
+          + f" (the rules' paired margin: {MARGIN} nats).")
 
 
 def report_section(summary: dict, rel: str) -> str:

@@ -242,6 +242,8 @@ def _noise_line(eval_bytes: int, noise: dict | None, dyt: dict | None = None) ->
     return (f"- Evaluation on {eval_bytes:,} bytes per point. Measured noise (the same final model on a second set of "
             f"validation windows): median {s['median']:z.3f}, at most {s['max']:z.3f} nats over {s['n']} runs"
             + (f"; a paired warm-up gain moves by median {p['median']:z.3f}, at most {p['max']:z.3f}" if p else "")
+            + (f"; a paired Pre-LN minus Post-LN difference by median {q['median']:z.3f}, at most {q['max']:z.3f}"
+               if (q := noise.get("pre_post")) else "")
             + "; the rules' paired margin is 0.05 nats.")
   d = ((dyt or {}).get("eval_noise") or {}).get("single")
   if d:
