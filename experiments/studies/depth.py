@@ -31,6 +31,7 @@ import numpy as np
 
 from experiments.studies.depth_rules import PAST_PLATEAU, verdicts
 from experiments.studies.seeds import failed, format_finals, format_rises, late_counts_as_stalled, point, set_rises
+from experiments.suite.runs import regime_tag
 from experiments.suite.study import Unit, train_unit
 from experiments.studies.flagship_answer import depth_answer as answer  # noqa: F401 (the study protocol's answer)
 
@@ -167,6 +168,8 @@ def run(ctx, cfg: Config) -> dict:
   from jaxnorm.models import deepnorm_alpha_beta
   consts = {str(L): deepnorm_alpha_beta(L) for L in sorted(set(cfg.depths) | set(udepths))}
   claims = verdicts(points, update, consts, cfg, unigram)
+  tag = regime_tag(ctx, max(cfg.depths), cfg.steps)
+  claims = [{**c, "ours": f"{tag} {c['ours']}"} if c["id"] == "admin_deep_postln_fails" else c for c in claims]
   ctx.save_json("runs.json", {"runs": runs, "points": points})
   ctx.save_json("update.json", update)
   ctx.save_csv("final.csv", ["position", "L", "seed", "final_val_loss", "diverged_at", "failure"],

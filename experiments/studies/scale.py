@@ -32,6 +32,7 @@ import numpy as np
 
 from experiments.studies import scale_rules as rules
 from experiments.studies.scale_answer import answer  # noqa: F401 (the study protocol's answer)
+from experiments.suite.runs import param_count
 from experiments.suite.study import Unit
 
 TITLE = "Pre-LN vs Post-LN across training length and sequence length"
@@ -122,16 +123,6 @@ def _train_config(ctx, cfg: Config, b: int, t: int, pos: str, lr: float, seed: i
                           warmup=cfg.warmup if pos == "post" else 0, decay_timescale=cfg.decay_timescale,
                           seed=seed, eval_every=cfg.eval_every, eval_batches=cfg.eval_bytes // (b * t),
                           alt_eval_steps=tuple(cfg.ladder))
-
-
-def param_count(model_config) -> int:
-  """Every parameter of the model, the position table included (the count tokens per parameter use)."""
-  import jax
-  from flax import nnx
-
-  from jaxnorm.models import TransformerLM
-  model = nnx.eval_shape(lambda: TransformerLM(model_config, rngs=nnx.Rngs(0)))
-  return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
 def run(ctx, cfg: Config) -> dict:

@@ -53,7 +53,7 @@ from experiments.studies import warmup_figures
 from experiments.studies.seeds import (STALL_NATS, format_finals, format_rises, late_counts_as_stalled, point,
                                       set_rises)
 from experiments.studies.warmup_rules import MARGIN, describe, verdicts
-from experiments.suite.runs import train_run
+from experiments.suite.runs import regime_tag, train_run
 from experiments.suite.study import train_unit
 from experiments.studies.flagship_answer import warmup_answer as answer  # noqa: F401 (the study protocol's answer)
 
@@ -390,6 +390,8 @@ def run(ctx, cfg: Config) -> dict:
                   late_counts_as_stalled(point(v, unigram), cfg.steps) for k, v in extra_runs.items()}
 
   claims, extra = verdicts(grid, lrs, cfg, unigram, ctx.preset["train"]["eval_every"])
+  tag = regime_tag(ctx, cfg.n_layers, cfg.steps)
+  claims = [{**c, "ours": f"{tag} {c['ours']}"} if c.get("holds") != "obs" else c for c in claims]
   noise = eval_noise(runs, lrs, cfg.warmups[-1])
   lo, hi = lrs[0], lrs[-1]
   bottom_ok = all(grid[(p, lo, w)]["trains"] for p, w in grid_layouts(cfg))

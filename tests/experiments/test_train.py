@@ -121,6 +121,9 @@ def test_unigram_entropy():
     (dict(decay_timescale=0), ValueError, "decay_timescale must be >= 1"),
     (dict(log_attention=1), TypeError, "log_attention must be a bool"),
     (dict(z_loss=-1e-4), ValueError, "z_loss must be >= 0.0"),
+    (dict(alt_eval_steps=(0,)), ValueError, r"alt_eval_steps\[i\] must be >= 1"),
+    (dict(alt_eval_steps=(99,)), ValueError, "alt_eval_steps must lie in 1..steps=8, got 99"),
+    (dict(alt_eval_steps=4), TypeError, "alt_eval_steps must be a tuple of steps"),
 ])
 def test_train_config_rejects(kw, err, match):
   with pytest.raises(err, match=match):
@@ -229,6 +232,15 @@ def test_metrics_and_config_files(reference_run):
     assert all(0 < e < math.log(32) for e in l[pre + "attn_entropy"])
   assert summary["tokens_per_s"] > 0 and summary["final_val_loss"] == lines[-1]["val_loss"]
   assert summary["corpus"]["n_bytes"] == len(TEXT)
+
+
+def test_alt_eval_steps_score_the_same_model_on_the_second_windows(reference_run, corpus, tmp_path):
+  """``alt_eval_steps``: the second windows at the chosen steps too (a ladder's noise), the training unchanged."""
+  ref, _ = reference_run
+  summary = train_lib.train(_config(alt_eval_steps=(4,)), tmp_path, progress=False, corpus=corpus)
+  assert [s for s, _ in summary["val_curve_alt"]] == [4, 8]
+  assert summary["val_curve"] == ref["val_curve"] and summary["train_curve"] == ref["train_curve"]
+  assert summary["final_val_loss_alt"] == ref["final_val_loss_alt"] == summary["val_curve_alt"][-1][1]
 
 
 def test_kill_and_resume_reproduces_the_curve(reference_run, corpus, tmp_path):
