@@ -15,7 +15,7 @@ import numpy as np
 __all__ = ["CONFOUNDED", "answer", "section"]
 
 # What differs between the cpu presets and the committed gpu report besides training length and sequence length
-CONFOUNDED = "width and head size, batch (windows a step), warm-up and decay, rate grid, corpus version"
+CONFOUNDED = "width, head size, batch, warm-up and decay, rate grid, corpus version"
 
 
 def _span(xs) -> str:
@@ -40,7 +40,7 @@ def _ladder_line(summary: dict, seq: str) -> str:
     move = (f"Post-LN overtakes in {len(cross)}/{n} seeds, at T/P "
             + ", ".join(f"{c * summary['tokens_per_step'] / summary['params']:z.2f}" for c in cross))
   else:
-    move = f"no seed changes sign ({extra['slope_per_doubling']:+z.3f} nats per doubling of length)"
+    move = f"no sign change ({extra['slope_per_doubling']:+z.3f} nats per doubling)"
   sides = {r["ahead"] for r in table}
   lead = ""
   if _tuned(table) and sides == {"pre"}:
@@ -48,7 +48,7 @@ def _ladder_line(summary: dict, seq: str) -> str:
   elif _tuned(table) and table[-1]["ahead"] == "post" and all(r["ahead"] == "post" for r in table[1:]):
     lead = f"**Post-LN with warm-up** leads from T/P {tpp[str(table[1]['step'])]:z.2f}: "
   tuned = "" if _tuned(table) else ", pilot-tuned"
-  return f"{lead}Sequence {seq}, Pre-LN minus Post-LN (paired, best rates{tuned}): {pts}; {move}."
+  return f"{lead}Sequence {seq}, Pre-LN minus Post-LN per seed (best rates{tuned}): {pts}; {move}."
 
 
 def _regime_line(summary: dict) -> str:
@@ -57,12 +57,12 @@ def _regime_line(summary: dict) -> str:
   steps = table[-1]["step"]
   tokens = steps * summary["tokens_per_step"]
   fall = summary["per_seq"][seq]["still_falling"]
-  falls = ("loss still falling at the end (" + ", ".join(
+  falls = ("loss still falling (last fifth: " + ", ".join(
       f"{'Pre' if p == 'pre' else 'Post'}-LN -{v:z.2f}" for p, v in fall.items() if v is not None)
-           + " nats over the last fifth)" if all(v is not None and v > 0.01 for v in fall.values())
+           + " nats)" if all(v is not None and v > 0.01 for v in fall.values())
            else "loss flat at the end (< 0.01 nats over the last fifth)")
-  return (f"Regime: {summary['params']:,} parameters (all), {summary['tokens_per_step']} tokens a step, to {steps} "
-          f"steps = {tokens:,} tokens = {tokens / summary['params']:z.2f} tokens per parameter; {falls}.")
+  return (f"Regime: {summary['params']:,} parameters, {summary['tokens_per_step']} tokens a step, {steps} steps = "
+          f"{tokens:,} tokens = {tokens / summary['params']:z.2f} tokens per parameter; {falls}.")
 
 
 def _gpu_line(summary: dict) -> str | None:

@@ -123,7 +123,7 @@ def _summary(post: dict, pre=PRE) -> dict:
 
 def test_answer_bold_only_with_two_measured_rates_per_layout():
   one = scale_answer.answer(_summary({1e-3: lead(lambda t: 0.2)}))
-  assert one[0].startswith("Regime: 512,000 parameters") and "still falling" in one[0]
+  assert one[0].startswith("Regime: 512,000 parameters,") and "still falling" in one[0]
   assert "**" not in one[1] and "pilot-tuned" in one[1]
   pre2 = {**PRE, 3e-3: lambda t, s: 2.1}
   two = scale_answer.answer(_summary({1e-3: lead(lambda t: 0.2), 3e-3: lead(lambda t: 0.3)}, pre2))
