@@ -239,12 +239,15 @@ def arm_reference(root: pathlib.Path) -> str | None:
   if not done.exists():
     return None
   s = read_json(done)
+  suite = read_json(root / "suite.json") if (root / "suite.json").exists() else {}
+  git = (suite.get("git") or {}).get("commit", "?")[:7] if isinstance(suite.get("git"), dict) else "?"
   parts = []
   for seq in sorted(s["tables"], key=int):
     tpp = s["tpp"][seq]
     r = min(s["tables"][seq], key=lambda r: abs(np.log(tpp[str(r["step"])] / 0.9)))
     parts.append(f"sequence {seq} {min(r['diff']):+z.2f} to {max(r['diff']):+z.2f} at T/P {tpp[str(r['step'])]:z.2f}")
-  return f"The sequence-length arm (`--preset cpu-scale`, {_rel(done)}): " + "; ".join(parts) + "."
+  return (f"The sequence-length arm (`--preset cpu-scale`, git {git}, {_rel(done.parent.parent)}), Pre - Post: "
+          + "; ".join(parts) + ".")
 
 
 def _still_falling(runs: dict, seq: int, last: dict, cfg: Config) -> dict:
