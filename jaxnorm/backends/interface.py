@@ -2,7 +2,8 @@ r"""Internal API: the one interface every backend of the norm family implements.
 
 A backend declares what it runs: ``name``, ``platforms`` (the lowering platforms it compiles
 for, None for every one), ``config_class`` (the class of its ``impl``-specific configuration,
-None for none) and :meth:`Backend.refusal` / :meth:`Backend.supports`, an allow-list of the
+None for none), :meth:`Backend.unavailable` (whether this JAX can run it at all) and
+:meth:`Backend.refusal` / :meth:`Backend.supports`, an allow-list of the
 ops and call options it implements. The dispatcher (:mod:`jaxnorm.backends.table`) asks; a backend
 never guesses an op.
 
@@ -51,6 +52,15 @@ class Backend:
     pairs. The default takes every call.
     """
     del x2_shape, dtype, mask, axis_name, op, options
+    return None
+
+  def unavailable(self) -> str | None:
+    """Why this JAX cannot run this backend at all (a phrase naming the JAX version), or None.
+
+    Asked before :meth:`refusal` when a call chooses its backend: ``impl="auto"`` then runs
+    without this backend (warning once), a call naming it gets a ``ValueError``. The default is
+    always available.
+    """
     return None
 
   def supports(self, op, x2_shape, dtype, mask=None, axis_name=None, options=()) -> bool:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import types
+import warnings
 
 import jax.numpy as jnp
 from jax import lax
@@ -68,8 +69,11 @@ def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()) ->
   :meth:`~jaxnorm.backends.interface.Backend.refusal` has no objection) is "per_platform":
   each backend where the program is lowered for its platform and XLA elsewhere, decided per
   lowering platform (:func:`run`), not from the default backend at trace time; any other call
-  is "xla". It never fails where "xla" works. A backend named (or its alias) raises a
-  ``ValueError`` saying why when it cannot take the call (``op``, a
+  is "xla", as is every call where this JAX cannot run one of those backends
+  (:meth:`~jaxnorm.backends.interface.Backend.unavailable`, e.g. a JAX whose Pallas has no
+  Triton backend; a ``RuntimeWarning`` says so once). It never fails where "xla" works. A
+  backend named (or its alias) raises a ``ValueError`` saying why when this JAX cannot run it
+  or it cannot take the call (``op``, a
   :class:`~jaxnorm._norm_ops.NormOp`, with its ``options``, the ``(name, value)`` pairs of
   :attr:`NormConfig.options`); whether the platform can compile the kernels is asked where the
   program is lowered (:mod:`jaxnorm.backends.triton.kernel_call`), for each platform it is lowered
@@ -80,13 +84,28 @@ def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()) ->
   if impl == "auto":
     # Every platform's backend must take the call (one config serves every branch of run()).
     kernels = set(PLATFORM_BACKENDS.values())
-    takes = kernels and all(BACKENDS[n].refusal(*call) is None for n in kernels)
+    takes = kernels and not any([_absent(n) for n in sorted(kernels)]) and all(
+        BACKENDS[n].refusal(*call) is None for n in kernels)
     return PER_PLATFORM if takes else _FALLBACK
   name = ALIASES.get(impl, impl)
-  why_not = BACKENDS[name].refusal(*call)
+  why_not = BACKENDS[name].unavailable() or BACKENDS[name].refusal(*call)
   if why_not is not None:
     raise ValueError(v.backend_refusal(impl, why_not))
   return name
+
+
+_WARNED: set[str] = set()  # the backends impl="auto" has warned it runs without
+
+
+def _absent(name: str) -> bool:
+  """Whether this JAX cannot run the backend ``name``; the first time, for ``impl="auto"``, a
+  warning says so and that "auto" runs XLA where it would have run it."""
+  why = BACKENDS[name].unavailable()
+  if why is not None and name not in _WARNED:
+    _WARNED.add(name)
+    warnings.warn(f"impl='auto' runs XLA where it would run the {name!r} backend: {why}. "
+                  f"Pass impl='xla' to silence this warning.", RuntimeWarning, stacklevel=2)
+  return why is not None
 
 
 def resolve_add_impl(cfg: NormConfig, dtypes, impl: str) -> NormConfig:

@@ -32,6 +32,7 @@ from jaxnorm import _validation as v
 from jaxnorm.backends.interface import Backend
 from jaxnorm._norm_config import NormConfig
 from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
+from jaxnorm.backends.triton import compat as _compat
 from jaxnorm.backends.triton import config as _config
 from jaxnorm.backends.triton.kernel_call import kernel_call
 
@@ -215,6 +216,11 @@ class TritonBackend(Backend):
   name = "triton"
   platforms = PLATFORMS
   config_class = _config.PallasConfig
+
+  def unavailable(self):
+    """Why this JAX cannot run the kernels (its Pallas has no Triton backend), or None
+    (:func:`jaxnorm.backends.triton.compat.missing`, which imports no Pallas)."""
+    return _compat.missing()
 
   def refusal(self, x2_shape, dtype, mask, axis_name, op, options=()):
     """Why the kernels cannot take a plain call on ``x2: (rows, d)``, or None if they can.
