@@ -20,6 +20,7 @@ from jaxnorm import _validation as v
 from jaxnorm._casting import CASTINGS, cast_plan
 from jaxnorm._norm_config import AddConfig, NormConfig
 from jaxnorm.backends.triton.config import PallasConfig
+from jaxnorm.ops.norm import memory_efficient as _memory_efficient
 
 __all__ = ["flat_params", "prepare", "prepare_add"]
 
@@ -63,6 +64,10 @@ def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
       raise ValueError("axis_index_groups needs axis_name (the mesh axis they group).")
     axis_index_groups = tuple(tuple(int(i) for i in grp) for grp in axis_index_groups)
   d = int(np.prod(norm_shape))
+  if dict(options).get("memory_efficient"):
+    _memory_efficient.warn_imprecise(
+        scale, bias, zero_centered_scale=zero_centered_scale,
+        shapes=(scale_heads + (d,), bias_heads + (d,)), out_dtype=dtype or x.dtype)
   lead = tuple(x.shape[:axes[0]])
   x2 = x.reshape(lead + (d,))
   pallas = v.check_instance("pallas", pallas, PallasConfig,
