@@ -9,8 +9,12 @@ never guesses an op.
 
 A backend (an entry of :data:`jaxnorm.backends.table.BACKENDS`) runs the norm ops on ``(..., d)``
 arrays prepared by :mod:`jaxnorm.ops.norm.args` and described by a
-:class:`jaxnorm._norm_config.NormConfig`, whose ``impl`` names the backend. It has six methods,
-the plain op and the residual add + norm op each in three roles:
+:class:`jaxnorm._norm_config.NormConfig`, whose ``impl`` names the backend. :class:`Backend` has
+twelve methods: four that declare what it takes (:meth:`~Backend.unavailable`,
+:meth:`~Backend.refusal`, :meth:`~Backend.supports`, :meth:`~Backend.add_refusal`), how it runs
+its code (:meth:`~Backend.launch`), the roles of an op outside the norm family
+(:meth:`~Backend.role`), and six for the norm family, the plain op and the residual add + norm op
+each in three roles:
 
 * ``forward_only``: the value of an undifferentiated call, nothing kept;
 * ``forward``: the value and the per-row statistics reverse mode keeps (the JVP rule's primal);

@@ -7,8 +7,8 @@ Pallas; ``impl="pallas"`` is its alias, :data:`ALIASES`). Each backend declares 
 platforms, its config class and what it supports. :data:`PREFERENCE` is the order
 ``impl="auto"`` tries them in; :data:`PLATFORM_BACKENDS`, the ``{platform: backend}`` map the
 per-platform choice is built from, is derived from it and the backends' platforms. Adding a
-backend is one module implementing the interface and one entry in :data:`BACKENDS` and
-:data:`PREFERENCE` (``docs/ops.md``).
+backend is its own subpackage implementing the interface, plus its entry in :data:`BACKENDS` and
+its place in :data:`PREFERENCE` (``docs/ops.md``).
 
 A call's ``impl`` is resolved once, when it is prepared (:func:`resolve_impl`): a backend's
 name, or "per_platform" (``impl="auto"`` on a call a platform's preferred backend takes: that
