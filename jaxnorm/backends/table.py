@@ -13,9 +13,9 @@ its place in :data:`PREFERENCE` (``docs/ops.md``).
 A call's ``impl`` is resolved once, when it is prepared (:func:`resolve_impl`): a backend's
 name, or "per_platform" (``impl="auto"`` on a call a platform's preferred backend takes: that
 backend where the program is lowered for its platform, XLA elsewhere). :func:`run` then looks
-the method up in the table for the resolved backend and runs it through that backend's
-``launch`` (the Triton backend's: the primitive that lowers the kernels per platform,
-:func:`jaxnorm.backends.triton.kernel_call.kernel_call`).
+the call's ``(op, role)`` up in the resolved backend's own table (the one dispatch, for every
+op) and runs it through that backend's ``launch`` (the Triton backend's: the primitive that
+lowers the kernels per platform, :func:`jaxnorm.backends.triton.kernel_call.kernel_call`).
 The functions below are what the differentiation layer (:mod:`jaxnorm.ops.norm.rules`) and the
 tests call.
 """
@@ -39,8 +39,8 @@ from jaxnorm.backends.xla.backend import XLA
 
 __all__ = ["ALIASES", "BACKENDS", "IMPLS", "PER_PLATFORM", "PLATFORM_BACKENDS", "PREFERENCE",
            "add_backward", "add_forward", "add_forward_only", "backward", "formula", "forward",
-           "forward_only", "param_cotangents", "resolve_add_impl", "resolve_impl", "run",
-           "run_role"]
+           "forward_only", "param_cotangents", "register", "resolve_add_impl", "resolve_impl",
+           "run"]
 
 BACKENDS = types.MappingProxyType({XLA.name: XLA, TRITON.name: TRITON})
 ALIASES = types.MappingProxyType({"pallas": "triton"})  # accepted names of a backend
@@ -127,37 +127,28 @@ def resolve_add_impl(cfg: NormConfig, dtypes, impl: str) -> NormConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Method:
-  """``BACKENDS[cfg.impl].<name>(cfg, *args, **static)``: a hashable function of the config
-  (a parameter of the kernel-call primitive, which swaps in ``impl="xla"`` to type it)."""
+class _Entry:
+  """``BACKENDS[cfg.impl].table[(cfg.op.name, role)](cfg, *args, **static)``: a hashable
+  function of the config (a parameter of the kernel-call primitive, which swaps in
+  ``impl="xla"`` to type it)."""
 
-  name: str
+  role: str
   static: tuple = ()
 
-  def __call__(self, cfg: NormConfig, *args):
-    return getattr(BACKENDS[cfg.impl], self.name)(cfg, *args, **dict(self.static))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Role:
-  """``BACKENDS[cfg.impl].role(cfg.op, name)(cfg, *args)``: one role of an op outside the norm
-  family's methods (gated RMSNorm's "forward", ...), hashable as :class:`_Method`."""
-
-  name: str
-
   def __call__(self, cfg, *args):
-    return BACKENDS[cfg.impl].role(cfg.op, self.name)(cfg, *args)
+    return BACKENDS[cfg.impl].table[(cfg.op.name, self.role)](cfg, *args, **dict(self.static))
 
 
-def run_role(cfg, name: str, *args):
-  """The role ``name`` of the call's op (``cfg.op``, not a norm-family op) on the resolved
-  ``cfg.impl``, dispatched per platform as :func:`run`. ``cfg`` is the op's config: it has
-  ``op``, ``impl`` and ``pallas`` fields."""
-  return _dispatch(cfg, _Role(name), *args)
+def register(backend: str, op_name: str, **roles) -> None:
+  """Adds ``(op_name, role) -> function`` entries to the table of ``BACKENDS[backend]``: how an
+  op outside the norm family gives a backend its code (gated RMSNorm its XLA formulas)."""
+  BACKENDS[backend].register(op_name, **roles)
 
 
-def run(cfg: NormConfig, name: str, *args, **static):
-  """The backend method ``name`` of the resolved ``cfg.impl`` on ``args``.
+def run(cfg, name: str, *args, **static):
+  """The role ``name`` of the call's op (``cfg.op``) on the resolved ``cfg.impl``: the entry
+  ``(cfg.op.name, name)`` of that backend's table, on ``args``. ``cfg`` is the op's config (a
+  :class:`NormConfig`, or another op's with ``op``, ``impl`` and ``pallas`` fields).
 
   :data:`PER_PLATFORM` is decided per lowering platform: a ``lax.platform_dependent`` with one
   branch per platform of :data:`PLATFORM_BACKENDS` (the Triton kernels for cuda and rocm) and
@@ -167,7 +158,7 @@ def run(cfg: NormConfig, name: str, *args, **static):
   dtypes. A kernel backend runs its kernels through its own ``launch`` (the Triton backend's
   kernel-call primitive), so every branch can be differentiated again.
   """
-  return _dispatch(cfg, _Method(name, tuple(sorted(static.items()))), *args)
+  return _dispatch(cfg, _Entry(name, tuple(sorted(static.items()))), *args)
 
 
 def _dispatch(cfg, fn, *args):
@@ -187,10 +178,10 @@ def _dispatch(cfg, fn, *args):
 
 
 def formula(cfg: NormConfig, name: str):
-  """The method ``name`` of the backend every call can fall back to (XLA's closed forms), bound
-  to ``cfg``: what the differentiation layer differentiates again where a backend's own
-  derivative rule has none (:func:`jaxnorm.ops.norm.rules._wide_backward`)."""
-  return functools.partial(getattr(BACKENDS[_FALLBACK], name), cfg)
+  """The role ``name`` of ``cfg.op`` on the backend every call can fall back to (XLA's closed
+  forms), bound to ``cfg``: what the differentiation layer differentiates again where a
+  backend's own derivative rule has none (:func:`jaxnorm.ops.norm.rules._wide_backward`)."""
+  return functools.partial(BACKENDS[_FALLBACK].table[(cfg.op.name, name)], cfg)
 
 
 def param_cotangents(cfg: NormConfig, scale, dscale, dbias):

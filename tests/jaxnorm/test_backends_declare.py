@@ -21,6 +21,8 @@ TRITON_CALL = "__gpu$xla.gpu.triton"
 # An op of the norm family that the kernels do not implement: RMSNorm's statistics under another
 # name (the kernels would compute it right, but they were never told so: the allow-list decides).
 NO_KERNEL = dataclasses.replace(RMS_NORM, name="rms_norm_without_kernel")
+# Its XLA entries: the norm family's roles, registered as a new norm op would register them.
+_backends.register("xla", NO_KERNEL.name, **_backends.BACKENDS["xla"].norm_roles())
 
 
 def _op(decl, impl):
@@ -49,7 +51,8 @@ def test_backends_declare_platforms_config_and_allow_list():
   xla, triton = _backends.BACKENDS["xla"], _backends.BACKENDS["triton"]
   assert xla.platforms is None and xla.config_class is None
   assert triton.platforms == ("cuda", "rocm") and triton.config_class is jaxnorm.PallasConfig
-  assert set(triton_backend.KERNEL_OPS) == {LAYER_NORM, RMS_NORM}
+  kernel_ops = {op for op, role in triton_backend.TRITON.table if role == "forward"}
+  assert kernel_ops == {LAYER_NORM.name, RMS_NORM.name, "gated_rms_norm"}
   assert dict(_backends.PLATFORM_BACKENDS) == {"cuda": "triton", "rocm": "triton"}
   assert _backends.PREFERENCE[-1] == "xla" and _backends.ALIASES["pallas"] == "triton"
   call = ((16, 128), jnp.float32)

@@ -155,8 +155,8 @@ def kernel_call(cfg: NormConfig, fn, *args, elsewhere: str = "raise"):
   """``fn(cfg, *args)`` on the kernels (``cfg.impl == "triton"``), behind ``kernel_call_p``.
 
   ``fn`` takes the config first and is hashable (it is a primitive parameter): the dispatcher
-  passes one of its bound backend methods (:class:`jaxnorm.backends.table._Method` or
-  ``_Role``, frozen dataclasses); ``args`` may hold None. ``elsewhere``: what lowering for a
+  passes its lookup of one entry of a backend's table (:class:`jaxnorm.backends.table._Entry`,
+  a frozen dataclass); ``args`` may hold None. ``elsewhere``: what lowering for a
   platform the kernels do not compile for gives (interpret mode aside): "raise"
   (``impl="pallas"``) or "xla" (the GPU branch of ``impl="auto"``). Returns what ``fn`` returns.
   """
