@@ -56,6 +56,7 @@ class Backend:
   name = ""
   platforms: tuple[str, ...] | None = None  # None: every lowering platform
   config_class: type | None = None
+  config_example: str = ""  # a config of config_class, as the error messages suggest it
 
   def refusal(self, x2_shape, dtype, mask, axis_name, op, options=()) -> str | None:
     """Why this backend cannot take a plain call on ``x2: (rows, d)`` of ``dtype``, or None.

@@ -40,7 +40,7 @@ from jaxnorm.backends.xla.backend import XLA
 __all__ = ["ALIASES", "BACKENDS", "IMPLS", "PER_PLATFORM", "PLATFORM_BACKENDS", "PREFERENCE",
            "add_backward", "add_forward", "add_forward_only", "backward", "formula", "forward",
            "forward_only", "param_cotangents", "register", "resolve_add_impl", "resolve_impl",
-           "run"]
+           "run", "call_config", "check_config"]
 
 BACKENDS = types.MappingProxyType({XLA.name: XLA, TRITON.name: TRITON})
 ALIASES = types.MappingProxyType({"pallas": "triton"})  # accepted names of a backend
@@ -92,6 +92,46 @@ def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()) ->
   if why_not is not None:
     raise ValueError(v.backend_refusal(impl, why_not))
   return name
+
+
+def check_config(config):
+  """``config``, the call's public ``pallas=`` argument, if it is None or an instance of a
+  backend's ``config_class``; a ``TypeError`` naming ``pallas`` otherwise (checked before the
+  backend is chosen, so a wrong type is refused whatever ``impl`` is)."""
+  if config is None:
+    return None
+  owners = _configured()
+  if not isinstance(config, tuple(b.config_class for b in owners)):
+    v.check_instance("pallas", config, owners[0].config_class, owners[0].config_example)
+  return config
+
+
+def call_config(config, impl: str, impl_arg: str):
+  """The backend config the call carries (its config's ``pallas`` field), for the resolved
+  ``impl`` (``impl_arg``: the call's own spelling, for the message).
+
+  A backend's config applies where that backend runs: a call resolved to a backend with a
+  config class (or to :data:`PER_PLATFORM`, for its platforms' backends) carries ``config``,
+  which must be that class's (a ``TypeError`` otherwise), or that class's default for None. A
+  call resolved to XLA, which has none, carries the first configured backend's default, so that
+  its static configuration does not depend on an argument it does not use.
+  """
+  if impl == _FALLBACK:
+    return _configured()[0].config_class()
+  names = sorted(set(PLATFORM_BACKENDS.values())) if impl == PER_PLATFORM else [impl]
+  (owner,) = [BACKENDS[n] for n in names if BACKENDS[n].config_class is not None]
+  if config is None:
+    return owner.config_class()
+  if not isinstance(config, owner.config_class):
+    raise TypeError(f"pallas= is a {type(config).__name__}, which does not configure the "
+                    f"{owner.name!r} backend that impl={impl_arg!r} runs; pass a "
+                    f"{owner.config_class.__name__} or None.")
+  return config
+
+
+def _configured():
+  """The backends with a config class, in :data:`PREFERENCE` order."""
+  return [BACKENDS[n] for n in PREFERENCE if BACKENDS[n].config_class is not None]
 
 
 _WARNED: set[str] = set()  # the backends impl="auto" has warned it runs without

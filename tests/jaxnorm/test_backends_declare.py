@@ -94,3 +94,20 @@ def test_triton_and_its_alias_pallas_export_the_same_kernels():
 def test_an_unknown_impl_names_the_choices():
   with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'xla', 'triton', 'pallas'\), got 'mosaic'"):
     jaxnorm.rms_norm(jnp.ones((2, 8)), impl="mosaic")
+
+
+def test_a_backend_config_is_checked_against_the_backends_config_classes():
+  """``pallas=`` is checked against the backends' ``config_class`` (no op names one), and carried
+  where its backend runs: an XLA call carries the default, whatever was passed."""
+  x = jnp.ones((4, 8))
+  with pytest.raises(TypeError, match=r"pallas must be a jaxnorm.PallasConfig or None, got str"):
+    jaxnorm.layer_norm(x, pallas="fast")
+  with pytest.raises(TypeError, match=r"pallas must be a jaxnorm.PallasConfig or None"):
+    jaxnorm.gated_rms_norm(x, x, pallas=3)
+  given = jaxnorm.PallasConfig(interpret=True)
+  assert _backends.call_config(given, "xla", "xla") == jaxnorm.PallasConfig()
+  assert _backends.call_config(given, _backends.PER_PLATFORM, "auto") is given
+  assert _backends.call_config(None, "triton", "pallas") == jaxnorm.PallasConfig()
+  with pytest.raises(TypeError, match=r"does not configure the 'triton' backend that "
+                                      r"impl='pallas' runs"):
+    _backends.call_config(object(), "triton", "pallas")

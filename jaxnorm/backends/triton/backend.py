@@ -214,6 +214,7 @@ class TritonBackend(Backend):
   name = "triton"
   platforms = PLATFORMS
   config_class = _config.PallasConfig
+  config_example = "jaxnorm.PallasConfig(interpret=True)"
 
   def unavailable(self):
     """Why this JAX cannot run the kernels (its Pallas has no Triton backend), or None

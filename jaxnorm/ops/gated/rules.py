@@ -37,7 +37,6 @@ from jax import lax
 from jaxnorm.backends import table as _backends
 from jaxnorm import _validation as v
 from jaxnorm._norm_ops import Option
-from jaxnorm.backends.triton.config import PallasConfig
 from jaxnorm._remat import INPUT_RESIDUAL, STATS_RESIDUAL
 from jaxnorm._rules import Family, TangentRule, rows_of
 from jaxnorm._wide import wide_jvp, wide_tangent
@@ -79,7 +78,7 @@ class GatedConfig:
   out_dtype: Any
   compute_dtype: Any
   impl: str  # a backend's name or "per_platform" (jaxnorm.backends.table.resolve_impl)
-  pallas: PallasConfig = PallasConfig()
+  pallas: Any = None  # the config of the kernel backend (jaxnorm.backends.table.call_config)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,16 +311,16 @@ def _prepare(x, z, scale, *, epsilon, group_size, norm_before_gate, dtype, impl,
     raise ValueError(f"group_size must divide x's last axis ({d}), got {k}; Mamba2's "
                      f"group_size is d // ngroups.")
   out_dtype = v.check_out_dtype("dtype", dtype)
-  pallas = v.check_instance("pallas", pallas, PallasConfig, "jaxnorm.PallasConfig(interpret=True)")
+  pallas = _backends.check_config(pallas)
   dtypes = [a.dtype for a in (x, z, scale) if a is not None]
   ct = jnp.promote_types(jnp.result_type(*dtypes), jnp.float32)
   rows = int(x.size // d) if d else 0
-  impl = _backends.resolve_impl(impl, (rows, d), jnp.result_type(*dtypes), None, None,
-                                GATED_RMS_NORM,
-                                (("group_size", k), ("norm_before_gate", norm_before_gate)))
+  resolved = _backends.resolve_impl(impl, (rows, d), jnp.result_type(*dtypes), None, None,
+                                    GATED_RMS_NORM,
+                                    (("group_size", k), ("norm_before_gate", norm_before_gate)))
   return GatedConfig(GATED_RMS_NORM, k, epsilon, norm_before_gate,
-                     jnp.dtype(out_dtype or x.dtype), jnp.dtype(ct), impl,
-                     pallas if impl != "xla" else PallasConfig())
+                     jnp.dtype(out_dtype or x.dtype), jnp.dtype(ct), resolved,
+                     _backends.call_config(pallas, resolved, impl))
 
 
 def gated_rms_norm(x, z, scale=None, *, epsilon=1e-6, group_size=None, norm_before_gate=True,

@@ -19,7 +19,6 @@ from jaxnorm import _jax_compat
 from jaxnorm import _validation as v
 from jaxnorm._casting import CASTINGS, cast_plan
 from jaxnorm._norm_config import AddConfig, NormConfig
-from jaxnorm.backends.triton.config import PallasConfig
 from jaxnorm.ops.norm import memory_efficient as _memory_efficient
 
 __all__ = ["flat_params", "prepare", "prepare_add"]
@@ -70,8 +69,8 @@ def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
         shapes=(scale_heads + (d,), bias_heads + (d,)), out_dtype=dtype or x.dtype)
   lead = tuple(x.shape[:axes[0]])
   x2 = x.reshape(lead + (d,))
-  pallas = v.check_instance("pallas", pallas, PallasConfig,
-                            "jaxnorm.PallasConfig(interpret=True)")
+  pallas = _backends.check_config(pallas)
+  impl_arg = impl
   impl = _backends.resolve_impl(impl, (int(np.prod(lead)), d), x.dtype, mask, axis_name,
                                 op, options)
   mask2 = None
@@ -89,7 +88,7 @@ def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
       bias_shape=None if bias is None else bias_heads + (d,),
       bias_vma=frozenset() if bias is None else _jax_compat.varying_axes(bias),
       impl=impl,
-      pallas=pallas if impl != "xla" else PallasConfig(),
+      pallas=_backends.call_config(pallas, impl, impl_arg),
       cast=cast_plan(casting, x.dtype, None if scale is None else scale.dtype,
                      None if bias is None else bias.dtype),
       heads=max(scale_heads, bias_heads, key=len),
