@@ -40,9 +40,10 @@ from jaxnorm.backends.xla.backend import XLA
 __all__ = ["ALIASES", "BACKENDS", "IMPLS", "PER_PLATFORM", "PLATFORM_BACKENDS", "PREFERENCE",
            "add_backward", "add_forward", "add_forward_only", "backward", "formula", "forward",
            "forward_only", "param_cotangents", "register", "resolve_add_impl", "resolve_impl",
-           "run", "call_config", "check_config"]
+           "run", "call_config", "check_config", "register_backend", "unregister_backend"]
 
-BACKENDS = types.MappingProxyType({XLA.name: XLA, TRITON.name: TRITON})
+_BACKENDS = {XLA.name: XLA, TRITON.name: TRITON}
+BACKENDS = types.MappingProxyType(_BACKENDS)  # register_backend adds to it
 ALIASES = types.MappingProxyType({"pallas": "triton"})  # accepted names of a backend
 # impl="auto": the backends in the order tried; the last runs every call on every platform.
 PREFERENCE = ("triton", "xla")
@@ -53,6 +54,27 @@ PLATFORM_BACKENDS = types.MappingProxyType({
     for platform in (BACKENDS[name].platforms or ())})
 # The accepted values of ``impl=``: "auto", every backend's name and every alias.
 IMPLS = ("auto",) + tuple(BACKENDS) + tuple(ALIASES)
+
+
+def register_backend(backend) -> None:
+  """Adds ``backend`` (a :class:`~jaxnorm.backends.interface.Backend` with its table filled) to
+  :data:`BACKENDS`: a call reaches it with ``impl=backend.name`` and its config (an instance of
+  ``backend.config_class``) as ``pallas=``. ``impl="auto"`` keeps :data:`PREFERENCE`, the
+  library's own order. A name already taken is a ``ValueError``."""
+  global IMPLS
+  if backend.name in IMPLS:
+    raise ValueError(f"impl={backend.name!r} is taken: {IMPLS}")
+  _BACKENDS[backend.name] = backend
+  IMPLS = IMPLS + (backend.name,)
+
+
+def unregister_backend(name: str) -> None:
+  """Removes a backend :func:`register_backend` added (the library's own stay)."""
+  global IMPLS
+  if name in PREFERENCE or name not in BACKENDS:
+    raise ValueError(f"{name!r} is not a registered backend of its own")
+  del _BACKENDS[name]
+  IMPLS = tuple(n for n in IMPLS if n != name)
 PER_PLATFORM = "per_platform"  # cfg.impl of impl="auto" where a platform's backend takes it
 _FALLBACK = PREFERENCE[-1]
 
@@ -130,8 +152,9 @@ def call_config(config, impl: str, impl_arg: str):
 
 
 def _configured():
-  """The backends with a config class, in :data:`PREFERENCE` order."""
-  return [BACKENDS[n] for n in PREFERENCE if BACKENDS[n].config_class is not None]
+  """The backends with a config class, those of :data:`PREFERENCE` first, in its order."""
+  names = list(PREFERENCE) + [n for n in BACKENDS if n not in PREFERENCE]
+  return [BACKENDS[n] for n in names if BACKENDS[n].config_class is not None]
 
 
 _WARNED: set[str] = set()  # the backends impl="auto" has warned it runs without
