@@ -36,7 +36,7 @@ class AddConfig:
 class NormConfig:
   """Static configuration of one call (hashable; a ``nondiff_argnums`` value)."""
 
-  op: NormOp  # The op: its declaration in jaxnorm._norm_ops.NORM_OPS (LayerNorm, RMSNorm).
+  op: NormOp  # The op's declaration: jaxnorm._norm_ops.LAYER_NORM or RMS_NORM (OPS[name].decl).
   epsilon: float  # Python float >= 0.
   epsilon_placement: str  # "inside": rsqrt(v + eps). "outside": 1 / (sqrt(v) + eps).
   zero_centered_scale: bool  # gamma = 1 + scale instead of scale.

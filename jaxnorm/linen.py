@@ -282,7 +282,7 @@ class _Pointwise(nn.Module):
   scale_init: Initializer = initializers.ones
   feature_axes: Axes = -1
 
-  _kind = ""
+  _op_name = ""
 
   @nn.compact
   def __call__(self, x: Any, *, residual: Any = None, residual_scale: float = 1.0):
@@ -297,13 +297,13 @@ class _Pointwise(nn.Module):
                                        self.feature_axes))
     alpha = self.param("alpha", lambda _, dt: jnp.full((), alpha0, dt), self.param_dtype)
     shift = (self.param("shift", lambda _, dt: jnp.full((), shift0, dt), self.param_dtype)
-             if "shift" in OPS[self._kind].params else None)
+             if "shift" in OPS[self._op_name].params else None)
     scale = (self.param("scale", self.scale_init, fshape, self.param_dtype) if self.use_scale
              else None)
     bias = self.param("bias", self.bias_init, fshape, self.param_dtype) if self.use_bias else None
     out_dtype = common.output_dtype(h, alpha, shift, scale, bias, dtype=self.dtype)
     flat = [None if p is None else p.reshape(-1) for p in (scale, bias)]
-    return common.pointwise(self._kind, x, alpha, shift, *flat, feature_axes=self.feature_axes,
+    return common.pointwise(self._op_name, x, alpha, shift, *flat, feature_axes=self.feature_axes,
                             dtype=out_dtype, num_features=math.prod(fshape),
                             module=type(self).__name__, residual=residual,
                             residual_scale=residual_scale)
@@ -337,7 +337,7 @@ class DyT(_Pointwise):
     feature_axes: axes that carry their own :math:`\gamma` and :math:`\beta`.
   """
 
-  _kind = "dyt"
+  _op_name = "dyt"
 
 
 class Derf(_Pointwise):
@@ -349,4 +349,4 @@ class Derf(_Pointwise):
   :func:`jaxnorm.derf`.
   """
 
-  _kind = "derf"
+  _op_name = "derf"

@@ -6,6 +6,7 @@
 * :mod:`jaxnorm.backends.xla`: the XLA formulas, which run every call on every platform;
 * :mod:`jaxnorm.backends.triton`: the Triton kernels written in Pallas (alias ``"pallas"``).
 
-A new backend is its own subpackage plus one entry in the table. Backends read the ops'
+A new backend is its own subpackage, plus its entry in ``BACKENDS`` and its place in
+``PREFERENCE`` (both in :mod:`jaxnorm.backends.table`). Backends read the ops'
 declarations (:mod:`jaxnorm._norm_ops`, :mod:`jaxnorm._norm_config`), never the ops' rules.
 """

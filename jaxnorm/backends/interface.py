@@ -2,14 +2,21 @@ r"""Internal API: the one interface every backend of the norm family implements.
 
 A backend declares what it runs: ``name``, ``platforms`` (the lowering platforms it compiles
 for, None for every one), ``config_class`` (the class of its ``impl``-specific configuration,
-None for none) and :meth:`Backend.refusal` / :meth:`Backend.supports`, an allow-list of the
-ops and call options it implements. The dispatcher (:mod:`jaxnorm.backends.table`) asks; a backend
-never guesses an op.
+None for none), :meth:`Backend.unavailable` (whether this JAX can run it at all), and its
+:attr:`Backend.table`, ``(op name, role) -> function``: the one way the dispatcher
+(:mod:`jaxnorm.backends.table`) reaches its code, and the allow-list of the ops it implements;
+:meth:`Backend.refusal` / :meth:`Backend.supports` add what it refuses of a call (options,
+masks, shapes). A backend never guesses an op.
 
 A backend (an entry of :data:`jaxnorm.backends.table.BACKENDS`) runs the norm ops on ``(..., d)``
 arrays prepared by :mod:`jaxnorm.ops.norm.args` and described by a
-:class:`jaxnorm._norm_config.NormConfig`, whose ``impl`` names the backend. It has six methods,
-the plain op and the residual add + norm op each in three roles:
+:class:`jaxnorm._norm_config.NormConfig`, whose ``impl`` names the backend. Besides its table,
+:class:`Backend` has four methods that declare what it takes (:meth:`~Backend.unavailable`,
+:meth:`~Backend.refusal`, :meth:`~Backend.supports`, :meth:`~Backend.add_refusal`), one for how
+it runs its code (:meth:`~Backend.launch`), two that fill the table
+(:meth:`~Backend.register`, :meth:`~Backend.norm_roles`), and the six :data:`NORM_ROLES` a
+backend of the norm family implements as methods (and registers in its table), the plain op and
+the residual add + norm op each in three roles:
 
 * ``forward_only``: the value of an undifferentiated call, nothing kept;
 * ``forward``: the value and the per-row statistics reverse mode keeps (the JVP rule's primal);
@@ -25,9 +32,15 @@ formulas.
 
 from __future__ import annotations
 
+import types
+
 from jaxnorm.backends.xla import formulas as _xla
 
-__all__ = ["Backend", "add_backward_of"]
+__all__ = ["NORM_ROLES", "Backend", "add_backward_of"]
+
+#: The norm family's roles: the plain op and the residual add + norm op, each in three.
+NORM_ROLES = ("forward_only", "forward", "backward", "add_forward_only", "add_forward",
+              "add_backward")
 
 
 class Backend:
@@ -43,6 +56,7 @@ class Backend:
   name = ""
   platforms: tuple[str, ...] | None = None  # None: every lowering platform
   config_class: type | None = None
+  config_example: str = ""  # a config of config_class, as the error messages suggest it
 
   def refusal(self, x2_shape, dtype, mask, axis_name, op, options=()) -> str | None:
     """Why this backend cannot take a plain call on ``x2: (rows, d)`` of ``dtype``, or None.
@@ -51,6 +65,15 @@ class Backend:
     pairs. The default takes every call.
     """
     del x2_shape, dtype, mask, axis_name, op, options
+    return None
+
+  def unavailable(self) -> str | None:
+    """Why this JAX cannot run this backend at all (a phrase naming the JAX version), or None.
+
+    Asked before :meth:`refusal` when a call chooses its backend: ``impl="auto"`` then runs
+    without this backend (warning once), a call naming it gets a ``ValueError``. The default is
+    always available.
+    """
     return None
 
   def supports(self, op, x2_shape, dtype, mask=None, axis_name=None, options=()) -> bool:
@@ -67,12 +90,22 @@ class Backend:
     del elsewhere
     return fn(cfg, *args)
 
-  def role(self, op, name: str):
-    """The function ``(cfg, *args)`` that runs the role ``name`` ("forward", "backward", ...) of
-    ``op``, an op outside the norm family's methods (its declaration, e.g. gated RMSNorm's), on
-    this backend. The default runs the op's own XLA formulas, which its declaration names
-    (``op.xla_roles``); a kernel backend returns its kernels for the ops it allows."""
-    return dict(op.xla_roles)[name]
+  def __init__(self):
+    self._table = {}
+    self.table = types.MappingProxyType(self._table)
+
+  def register(self, op_name: str, **roles) -> None:
+    """Adds the entries ``(op_name, role) -> function`` to :attr:`table` (``role=function``;
+    an entry already there is an error: one home per op and backend)."""
+    for role, fn in roles.items():
+      if (op_name, role) in self._table:
+        raise ValueError(f"the {self.name} backend already has {op_name}'s {role!r}")
+      self._table[(op_name, role)] = fn
+
+  def norm_roles(self) -> dict:
+    """``{role: method}`` for :data:`NORM_ROLES`: what a norm-family op registers with a backend
+    whose methods implement the family (``backend.register(op.name, **backend.norm_roles())``)."""
+    return {role: getattr(self, role) for role in NORM_ROLES}
 
   def add_refusal(self, dtypes) -> str | None:
     """Why this backend cannot take a residual add's ``(name, dtype)`` pairs, or None."""

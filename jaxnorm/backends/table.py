@@ -7,15 +7,15 @@ Pallas; ``impl="pallas"`` is its alias, :data:`ALIASES`). Each backend declares 
 platforms, its config class and what it supports. :data:`PREFERENCE` is the order
 ``impl="auto"`` tries them in; :data:`PLATFORM_BACKENDS`, the ``{platform: backend}`` map the
 per-platform choice is built from, is derived from it and the backends' platforms. Adding a
-backend is one module implementing the interface and one entry in :data:`BACKENDS` and
-:data:`PREFERENCE` (``docs/ops.md``).
+backend is its own subpackage implementing the interface, plus its entry in :data:`BACKENDS` and
+its place in :data:`PREFERENCE` (``docs/ops.md``).
 
 A call's ``impl`` is resolved once, when it is prepared (:func:`resolve_impl`): a backend's
 name, or "per_platform" (``impl="auto"`` on a call a platform's preferred backend takes: that
 backend where the program is lowered for its platform, XLA elsewhere). :func:`run` then looks
-the method up in the table for the resolved backend and runs it through that backend's
-``launch`` (the Triton backend's: the primitive that lowers the kernels per platform,
-:func:`jaxnorm.backends.triton.kernel_call.kernel_call`).
+the call's ``(op, role)`` up in the resolved backend's own table (the one dispatch, for every
+op) and runs it through that backend's ``launch`` (the Triton backend's: the primitive that
+lowers the kernels per platform, :func:`jaxnorm.backends.triton.kernel_call.kernel_call`).
 The functions below are what the differentiation layer (:mod:`jaxnorm.ops.norm.rules`) and the
 tests call.
 """
@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import types
+import warnings
 
 import jax.numpy as jnp
 from jax import lax
@@ -38,10 +39,11 @@ from jaxnorm.backends.xla.backend import XLA
 
 __all__ = ["ALIASES", "BACKENDS", "IMPLS", "PER_PLATFORM", "PLATFORM_BACKENDS", "PREFERENCE",
            "add_backward", "add_forward", "add_forward_only", "backward", "formula", "forward",
-           "forward_only", "param_cotangents", "resolve_add_impl", "resolve_impl", "run",
-           "run_role"]
+           "forward_only", "param_cotangents", "register", "resolve_add_impl", "resolve_impl",
+           "run", "call_config", "check_config", "register_backend", "unregister_backend"]
 
-BACKENDS = types.MappingProxyType({XLA.name: XLA, TRITON.name: TRITON})
+_BACKENDS = {XLA.name: XLA, TRITON.name: TRITON}
+BACKENDS = types.MappingProxyType(_BACKENDS)  # register_backend adds to it
 ALIASES = types.MappingProxyType({"pallas": "triton"})  # accepted names of a backend
 # impl="auto": the backends in the order tried; the last runs every call on every platform.
 PREFERENCE = ("triton", "xla")
@@ -52,6 +54,27 @@ PLATFORM_BACKENDS = types.MappingProxyType({
     for platform in (BACKENDS[name].platforms or ())})
 # The accepted values of ``impl=``: "auto", every backend's name and every alias.
 IMPLS = ("auto",) + tuple(BACKENDS) + tuple(ALIASES)
+
+
+def register_backend(backend) -> None:
+  """Adds ``backend`` (a :class:`~jaxnorm.backends.interface.Backend` with its table filled) to
+  :data:`BACKENDS`: a call reaches it with ``impl=backend.name`` and its config (an instance of
+  ``backend.config_class``) as ``pallas=``. ``impl="auto"`` keeps :data:`PREFERENCE`, the
+  library's own order. A name already taken is a ``ValueError``."""
+  global IMPLS
+  if backend.name in IMPLS:
+    raise ValueError(f"impl={backend.name!r} is taken: {IMPLS}")
+  _BACKENDS[backend.name] = backend
+  IMPLS = IMPLS + (backend.name,)
+
+
+def unregister_backend(name: str) -> None:
+  """Removes a backend :func:`register_backend` added (the library's own stay)."""
+  global IMPLS
+  if name in PREFERENCE or name not in BACKENDS:
+    raise ValueError(f"{name!r} is not a registered backend of its own")
+  del _BACKENDS[name]
+  IMPLS = tuple(n for n in IMPLS if n != name)
 PER_PLATFORM = "per_platform"  # cfg.impl of impl="auto" where a platform's backend takes it
 _FALLBACK = PREFERENCE[-1]
 
@@ -68,8 +91,11 @@ def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()) ->
   :meth:`~jaxnorm.backends.interface.Backend.refusal` has no objection) is "per_platform":
   each backend where the program is lowered for its platform and XLA elsewhere, decided per
   lowering platform (:func:`run`), not from the default backend at trace time; any other call
-  is "xla". It never fails where "xla" works. A backend named (or its alias) raises a
-  ``ValueError`` saying why when it cannot take the call (``op``, a
+  is "xla", as is every call where this JAX cannot run one of those backends
+  (:meth:`~jaxnorm.backends.interface.Backend.unavailable`, e.g. a JAX whose Pallas has no
+  Triton backend; a ``RuntimeWarning`` says so once). It never fails where "xla" works. A
+  backend named (or its alias) raises a ``ValueError`` saying why when this JAX cannot run it
+  or it cannot take the call (``op``, a
   :class:`~jaxnorm._norm_ops.NormOp`, with its ``options``, the ``(name, value)`` pairs of
   :attr:`NormConfig.options`); whether the platform can compile the kernels is asked where the
   program is lowered (:mod:`jaxnorm.backends.triton.kernel_call`), for each platform it is lowered
@@ -80,13 +106,69 @@ def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()) ->
   if impl == "auto":
     # Every platform's backend must take the call (one config serves every branch of run()).
     kernels = set(PLATFORM_BACKENDS.values())
-    takes = kernels and all(BACKENDS[n].refusal(*call) is None for n in kernels)
+    takes = kernels and not any([_absent(n) for n in sorted(kernels)]) and all(
+        BACKENDS[n].refusal(*call) is None for n in kernels)
     return PER_PLATFORM if takes else _FALLBACK
   name = ALIASES.get(impl, impl)
-  why_not = BACKENDS[name].refusal(*call)
+  why_not = BACKENDS[name].unavailable() or BACKENDS[name].refusal(*call)
   if why_not is not None:
     raise ValueError(v.backend_refusal(impl, why_not))
   return name
+
+
+def check_config(config):
+  """``config``, the call's public ``pallas=`` argument, if it is None or an instance of a
+  backend's ``config_class``; a ``TypeError`` naming ``pallas`` otherwise (checked before the
+  backend is chosen, so a wrong type is refused whatever ``impl`` is)."""
+  if config is None:
+    return None
+  owners = _configured()
+  if not isinstance(config, tuple(b.config_class for b in owners)):
+    v.check_instance("pallas", config, owners[0].config_class, owners[0].config_example)
+  return config
+
+
+def call_config(config, impl: str, impl_arg: str):
+  """The backend config the call carries (its config's ``pallas`` field), for the resolved
+  ``impl`` (``impl_arg``: the call's own spelling, for the message).
+
+  A backend's config applies where that backend runs: a call resolved to a backend with a
+  config class (or to :data:`PER_PLATFORM`, for its platforms' backends) carries ``config``,
+  which must be that class's (a ``TypeError`` otherwise), or that class's default for None. A
+  call resolved to XLA, which has none, carries the first configured backend's default, so that
+  its static configuration does not depend on an argument it does not use.
+  """
+  if impl == _FALLBACK:
+    return _configured()[0].config_class()
+  names = sorted(set(PLATFORM_BACKENDS.values())) if impl == PER_PLATFORM else [impl]
+  (owner,) = [BACKENDS[n] for n in names if BACKENDS[n].config_class is not None]
+  if config is None:
+    return owner.config_class()
+  if not isinstance(config, owner.config_class):
+    raise TypeError(f"pallas= is a {type(config).__name__}, which does not configure the "
+                    f"{owner.name!r} backend that impl={impl_arg!r} runs; pass a "
+                    f"{owner.config_class.__name__} or None.")
+  return config
+
+
+def _configured():
+  """The backends with a config class, those of :data:`PREFERENCE` first, in its order."""
+  names = list(PREFERENCE) + [n for n in BACKENDS if n not in PREFERENCE]
+  return [BACKENDS[n] for n in names if BACKENDS[n].config_class is not None]
+
+
+_WARNED: set[str] = set()  # the backends impl="auto" has warned it runs without
+
+
+def _absent(name: str) -> bool:
+  """Whether this JAX cannot run the backend ``name``; the first time, for ``impl="auto"``, a
+  warning says so and that "auto" runs XLA where it would have run it."""
+  why = BACKENDS[name].unavailable()
+  if why is not None and name not in _WARNED:
+    _WARNED.add(name)
+    warnings.warn(f"impl='auto' runs XLA where it would run the {name!r} backend: {why}. "
+                  f"Pass impl='xla' to silence this warning.", RuntimeWarning, stacklevel=2)
+  return why is not None
 
 
 def resolve_add_impl(cfg: NormConfig, dtypes, impl: str) -> NormConfig:
@@ -108,37 +190,28 @@ def resolve_add_impl(cfg: NormConfig, dtypes, impl: str) -> NormConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Method:
-  """``BACKENDS[cfg.impl].<name>(cfg, *args, **static)``: a hashable function of the config
-  (a parameter of the kernel-call primitive, which swaps in ``impl="xla"`` to type it)."""
+class _Entry:
+  """``BACKENDS[cfg.impl].table[(cfg.op.name, role)](cfg, *args, **static)``: a hashable
+  function of the config (a parameter of the kernel-call primitive, which swaps in
+  ``impl="xla"`` to type it)."""
 
-  name: str
+  role: str
   static: tuple = ()
 
-  def __call__(self, cfg: NormConfig, *args):
-    return getattr(BACKENDS[cfg.impl], self.name)(cfg, *args, **dict(self.static))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Role:
-  """``BACKENDS[cfg.impl].role(cfg.op, name)(cfg, *args)``: one role of an op outside the norm
-  family's methods (gated RMSNorm's "forward", ...), hashable as :class:`_Method`."""
-
-  name: str
-
   def __call__(self, cfg, *args):
-    return BACKENDS[cfg.impl].role(cfg.op, self.name)(cfg, *args)
+    return BACKENDS[cfg.impl].table[(cfg.op.name, self.role)](cfg, *args, **dict(self.static))
 
 
-def run_role(cfg, name: str, *args):
-  """The role ``name`` of the call's op (``cfg.op``, not a norm-family op) on the resolved
-  ``cfg.impl``, dispatched per platform as :func:`run`. ``cfg`` is the op's config: it has
-  ``op``, ``impl`` and ``pallas`` fields."""
-  return _dispatch(cfg, _Role(name), *args)
+def register(backend: str, op_name: str, **roles) -> None:
+  """Adds ``(op_name, role) -> function`` entries to the table of ``BACKENDS[backend]``: how an
+  op outside the norm family gives a backend its code (gated RMSNorm its XLA formulas)."""
+  BACKENDS[backend].register(op_name, **roles)
 
 
-def run(cfg: NormConfig, name: str, *args, **static):
-  """The backend method ``name`` of the resolved ``cfg.impl`` on ``args``.
+def run(cfg, name: str, *args, **static):
+  """The role ``name`` of the call's op (``cfg.op``) on the resolved ``cfg.impl``: the entry
+  ``(cfg.op.name, name)`` of that backend's table, on ``args``. ``cfg`` is the op's config (a
+  :class:`NormConfig`, or another op's with ``op``, ``impl`` and ``pallas`` fields).
 
   :data:`PER_PLATFORM` is decided per lowering platform: a ``lax.platform_dependent`` with one
   branch per platform of :data:`PLATFORM_BACKENDS` (the Triton kernels for cuda and rocm) and
@@ -148,7 +221,7 @@ def run(cfg: NormConfig, name: str, *args, **static):
   dtypes. A kernel backend runs its kernels through its own ``launch`` (the Triton backend's
   kernel-call primitive), so every branch can be differentiated again.
   """
-  return _dispatch(cfg, _Method(name, tuple(sorted(static.items()))), *args)
+  return _dispatch(cfg, _Entry(name, tuple(sorted(static.items()))), *args)
 
 
 def _dispatch(cfg, fn, *args):
@@ -168,10 +241,10 @@ def _dispatch(cfg, fn, *args):
 
 
 def formula(cfg: NormConfig, name: str):
-  """The method ``name`` of the backend every call can fall back to (XLA's closed forms), bound
-  to ``cfg``: what the differentiation layer differentiates again where a backend's own
-  derivative rule has none (:func:`jaxnorm.ops.norm.rules._wide_backward`)."""
-  return functools.partial(getattr(BACKENDS[_FALLBACK], name), cfg)
+  """The role ``name`` of ``cfg.op`` on the backend every call can fall back to (XLA's closed
+  forms), bound to ``cfg``: what the differentiation layer differentiates again where a
+  backend's own derivative rule has none (:func:`jaxnorm.ops.norm.rules._wide_backward`)."""
+  return functools.partial(BACKENDS[_FALLBACK].table[(cfg.op.name, name)], cfg)
 
 
 def param_cotangents(cfg: NormConfig, scale, dscale, dbias):

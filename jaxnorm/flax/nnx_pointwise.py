@@ -41,7 +41,7 @@ def param(rngs: nnx.Rngs, use: bool, init: tp.Any, shape: tuple[int, ...], dtype
 class _Pointwise(nnx.Module):
   """The shared constructor and call of :class:`DyT` and :class:`Derf`."""
 
-  _kind = ""
+  _op_name = ""
 
   def __init__(self, num_features: int, *, alpha_init_value: float = 0.5,
                shift_init_value: float = 0.0, dtype: tp.Optional[Dtype] = None,
@@ -54,7 +54,7 @@ class _Pointwise(nnx.Module):
     alpha0 = v.check_finite_real("alpha_init_value", alpha_init_value)
     shift0 = v.check_finite_real("shift_init_value", shift_init_value)
     self.alpha = nnx.Param(jnp.full((), alpha0, param_dtype))
-    has_shift = "shift" in OPS[self._kind].params  # the op's declared parameters
+    has_shift = "shift" in OPS[self._op_name].params  # the op's declared parameters
     self.shift = nnx.Param(jnp.full((), shift0, param_dtype)) if has_shift else nnx.data(None)
     shape = (num_features,)
     self.scale = param(rngs, use_scale, scale_init, shape, param_dtype, {})
@@ -89,7 +89,7 @@ class _Pointwise(nnx.Module):
     out_dtype = common.output_dtype(h, alpha, shift, scale, bias, dtype=self.dtype)
     if residual is None:
       x = h
-    return common.pointwise(self._kind, x, alpha, shift, scale, bias,
+    return common.pointwise(self._op_name, x, alpha, shift, scale, bias,
                             feature_axes=self.feature_axes, dtype=out_dtype,
                             num_features=self.num_features, module=type(self).__name__,
                             residual=residual, residual_scale=residual_scale)
@@ -140,7 +140,7 @@ class DyT(_Pointwise):
       not ``num_features``.
   """
 
-  _kind = "dyt"
+  _op_name = "dyt"
 
 
 class Derf(_Pointwise):
@@ -161,4 +161,4 @@ class Derf(_Pointwise):
       not ``num_features``.
   """
 
-  _kind = "derf"
+  _op_name = "derf"

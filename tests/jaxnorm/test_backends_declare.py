@@ -21,6 +21,8 @@ TRITON_CALL = "__gpu$xla.gpu.triton"
 # An op of the norm family that the kernels do not implement: RMSNorm's statistics under another
 # name (the kernels would compute it right, but they were never told so: the allow-list decides).
 NO_KERNEL = dataclasses.replace(RMS_NORM, name="rms_norm_without_kernel")
+# Its XLA entries: the norm family's roles, registered as a new norm op would register them.
+_backends.register("xla", NO_KERNEL.name, **_backends.BACKENDS["xla"].norm_roles())
 
 
 def _op(decl, impl):
@@ -49,7 +51,8 @@ def test_backends_declare_platforms_config_and_allow_list():
   xla, triton = _backends.BACKENDS["xla"], _backends.BACKENDS["triton"]
   assert xla.platforms is None and xla.config_class is None
   assert triton.platforms == ("cuda", "rocm") and triton.config_class is jaxnorm.PallasConfig
-  assert set(triton_backend.KERNEL_OPS) == {LAYER_NORM, RMS_NORM}
+  kernel_ops = {op for op, role in triton_backend.TRITON.table if role == "forward"}
+  assert kernel_ops == {LAYER_NORM.name, RMS_NORM.name, "gated_rms_norm"}
   assert dict(_backends.PLATFORM_BACKENDS) == {"cuda": "triton", "rocm": "triton"}
   assert _backends.PREFERENCE[-1] == "xla" and _backends.ALIASES["pallas"] == "triton"
   call = ((16, 128), jnp.float32)
@@ -91,3 +94,20 @@ def test_triton_and_its_alias_pallas_export_the_same_kernels():
 def test_an_unknown_impl_names_the_choices():
   with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'xla', 'triton', 'pallas'\), got 'mosaic'"):
     jaxnorm.rms_norm(jnp.ones((2, 8)), impl="mosaic")
+
+
+def test_a_backend_config_is_checked_against_the_backends_config_classes():
+  """``pallas=`` is checked against the backends' ``config_class`` (no op names one), and carried
+  where its backend runs: an XLA call carries the default, whatever was passed."""
+  x = jnp.ones((4, 8))
+  with pytest.raises(TypeError, match=r"pallas must be a jaxnorm.PallasConfig or None, got str"):
+    jaxnorm.layer_norm(x, pallas="fast")
+  with pytest.raises(TypeError, match=r"pallas must be a jaxnorm.PallasConfig or None"):
+    jaxnorm.gated_rms_norm(x, x, pallas=3)
+  given = jaxnorm.PallasConfig(interpret=True)
+  assert _backends.call_config(given, "xla", "xla") == jaxnorm.PallasConfig()
+  assert _backends.call_config(given, _backends.PER_PLATFORM, "auto") is given
+  assert _backends.call_config(None, "triton", "pallas") == jaxnorm.PallasConfig()
+  with pytest.raises(TypeError, match=r"does not configure the 'triton' backend that "
+                                      r"impl='pallas' runs"):
+    _backends.call_config(object(), "triton", "pallas")

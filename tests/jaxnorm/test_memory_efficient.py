@@ -5,6 +5,7 @@ zero-gamma contract (a ValueError where the scale is concrete, NaN where it is t
 kernels' refusal."""
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -171,3 +172,61 @@ def test_layers_and_model_pass_it_to_the_op():
   model = TransformerLM(config, rngs=nnx.Rngs(0))
   norms = [m for _, m in nnx.iter_modules(model) if isinstance(m, jnn.LayerNorm)]
   assert len(norms) == 3 and all(m.memory_efficient for m in norms)
+
+
+# Precision (issue 51): x_hat = (y - beta) / gamma carries y's rounding error times |beta / gamma|.
+
+
+def _ln_grads(x, scale, bias, dy, memory_efficient):
+  f = lambda x, s: jaxnorm.layer_norm(x, s, bias, memory_efficient=memory_efficient)  # noqa: E731
+  return jax.vjp(f, x, scale)[1](dy)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_at_the_ratio_limit_half_the_bits_survive(dtype):
+  """At max |beta| / |gamma| = max_ratio(dtype) (one feature's gamma shrunk, bias 1 there),
+  dx and dscale differ from the default by at most sqrt(u) of the array's scale, u the unit
+  roundoff of y's dtype: the rule behind the warning (docs/perf-notes.md)."""
+  from jaxnorm.ops.norm.memory_efficient import max_ratio
+  rng = np.random.default_rng(3)
+  d = 64
+  limit = max_ratio(dtype)
+  scale = rng.uniform(0.5, 1.5, d)
+  bias = 0.5 * scale * rng.uniform(-1, 1, d)
+  scale[0], bias[0] = 1.0 / limit, 1.0
+  x, dy = rng.normal(0.5, 1.0, (32, d)), rng.normal(0.0, 1.0, (32, d))
+  x, scale, bias, dy = (jnp.asarray(a, dtype) for a in (x, scale, bias, dy))
+  base = _ln_grads(x, scale, bias, dy, False)
+  kept = _ln_grads(x, scale, bias, dy, True)
+  sqrt_u = float(jnp.finfo(dtype).eps / 2) ** 0.5
+  for g, g0 in zip(kept, base):
+    g, g0 = np.asarray(g, np.float64), np.asarray(g0, np.float64)
+    assert np.max(np.abs(g - g0)) <= sqrt_u * np.max(np.abs(g0))
+
+
+@pytest.mark.parametrize("dtype, ratio, out, warns", [
+    ("float32", 8192.0, None, True), ("float32", 4096.0, None, False),
+    ("bfloat16", 32.0, None, True), ("bfloat16", 16.0, None, False),
+    ("bfloat16", 32.0, "float32", False), ("float16", 64.0, None, True)])
+def test_a_concrete_ratio_above_the_limit_warns(dtype, ratio, out, warns):
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(4, 8)), dtype)
+  scale = jnp.ones(8, dtype).at[3].set(1.0 / ratio)
+  bias = jnp.ones(8, dtype)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    jaxnorm.layer_norm(x, scale, bias, memory_efficient=True, dtype=out)
+    jax.jit(lambda s, b: jaxnorm.layer_norm(x, s, b, memory_efficient=True, dtype=out))(
+        scale, bias)  # traced: nothing to check
+    jaxnorm.rms_norm(x, scale, memory_efficient=True)  # no bias: the ratio is 0
+    jaxnorm.layer_norm(x, scale, bias)  # the default keeps x
+  ours = [str(w.message) for w in caught if "max |bias_j| / |gamma_j|" in str(w.message)]
+  assert len(ours) == int(warns), ours
+  if warns:
+    assert f"is {ratio:.4g} (at index (3,)" in ours[0] and f"from y stored in {dtype}" in ours[0]
+
+
+def test_a_zero_centered_scale_counts_gamma():
+  x = jnp.tile(jnp.arange(8.0), (2, 1))
+  scale = jnp.zeros(8).at[5].set(-1.0 + 1.0 / 8192)  # gamma_5 = 1 / 8192
+  with pytest.warns(RuntimeWarning, match=r"is 8192 \(at index \(5,\)"):
+    jaxnorm.layer_norm(x, scale, jnp.ones(8), zero_centered_scale=True, memory_efficient=True)

@@ -12,17 +12,18 @@ decomposition the tests compare them with). The kernel modules are imported on f
 unimported.
 
 :class:`TritonBackend` declares what it runs: its lowering platforms (:data:`PLATFORMS`), its
-config class (:class:`~jaxnorm.backends.triton.config.PallasConfig`) and an allow-list of the ops
-the kernels implement (:data:`KERNEL_OPS`, each op's declaration mapped to the kernels' row
-centring); :meth:`TritonBackend.refusal` says why it cannot take a call, an op outside the
-allow-list first. The choice of backend is :func:`jaxnorm.backends.table.resolve_impl`'s.
+config class (:class:`~jaxnorm.backends.triton.config.PallasConfig`) and its table (:data:`TRITON`'s
+``table``): LayerNorm's and RMSNorm's roles (the methods below; the kernels centre a row where the
+op's declaration has ``mean_path``) and gated RMSNorm's
+(:mod:`jaxnorm.backends.triton.gated_entry`), each op with a ``"refusal"`` entry.
+:meth:`TritonBackend.refusal` says why it cannot take a call, an op without an entry first. The
+choice of backend is :func:`jaxnorm.backends.table.resolve_impl`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import types
 
 import jax
@@ -32,25 +33,17 @@ from jaxnorm import _validation as v
 from jaxnorm.backends.interface import Backend
 from jaxnorm._norm_config import NormConfig
 from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
+from jaxnorm.backends.triton import compat as _compat
 from jaxnorm.backends.triton import config as _config
+from jaxnorm.backends.triton import gated_entry as _gated
 from jaxnorm.backends.triton.kernel_call import kernel_call
 
-__all__ = ["KERNEL_OPS", "OP_KERNELS", "PLATFORMS", "TRITON", "DecomposedAddConfig",
-           "TritonBackend", "kernels",
+__all__ = ["PLATFORMS", "TRITON", "DecomposedAddConfig", "TritonBackend", "kernels",
            "kernel_spec"]
 
 # The lowering platforms the Triton kernels compile for (elsewhere: interpret mode only).
 PLATFORMS = _config.GPU_PLATFORMS
 
-# The allow-list: the ops the kernels implement, each declaration mapped to the kernels' one
-# switch between them (``KernelSpec.center``: subtract the row mean). An op not listed here is
-# refused, so the kernels never run an op they do not implement.
-KERNEL_OPS = types.MappingProxyType({LAYER_NORM: True, RMS_NORM: False})
-
-# The ops outside the norm family the kernels implement: each op's name mapped to its entry
-# module (Pallas-free, imported on first use), which has ``refusal(x2_shape, dtype, options)``
-# and one function per role of the op (:meth:`TritonBackend.role`).
-OP_KERNELS = types.MappingProxyType({"gated_rms_norm": "jaxnorm.backends.triton.gated_entry"})
 
 
 def kernels():
@@ -67,12 +60,12 @@ def kernels():
 def kernel_spec(cfg: NormConfig, x, scale, *, has_bias: bool, residual_scale: float = 1.0):
   """The kernels' launch spec for ``x: (..., d)`` from a checked config (no re-validation).
 
-  ``cfg.op`` must be in :data:`KERNEL_OPS` (a ``KeyError`` otherwise: :meth:`TritonBackend.
-  refusal` refuses such a call before any launch).
+  ``cfg.op`` is one of the norm ops in the backend's table (:meth:`TritonBackend.refusal`
+  refuses any other before a launch); the kernels centre the rows where it has ``mean_path``.
   """
   d = x.shape[-1]
   return kernels().common.kernel_spec(
-      x.size // d, d, x.dtype, center=KERNEL_OPS[cfg.op], has_scale=scale is not None,
+      x.size // d, d, x.dtype, center=cfg.op.mean_path, has_scale=scale is not None,
       has_bias=has_bias, epsilon=cfg.epsilon, epsilon_placement=cfg.epsilon_placement,
       zero_centered_scale=cfg.zero_centered_scale, residual_scale=residual_scale,
       block=cfg.pallas.block, cast=cfg.cast)
@@ -199,9 +192,15 @@ def _under_non_manual_mesh() -> bool:
   return any(t != jax.sharding.AxisType.Manual for t in mesh.axis_types)
 
 
-def _entry(op):
-  """The entry module of ``op`` in :data:`OP_KERNELS` (imported on first use)."""
-  return importlib.import_module(OP_KERNELS[op.name])
+def _norm_refusal(op, x2_shape, dtype, options: dict):
+  """Why the norm kernels cannot take ``op`` with ``options``: any option away from its default
+  (the kernels implement none), or None."""
+  del x2_shape, dtype
+  defaults = {o.name: o.default for o in op.options}
+  changed = [f"{name}={value!r}" for name, value in options.items() if value != defaults[name]]
+  if changed:
+    return f"the Pallas kernels implement {op.name} without its options ({', '.join(changed)})"
+  return None
 
 
 class TritonBackend(Backend):
@@ -215,26 +214,26 @@ class TritonBackend(Backend):
   name = "triton"
   platforms = PLATFORMS
   config_class = _config.PallasConfig
+  config_example = "jaxnorm.PallasConfig(interpret=True)"
+
+  def unavailable(self):
+    """Why this JAX cannot run the kernels (its Pallas has no Triton backend), or None
+    (:func:`jaxnorm.backends.triton.compat.missing`, which imports no Pallas)."""
+    return _compat.missing()
 
   def refusal(self, x2_shape, dtype, mask, axis_name, op, options=()):
     """Why the kernels cannot take a plain call on ``x2: (rows, d)``, or None if they can.
 
     ``op``: the op's declaration; ``options``: its ``(name, value)`` pairs. The kernels
-    implement the norm ops of :data:`KERNEL_OPS` without any option away from its default, and
-    the ops of :data:`OP_KERNELS` with what their entry's ``refusal`` allows; no other op.
+    implement the ops of the backend's table, with what the op's ``"refusal"`` entry there
+    allows (the norm ops: no option away from its default); no other op.
     """
-    if op.name in OP_KERNELS:
-      why = _entry(op).refusal(x2_shape, dtype, dict(options))
-      if why is not None:
-        return why
-    elif op not in KERNEL_OPS:
+    op_refusal = self.table.get((op.name, "refusal"))
+    if op_refusal is None:
       return f"the Pallas kernels do not implement {op.name}"
-    else:
-      defaults = {o.name: o.default for o in op.options}
-      changed = [f"{name}={value!r}" for name, value in options if value != defaults[name]]
-      if changed:
-        return (f"the Pallas kernels implement {op.name} without its options "
-                f"({', '.join(changed)})")
+    why = op_refusal(op, x2_shape, dtype, dict(options))
+    if why is not None:
+      return why
     if mask is not None:
       return "the Pallas kernels do not take a mask"
     if axis_name is not None:
@@ -249,10 +248,6 @@ class TritonBackend(Backend):
     """``fn(cfg, *args)`` behind the kernel-call primitive, lowered per platform
     (:func:`jaxnorm.backends.triton.kernel_call.kernel_call`)."""
     return kernel_call(cfg, fn, *args, elsewhere=elsewhere)
-
-  def role(self, op, name):
-    """The kernels' function for the role ``name`` of ``op`` (an op of :data:`OP_KERNELS`)."""
-    return getattr(_entry(op), name)
 
   def add_refusal(self, dtypes):
     """Why the fused kernels cannot take the residual add's ``(name, dtype)`` pairs, or None."""
@@ -315,3 +310,7 @@ def _fused_add(cfg: NormConfig) -> bool:
 
 
 TRITON = TritonBackend()
+for _op in (LAYER_NORM, RMS_NORM):
+  TRITON.register(_op.name, refusal=_norm_refusal, **TRITON.norm_roles())
+TRITON.register("gated_rms_norm", refusal=_gated.refusal, forward_only=_gated.forward_only,
+                forward=_gated.forward, backward=_gated.backward)

@@ -1,24 +1,64 @@
-"""Internal API: every Pallas name the kernels use, fenced in one module.
+"""Internal API: every Pallas name the kernels use, fenced in one module, and whether this JAX
+has them.
 
 Pallas is experimental and its API moves between JAX releases (the Triton ``CompilerParams``
 were ``TritonCompilerParams`` before jax 0.7; masked ``load``/``store`` live in the Triton
-backend's module). The kernel modules (:mod:`~jaxnorm.backends.triton.common`,
-:mod:`~jaxnorm.backends.triton.forward`, :mod:`~jaxnorm.backends.triton.backward`) import Pallas
-through this module only, as the rest of the package reaches JAX internals through
-:mod:`jaxnorm._jax_compat`; a JAX whose Pallas lacks a name fails here, when a kernel is first
-traced, with a ``RuntimeError`` naming the JAX version and what is missing, instead of an
-``AttributeError`` inside a kernel. Importing it imports ``jax.experimental.pallas``: only
-:func:`jaxnorm.backends.triton.backend.kernels` and the checked kernel API do.
+backend's module), and JAX 0.11.0 deprecated Pallas's Triton backend ("will be removed in a
+future version"). The kernel modules (:mod:`~jaxnorm.backends.triton.common`,
+:mod:`~jaxnorm.backends.triton.forward`, :mod:`~jaxnorm.backends.triton.backward`,
+:mod:`~jaxnorm.backends.triton.gated`) import Pallas through this module only, as the rest of the
+package reaches JAX internals through :mod:`jaxnorm._jax_compat`.
+
+* :func:`missing` says, without importing Pallas, why this JAX cannot run the kernels (its
+  Pallas has no ``jax.experimental.pallas.triton``), or None: the Triton backend asks it when a
+  call chooses its backend (:meth:`~jaxnorm.backends.triton.backend.TritonBackend.unavailable`),
+  so ``impl="auto"`` runs XLA and ``impl="triton"`` is refused on such a JAX.
+* The Pallas names (:data:`__all__`) are looked up when a kernel first calls one, not when this
+  module is imported: importing it leaves ``jax.experimental.pallas`` unimported. A JAX whose
+  Pallas lacks a name fails then with a ``RuntimeError`` naming the JAX version and what is
+  missing, instead of an ``AttributeError`` inside a kernel.
 """
 
 from __future__ import annotations
 
-import jax
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
+import functools
+import importlib.machinery
+import importlib.util
+import sys
 
-__all__ = ["cdiv", "compiler_params", "ds", "load", "next_power_of_2", "pallas_call",
-           "program_id", "store"]
+import jax
+
+__all__ = ["cdiv", "compiler_params", "ds", "load", "missing", "next_power_of_2",
+           "pallas_call", "program_id", "store"]
+
+#: The JAX releases the kernels were run with (the oldest supported, the newest tried on a GPU).
+KNOWN = "jax 0.8.1 to 0.11.2"
+_TRITON = "jax.experimental.pallas.triton"
+
+
+def _find_triton_module():
+  """The import spec of Pallas's Triton module, found without importing Pallas (None: absent).
+
+  The probe :func:`missing` asks (a test replaces it to simulate a JAX without the module).
+  """
+  pallas = importlib.util.find_spec("jax.experimental.pallas")  # imports jax.experimental only
+  if pallas is None or not pallas.submodule_search_locations:
+    return None
+  if _TRITON in sys.modules:
+    return sys.modules[_TRITON].__spec__
+  return importlib.machinery.PathFinder.find_spec(_TRITON, pallas.submodule_search_locations)
+
+
+@functools.cache
+def missing() -> str | None:
+  """Why this JAX cannot run the Triton kernels (a phrase naming its version), or None.
+
+  Cached: the answer does not change within a process.
+  """
+  if _find_triton_module() is not None:
+    return None
+  return (f"jax {jax.__version__}'s Pallas has no Triton backend ({_TRITON}; deprecated in "
+          f"jax 0.11.0); the kernels run with {KNOWN}")
 
 
 def _find(module, names: tuple[str, ...], what: str):
@@ -29,30 +69,65 @@ def _find(module, names: tuple[str, ...], what: str):
   raise RuntimeError(
       f"jaxnorm's Pallas kernels do not know where jax {jax.__version__} keeps {what} (looked "
       f"for {', '.join(f'{module.__name__}.{n}' for n in names)}); they are known to work with "
-      f"jax 0.8.1 to 0.10.x. Use impl='xla', or a JAX release in that range.")
+      f"{KNOWN}. Use impl='xla', or a JAX release in that range.")
 
 
-pallas_call = _find(pl, ("pallas_call",), "pallas_call")
-program_id = _find(pl, ("program_id",), "program_id")
-cdiv = _find(pl, ("cdiv",), "cdiv")
-next_power_of_2 = _find(pl, ("next_power_of_2",), "next_power_of_2")
-ds = _find(pl, ("ds",), "ds (a dynamic slice of a ref)")
-_load = _find(plgpu, ("load",), "the Triton backend's masked load")
-_store = _find(plgpu, ("store",), "the Triton backend's masked store")
-_CompilerParams = _find(plgpu, ("CompilerParams", "TritonCompilerParams"),
-                        "the Triton compiler parameters")
+@functools.cache
+def _api() -> dict:
+  """The Pallas names the kernels use, imported and looked up on first use."""
+  why = missing()
+  if why is not None:
+    raise RuntimeError(f"jaxnorm's Pallas kernels cannot run: {why}. Use impl='xla'.")
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import triton as plgpu
+  return {
+      "pallas_call": _find(pl, ("pallas_call",), "pallas_call"),
+      "program_id": _find(pl, ("program_id",), "program_id"),
+      "cdiv": _find(pl, ("cdiv",), "cdiv"),
+      "next_power_of_2": _find(pl, ("next_power_of_2",), "next_power_of_2"),
+      "ds": _find(pl, ("ds",), "ds (a dynamic slice of a ref)"),
+      "load": _find(plgpu, ("load",), "the Triton backend's masked load"),
+      "store": _find(plgpu, ("store",), "the Triton backend's masked store"),
+      "CompilerParams": _find(plgpu, ("CompilerParams", "TritonCompilerParams"),
+                              "the Triton compiler parameters"),
+  }
+
+
+def pallas_call(*args, **kwargs):
+  """``pl.pallas_call``."""
+  return _api()["pallas_call"](*args, **kwargs)
+
+
+def program_id(axis: int):
+  """``pl.program_id``: this program's index along the grid axis ``axis``."""
+  return _api()["program_id"](axis)
+
+
+def cdiv(a, b):
+  """``pl.cdiv``: ``ceil(a / b)``."""
+  return _api()["cdiv"](a, b)
+
+
+def next_power_of_2(n):
+  """``pl.next_power_of_2``."""
+  return _api()["next_power_of_2"](n)
+
+
+def ds(start, size):
+  """``pl.ds``: the dynamic slice ``[start, start + size)`` of a ref."""
+  return _api()["ds"](start, size)
 
 
 def load(ref, *, mask, other):
   """Masked load of ``ref`` (a ``ref.at[...]`` view): ``other`` where ``mask`` is False."""
-  return _load(ref, mask=mask, other=other)
+  return _api()["load"](ref, mask=mask, other=other)
 
 
 def store(ref, value, *, mask):
   """Masked store of ``value`` into ``ref`` (a ``ref.at[...]`` view)."""
-  _store(ref, value, mask=mask)
+  _api()["store"](ref, value, mask=mask)
 
 
 def compiler_params(*, num_warps: int, num_stages: int):
   """The Triton compiler parameters (they select the Triton lowering, not Mosaic GPU)."""
-  return _CompilerParams(num_warps=num_warps, num_stages=num_stages)
+  return _api()["CompilerParams"](num_warps=num_warps, num_stages=num_stages)

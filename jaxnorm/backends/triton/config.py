@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxnorm import _validation as v
+from jaxnorm.backends.triton import compat
 
 __all__ = [
     "GPU_BACKENDS",
@@ -55,8 +56,11 @@ def pallas_compiles_on(backend: str | None = None) -> bool:
   """Whether the Pallas (Triton) kernels compile on ``backend`` (default: JAX's default backend).
 
   True for the GPU backends (:data:`GPU_BACKENDS`); elsewhere run them with
-  ``PallasConfig(interpret=True)``.
+  ``PallasConfig(interpret=True)``. False everywhere on a JAX whose Pallas has no Triton backend
+  (:func:`jaxnorm.backends.triton.compat.missing`).
   """
+  if compat.missing() is not None:
+    return False
   return (jax.default_backend() if backend is None else backend) in GPU_BACKENDS
 
 

@@ -1,8 +1,8 @@
-"""Internal API: gated RMSNorm's entry in the Triton backend, the roles the backend runs
-(:meth:`jaxnorm.backends.triton.backend.TritonBackend.role`) and the calls its kernels refuse.
+"""Internal API: gated RMSNorm's entries in the Triton backend's table (the roles it runs and the
+calls its kernels refuse; :data:`jaxnorm.backends.triton.backend.TRITON`).
 
 The roles take the op's :class:`~jaxnorm.ops.gated.rules.GatedConfig` and ``(..., d)`` arrays, as
-the op's XLA formulas do (:data:`jaxnorm.ops.gated.rules.GATED_RMS_NORM`'s ``xla_roles``), and
+the op's XLA formulas do (:func:`jaxnorm.ops.gated.rules.forward`, ...), and
 return the same shapes and dtypes: the rows are flattened for the kernels of
 :mod:`jaxnorm.backends.triton.gated` and the per-group ``rstd`` reshaped back. This module imports
 no Pallas: the kernel module is imported where a role runs, so asking :func:`refusal` (every
@@ -16,10 +16,11 @@ from jaxnorm.backends.triton.config import gated_refusal
 __all__ = ["backward", "forward", "forward_only", "refusal"]
 
 
-def refusal(x2_shape, dtype, options: dict) -> str | None:
-  """Why the kernels cannot take a call on ``x2: (rows, d)`` whose inputs promote to ``dtype``
-  with the op's ``options`` (``group_size``, ``norm_before_gate``: both orders are
+def refusal(op, x2_shape, dtype, options: dict) -> str | None:
+  """Why the kernels cannot take a call of ``op`` on ``x2: (rows, d)`` whose inputs promote to
+  ``dtype`` with the op's ``options`` (``group_size``, ``norm_before_gate``: both orders are
   implemented), or None."""
+  del op
   return gated_refusal(int(x2_shape[1]), options.get("group_size"), dtype)
 
 

@@ -154,10 +154,11 @@ jc.register_batching(kernel_call_p, _batch)
 def kernel_call(cfg: NormConfig, fn, *args, elsewhere: str = "raise"):
   """``fn(cfg, *args)`` on the kernels (``cfg.impl == "triton"``), behind ``kernel_call_p``.
 
-  ``fn`` is a module-level function (hashable: it is a primitive parameter) taking the config
-  first; ``args`` may hold None. ``elsewhere``: what lowering for a platform the kernels do not
-  compile for gives (interpret mode aside): "raise" (``impl="pallas"``) or "xla" (the GPU
-  branch of ``impl="auto"``). Returns what ``fn`` returns.
+  ``fn`` takes the config first and is hashable (it is a primitive parameter): the dispatcher
+  passes its lookup of one entry of a backend's table (:class:`jaxnorm.backends.table._Entry`,
+  a frozen dataclass); ``args`` may hold None. ``elsewhere``: what lowering for a
+  platform the kernels do not compile for gives (interpret mode aside): "raise"
+  (``impl="pallas"``) or "xla" (the GPU branch of ``impl="auto"``). Returns what ``fn`` returns.
   """
   leaves, tree = jax.tree.flatten(args)
   # The result's structure from the XLA path (the same function; tracing the kernels for it

@@ -1,6 +1,8 @@
 """Internal API: the ``"xla"`` entry of the backend table, the closed forms in XLA ops.
 
-Runs everywhere and takes every call (masks, ``axis_name``, any dtype, the op's options). The
+Runs everywhere and takes every call (masks, ``axis_name``, any dtype, the op's options). Its
+table holds the norm family's roles (these methods) for LayerNorm and RMSNorm, and what other
+ops register (:func:`jaxnorm.backends.table.register`). The
 formulas are :mod:`jaxnorm.backends.xla.formulas`'s; the residual add + norm is :class:`Backend`'s
 composition (the add, then the plain op at ``h``), which XLA fuses. Its one tuning switch,
 :data:`FORWARD_VIEWS`, lives here rather than in the ops' declarations.
@@ -12,7 +14,7 @@ import functools
 
 from jaxnorm.backends.xla import formulas as _xla
 from jaxnorm.backends.interface import Backend, add_backward_of
-from jaxnorm._norm_ops import LAYER_NORM
+from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 
 __all__ = ["FORWARD_VIEWS", "XLA", "XlaBackend"]
 
@@ -50,3 +52,7 @@ class XlaBackend(Backend):
 
 
 XLA = XlaBackend()
+for _op in (LAYER_NORM, RMS_NORM):
+  XLA.register(_op.name, **XLA.norm_roles())
+# Ops outside the norm family register their XLA formulas from their own modules
+# (jaxnorm.backends.table.register: gated RMSNorm's in jaxnorm.ops.gated.rules).

@@ -13,9 +13,9 @@ with :math:`\hat u = u\,r`. The derivation (tangent and VJP of both orders) is i
 ``docs/derivations.md``, "Gated RMSNorm". This module declares what the rule factory
 (:mod:`jaxnorm._rules`) needs: the operands (residuals ``x, z, scale, rstd``; tangents ``tx,
 tz, tscale``), the tangent formula and the derived backward, in XLA ops, and
-:data:`GATED_RMS_NORM`, the op's declaration, which names its XLA formulas per role for the
-backends (:meth:`jaxnorm.backends.interface.Backend.role`). The Triton backend runs its
-kernels where it allows the op (:mod:`jaxnorm.backends.triton.gated_entry`).
+:data:`GATED_RMS_NORM`, the op's declaration; its XLA formulas are registered per role in the
+XLA backend's table (:func:`jaxnorm.backends.table.register`). The Triton backend's table has
+the kernels' entries (:mod:`jaxnorm.backends.triton.gated_entry`).
 
 Numerics: the arithmetic runs in ``promote_types(x, z, scale, float32)``; ``y`` is rounded once
 to ``dtype``, cotangents come back in their primals' dtypes; second order differentiates the
@@ -37,7 +37,6 @@ from jax import lax
 from jaxnorm.backends import table as _backends
 from jaxnorm import _validation as v
 from jaxnorm._norm_ops import Option
-from jaxnorm.backends.triton.config import PallasConfig
 from jaxnorm._remat import INPUT_RESIDUAL, STATS_RESIDUAL
 from jaxnorm._rules import Family, TangentRule, rows_of
 from jaxnorm._wide import wide_jvp, wide_tangent
@@ -54,13 +53,14 @@ class GatedOp:
     name: ``"gated_rms_norm"``.
     options: its switches, as the backends' refusals read them (``group_size``,
       ``norm_before_gate``).
-    xla_roles: ``(role, function)`` pairs: the XLA formulas of each role, ``forward_only``,
-      ``forward`` and ``backward`` (what the XLA backend runs).
+
+  Its XLA formulas (:func:`forward_only`, :func:`forward`, :func:`backward`) are registered in
+  the XLA backend's table under its name, below; the Triton kernels' entries are the Triton
+  backend's own (:mod:`jaxnorm.backends.triton.gated_entry`).
   """
 
   name: str
   options: tuple
-  xla_roles: tuple
 
   def __repr__(self):
     return f"GatedOp({self.name!r})"
@@ -78,7 +78,7 @@ class GatedConfig:
   out_dtype: Any
   compute_dtype: Any
   impl: str  # a backend's name or "per_platform" (jaxnorm.backends.table.resolve_impl)
-  pallas: PallasConfig = PallasConfig()
+  pallas: Any = None  # the config of the kernel backend (jaxnorm.backends.table.call_config)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,9 +205,11 @@ def backward(cfg: GatedConfig, x, z, scale, rstd, dy):
 
 GATED_RMS_NORM = GatedOp(
     "gated_rms_norm",
-    options=(Option("group_size", None), Option("norm_before_gate", True)),
-    xla_roles=(("forward_only", forward_only), ("forward", forward), ("backward", backward)))
+    options=(Option("group_size", None), Option("norm_before_gate", True)))
 """Gated RMSNorm's declaration."""
+
+_backends.register("xla", GATED_RMS_NORM.name, forward_only=forward_only, forward=forward,
+                   backward=backward)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,7 +228,7 @@ def _backward(cfg: GatedConfig, a: dict, cts, wanted: dict) -> dict:
   (dy,) = cts  # never None: the factory answers an all-zero cotangent itself
   # Second order differentiates the backward in float32 copies of 16-bit inputs (wide_jvp), as
   # the norm family's, so each path's cotangent is rounded once.
-  dx, dz, dscale = wide_jvp(functools.partial(_backends.run_role, cfg, "backward"))(
+  dx, dz, dscale = wide_jvp(functools.partial(_backends.run, cfg, "backward"))(
       a["x"], a["z"], a["scale"], a["rstd"], dy)
   out = {"tx": dx, "tz": dz}
   if "tscale" in wanted:
@@ -250,12 +252,12 @@ gated_tangent_p = _RULE.primitive
 
 
 def _forward(cfg: GatedConfig, x, z, scale):
-  y, rstd = wide_jvp(functools.partial(_backends.run_role, cfg, "forward"))(x, z, scale)
+  y, rstd = wide_jvp(functools.partial(_backends.run, cfg, "forward"))(x, z, scale)
   return y, dict(x=x, z=z, scale=scale, rstd=rstd)
 
 
 def _value(cfg: GatedConfig, x, z, scale):
-  return _backends.run_role(cfg, "forward_only", x, z, scale)
+  return _backends.run(cfg, "forward_only", x, z, scale)
 
 
 _gated = _RULE.op(_value, _forward, _TANGENTS, "_gated")
@@ -309,16 +311,16 @@ def _prepare(x, z, scale, *, epsilon, group_size, norm_before_gate, dtype, impl,
     raise ValueError(f"group_size must divide x's last axis ({d}), got {k}; Mamba2's "
                      f"group_size is d // ngroups.")
   out_dtype = v.check_out_dtype("dtype", dtype)
-  pallas = v.check_instance("pallas", pallas, PallasConfig, "jaxnorm.PallasConfig(interpret=True)")
+  pallas = _backends.check_config(pallas)
   dtypes = [a.dtype for a in (x, z, scale) if a is not None]
   ct = jnp.promote_types(jnp.result_type(*dtypes), jnp.float32)
   rows = int(x.size // d) if d else 0
-  impl = _backends.resolve_impl(impl, (rows, d), jnp.result_type(*dtypes), None, None,
-                                GATED_RMS_NORM,
-                                (("group_size", k), ("norm_before_gate", norm_before_gate)))
+  resolved = _backends.resolve_impl(impl, (rows, d), jnp.result_type(*dtypes), None, None,
+                                    GATED_RMS_NORM,
+                                    (("group_size", k), ("norm_before_gate", norm_before_gate)))
   return GatedConfig(GATED_RMS_NORM, k, epsilon, norm_before_gate,
-                     jnp.dtype(out_dtype or x.dtype), jnp.dtype(ct), impl,
-                     pallas if impl != "xla" else PallasConfig())
+                     jnp.dtype(out_dtype or x.dtype), jnp.dtype(ct), resolved,
+                     _backends.call_config(pallas, resolved, impl))
 
 
 def gated_rms_norm(x, z, scale=None, *, epsilon=1e-6, group_size=None, norm_before_gate=True,

@@ -19,7 +19,7 @@ from jaxnorm import _jax_compat
 from jaxnorm import _validation as v
 from jaxnorm._casting import CASTINGS, cast_plan
 from jaxnorm._norm_config import AddConfig, NormConfig
-from jaxnorm.backends.triton.config import PallasConfig
+from jaxnorm.ops.norm import memory_efficient as _memory_efficient
 
 __all__ = ["flat_params", "prepare", "prepare_add"]
 
@@ -63,10 +63,14 @@ def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
       raise ValueError("axis_index_groups needs axis_name (the mesh axis they group).")
     axis_index_groups = tuple(tuple(int(i) for i in grp) for grp in axis_index_groups)
   d = int(np.prod(norm_shape))
+  if dict(options).get("memory_efficient"):
+    _memory_efficient.warn_imprecise(
+        scale, bias, zero_centered_scale=zero_centered_scale,
+        shapes=(scale_heads + (d,), bias_heads + (d,)), out_dtype=dtype or x.dtype)
   lead = tuple(x.shape[:axes[0]])
   x2 = x.reshape(lead + (d,))
-  pallas = v.check_instance("pallas", pallas, PallasConfig,
-                            "jaxnorm.PallasConfig(interpret=True)")
+  pallas = _backends.check_config(pallas)
+  impl_arg = impl
   impl = _backends.resolve_impl(impl, (int(np.prod(lead)), d), x.dtype, mask, axis_name,
                                 op, options)
   mask2 = None
@@ -84,7 +88,7 @@ def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
       bias_shape=None if bias is None else bias_heads + (d,),
       bias_vma=frozenset() if bias is None else _jax_compat.varying_axes(bias),
       impl=impl,
-      pallas=pallas if impl != "xla" else PallasConfig(),
+      pallas=_backends.call_config(pallas, impl, impl_arg),
       cast=cast_plan(casting, x.dtype, None if scale is None else scale.dtype,
                      None if bias is None else bias.dtype),
       heads=max(scale_heads, bias_heads, key=len),

@@ -67,7 +67,12 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
       that name; ``docs/derivations.md``): one ``x``-sized array less per call where ``y`` is
       kept anyway (by the next layer). Every :math:`\gamma_i` must be nonzero: where one is 0
       the cotangents are NaN (documented; a concrete ``scale`` with a zero raises a
-      ``ValueError``). Runs on XLA ("auto" never takes the kernels with it).
+      ``ValueError``). The recovered :math:`\hat x` loses about
+      :math:`\log_2 \max_j |\beta_j / \gamma_j|` bits of ``y``'s; beyond a ratio of
+      ``2 ** (p // 2)`` for ``y``'s ``p`` significand bits (float32 4096, float16 32, bfloat16
+      16) less than half are left, and dx/dscale lose as much: a concrete ``scale`` and ``bias``
+      beyond it give a ``RuntimeWarning``; under ``jit`` nothing is checked, so keep the ratio
+      below it (or use a wider ``dtype``). Runs on XLA ("auto" never takes the kernels with it).
 
   Returns:
     ``y`` with the shape of ``x``.

@@ -16,16 +16,26 @@ Where a :math:`\gamma_i` is 0, ``y_i = \beta_i`` carries nothing of :math:`\hat 
 recovered value is ``0/0``, NaN, and so are that feature's ``dscale`` and the rows' ``dx``
 (documented; :func:`jaxnorm._validation.check_invertible_scale` raises where the scale is a
 concrete array).
+
+Away from 0 the recovery costs precision: ``y``'s rounding error, about ``u (|gamma x_hat| +
+|beta|)``, divided by :math:`\gamma` is ``u (|x_hat| + |beta / gamma|)`` on :math:`\hat x`
+(``u`` the unit roundoff of ``y``'s dtype). :func:`warn_imprecise` warns where the scale and bias
+are concrete and ``max_j |beta_j| / |gamma_j|`` exceeds :func:`max_ratio` of ``y``'s dtype
+(measured in ``docs/perf-notes.md``, "memory_efficient precision").
 """
 
 from __future__ import annotations
 
+import warnings
+
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxnorm.backends.xla import formulas as _xla
 from jaxnorm._norm_config import NormConfig
 
-__all__ = ["kept", "recovered"]
+__all__ = ["kept", "max_ratio", "recovered", "warn_imprecise"]
 
 
 def kept(cfg: NormConfig, x, y, bias, stats) -> dict:
@@ -61,3 +71,47 @@ def recovered(cfg: NormConfig, named: dict) -> dict:
     xhat = xhat / g.astype(ct)
   shift = jnp.zeros_like(rstd) if cfg.op.mean_path else None
   return {**named, "x": xhat / rstd, "shift": shift, "delta": None}
+
+
+def max_ratio(dtype) -> float:
+  r"""The largest ``max_j |beta_j| / |gamma_j|`` at which ``memory_efficient=True`` keeps at
+  least half of the significand bits of ``y``'s ``dtype`` in the recovered :math:`\hat x`:
+  ``2 ** (p // 2)`` for ``p`` significand bits (float32 4096, float16 32, bfloat16 16)."""
+  return float(2 ** ((jnp.finfo(dtype).nmant + 1) // 2))
+
+
+def warn_imprecise(scale, bias, *, zero_centered_scale: bool, shapes, out_dtype) -> None:
+  r"""A ``RuntimeWarning`` where ``memory_efficient=True`` recovers :math:`\hat x` from ``y``
+  (stored in ``out_dtype``) with fewer than half of its significand bits: ``scale`` and ``bias``
+  concrete and ``max_j |beta_j| / |gamma_j| > max_ratio(out_dtype)``.
+
+  ``shapes``: ``(scale_shape, bias_shape)``, each ``heads + (d,)`` (the checked parameters'
+  per-head axes and normalized size; they broadcast against each other). Nothing where either
+  is None or traced (under ``jit`` the docs carry the rule), or where a :math:`\gamma_j` is 0
+  (that is :func:`jaxnorm._validation.check_invertible_scale`'s case).
+  """
+  if scale is None or bias is None:
+    return
+  try:
+    gamma = np.asarray(scale, np.float64).reshape(shapes[0])
+    beta = np.asarray(bias, np.float64).reshape(shapes[1])
+  except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+    return  # traced: not checkable here
+  gamma = np.abs(gamma + (1.0 if zero_centered_scale else 0.0))
+  gamma, beta = np.broadcast_arrays(gamma, np.abs(beta))
+  nonzero = gamma > 0
+  if not nonzero.any():
+    return
+  ratios = np.where(nonzero, beta / np.where(nonzero, gamma, 1.0), 0.0)
+  worst = float(ratios.max())
+  limit = max_ratio(out_dtype)
+  if not worst > limit:  # also False for NaN parameters
+    return
+  where = np.unravel_index(int(ratios.argmax()), ratios.shape)
+  warnings.warn(
+      f"memory_efficient=True recovers x_hat = (y - bias) / gamma from y stored in "
+      f"{jnp.dtype(out_dtype).name}, and max |bias_j| / |gamma_j| is {worst:.4g} (at index "
+      f"{tuple(int(i) for i in where)} of the parameters), above {limit:g} for "
+      f"{jnp.dtype(out_dtype).name}: the recovered x_hat, and dx/dscale with it, keep fewer "
+      f"than half of y's significand bits (docs/perf-notes.md, 'memory_efficient precision'). "
+      f"Use memory_efficient=False, or a wider dtype= for y.", RuntimeWarning, stacklevel=4)

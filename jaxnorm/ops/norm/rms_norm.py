@@ -53,7 +53,9 @@ def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None, epsilon_placeme
     casting: the order of casts of the affine stage (see :func:`jaxnorm.layer_norm`):
       "float32" (default), "llama" (HF ``LlamaRMSNorm``) or "t5" (HF ``T5LayerNorm``).
     memory_efficient: reverse mode keeps ``y`` and ``rstd`` instead of ``x`` (see
-      :func:`jaxnorm.layer_norm`; every :math:`\gamma_i` must be nonzero).
+      :func:`jaxnorm.layer_norm`; every :math:`\gamma_i` must be nonzero). Without a bias the
+      recovered :math:`\hat x = y / \gamma` loses only ``y``'s rounding, at any nonzero
+      :math:`\gamma`.
 
   Returns:
     ``y`` with the shape of ``x``.
