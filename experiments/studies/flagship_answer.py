@@ -26,7 +26,8 @@ def _rates(rates, top: float | None = None) -> str:
 def best_rate(grid: dict, lrs, key) -> float | None:
   """The rate where the layout (``key(lr)`` its grid label) has the lowest seed-mean final loss among the
   rates where it trains in every seed (None if it trains at none): its best-tuned rate."""
-  ok = [(grid[key(lr)]["mean"], lr) for lr in lrs if key(lr) in grid and not any(grid[key(lr)]["failures"])]
+  ok = [(sum(grid[key(lr)]["values"]) / len(grid[key(lr)]["values"]), lr) for lr in lrs
+        if key(lr) in grid and not any(grid[key(lr)]["failures"])]
   return min(ok)[1] if ok else None
 
 
@@ -70,24 +71,18 @@ def warmup_answer(summary: dict) -> list[str]:
   top = max(lrs) if lrs else None
   steps = (summary.get("config") or {}).get("steps")
   pre_r, post_r = per.get("pre|0", []), per.get(f"post|{long_}", [])
-  out = [f"Highest peak rate each layout trained at, per seed ({n} seed{'s' if n != 1 else ''}, {steps} steps): "
+  run = f", {steps} steps" if steps else ""
+  out = [f"Highest peak rate each layout trained at, per seed ({n} seed{'s' if n != 1 else ''}{run}): "
          f"Pre-LN without warm-up {_rates(pre_r, top)}; Post-LN without warm-up {_rates(per.get('post|0', []), top)}, "
          f"with warm-up {long_} {_rates(post_r, top)}."]
-  diffs = []
-  for lr in summary.get("lrs", []):
-    pre, post = grid.get(f"pre|{lr}|0"), grid.get(f"post|{lr}|{long_}")
-    if pre and post and not any(post["failures"]) and not any(pre["failures"]):
-      diffs.append((lr, [a - b for a, b in zip(pre["values"], post["values"])]))
-  if diffs:
-    out.append("Final loss, Pre-LN without minus Post-LN with warm-up (paired per seed): "
-               + "; ".join(f"{_span(d)} nats at {lr:z.2g}" for lr, d in diffs) + ".")
   # A bold recommendation only where every seed agrees, at each layout's best-tuned rate (issue 50).
   higher = pre_r and all(a is not None and (b is None or a >= b) for a, b in zip(pre_r, post_r))
   bp, bq = best_rate(grid, lrs, lambda lr: f"pre|{lr}|0"), best_rate(grid, lrs, lambda lr: f"post|{lr}|{long_}")
   if bp is not None and bq is not None:
     d = _paired(grid, f"pre|{bp}|0", f"post|{bq}|{long_}")
     lead = ("**Pre-LN** trained at higher rates and, at each one's best rate, to a lower loss than Post-LN in every "
-            f"seed after {steps} steps: " if higher and all(x < -MARGIN for x in d) else "At each one's best rate: ")
+            f"seed{run.replace(',', ' after')}: " if higher and all(x < -MARGIN for x in d)
+            else "At each one's best rate: ")
     out.insert(0, f"{lead}Pre-LN ({bp:z.2g}) minus Post-LN with warm-up ({bq:z.2g}) {_span(d)} nats per seed.")
   b0 = best_rate(grid, lrs, lambda lr: f"post|{lr}|0")
   if b0 is not None and bq is not None:
