@@ -229,8 +229,9 @@ def check_op_options(op: str, declared, given) -> tuple:
 def check_invertible_scale(scale: Any, zero_centered_scale: bool) -> None:
   r"""``memory_efficient=True`` divides by :math:`\gamma`: a ``ValueError`` where the scale is a
   concrete array (not traced) with a :math:`\gamma_i = 0` (``scale_i = 0``, or ``-1`` with a
-  zero-centred scale). A traced scale cannot be checked here: a zero then gives NaN cotangents
-  (documented in ``docs/derivations.md``)."""
+  zero-centred scale). Called by the ops' argument check and by the JVP rule, whose primal scale
+  is concrete under eager ``grad``/``vjp``/``jvp``. A traced scale cannot be checked: a zero then
+  gives NaN in that feature's ``dx`` column and ``dscale`` entry (``docs/derivations.md``)."""
   if scale is None:
     return
   try:

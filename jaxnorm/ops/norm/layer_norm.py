@@ -65,9 +65,10 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
     memory_efficient: if True reverse mode keeps ``y`` and ``rstd`` instead of ``x`` and
       recovers :math:`\hat x = (y - \beta) / \gamma` in the backward (NVIDIA Apex's option of
       that name; ``docs/derivations.md``): one ``x``-sized array less per call where ``y`` is
-      kept anyway (by the next layer). Every :math:`\gamma_i` must be nonzero: where one is 0
-      the cotangents are NaN (documented; a concrete ``scale`` with a zero raises a
-      ``ValueError``). Runs on XLA ("auto" never takes the kernels with it).
+      kept anyway (by the next layer). Every :math:`\gamma_i` must be nonzero: a ``scale``
+      whose value is concrete (eager, differentiated or not) with a zero raises a
+      ``ValueError``; a traced one gives NaN in that feature's ``dx`` column and ``dscale``
+      entry only (documented). Runs on XLA ("auto" never takes the kernels with it).
 
   Returns:
     ``y`` with the shape of ``x``.

@@ -12,10 +12,14 @@ which ``centered`` gives ``x'`` and ``x_hat`` gives :math:`\hat x`. The differen
 primitive's formula and transpose call :func:`recovered`, so partial evaluation saves ``y``, the
 parameters and ``rstd`` (``x'`` is computed in the backward, never saved).
 
-Where a :math:`\gamma_i` is 0, ``y_i = \beta_i`` carries nothing of :math:`\hat x_i`: the
-recovered value is ``0/0``, NaN, and so are that feature's ``dscale`` and the rows' ``dx``
-(documented; :func:`jaxnorm._validation.check_invertible_scale` raises where the scale is a
-concrete array).
+Where a :math:`\gamma_i` is 0, ``y_i = \beta_i`` carries nothing of :math:`\hat x_i`.
+:func:`jaxnorm._validation.check_invertible_scale` raises where the scale's value is concrete
+(an eager call, differentiated or not: the JVP rule checks its concrete primal). Where it is
+traced, the backward divides by a safe :math:`\gamma` (1 where :math:`\gamma_i = 0`), which
+leaves every other feature's ``dx`` exact (:math:`g_i = \gamma_i\,dy_i = 0` takes feature
+``i`` out of the row means), and :func:`lost` puts NaN back in the two cotangents that need
+:math:`\hat x_i`: column ``i`` of ``dx`` and ``dscale_i``. The tangent (forward mode) needs
+:math:`\hat x_i` in every row mean, so it divides by :math:`\gamma` unmasked: NaN rows.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import jax.numpy as jnp
 from jaxnorm.backends.xla import formulas as _xla
 from jaxnorm._norm_config import NormConfig
 
-__all__ = ["kept", "recovered"]
+__all__ = ["kept", "lost", "recovered"]
 
 
 def kept(cfg: NormConfig, x, y, bias, stats) -> dict:
@@ -42,12 +46,14 @@ def kept(cfg: NormConfig, x, y, bias, stats) -> dict:
   return dict(y=y, bias=bias, rstd=stats[2])
 
 
-def recovered(cfg: NormConfig, named: dict) -> dict:
+def recovered(cfg: NormConfig, named: dict, *, safe: bool = False) -> dict:
   """``named`` operands with ``x``, ``shift`` and ``delta`` recovered from ``y`` where the call
   kept ``y`` (``named["x"]`` None); otherwise ``named`` itself.
 
   ``x = (y - bias) / gamma / rstd`` in the compute dtype (``rstd``'s), the pivot 0 (LayerNorm;
   RMSNorm has none) and no offset: the backward and the tangent then see :math:`\\hat x`.
+  ``safe``: divide by 1 where :math:`\\gamma_i = 0` (the backward, which then masks with
+  :func:`lost`); otherwise by :math:`\\gamma` itself (NaN there).
   """
   if named["x"] is not None:
     return named
@@ -58,6 +64,26 @@ def recovered(cfg: NormConfig, named: dict) -> dict:
     xhat = xhat - _xla.as_row(named["bias"], y.ndim, ct)
   g = _xla.gamma(cfg, named["scale"], y.ndim, ct)
   if g is not None:
-    xhat = xhat / g.astype(ct)
+    g = g.astype(ct)
+    xhat = xhat / (jnp.where(g == 0, jnp.ones_like(g), g) if safe else g)
   shift = jnp.zeros_like(rstd) if cfg.op.mean_path else None
   return {**named, "x": xhat / rstd, "shift": shift, "delta": None}
+
+
+def lost(cfg: NormConfig, named: dict, dx, dscale):
+  r"""``(dx, dscale)`` with NaN where :math:`\gamma_i = 0` under ``memory_efficient``: column
+  ``i`` of ``dx`` and entry ``i`` of ``dscale`` (the only cotangents that read
+  :math:`\hat x_i`, which ``y`` does not carry there). Unchanged where the call kept ``x``.
+
+  ``named``: the operands as given to the backward (before :func:`recovered`); ``dscale`` in
+  the scale's shape, or None.
+  """
+  if named["x"] is not None or named["scale"] is None:
+    return dx, dscale
+  g = _xla.gamma(cfg, named["scale"], named["scale"].ndim, named["rstd"].dtype)
+  zero = g == 0                                     # the scale's shape
+  if dx is not None:
+    dx = jnp.where(_xla.as_row(zero, dx.ndim, zero.dtype), jnp.asarray(jnp.nan, dx.dtype), dx)
+  if dscale is not None:
+    dscale = jnp.where(zero, jnp.asarray(jnp.nan, dscale.dtype), dscale)
+  return dx, dscale
