@@ -226,26 +226,6 @@ def check_op_options(op: str, declared, given) -> tuple:
                       for name, default in declared))
 
 
-def check_invertible_scale(scale: Any, zero_centered_scale: bool) -> None:
-  r"""``memory_efficient=True`` divides by :math:`\gamma`: a ``ValueError`` where the scale is a
-  concrete array (not traced) with a :math:`\gamma_i = 0` (``scale_i = 0``, or ``-1`` with a
-  zero-centred scale). Called by the ops' argument check and by the JVP rule, whose primal scale
-  is concrete under eager ``grad``/``vjp``/``jvp``. A traced scale cannot be checked: a zero then
-  gives NaN in that feature's ``dx`` column and ``dscale`` entry (``docs/derivations.md``)."""
-  if scale is None:
-    return
-  try:
-    gamma = np.asarray(scale, np.float64) + (1.0 if zero_centered_scale else 0.0)
-  except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-    return   # traced: not checkable here
-  zeros = np.flatnonzero(gamma.reshape(-1) == 0)
-  if zeros.size:
-    raise ValueError(
-        f"memory_efficient=True recovers x_hat = (y - bias) / gamma in the backward, but gamma "
-        f"is 0 at {zeros.size} of {gamma.size} features (first at flat index {int(zeros[0])}); "
-        f"those cotangents would be NaN. Use memory_efficient=False, or a nonzero scale.")
-
-
 def check_instance(name: str, value: Any, cls: type, example: str):
   """``value`` if it is a ``cls`` (None: ``cls()``); ``TypeError`` naming ``example`` otherwise.
 
@@ -381,3 +361,4 @@ def check_finite_real(name: str, value: Any) -> float:
     raise TypeError(f"{name} must be a finite real number, got {type(value).__name__} "
                     f"{value!r}.")
   return float(value)
+

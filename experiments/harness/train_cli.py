@@ -36,7 +36,7 @@ from jaxnorm.models import (
   TransformerConfig,
 )
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "positive_float"]
 
 
 def _number(cast, lower: float, strict: bool, what: str):
@@ -59,7 +59,7 @@ def _number(cast, lower: float, strict: bool, what: str):
 
 _positive_int = _number(int, 0, True, "a positive integer")
 _nonneg_int = _number(int, 0, False, "a non-negative integer")
-_positive_float = _number(float, 0, True, "a positive number")
+positive_float = _number(float, 0, True, "a positive number")
 _nonneg_float = _number(float, 0, False, "a non-negative number")
 
 
@@ -138,7 +138,7 @@ def _add_fields(group, cls) -> list[str]:
     elif kind.startswith("int"):
       group.add_argument(opt, type=_nonneg_int if f.name in _NONNEG else _positive_int, default=default, **kw)
     elif kind.startswith("float"):
-      cast = _beta if f.name in _BETAS else (_nonneg_float if f.name in _NONNEG else _positive_float)
+      cast = _beta if f.name in _BETAS else (_nonneg_float if f.name in _NONNEG else positive_float)
       group.add_argument(opt, type=cast, default=default, **kw)
     else:
       group.add_argument(opt, default=default, **kw)

@@ -16,6 +16,7 @@ import numpy as np
 
 from jaxnorm.backends import table as _backends
 from jaxnorm import _jax_compat
+from jaxnorm import _concrete_checks as _cc
 from jaxnorm import _validation as v
 from jaxnorm._casting import CASTINGS, cast_plan
 from jaxnorm._norm_config import AddConfig, NormConfig
@@ -50,7 +51,7 @@ def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
                                options or {})
   v.check_choice("casting", casting, CASTINGS)
   if dict(options).get("memory_efficient"):
-    v.check_invertible_scale(scale, zero_centered_scale)
+    _cc.check_invertible_scale(scale, zero_centered_scale)
   norm_shape = tuple(x.shape[axes[0]:])
   scale_heads = v.check_param("scale", scale, x.shape, axes[0], x_name=x_name)
   bias_heads = v.check_param("bias", bias, x.shape, axes[0], x_name=x_name)

@@ -13,7 +13,7 @@ primitive's formula and transpose call :func:`recovered`, so partial evaluation 
 parameters and ``rstd`` (``x'`` is computed in the backward, never saved).
 
 Where a :math:`\gamma_i` is 0, ``y_i = \beta_i`` carries nothing of :math:`\hat x_i`.
-:func:`jaxnorm._validation.check_invertible_scale` raises where the scale's value is concrete
+:func:`jaxnorm._concrete_checks.check_invertible_scale` raises where the scale's value is concrete
 (an eager call, differentiated or not: the JVP rule checks its concrete primal). Where it is
 traced, the backward divides by a safe :math:`\gamma` (1 where :math:`\gamma_i = 0`), which
 leaves every other feature's ``dx`` exact (:math:`g_i = \gamma_i\,dy_i = 0` takes feature

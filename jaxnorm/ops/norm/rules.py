@@ -53,7 +53,7 @@ import jax.numpy as jnp
 
 from jaxnorm.backends import table as _backends
 from jaxnorm import _math
-from jaxnorm import _validation as _v
+from jaxnorm import _concrete_checks as _cc
 from jaxnorm.backends.xla import formulas as _xla
 from jaxnorm.ops.norm.memory_efficient import kept, lost, recovered
 from jaxnorm._norm_config import NormConfig
@@ -188,7 +188,7 @@ norm_tangent_p = _RULE.primitive
 
 def _norm_forward(cfg: NormConfig, x, scale, bias, mask):
   if cfg.option("memory_efficient"):  # the primal scale is concrete here under eager grad/jvp
-    _v.check_invertible_scale(scale, cfg.zero_centered_scale)
+    _cc.check_invertible_scale(scale, cfg.zero_centered_scale)
   y, stats = wide_jvp(functools.partial(_backends.forward, cfg))(x, scale, bias, mask)
   # What reverse mode saves: x and the statistics, or y and rstd (memory_efficient).
   return y, dict(kept(cfg, x, y, bias, stats), scale=scale, mask=mask)
