@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -60,3 +61,54 @@ def check_token_ids(name: str, tokens: Any, vocab_size: int) -> bool:
         f"{int(bad.sum())} out of range, the first {int(ids[where])} at index {where}; "
         f"map them into the vocabulary (or build the model with a larger vocab_size).")
   return True
+
+
+def row_range(dtype, d: int) -> tuple[float, float]:
+  r"""``(huge, tiny)``: where the norm ops' float range ends for rows of ``d`` features.
+
+  The statistics are computed in ``ct``, float32 (float64 for float64 inputs). A row whose
+  largest magnitude is at least :math:`\sqrt{\mathrm{max}_{ct} / (4d)}` may overflow its sum of
+  squares (the factor 4: LayerNorm squares deviations from a pivot, up to twice the magnitude);
+  with ``epsilon=0``, a nonzero row whose largest magnitude is below
+  :math:`\sqrt{d\,\mathrm{tiny}_{ct}}` may underflow its mean square to 0.
+  """
+  ct = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+  fi = np.finfo(ct)
+  d = max(int(d), 1)
+  return float(np.sqrt(fi.max / (4.0 * d))), float(np.sqrt(fi.tiny * d))
+
+
+def check_row_range(op_name: str, x: Any, epsilon: float, *, residual: Any = None,
+                    residual_scale: float = 1.0, x_name: str = "x") -> None:
+  """Raises ``ValueError`` where a concrete finite row of ``x`` (or of ``h = x +
+  residual_scale * residual``) is past :func:`row_range`: the op would otherwise return zeros or
+  inf for it. Rows holding a NaN or an infinity are left to propagate (non-finite already);
+  traced rows past the range give NaN (:func:`jaxnorm._math.rstd`). ``x``: ``(..., d)``.
+  """
+  if any(isinstance(a, jax.core.Tracer) for a in (x, residual)):
+    return
+  ct = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+  h = x.astype(ct) if residual is None else x.astype(ct) + residual_scale * residual.astype(ct)
+  if h.size == 0:
+    return
+  big = np.asarray(jnp.max(jnp.abs(h), axis=-1)).reshape(-1)
+  huge, tiny = row_range(ct, h.shape[-1])
+  over = np.flatnonzero(np.isfinite(big) & (big >= huge))
+  under = np.flatnonzero((big > 0) & (big < tiny)) if epsilon == 0 else over[:0]
+  name = x_name if residual is None else f"h = {x_name} + residual_scale * residual"
+  if over.size:
+    i = int(over[0])
+    raise ValueError(
+        f"{op_name}: {over.size} row(s) of {name} are past the float range of its statistics "
+        f"({np.dtype(ct).name}): row {i} (flattened) has largest magnitude {big[i]:.3g} >= "
+        f"{huge:.3g} = sqrt(finfo.max / (4 d)), d = {h.shape[-1]}, where its sum of squares "
+        f"overflows (the result would be zeros or NaN). Rescale the rows (the op is invariant "
+        f"to a row's scale, up to epsilon) or compute in float64.")
+  if under.size:
+    i = int(under[0])
+    raise ValueError(
+        f"{op_name}: {under.size} row(s) of {name} are below the float range of its statistics "
+        f"({np.dtype(ct).name}) with epsilon=0: row {i} (flattened) has largest magnitude "
+        f"{big[i]:.3g} < {tiny:.3g} = sqrt(d * finfo.tiny), d = {h.shape[-1]}, where its mean "
+        f"square underflows to 0 (the result would be inf or NaN). Pass epsilon > 0 or rescale "
+        f"the rows.")

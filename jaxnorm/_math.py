@@ -32,11 +32,12 @@ def rstd(var, epsilon: float, outside: bool):
       the variance.
 
   Returns:
-    :math:`r`, the same shape and dtype as ``var``.
+    :math:`r`, the same shape and dtype as ``var``; NaN where ``var`` is ``+inf`` (a row past
+    the float range, whose squares overflowed: its output is then NaN, never the zeros
+    :math:`r = 0` would give; ``jaxnorm._concrete_checks.row_range`` states the range).
   """
-  if outside:
-    return 1.0 / (jnp.sqrt(var) + epsilon)
-  return lax.rsqrt(var + epsilon)
+  r = 1.0 / (jnp.sqrt(var) + epsilon) if outside else lax.rsqrt(var + epsilon)
+  return jnp.where(var < jnp.inf, r, jnp.nan)
 
 
 def variance_path_factor(rstd, epsilon: float, outside: bool):

@@ -40,6 +40,46 @@ def check_floating(name: str, x: Any) -> None:
     )
 
 
+def check_input(name: str, x: Any) -> None:
+  """The rule of every array an op normalizes or gates (``x``, ``residual``, ``z``): a floating
+  array of at least 16 bits (:func:`check_floating`; None, a gate left out, is refused by name).
+
+  8-bit floats are refused as inputs (the statistics of a float8 row lose everything they
+  average; cast first); as a ``scale``, ``bias`` or ``dtype=`` they stay allowed.
+  """
+  check_floating(name, x)
+  if jnp.finfo(x.dtype).bits < 16:
+    raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}; "
+                    f"cast it first, e.g. {name}.astype(jnp.bfloat16).")
+
+
+def check_layer_input(name: str, x: Any) -> None:
+  """A Flax layer's input: an integer or bool array (Flax promotes it to float32), or one
+  :func:`check_input` accepts; checked before the layer's dtype promotion."""
+  dtype = getattr(x, "dtype", None)
+  if dtype is None or not (jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_)):
+    check_input(name, x)
+
+
+def check_axis_name(axis_name: Any):
+  """``axis_name`` (None, a name, or a tuple/list of names) as a hashable value, after checking
+  that every name is bound here: inside ``shard_map`` over a mesh with that axis, or a
+  ``jax.vmap(..., axis_name=...)``. ``ValueError`` naming ``axis_name`` otherwise."""
+  if axis_name is None:
+    return None
+  if isinstance(axis_name, list):
+    axis_name = tuple(axis_name)
+  try:
+    jax.lax.axis_size(axis_name)
+  except NameError:
+    raise ValueError(
+        f"axis_name={axis_name!r} is not bound here: it names the mesh axis the normalized "
+        f"features are split over, so call the op inside jax.shard_map over a mesh with that "
+        f"axis (or a jax.vmap with axis_name={axis_name!r}), or leave axis_name=None."
+    ) from None
+  return axis_name
+
+
 def check_epsilon(epsilon: Any) -> float:
   """Returns ``epsilon`` as a Python float after checking it is a finite, non-negative number.
 

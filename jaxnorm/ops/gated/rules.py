@@ -284,12 +284,10 @@ def check_layer_group(layer: str, num_features: int, group_size) -> None:
 
 def _prepare(x, z, scale, *, epsilon, group_size, norm_before_gate, dtype, impl, pallas):
   """Checks a call; returns its :class:`GatedConfig`."""
-  for name, a in (("x", x), ("z", z), ("scale", scale)):
-    if a is not None:
-      v.check_floating(name, a)
-      if jnp.finfo(a.dtype).bits < 16:
-        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {a.dtype}; "
-                        f"cast it first, e.g. {name}.astype(jnp.bfloat16).")
+  v.check_input("x", x)
+  v.check_input("z", z)   # the gate: None (left out) is refused by name
+  if scale is not None:
+    v.check_input("scale", scale)   # the gated kernels take no 8-bit scale either
   if x.ndim < 1:
     raise ValueError(f"x must have at least one axis (the normalized features), got shape "
                      f"{tuple(x.shape)}.")

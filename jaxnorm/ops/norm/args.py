@@ -42,7 +42,7 @@ def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
   broadcast and flattened the same way, and ``restore`` maps a ``(..., d)`` result back to the
   shape of ``x``.
   """
-  v.check_floating(x_name, x)
+  v.check_input(x_name, x)
   epsilon = v.check_epsilon(epsilon)
   axes = v.normalized_axes(x.ndim, axis)
   v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
@@ -57,8 +57,7 @@ def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
   bias_heads = v.check_param("bias", bias, x.shape, axes[0], x_name=x_name)
   v.check_mask(mask, x.shape)
   dtype = v.check_out_dtype("dtype", dtype)
-  if isinstance(axis_name, list):  # hashable: the config is a static argument
-    axis_name = tuple(axis_name)
+  axis_name = v.check_axis_name(axis_name)  # hashable: the config is a static argument
   if axis_index_groups is not None:
     if axis_name is None:
       raise ValueError("axis_index_groups needs axis_name (the mesh axis they group).")
@@ -101,8 +100,8 @@ def prepare_add(x, residual, scale, bias, *, residual_scale, residual_dtype, **k
   As :func:`prepare`, with ``cfg.add`` describing the add ``h = x + residual_scale *
   residual`` (``h`` stored in ``residual_dtype``, default the inputs' promoted dtype).
   """
-  v.check_floating("x", x)
-  v.check_floating("residual", residual)
+  v.check_input("x", x)
+  v.check_input("residual", residual)
   v.check_residual_shape(residual.shape, x.shape)
   alpha = v.check_residual_scale(residual_scale)
   hd = v.check_residual_dtype(x.dtype, residual.dtype, residual_dtype)

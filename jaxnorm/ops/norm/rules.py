@@ -186,24 +186,44 @@ norm_tangent_p = _RULE.primitive
 # The custom_jvp ops.
 
 
-def _norm_forward(cfg: NormConfig, x, scale, bias, mask):
-  if cfg.option("memory_efficient"):  # the primal scale is concrete here under eager grad/jvp
+def _check(cfg: NormConfig, x, scale, residual=None):
+  """The checks of values (:mod:`jaxnorm._concrete_checks`), run by the value and by the JVP
+  rule, whose primals are concrete in an eager call, differentiated (eager grad/vjp/jvp) or
+  not; a traced call checks nothing here (its outcome is documented with each check)."""
+  _cc.check_row_range(cfg.op.name, x, cfg.epsilon, residual=residual,
+                      residual_scale=cfg.residual_scale if cfg.has_add else 1.0)
+  if cfg.option("memory_efficient"):
     _cc.check_invertible_scale(scale, cfg.zero_centered_scale)
+
+
+def _norm_value(cfg: NormConfig, x, scale, bias, mask):
+  _check(cfg, x, scale)
+  return _backends.forward_only(cfg, x, scale, bias, mask)
+
+
+def _add_norm_value(cfg: NormConfig, x, residual, scale, bias, mask):
+  _check(cfg, x, scale, residual)
+  return _backends.add_forward_only(cfg, x, residual, scale, bias, mask)
+
+
+def _norm_forward(cfg: NormConfig, x, scale, bias, mask):
+  _check(cfg, x, scale)
   y, stats = wide_jvp(functools.partial(_backends.forward, cfg))(x, scale, bias, mask)
   # What reverse mode saves: x and the statistics, or y and rstd (memory_efficient).
   return y, dict(kept(cfg, x, y, bias, stats), scale=scale, mask=mask)
 
 
 def _add_norm_forward(cfg: NormConfig, x, residual, scale, bias, mask):
+  _check(cfg, x, scale, residual)
   y, h, stats = wide_jvp(functools.partial(_backends.add_forward, cfg))(
       x, residual, scale, bias, mask)
   return (y, h), dict(x=h, scale=scale, mask=mask, shift=stats[0], delta=stats[1],
                       rstd=stats[2])
 
 
-_norm = _RULE.op(_backends.forward_only, _norm_forward, ("tx", "tscale", "tbias", None),
+_norm = _RULE.op(_norm_value, _norm_forward, ("tx", "tscale", "tbias", None),
                  "_norm")
-_add_norm = _RULE.op(_backends.add_forward_only, _add_norm_forward,
+_add_norm = _RULE.op(_add_norm_value, _add_norm_forward,
                      ("tx", "tr", "tscale", "tbias", None), "_add_norm")
 
 
