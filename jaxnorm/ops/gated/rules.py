@@ -32,9 +32,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from jaxnorm.backends import table as _backends
+from jaxnorm import _math
 from jaxnorm import _validation as v
 from jaxnorm._norm_ops import Option
 from jaxnorm.backends.triton.config import PallasConfig
@@ -141,7 +141,7 @@ def forward(cfg: GatedConfig, x, z, scale):
   xg, zg = _grouped(cfg, x, ct), _grouped(cfg, z, ct)
   g, _ = _gate(zg)
   u = xg if cfg.norm_before_gate else xg * g
-  rstd = lax.rsqrt(_group_mean(jnp.square(u)) + cfg.epsilon)
+  rstd = _math.rstd(_group_mean(jnp.square(u)), cfg.epsilon, False)  # NaN past the range
   y = _times(u * rstd, _gamma(cfg, scale, x.ndim))
   if cfg.norm_before_gate:
     y = y * g

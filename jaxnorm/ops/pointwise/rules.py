@@ -119,6 +119,7 @@ def prepare(squash: Squash, x, alpha, shift, scale, bias, *, dtype=None):
   up to ``x.ndim``. None parameters stay None.
   """
   v.check_input("x", x)
+  v.check_floating("alpha", alpha)  # required: None (left out) is refused by name
   out_dtype = v.check_out_dtype("dtype", dtype)
   names = ("alpha", "shift", "scale", "bias")
   params = (alpha, shift, scale, bias)
