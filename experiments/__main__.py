@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
 
 # What a command refuses with one line on stderr and exit status 2 instead of a traceback: the
 # library's and the harness's argument errors, and a missing file or folder.
-REFUSALS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, IsADirectoryError)
+REFUSALS = (ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError,
+            IsADirectoryError)
 
 
 def one_line(e: BaseException) -> str:

@@ -38,8 +38,8 @@ import time
 import traceback
 from typing import Callable
 
+from experiments.argtypes import positive_float
 from experiments.harness import progress as progress_lib
-from experiments.harness.train_cli import positive_float
 from experiments.suite import presets as presets_lib
 from experiments.suite import report, study
 from experiments.suite import plan as plan_lib
