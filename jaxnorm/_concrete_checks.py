@@ -83,7 +83,8 @@ def check_row_range(op_name: str, x: Any, epsilon: float, *, residual: Any = Non
   """Raises ``ValueError`` where a concrete finite row of ``x`` (or of ``h = x +
   residual_scale * residual``) is past :func:`row_range`: the op would otherwise return zeros or
   inf for it. Rows holding a NaN or an infinity are left to propagate (non-finite already);
-  traced rows past the range give NaN (:func:`jaxnorm._math.rstd`). ``x``: ``(..., d)``.
+  traced rows are not checked (``docs/derivations.md``, "Where the float range ends").
+  ``x``: ``(..., d)``.
   """
   if any(isinstance(a, jax.core.Tracer) for a in (x, residual)):
     return

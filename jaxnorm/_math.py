@@ -32,12 +32,11 @@ def rstd(var, epsilon: float, outside: bool):
       the variance.
 
   Returns:
-    :math:`r`, the same shape and dtype as ``var``; NaN where ``var`` is ``+inf`` (a row past
-    the float range, whose squares overflowed: its output is then NaN, never the zeros
-    :math:`r = 0` would give; ``jaxnorm._concrete_checks.row_range`` states the range).
+    :math:`r`, the same shape and dtype as ``var``.
   """
-  r = 1.0 / (jnp.sqrt(var) + epsilon) if outside else lax.rsqrt(var + epsilon)
-  return jnp.where(var < jnp.inf, r, jnp.nan)
+  if outside:
+    return 1.0 / (jnp.sqrt(var) + epsilon)
+  return lax.rsqrt(var + epsilon)
 
 
 def variance_path_factor(rstd, epsilon: float, outside: bool):

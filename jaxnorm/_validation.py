@@ -42,11 +42,8 @@ def check_floating(name: str, x: Any) -> None:
 
 def check_input(name: str, x: Any) -> None:
   """The rule of every array an op normalizes or gates (``x``, ``residual``, ``z``): a floating
-  array of at least 16 bits (:func:`check_floating`; None, a gate left out, is refused by name).
-
-  8-bit floats are refused as inputs (the statistics of a float8 row lose everything they
-  average; cast first); as a ``scale``, ``bias`` or ``dtype=`` they stay allowed.
-  """
+  array (:func:`check_floating`: None, a gate left out, is refused by name) of 16 bits or more.
+  An 8-bit float is refused here only: as a ``scale``, ``bias`` or ``dtype=`` it is allowed."""
   check_floating(name, x)
   if jnp.finfo(x.dtype).bits < 16:
     raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}; "
@@ -62,9 +59,8 @@ def check_layer_input(name: str, x: Any) -> None:
 
 
 def check_axis_name(axis_name: Any):
-  """``axis_name`` (None, a name, or a tuple/list of names) as a hashable value, after checking
-  that every name is bound here: inside ``shard_map`` over a mesh with that axis, or a
-  ``jax.vmap(..., axis_name=...)``. ``ValueError`` naming ``axis_name`` otherwise."""
+  """``axis_name`` (None, a name, or a tuple/list of names) as a hashable value, checked bound
+  (``shard_map`` over a mesh with that axis, or a named ``jax.vmap``): ``ValueError`` if not."""
   if axis_name is None:
     return None
   if isinstance(axis_name, list):

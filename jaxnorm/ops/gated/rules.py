@@ -32,9 +32,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from jaxnorm.backends import table as _backends
-from jaxnorm import _math
 from jaxnorm import _validation as v
 from jaxnorm._norm_ops import Option
 from jaxnorm.backends.triton.config import PallasConfig
@@ -141,7 +141,7 @@ def forward(cfg: GatedConfig, x, z, scale):
   xg, zg = _grouped(cfg, x, ct), _grouped(cfg, z, ct)
   g, _ = _gate(zg)
   u = xg if cfg.norm_before_gate else xg * g
-  rstd = _math.rstd(_group_mean(jnp.square(u)), cfg.epsilon, False)  # NaN past the range
+  rstd = lax.rsqrt(_group_mean(jnp.square(u)) + cfg.epsilon)
   y = _times(u * rstd, _gamma(cfg, scale, x.ndim))
   if cfg.norm_before_gate:
     y = y * g
@@ -350,8 +350,8 @@ def gated_rms_norm(x, z, scale=None, *, epsilon=1e-6, group_size=None, norm_befo
     ``y`` with the shape of ``x``.
 
   Raises:
-    TypeError: a non-floating array, a non-bool ``norm_before_gate``, a non-int
-      ``group_size``.
+    TypeError: a non-floating or 8-bit float ``x``, ``z`` or ``scale``, the gate left out
+      (``z=None``), a non-bool ``norm_before_gate``, a non-int ``group_size``.
     ValueError: ``z`` not shaped like ``x``, ``scale`` not ``(d,)``, ``group_size`` not dividing
       ``d``, or ``impl="triton"`` on a call its kernels refuse (saying why).
 

@@ -81,9 +81,11 @@ def lost(cfg: NormConfig, named: dict, dx, dscale):
   if named["x"] is not None or named["scale"] is None:
     return dx, dscale
   g = _xla.gamma(cfg, named["scale"], named["scale"].ndim, named["rstd"].dtype)
-  zero = g == 0                                     # the scale's shape
+  # A factor per feature, NaN where gamma is 0 and 1 elsewhere (exact): XLA fuses the product
+  # into the backward's output, where a select costs a pass over dx (docs/perf-notes.md).
+  col = jnp.where(g == 0, jnp.nan, 1.0)             # the scale's shape
   if dx is not None:
-    dx = jnp.where(_xla.as_row(zero, dx.ndim, zero.dtype), jnp.asarray(jnp.nan, dx.dtype), dx)
+    dx = dx * _xla.as_row(col, dx.ndim, dx.dtype)
   if dscale is not None:
-    dscale = jnp.where(zero, jnp.asarray(jnp.nan, dscale.dtype), dscale)
+    dscale = dscale * col.astype(dscale.dtype)
   return dx, dscale
