@@ -158,6 +158,17 @@ def test_a_traced_zero_gamma_gives_nan_in_its_column_only(op_name, zero_centered
   np.testing.assert_allclose(ds[keep], ds0[keep], rtol=1e-5, atol=1e-5)
 
 
+def test_a_traced_zero_gamma_gives_nan_second_order():
+  """Second order recomputes the statistics from the recovered x, whose zero-gamma feature is not
+  x_hat there: every second-order value would be silently wrong, so all are NaN."""
+  x = jax.random.normal(jax.random.key(0), (3, 8)) + 0.5
+  scale = jnp.linspace(0.5, 1.5, 8).at[3].set(0.0)
+  w = jax.random.normal(jax.random.key(1), (3, 8))
+  grad = jax.grad(lambda x, s: jnp.sum(jnp.sin(jaxnorm.rms_norm(x, s, memory_efficient=True)) * w))
+  hvp = jax.jit(lambda x, s: jax.jvp(lambda x: grad(x, s), (x,), (jnp.ones_like(x),))[1])(x, scale)
+  assert np.all(np.isnan(hvp))
+
+
 def test_a_traced_zero_gamma_gives_nan_tangent_rows():
   """Forward mode needs x_hat_i in every row mean: the tangent's rows are NaN (not masked)."""
   x, scale = _args("rms_norm", "float32", shape=(2, 8))

@@ -19,11 +19,13 @@ traced, the backward divides by a safe :math:`\gamma` (1 where :math:`\gamma_i =
 leaves every other feature's ``dx`` exact (:math:`g_i = \gamma_i\,dy_i = 0` takes feature
 ``i`` out of the row means), and :func:`lost` puts NaN back in the two cotangents that need
 :math:`\hat x_i`: column ``i`` of ``dx`` and ``dscale_i``. The tangent (forward mode) needs
-:math:`\hat x_i` in every row mean, so it divides by :math:`\gamma` unmasked: NaN rows.
+:math:`\hat x_i` in every row mean, so it divides by :math:`\gamma` unmasked: NaN rows; second
+order (the backward's derivative) is NaN throughout (:func:`_first_order_only`).
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from jaxnorm.backends.xla import formulas as _xla
@@ -88,4 +90,24 @@ def lost(cfg: NormConfig, named: dict, dx, dscale):
     dx = dx * _xla.as_row(col, dx.ndim, dx.dtype)
   if dscale is not None:
     dscale = dscale * col.astype(dscale.dtype)
-  return dx, dscale
+  return _first_order_only(jnp.any(g == 0), dx, dscale)
+
+
+@jax.custom_jvp
+def _first_order_only(lost_any, *cotangents):
+  r"""The cotangents unchanged; their tangents (second order) NaN where ``lost_any``.
+
+  The second order of the backward recomputes the row statistics from the recovered ``x``,
+  whose feature ``i`` (:math:`\gamma_i = 0`) is not :math:`\hat x_i`: every second-order
+  value would be silently wrong, so all are NaN instead. No operation in first order.
+  """
+  del lost_any
+  return cotangents
+
+
+@_first_order_only.defjvp
+def _first_order_only_jvp(primals, tangents):
+  lost_any, *cts = primals
+  poison = jnp.where(lost_any, jnp.nan, 1.0)
+  return tuple(cts), tuple(None if c is None else t * poison.astype(t.dtype)
+                           for c, t in zip(cts, tangents[1:]))
