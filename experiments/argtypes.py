@@ -33,5 +33,5 @@ def number(cast, lower: float, strict: bool, what: str):
 
 positive_int = number(int, 0, True, "a positive integer")
 nonneg_int = number(int, 0, False, "a non-negative integer")
-positive_float = number(float, 0, True, "a finite positive number")
-nonneg_float = number(float, 0, False, "a finite non-negative number")
+positive_float = number(float, 0, True, "a positive number")
+nonneg_float = number(float, 0, False, "a non-negative number")
