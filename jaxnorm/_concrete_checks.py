@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxnorm import _jax_compat
+
 
 def concrete(a: Any):
   """``a`` as a NumPy array if its value is known here (not a tracer), else None."""
@@ -86,7 +88,7 @@ def check_row_range(op_name: str, x: Any, epsilon: float, *, residual: Any = Non
   traced rows are not checked (``docs/derivations.md``, "Where the float range ends").
   ``x``: ``(..., d)``.
   """
-  if any(isinstance(a, jax.core.Tracer) for a in (x, residual)):
+  if any(_jax_compat.is_tracer(a) for a in (x, residual)):
     return
   ct = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
   h = x.astype(ct) if residual is None else x.astype(ct) + residual_scale * residual.astype(ct)

@@ -93,11 +93,11 @@ def check_memory(config: TrainConfig, devices: int = 1) -> None:
   if have is not None and need > have:
     gib = 2 ** 30
     raise ValueError(
-        f"this run needs at least {need / gib:,.1f} GiB per device (--seq-len "
+        f"this run needs at least {need / gib:z,.1f} GiB per device (--seq-len "
         f"{config.seq_len}, --batch-size {config.batch_size}, --d-model "
         f"{config.model.d_model}, --layers {config.model.n_layers}: parameters, optimizer "
         f"state, activations and the (seq, seq) attention scores), more than the "
-        f"{have / gib:,.1f} GiB of {what}; lower --seq-len or --batch-size.")
+        f"{have / gib:z,.1f} GiB of {what}; lower --seq-len or --batch-size.")
 
 
 def check_run(config: TrainConfig, corpus: data_lib.Corpus, devices: int = 1) -> None:
