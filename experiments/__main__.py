@@ -45,7 +45,10 @@ def main(argv: list[str] | None = None) -> int:
 
   Returns:
     The exit status: the command's (``None`` counts as 0); 0 after ``-h``/``--help``; 2 (with
-    the module docstring or an error on stderr) without a command or for an unknown one.
+    the module docstring or an error on stderr) without a command or for an unknown one; 2
+    with one line on stderr (no traceback) when the command raises one of :data:`REFUSALS`
+    (a bad argument the library or the harness refuses, a missing file or folder). Options
+    argparse refuses exit with status 2 and argparse's usage and error lines.
   """
   argv = list(sys.argv[1:] if argv is None else argv)
   if not argv or argv[0] in ("-h", "--help"):
@@ -56,7 +59,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"unknown command {command!r}; expected one of {sorted(COMMANDS)}", file=sys.stderr)
     return 2
   module = importlib.import_module(COMMANDS[command])
-  return int(module.main(rest) or 0)
+  try:
+    return int(module.main(rest) or 0)
+  except REFUSALS as e:
+    print(f"python -m experiments {command}: error: {one_line(e)}", file=sys.stderr)
+    return 2
+
+
+# What a command refuses with one line on stderr and exit status 2 instead of a traceback: the
+# library's and the harness's argument errors, and a missing file or folder.
+REFUSALS = (ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError,
+            IsADirectoryError)
+
+
+def one_line(e: BaseException) -> str:
+  """The exception's message on one line (its own lines joined), prefixed by its type."""
+  text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+  return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 if __name__ == "__main__":

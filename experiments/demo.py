@@ -17,6 +17,7 @@ import numpy as np
 
 import jaxnorm
 from jaxnorm import reference
+from experiments.argtypes import positive_int
 
 
 def _max_rel(a, b):
@@ -56,9 +57,9 @@ def main(argv=None) -> int:
   """
   p = argparse.ArgumentParser(prog="python -m experiments demo", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--tokens", type=int, default=2048, help="rows of the timing input")
-  p.add_argument("--d", type=int, default=1024, help="feature size of the timing input")
-  p.add_argument("--repeats", type=int, default=20, help="timed runs (median reported)")
+  p.add_argument("--tokens", type=positive_int, default=2048, help="rows of the timing input")
+  p.add_argument("--d", type=positive_int, default=1024, help="feature size of the timing input")
+  p.add_argument("--repeats", type=positive_int, default=20, help="timed runs (median reported)")
   args = p.parse_args(argv)
   if args.tokens < 1 or args.d < 1 or args.repeats < 1:
     p.error("--tokens, --d and --repeats must be >= 1")

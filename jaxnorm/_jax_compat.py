@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover - depends on the installed JAX
 
 __all__ = [
     "Literal", "Primitive", "Zero", "aval_varying_axes", "eval_jaxpr", "is_symbolic_zero",
-    "is_undefined_primal",
+    "is_tracer", "is_undefined_primal",
     "register_batching", "register_jvp", "register_lowering", "register_transpose",
     "shaped_array", "varying_axes", "with_varying_axes",
 ]
@@ -104,6 +104,11 @@ def varying_axes(a) -> frozenset:
 def is_undefined_primal(x) -> bool:
   """Whether ``x`` is a linear (to-be-transposed) input inside a transpose rule."""
   return _ad.is_undefined_primal(x)
+
+
+def is_tracer(x) -> bool:
+  """Whether ``x`` is a traced value (its value is not known where it is seen)."""
+  return isinstance(x, jax.core.Tracer)
 
 
 def is_symbolic_zero(t) -> bool:

@@ -40,6 +40,42 @@ def check_floating(name: str, x: Any) -> None:
     )
 
 
+def check_input(name: str, x: Any) -> None:
+  """The rule of every array an op normalizes or gates (``x``, ``residual``, ``z``): a floating
+  array (:func:`check_floating`: None, a gate left out, is refused by name) of 16 bits or more.
+  An 8-bit float is refused here only: as a ``scale``, ``bias`` or ``dtype=`` it is allowed."""
+  check_floating(name, x)
+  if jnp.finfo(x.dtype).bits < 16:
+    raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}; "
+                    f"cast it first, e.g. {name}.astype(jnp.bfloat16).")
+
+
+def check_layer_input(name: str, x: Any) -> None:
+  """A Flax layer's input: an integer or bool array (Flax promotes it to float32), or one
+  :func:`check_input` accepts; checked before the layer's dtype promotion."""
+  dtype = getattr(x, "dtype", None)
+  if dtype is None or not (jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_)):
+    check_input(name, x)
+
+
+def check_axis_name(axis_name: Any):
+  """``axis_name`` (None, a name, or a tuple/list of names) as a hashable value, checked bound
+  (``shard_map`` over a mesh with that axis, or a named ``jax.vmap``): ``ValueError`` if not."""
+  if axis_name is None:
+    return None
+  if isinstance(axis_name, list):
+    axis_name = tuple(axis_name)
+  try:
+    jax.lax.axis_size(axis_name)
+  except NameError:
+    raise ValueError(
+        f"axis_name={axis_name!r} is not bound here: it names the mesh axis the normalized "
+        f"features are split over, so call the op inside jax.shard_map over a mesh with that "
+        f"axis (or a jax.vmap with axis_name={axis_name!r}), or leave axis_name=None."
+    ) from None
+  return axis_name
+
+
 def check_epsilon(epsilon: Any) -> float:
   """Returns ``epsilon`` as a Python float after checking it is a finite, non-negative number.
 
@@ -226,25 +262,6 @@ def check_op_options(op: str, declared, given) -> tuple:
                       for name, default in declared))
 
 
-def check_invertible_scale(scale: Any, zero_centered_scale: bool) -> None:
-  r"""``memory_efficient=True`` divides by :math:`\gamma`: a ``ValueError`` where the scale is a
-  concrete array (not traced) with a :math:`\gamma_i = 0` (``scale_i = 0``, or ``-1`` with a
-  zero-centred scale). A traced scale cannot be checked here: a zero then gives NaN cotangents
-  (documented in ``docs/derivations.md``)."""
-  if scale is None:
-    return
-  try:
-    gamma = np.asarray(scale, np.float64) + (1.0 if zero_centered_scale else 0.0)
-  except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-    return   # traced: not checkable here
-  zeros = np.flatnonzero(gamma.reshape(-1) == 0)
-  if zeros.size:
-    raise ValueError(
-        f"memory_efficient=True recovers x_hat = (y - bias) / gamma in the backward, but gamma "
-        f"is 0 at {zeros.size} of {gamma.size} features (first at flat index {int(zeros[0])}); "
-        f"those cotangents would be NaN. Use memory_efficient=False, or a nonzero scale.")
-
-
 def check_instance(name: str, value: Any, cls: type, example: str):
   """``value`` if it is a ``cls`` (None: ``cls()``); ``TypeError`` naming ``example`` otherwise.
 
@@ -380,3 +397,4 @@ def check_finite_real(name: str, value: Any) -> float:
     raise TypeError(f"{name} must be a finite real number, got {type(value).__name__} "
                     f"{value!r}.")
   return float(value)
+

@@ -82,6 +82,7 @@ def _call(mdl: nn.Module, op_name: str, x: Any, mask: Any, use_scale: bool, use_
   """
   if not hasattr(x, "dtype"):
     x = jnp.asarray(x)
+  v.check_layer_input("x", x)
   if jnp.issubdtype(x.dtype, jnp.integer) or jnp.issubdtype(x.dtype, jnp.bool_):
     # Flax reduces integer inputs in float32 and returns floating outputs.
     x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
@@ -292,6 +293,7 @@ class _Pointwise(nn.Module):
     shift0 = v.check_finite_real("shift_init_value", self.shift_init_value)
     if not hasattr(x, "dtype"):
       x = jnp.asarray(x)
+    v.check_layer_input("x", x)
     h = x if residual is None else common.residual_input(x, residual)
     fshape = list(common.feature_shape(h.shape if residual is None else x.shape,
                                        self.feature_axes))

@@ -57,6 +57,7 @@ from flax.nnx import rnglib
 from flax.nnx.nn import dtypes, initializers
 from flax.typing import Axes, Dtype, Initializer, PromoteDtypeFn
 
+from jaxnorm import _validation as v
 from jaxnorm.flax import common as common
 from jaxnorm.flax.gated_nnx import GatedRMSNorm as GatedRMSNorm
 from jaxnorm.flax.nnx_pointwise import Derf, DyT
@@ -319,6 +320,7 @@ def _call(layer: tp.Any, op_name: str, x: tp.Any, scale: tp.Any, bias: tp.Any, m
   name = type(layer).__name__
   if not hasattr(x, "shape"):
     x = jnp.asarray(x)
+  v.check_layer_input("x", x)
   # Flax NNX promotes the input and the parameters to one dtype (`dtype` when given) first.
   h = x if residual is None else common.residual_input(x, residual)
   if "bias" in OPS[op_name].params:  # the op's declared parameters

@@ -57,6 +57,7 @@ import jax
 
 import jaxnorm
 
+from experiments.argtypes import positive_float, positive_int
 from experiments.bench.impls import (ALL_OPS, EPSILON, FUSED_IMPLEMENTATIONS, FUSED_OPS, IMPLEMENTATIONS,
                                      LIKE_FOR_LIKE, NotApplicable, fused_implementations, implementations)
 from experiments.bench.timing import (ALL_MODES, CLOCKS, MODES, copy_bandwidth, make_inputs, must_move_bytes,
@@ -197,9 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--modes", type=parse_list(ALL_MODES, "--modes"), default=MODES,
                  help="subset of fwd,bwd,fwd+bwd,jvp (default: fwd,bwd,fwd+bwd; jvp: forward "
                       "mode, primal and tangent together)")
-  p.add_argument("--repeats", type=int, default=None,
+  p.add_argument("--repeats", type=positive_int, default=None,
                  help="timed samples per entry (default: 50 on GPU, 10 on CPU)")
-  p.add_argument("--sample-ms", type=float, default=None,
+  p.add_argument("--sample-ms", type=positive_float, default=None,
                  help="target duration of one sample (default: 5 on GPU, 1 on CPU)")
   p.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
                  help="what a sample measures: wall (elapsed time, default) or cpu (the process's "

@@ -19,6 +19,7 @@ import json
 import os
 import pathlib
 
+from experiments.argtypes import positive_int
 from experiments.suite.provenance import device_info
 
 __all__ = ["main", "measure"]
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
   ap = argparse.ArgumentParser(prog="python -m experiments bench-ensemble", description=__doc__.split("\n")[0])
   ap.add_argument("--preset", default="cpu", help="preset whose model and batch are timed (default cpu)")
   ap.add_argument("--seeds", default="1,3,6", help="comma-separated K values (models per program)")
-  ap.add_argument("--repeats", type=int, default=9, help="interleaved rounds (default 9)")
+  ap.add_argument("--repeats", type=positive_int, default=9, help="interleaved rounds (default 9)")
   ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results/bench/ensemble.json"))
   args = ap.parse_args(argv)
   try:

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxnorm
+from experiments.argtypes import positive_int
 from experiments.bench.timing import time_interleaved
 from experiments.bench.output import add_run_args, bench_meta, write_outputs
 
@@ -108,7 +109,7 @@ def main(argv=None) -> int:
                       help="jaxnorm impls, comma-separated: auto, xla, triton (GPU)")
   parser.add_argument("--orders", default="last,first",
                       help="gate orders: last (norm_before_gate=True), first")
-  parser.add_argument("--group-size", type=int, default=None)
+  parser.add_argument("--group-size", type=positive_int, default=None)
   add_run_args(parser)
   args = parser.parse_args(argv)
   try:

@@ -33,6 +33,7 @@ import numpy as np
 from flax import nnx
 
 from jaxnorm.models import TransformerConfig, TransformerLM
+from experiments.argtypes import positive_int
 
 SIZES = dict(d_model=256, n_layers=4, n_heads=4, d_ff=1024, vocab_size=256, max_len=128)
 _ARRAY = re.compile(r"^(\w+)\[([\d,]*)\]")  # "f32[8,128,256] ..." of print_saved_residuals
@@ -108,9 +109,9 @@ def measure(norm_type: str, tokens, rounds: int) -> dict:
 def main() -> None:
   ap = argparse.ArgumentParser()
   ap.add_argument("out")
-  ap.add_argument("--rounds", type=int, default=15)
-  ap.add_argument("--batch", type=int, default=8)
-  ap.add_argument("--seq", type=int, default=128)
+  ap.add_argument("--rounds", type=positive_int, default=15)
+  ap.add_argument("--batch", type=positive_int, default=8)
+  ap.add_argument("--seq", type=positive_int, default=128)
   a = ap.parse_args()
   seq = min(a.seq, SIZES["max_len"])
   tokens = jax.random.randint(jax.random.key(1), (a.batch, seq + 1), 0, SIZES["vocab_size"])

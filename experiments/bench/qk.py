@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from experiments.argtypes import positive_float, positive_int
 from experiments.bench.timing import time_interleaved
 import jaxnorm
 from jaxnorm import nnx as jaxnorm_nnx
@@ -118,8 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--head-dims", type=_ints, default=(64, 128, 256))
   p.add_argument("--kinds", default="rms_norm,layer_norm")
   p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-  p.add_argument("--repeats", type=int, default=15, help="interleaved rounds per timing")
-  p.add_argument("--sample-ms", type=float, default=20.0, help="length of one sample")
+  p.add_argument("--repeats", type=positive_int, default=15, help="interleaved rounds per timing")
+  p.add_argument("--sample-ms", type=positive_float, default=20.0, help="length of one sample")
   p.add_argument("--out", default=None, help="folder for qk-<device>-<date>.json/.md (default: print only)")
   p.add_argument("--tag", default=None, help="device tag of the file names (default: backend and core count)")
   return p

@@ -32,6 +32,7 @@ import sys
 import jax
 import numpy as np
 
+from experiments.argtypes import positive_float, positive_int
 from experiments.bench import cli, timing
 from experiments.bench.impls import OPS, param_dict
 import jaxnorm
@@ -145,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--shapes", type=cli.parse_shapes, default=SHAPES)
   p.add_argument("--dtypes", type=cli.parse_dtypes, default=cli.DTYPES)
   p.add_argument("--ops", type=cli.parse_list(OPS, "--ops"), default=OPS)
-  p.add_argument("--repeats", type=int, default=20)
-  p.add_argument("--sample-ms", type=float, default=3.0)
+  p.add_argument("--repeats", type=positive_int, default=20)
+  p.add_argument("--sample-ms", type=positive_float, default=3.0)
   p.add_argument("--out", default=os.path.join("results", "tune"))
   p.add_argument("--directions", type=cli.parse_list(("fwd", "bwd"), "--directions"),
                  default=("fwd", "bwd"))

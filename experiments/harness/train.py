@@ -41,6 +41,7 @@ import numpy as np
 from flax import nnx
 
 from experiments.harness import data as data_lib
+from experiments.harness import preflight
 from experiments.harness import progress as progress_lib
 from experiments.harness.sharding import Placement
 from experiments.harness.train_config import TrainConfig, make_optimizer
@@ -334,6 +335,11 @@ def train(config: TrainConfig, out_dir: str | pathlib.Path, *, progress: bool | 
     stop_after: stop after this many updates *in this call* without finishing the run (as if
       the process were killed; for resume tests). Checkpoints already written stay.
 
+  Raises:
+    ValueError: :func:`experiments.harness.preflight.check_run` refuses the run before anything
+      is allocated (data too short for ``seq_len``, bytes out of the vocabulary, not enough
+      memory).
+
   Returns:
     ``{"final_val_loss", "final_val_loss_alt", "diverged", "diverged_at", "tokens_per_s", "steps_done",
     "val_curve": [(step, val_loss)], "train_curve": [(step, loss)], "init", "corpus"}``.
@@ -341,9 +347,10 @@ def train(config: TrainConfig, out_dir: str | pathlib.Path, *, progress: bool | 
   """
   if not isinstance(config, TrainConfig):
     raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}.")
+  corpus = corpus if corpus is not None else data_lib.load_corpus(config.data)
+  preflight.check_run(config, corpus, 1 if mesh is None else int(mesh.devices.size))
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  corpus = corpus if corpus is not None else data_lib.load_corpus(config.data)
   placement = Placement(mesh, config.fsdp, config.batch_size)
   mc = config.model
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 import re
 import pathlib
 
 import jax
 
+from experiments.argtypes import nonneg_float, nonneg_int, positive_float, positive_int
 from experiments.harness import data as data_lib
 from experiments.harness import distributed
 from experiments.harness.probes import compare_norm_impl
@@ -39,32 +39,8 @@ from jaxnorm.models import (
 __all__ = ["build_parser", "main"]
 
 
-def _number(cast, lower: float, strict: bool, what: str):
-  """An argparse ``type=`` that parses with ``cast`` and requires a finite value above ``lower``
-  (``> lower`` when ``strict``, else ``>=``), with an error that says what was expected."""
-
-  def parse(text: str):
-    try:
-      value = cast(text)
-    except ValueError:
-      raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    ok = math.isfinite(value) and (value > lower if strict else value >= lower)
-    if not ok:
-      raise argparse.ArgumentTypeError(
-          f"expected {what} ({'>' if strict else '>='} {lower:g}), got {text}")
-    return value
-
-  return parse
-
-
-_positive_int = _number(int, 0, True, "a positive integer")
-_nonneg_int = _number(int, 0, False, "a non-negative integer")
-_positive_float = _number(float, 0, True, "a positive number")
-_nonneg_float = _number(float, 0, False, "a non-negative number")
-
-
 def _beta(text: str) -> float:
-  v = _nonneg_float(text)
+  v = nonneg_float(text)
   if v >= 1:
     raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text}")
   return v
@@ -136,9 +112,9 @@ def _add_fields(group, cls) -> list[str]:
     elif f.name in _CHOICES:
       group.add_argument(opt, choices=_CHOICES[f.name], default=default, **kw)
     elif kind.startswith("int"):
-      group.add_argument(opt, type=_nonneg_int if f.name in _NONNEG else _positive_int, default=default, **kw)
+      group.add_argument(opt, type=nonneg_int if f.name in _NONNEG else positive_int, default=default, **kw)
     elif kind.startswith("float"):
-      cast = _beta if f.name in _BETAS else (_nonneg_float if f.name in _NONNEG else _positive_float)
+      cast = _beta if f.name in _BETAS else (nonneg_float if f.name in _NONNEG else positive_float)
       group.add_argument(opt, type=cast, default=default, **kw)
     else:
       group.add_argument(opt, default=default, **kw)
@@ -166,13 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
                  help="run folder (default results/train/<position>-<type>-<impl>-s<seed>)")
   t.add_argument("--no-progress", action="store_true", help="no bar and no log lines")
   s = p.add_argument_group("scale-out")
-  s.add_argument("--devices", type=_nonneg_int, default=0,
+  s.add_argument("--devices", type=nonneg_int, default=0,
                  help="data-parallel over this many devices (0: all; 1: no mesh)")
   s.add_argument("--coordinator-address", default=None,
                  help="multi-process: host:port of process 0 (or $JAX_COORDINATOR_ADDRESS)")
-  s.add_argument("--num-processes", type=_positive_int, default=None,
+  s.add_argument("--num-processes", type=positive_int, default=None,
                  help="multi-process: number of processes (or $JAX_NUM_PROCESSES)")
-  s.add_argument("--process-id", type=_nonneg_int, default=None,
+  s.add_argument("--process-id", type=nonneg_int, default=None,
                  help="multi-process: this process's index (or $JAX_PROCESS_ID)")
   b = p.add_argument_group("benchmark")
   b.add_argument("--compare-norm-impl", action="store_true",

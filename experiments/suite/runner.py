@@ -38,6 +38,7 @@ import time
 import traceback
 from typing import Callable
 
+from experiments.argtypes import positive_float
 from experiments.harness import progress as progress_lib
 from experiments.suite import presets as presets_lib
 from experiments.suite import report, study
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--list", action="store_true",
                       help="list experiments and presets, and the chunk plan of --preset with "
                            "estimated times, then exit")
-  parser.add_argument("--budget", type=float, default=None, metavar="MINUTES",
+  parser.add_argument("--budget", type=positive_float, default=None, metavar="MINUTES",
                       help="stop before a training run or probe setting that would end past this "
                            "many minutes; run the same command again to continue")
   parser.add_argument("--no-compile-cache", action="store_true",

@@ -344,7 +344,7 @@ def residual_input(x: Any, residual: Any) -> Any:
   is ``h``, of dtype ``result_type(x, residual)``. Raises ``TypeError`` for a non-floating
   ``residual``.
   """
-  v.check_floating("residual", residual)
+  v.check_input("residual", residual)
   return jnp.zeros((), jnp.result_type(x, residual))
 
 

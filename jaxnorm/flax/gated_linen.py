@@ -46,7 +46,8 @@ class GatedRMSNorm(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, z: jax.Array) -> jax.Array:
     """``y``, shaped like ``x``."""
-    v.check_floating("x", x)
+    v.check_input("x", x)
+    v.check_input("z", z)
     d = int(x.shape[-1]) if x.ndim else 0
     check_layer_group("GatedRMSNorm", d, self.group_size)
     scale = None

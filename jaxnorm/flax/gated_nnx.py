@@ -77,6 +77,8 @@ class GatedRMSNorm(nnx.Module):
 
   def __call__(self, x: jax.Array, z: jax.Array) -> jax.Array:
     """``y``, shaped like ``x``."""
+    v.check_input("x", x)
+    v.check_input("z", z)
     check_layer_features("GatedRMSNorm", x, self.num_features)
     scale = None if self.scale is None else self.scale[...]
     dtype = dtypes.canonicalize_dtype(x, z, scale, dtype=self.dtype)

@@ -81,6 +81,7 @@ class _Pointwise(nnx.Module):
     """
     if not hasattr(x, "shape"):
       x = jnp.asarray(x)
+    v.check_layer_input("x", x)
     alpha, shift, scale, bias = (value(p) for p in (self.alpha, self.shift, self.scale,
                                                      self.bias))
     h = x if residual is None else common.residual_input(x, residual)

@@ -65,6 +65,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxnorm import _concrete_checks
+
 from jaxnorm.models._config import WEIGHT_GROUPS, TransformerConfig, deepnorm_alpha_beta
 from jaxnorm.models._layers import (
     MLP,
@@ -197,7 +199,11 @@ class TransformerLM(nnx.Module):
     """Computes next-token logits (or the final hidden state).
 
     Args:
-      tokens: ``(B, T)`` integer token ids in ``[0, vocab_size)``, ``T <= max_len``.
+      tokens: ``(B, T)`` integer token ids in ``[0, vocab_size)``, ``T <= max_len``. An id out
+        of range (negative included) raises a ``ValueError`` where ``tokens`` is concrete;
+        where it is traced (``jit``), its embedding is NaN (never a wrapped or clamped row),
+        which makes its sequence's logits NaN (its own position's at least); the other
+        sequences of the batch are unaffected.
       collect_stats: also return ``{"residual_sq_norm": (n_norm_inputs,), "attn_max_logit":
         (n_layers,), "attn_entropy": (n_layers,)}``: the mean squared entry E||x||^2 / d of
         every normalization input, in forward order, and per layer the largest attention
@@ -223,6 +229,10 @@ class TransformerLM(nnx.Module):
       raise ValueError(
           f"tokens has seq_len {t} > max_len {cfg.max_len} of the model; build it with "
           f"TransformerConfig(max_len={t}) or feed shorter sequences.")
+    if not _concrete_checks.check_token_ids("tokens", tokens, cfg.vocab_size):
+      # Traced ids cannot raise: one out of range (negative included) embeds as NaN (never a
+      # wrapped or clamped row), which reaches the logits of its sequence.
+      tokens = jnp.where((tokens < 0) | (tokens >= cfg.vocab_size), cfg.vocab_size, tokens)
     x = self.embed(tokens)                                            # (B, T, d)
     if cfg.positions == "learned":
       x = x + self.pos_embed[...][None, :t].astype(x.dtype)

@@ -1,7 +1,8 @@
 """memory_efficient=True (Apex's memory-saving backward): reverse mode keeps y and rstd instead of
 x and recovers x_hat = (y - beta) / gamma. Checked against float64 autodiff of the reference
 through jaxnorm.testing.check_rule (both modes, every transformation), what is saved, the
-zero-gamma contract (a ValueError where the scale is concrete, NaN where it is traced), and the
+zero-gamma contract (a ValueError where the scale is concrete, differentiated or not; NaN in
+the zero feature's dx column and dscale entry where it is traced), and the
 kernels' refusal."""
 
 import functools
@@ -113,17 +114,69 @@ def test_a_concrete_zero_gamma_raises(zero_centered):
     jaxnorm.rms_norm(x, scale, zero_centered_scale=zero_centered, memory_efficient=True)
 
 
-def test_a_traced_zero_gamma_gives_nan_cotangents():
-  """The documented behaviour where the scale is traced: the zero feature's dscale and the rows'
-  dx are NaN (never a silently wrong number); the other dscale entries are finite."""
-  x, scale, bias = _args("layer_norm", "float32", shape=(4, 16))
-  scale = scale.at[3].set(0.0)
-  dy = jax.random.normal(jax.random.key(0), x.shape)
-  f = jax.jit(lambda x, s: jax.vjp(lambda x, s: jaxnorm.layer_norm(x, s, bias, memory_efficient=True),
-                                   x, s)[1](dy))
-  dx, ds = f(x, scale)
-  assert np.isnan(ds[3]) and np.all(np.isfinite(np.delete(np.asarray(ds), 3)))
-  assert np.all(np.isnan(dx))
+@pytest.mark.parametrize("how", ["grad", "vjp", "jvp", "nnx.grad"])
+def test_a_concrete_zero_gamma_raises_when_the_scale_is_differentiated(how):
+  """Eager grad/vjp/jvp/nnx.grad: the scale's value is concrete in the JVP rule, which checks it
+  (a training step differentiates the scale)."""
+  from flax import nnx
+  from jaxnorm import nnx as jnn
+  x = jnp.tile(jnp.arange(8.0), (2, 1))
+  scale = jnp.ones(8).at[2].set(0.0)
+  f = functools.partial(jaxnorm.rms_norm, x, memory_efficient=True)
+  calls = {"grad": lambda: jax.grad(lambda s: jnp.sum(f(s) ** 2))(scale),
+           "vjp": lambda: jax.vjp(f, scale),
+           "jvp": lambda: jax.jvp(f, (scale,), (scale,))}
+  if how == "nnx.grad":
+    layer = jnn.RMSNorm(8, memory_efficient=True, rngs=nnx.Rngs(0))
+    layer.scale[...] = scale
+    calls[how] = lambda: nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
+  with pytest.raises(ValueError, match=r"memory_efficient=True .* gamma is 0 at 1 of 8 features "
+                                       r"\(first at flat index 2\)"):
+    calls[how]()
+
+
+@pytest.mark.parametrize("op_name", list(OPS))
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_a_traced_zero_gamma_gives_nan_in_its_column_only(op_name, zero_centered):
+  """The documented behaviour where the scale is traced (jit): NaN in the zero feature's dx column
+  and dscale entry (the only cotangents that need its x_hat, which y does not carry), every other
+  entry the default backward's within the memory-efficient budget (never a silently wrong number)."""
+  args = _args(op_name, "float32", shape=(4, 16))
+  gamma0 = -1.0 if zero_centered else 0.0
+  args = (args[0], args[1].at[3].set(gamma0)) + args[2:]
+  dy = jax.random.normal(jax.random.key(0), args[0].shape)
+  op = OPS[op_name][0]
+
+  def grads(me):
+    f = lambda x, s: op(x, s, *args[2:], memory_efficient=me, zero_centered_scale=zero_centered)  # noqa: E731
+    return jax.jit(lambda x, s: jax.vjp(f, x, s)[1](dy))(*args[:2])
+
+  (dx, ds), (dx0, ds0) = grads(True), grads(False)
+  keep = np.arange(16) != 3
+  assert np.all(np.isnan(dx[:, 3])) and np.isnan(ds[3])
+  assert np.all(np.isfinite(dx[:, keep])) and np.all(np.isfinite(ds[keep]))
+  np.testing.assert_allclose(dx[:, keep], dx0[:, keep], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(ds[keep], ds0[keep], rtol=1e-5, atol=1e-5)
+
+
+def test_a_traced_zero_gamma_gives_nan_second_order():
+  """Second order recomputes the statistics from the recovered x, whose zero-gamma feature is not
+  x_hat there: every second-order value would be silently wrong, so all are NaN."""
+  x = jax.random.normal(jax.random.key(0), (3, 8)) + 0.5
+  scale = jnp.linspace(0.5, 1.5, 8).at[3].set(0.0)
+  w = jax.random.normal(jax.random.key(1), (3, 8))
+  grad = jax.grad(lambda x, s: jnp.sum(jnp.sin(jaxnorm.rms_norm(x, s, memory_efficient=True)) * w))
+  hvp = jax.jit(lambda x, s: jax.jvp(lambda x: grad(x, s), (x,), (jnp.ones_like(x),))[1])(x, scale)
+  assert np.all(np.isnan(hvp))
+
+
+def test_a_traced_zero_gamma_gives_nan_tangent_rows():
+  """Forward mode needs x_hat_i in every row mean: the tangent's rows are NaN (not masked)."""
+  x, scale = _args("rms_norm", "float32", shape=(2, 8))
+  scale = scale.at[1].set(0.0)
+  t = jax.jit(lambda x, s: jax.jvp(lambda x: jaxnorm.rms_norm(x, s, memory_efficient=True),
+                                   (x,), (jnp.ones_like(x),))[1])(x, scale)
+  assert np.all(np.isnan(t))
 
 
 @pytest.mark.parametrize("impl", ["triton", "pallas"])

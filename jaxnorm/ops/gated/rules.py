@@ -286,12 +286,10 @@ def check_layer_group(layer: str, num_features: int, group_size) -> None:
 
 def _prepare(x, z, scale, *, epsilon, group_size, norm_before_gate, dtype, impl, pallas):
   """Checks a call; returns its :class:`GatedConfig`."""
-  for name, a in (("x", x), ("z", z), ("scale", scale)):
-    if a is not None:
-      v.check_floating(name, a)
-      if jnp.finfo(a.dtype).bits < 16:
-        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {a.dtype}; "
-                        f"cast it first, e.g. {name}.astype(jnp.bfloat16).")
+  v.check_input("x", x)
+  v.check_input("z", z)   # the gate: None (left out) is refused by name
+  if scale is not None:
+    v.check_input("scale", scale)   # the gated kernels take no 8-bit scale either
   if x.ndim < 1:
     raise ValueError(f"x must have at least one axis (the normalized features), got shape "
                      f"{tuple(x.shape)}.")
@@ -354,8 +352,8 @@ def gated_rms_norm(x, z, scale=None, *, epsilon=1e-6, group_size=None, norm_befo
     ``y`` with the shape of ``x``.
 
   Raises:
-    TypeError: a non-floating array, a non-bool ``norm_before_gate``, a non-int
-      ``group_size``.
+    TypeError: a non-floating or 8-bit float ``x``, ``z`` or ``scale``, the gate left out
+      (``z=None``), a non-bool ``norm_before_gate``, a non-int ``group_size``.
     ValueError: ``z`` not shaped like ``x``, ``scale`` not ``(d,)``, ``group_size`` not dividing
       ``d``, or ``impl="triton"`` on a call its kernels refuse (saying why).
 

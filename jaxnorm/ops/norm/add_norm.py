@@ -76,7 +76,7 @@ def add_layer_norm(x, residual, scale=None, bias=None, *, residual_scale=1.0, re
       ``residual_scale`` not a real number (or a traced array); otherwise as
       :func:`jaxnorm.layer_norm`.
     ValueError: ``residual`` not the shape of ``x``, ``residual_scale`` not a scalar or not
-      finite; otherwise as :func:`jaxnorm.layer_norm`.
+      finite; otherwise as :func:`jaxnorm.layer_norm` (the float range applies to ``h``).
 
   Example:
     >>> import jax, jax.numpy as jnp, jaxnorm

@@ -16,6 +16,7 @@ import numpy as np
 
 from jaxnorm.backends import table as _backends
 from jaxnorm import _jax_compat
+from jaxnorm import _concrete_checks as _cc
 from jaxnorm import _validation as v
 from jaxnorm._casting import CASTINGS, cast_plan
 from jaxnorm._norm_config import AddConfig, NormConfig
@@ -41,7 +42,7 @@ def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
   broadcast and flattened the same way, and ``restore`` maps a ``(..., d)`` result back to the
   shape of ``x``.
   """
-  v.check_floating(x_name, x)
+  v.check_input(x_name, x)
   epsilon = v.check_epsilon(epsilon)
   axes = v.normalized_axes(x.ndim, axis)
   v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
@@ -50,14 +51,13 @@ def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
                                options or {})
   v.check_choice("casting", casting, CASTINGS)
   if dict(options).get("memory_efficient"):
-    v.check_invertible_scale(scale, zero_centered_scale)
+    _cc.check_invertible_scale(scale, zero_centered_scale)
   norm_shape = tuple(x.shape[axes[0]:])
   scale_heads = v.check_param("scale", scale, x.shape, axes[0], x_name=x_name)
   bias_heads = v.check_param("bias", bias, x.shape, axes[0], x_name=x_name)
   v.check_mask(mask, x.shape)
   dtype = v.check_out_dtype("dtype", dtype)
-  if isinstance(axis_name, list):  # hashable: the config is a static argument
-    axis_name = tuple(axis_name)
+  axis_name = v.check_axis_name(axis_name)  # hashable: the config is a static argument
   if axis_index_groups is not None:
     if axis_name is None:
       raise ValueError("axis_index_groups needs axis_name (the mesh axis they group).")
@@ -104,8 +104,8 @@ def prepare_add(x, residual, scale, bias, *, residual_scale, residual_dtype, **k
   As :func:`prepare`, with ``cfg.add`` describing the add ``h = x + residual_scale *
   residual`` (``h`` stored in ``residual_dtype``, default the inputs' promoted dtype).
   """
-  v.check_floating("x", x)
-  v.check_floating("residual", residual)
+  v.check_input("x", x)
+  v.check_input("residual", residual)
   v.check_residual_shape(residual.shape, x.shape)
   alpha = v.check_residual_scale(residual_scale)
   hd = v.check_residual_dtype(x.dtype, residual.dtype, residual_dtype)

@@ -65,9 +65,10 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
     memory_efficient: if True reverse mode keeps ``y`` and ``rstd`` instead of ``x`` and
       recovers :math:`\hat x = (y - \beta) / \gamma` in the backward (NVIDIA Apex's option of
       that name; ``docs/derivations.md``): one ``x``-sized array less per call where ``y`` is
-      kept anyway (by the next layer). Every :math:`\gamma_i` must be nonzero: where one is 0
-      the cotangents are NaN (documented; a concrete ``scale`` with a zero raises a
-      ``ValueError``). The recovered :math:`\hat x` loses about
+      kept anyway (by the next layer). Every :math:`\gamma_i` must be nonzero: a ``scale``
+      whose value is concrete (eager, differentiated or not) with a zero raises a
+      ``ValueError``; a traced one gives NaN in that feature's ``dx`` column and ``dscale``
+      entry only (documented). The recovered :math:`\hat x` loses about
       :math:`\log_2 \max_j |\beta_j / \gamma_j|` bits of ``y``'s; beyond a ratio of
       ``2 ** (p // 2)`` for ``y``'s ``p`` significand bits (float32 4096, float16 32, bfloat16
       16) less than half are left, and dx/dscale lose as much: a concrete ``scale`` and ``bias``
@@ -84,7 +85,14 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
     ValueError: ``scale``/``bias`` shape not the normalized shape, ``axis`` out of range or not
       trailing, ``epsilon`` negative or NaN, unknown ``epsilon_placement``/``impl``/``casting``,
       ``impl="pallas"`` with ``use_fast_variance=True`` or ``memory_efficient=True``; a concrete
-      ``scale`` with a zero :math:`\gamma_i` and ``memory_efficient=True``.
+      ``scale`` with a zero :math:`\gamma_i` and ``memory_efficient=True``; ``axis_name`` not
+      bound (outside ``shard_map`` or a named ``vmap``); a concrete row past the float range:
+      largest magnitude :math:`\ge \sqrt{\max/(4d)}` of the compute dtype (float32:
+      ``3.3e18`` at ``d = 8``), or, with ``epsilon=0``, nonzero and below
+      :math:`\sqrt{d\,\mathrm{tiny}}` (``docs/derivations.md``, "Where the float range ends").
+      A traced row past it is not checked and comes back wrong (zeros or NaN).
+    TypeError also for an 8-bit float ``x`` (cast to bfloat16 first; an 8-bit ``scale``,
+      ``bias`` or ``dtype`` is allowed).
 
   Example:
     >>> import jax, jax.numpy as jnp, jaxnorm

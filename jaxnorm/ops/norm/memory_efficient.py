@@ -12,10 +12,15 @@ which ``centered`` gives ``x'`` and ``x_hat`` gives :math:`\hat x`. The differen
 primitive's formula and transpose call :func:`recovered`, so partial evaluation saves ``y``, the
 parameters and ``rstd`` (``x'`` is computed in the backward, never saved).
 
-Where a :math:`\gamma_i` is 0, ``y_i = \beta_i`` carries nothing of :math:`\hat x_i`: the
-recovered value is ``0/0``, NaN, and so are that feature's ``dscale`` and the rows' ``dx``
-(documented; :func:`jaxnorm._validation.check_invertible_scale` raises where the scale is a
-concrete array).
+Where a :math:`\gamma_i` is 0, ``y_i = \beta_i`` carries nothing of :math:`\hat x_i`.
+:func:`jaxnorm._concrete_checks.check_invertible_scale` raises where the scale's value is concrete
+(an eager call, differentiated or not: the JVP rule checks its concrete primal). Where it is
+traced, the backward divides by a safe :math:`\gamma` (1 where :math:`\gamma_i = 0`), which
+leaves every other feature's ``dx`` exact (:math:`g_i = \gamma_i\,dy_i = 0` takes feature
+``i`` out of the row means), and :func:`lost` puts NaN back in the two cotangents that need
+:math:`\hat x_i`: column ``i`` of ``dx`` and ``dscale_i``. The tangent (forward mode) needs
+:math:`\hat x_i` in every row mean, so it divides by :math:`\gamma` unmasked: NaN rows; second
+order (the backward's derivative) is NaN throughout (:func:`_first_order_only`).
 
 Away from 0 the recovery costs precision: ``y``'s rounding error, about ``u (|gamma x_hat| +
 |beta|)``, divided by :math:`\gamma` is ``u (|x_hat| + |beta / gamma|)`` on :math:`\hat x`
@@ -35,7 +40,7 @@ import numpy as np
 from jaxnorm.backends.xla import formulas as _xla
 from jaxnorm._norm_config import NormConfig
 
-__all__ = ["kept", "max_ratio", "recovered", "warn_imprecise"]
+__all__ = ["kept", "lost", "max_ratio", "recovered", "warn_imprecise"]
 
 
 def kept(cfg: NormConfig, x, y, bias, stats) -> dict:
@@ -52,12 +57,14 @@ def kept(cfg: NormConfig, x, y, bias, stats) -> dict:
   return dict(y=y, bias=bias, rstd=stats[2])
 
 
-def recovered(cfg: NormConfig, named: dict) -> dict:
+def recovered(cfg: NormConfig, named: dict, *, safe: bool = False) -> dict:
   """``named`` operands with ``x``, ``shift`` and ``delta`` recovered from ``y`` where the call
   kept ``y`` (``named["x"]`` None); otherwise ``named`` itself.
 
   ``x = (y - bias) / gamma / rstd`` in the compute dtype (``rstd``'s), the pivot 0 (LayerNorm;
   RMSNorm has none) and no offset: the backward and the tangent then see :math:`\\hat x`.
+  ``safe``: divide by 1 where :math:`\\gamma_i = 0` (the backward, which then masks with
+  :func:`lost`); otherwise by :math:`\\gamma` itself (NaN there).
   """
   if named["x"] is not None:
     return named
@@ -68,7 +75,8 @@ def recovered(cfg: NormConfig, named: dict) -> dict:
     xhat = xhat - _xla.as_row(named["bias"], y.ndim, ct)
   g = _xla.gamma(cfg, named["scale"], y.ndim, ct)
   if g is not None:
-    xhat = xhat / g.astype(ct)
+    g = g.astype(ct)
+    xhat = xhat / (jnp.where(g == 0, jnp.ones_like(g), g) if safe else g)
   shift = jnp.zeros_like(rstd) if cfg.op.mean_path else None
   return {**named, "x": xhat / rstd, "shift": shift, "delta": None}
 
@@ -88,7 +96,7 @@ def warn_imprecise(scale, bias, *, zero_centered_scale: bool, shapes, out_dtype)
   ``shapes``: ``(scale_shape, bias_shape)``, each ``heads + (d,)`` (the checked parameters'
   per-head axes and normalized size; they broadcast against each other). Nothing where either
   is None or traced (under ``jit`` the docs carry the rule), or where a :math:`\gamma_j` is 0
-  (that is :func:`jaxnorm._validation.check_invertible_scale`'s case).
+  (that is :func:`jaxnorm._concrete_checks.check_invertible_scale`'s case).
   """
   if scale is None or bias is None:
     return
@@ -115,3 +123,44 @@ def warn_imprecise(scale, bias, *, zero_centered_scale: bool, shapes, out_dtype)
       f"{jnp.dtype(out_dtype).name}: the recovered x_hat, and dx/dscale with it, keep fewer "
       f"than half of y's significand bits (docs/perf-notes.md, 'memory_efficient precision'). "
       f"Use memory_efficient=False, or a wider dtype= for y.", RuntimeWarning, stacklevel=4)
+
+
+def lost(cfg: NormConfig, named: dict, dx, dscale):
+  r"""``(dx, dscale)`` with NaN where :math:`\gamma_i = 0` under ``memory_efficient``: column
+  ``i`` of ``dx`` and entry ``i`` of ``dscale`` (the only cotangents that read
+  :math:`\hat x_i`, which ``y`` does not carry there). Unchanged where the call kept ``x``.
+
+  ``named``: the operands as given to the backward (before :func:`recovered`); ``dscale`` in
+  the scale's shape, or None.
+  """
+  if named["x"] is not None or named["scale"] is None:
+    return dx, dscale
+  g = _xla.gamma(cfg, named["scale"], named["scale"].ndim, named["rstd"].dtype)
+  # A factor per feature, NaN where gamma is 0 and 1 elsewhere (exact): XLA fuses the product
+  # into the backward's output, where a select costs a pass over dx (docs/perf-notes.md).
+  col = jnp.where(g == 0, jnp.nan, 1.0)             # the scale's shape
+  if dx is not None:
+    dx = dx * _xla.as_row(col, dx.ndim, dx.dtype)
+  if dscale is not None:
+    dscale = dscale * col.astype(dscale.dtype)
+  return _first_order_only(jnp.any(g == 0), dx, dscale)
+
+
+@jax.custom_jvp
+def _first_order_only(lost_any, *cotangents):
+  r"""The cotangents unchanged; their tangents (second order) NaN where ``lost_any``.
+
+  The second order of the backward recomputes the row statistics from the recovered ``x``,
+  whose feature ``i`` (:math:`\gamma_i = 0`) is not :math:`\hat x_i`: every second-order
+  value would be silently wrong, so all are NaN instead. No operation in first order.
+  """
+  del lost_any
+  return cotangents
+
+
+@_first_order_only.defjvp
+def _first_order_only_jvp(primals, tangents):
+  lost_any, *cts = primals
+  poison = jnp.where(lost_any, jnp.nan, 1.0)
+  return tuple(cts), tuple(None if c is None else t * poison.astype(t.dtype)
+                           for c, t in zip(cts, tangents[1:]))

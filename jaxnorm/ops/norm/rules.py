@@ -53,8 +53,9 @@ import jax.numpy as jnp
 
 from jaxnorm.backends import table as _backends
 from jaxnorm import _math
+from jaxnorm import _concrete_checks as _cc
 from jaxnorm.backends.xla import formulas as _xla
-from jaxnorm.ops.norm.memory_efficient import kept, recovered
+from jaxnorm.ops.norm.memory_efficient import kept, lost, recovered
 from jaxnorm._norm_config import NormConfig
 from jaxnorm._remat import INPUT_RESIDUAL, OUTPUT_RESIDUAL, STATS_RESIDUAL
 from jaxnorm._rules import Family, TangentRule, rows_of
@@ -139,7 +140,7 @@ def _backward(cfg: NormConfig, a: dict, cts, wanted: dict) -> dict:
     cfg = dataclasses.replace(cfg, bias_dtype=None, bias_shape=None)  # no dbias wanted
   # With memory_efficient, x is recovered from y in x's compute dtype: dx is cast to tx's dtype.
   dx_dtype = None if a["x"] is not None or "tx" not in wanted else wanted["tx"][1]
-  a = recovered(cfg, a)
+  given, a = a, recovered(cfg, a, safe=True)
   x, scale, mask = a["x"], a["scale"], a["mask"]
   stats = (a["shift"], a["delta"], a["rstd"])
   dy = jnp.zeros(x.shape, cfg.out_dtype) if cts[0] is None else cts[0]
@@ -148,8 +149,9 @@ def _backward(cfg: NormConfig, a: dict, cts, wanted: dict) -> dict:
     dx, dscale, dbias = _wide_backward(
         cfg, functools.partial(_backends.backward, cfg, **kw),
         functools.partial(_backends.formula(cfg, "backward"), **kw))(x, scale, mask, stats, dy)
-    return dict(zip(("tx", "tscale", "tbias"),
-                    (dx, *_backends.param_cotangents(cfg, scale, dscale, dbias))))
+    dscale, dbias = _backends.param_cotangents(cfg, scale, dscale, dbias)
+    dx, dscale = lost(cfg, given, dx, dscale)  # NaN where memory_efficient lost x_hat
+    return dict(zip(("tx", "tscale", "tbias"), (dx, dscale, dbias)))
   dh = cts[1]  # None: h unused downstream, skipped
   return dict(zip(("tx", "tr", "tscale", "tbias"),
                   _wide_backward(cfg, functools.partial(_backends.add_backward, cfg),
@@ -184,22 +186,44 @@ norm_tangent_p = _RULE.primitive
 # The custom_jvp ops.
 
 
+def _check(cfg: NormConfig, x, scale, residual=None):
+  """The checks of values (:mod:`jaxnorm._concrete_checks`), run by the value and by the JVP
+  rule, whose primals are concrete in an eager call, differentiated (eager grad/vjp/jvp) or
+  not; a traced call checks nothing here (its outcome is documented with each check)."""
+  _cc.check_row_range(cfg.op.name, x, cfg.epsilon, residual=residual,
+                      residual_scale=cfg.residual_scale if cfg.has_add else 1.0)
+  if cfg.option("memory_efficient"):
+    _cc.check_invertible_scale(scale, cfg.zero_centered_scale)
+
+
+def _norm_value(cfg: NormConfig, x, scale, bias, mask):
+  _check(cfg, x, scale)
+  return _backends.forward_only(cfg, x, scale, bias, mask)
+
+
+def _add_norm_value(cfg: NormConfig, x, residual, scale, bias, mask):
+  _check(cfg, x, scale, residual)
+  return _backends.add_forward_only(cfg, x, residual, scale, bias, mask)
+
+
 def _norm_forward(cfg: NormConfig, x, scale, bias, mask):
+  _check(cfg, x, scale)
   y, stats = wide_jvp(functools.partial(_backends.forward, cfg))(x, scale, bias, mask)
   # What reverse mode saves: x and the statistics, or y and rstd (memory_efficient).
   return y, dict(kept(cfg, x, y, bias, stats), scale=scale, mask=mask)
 
 
 def _add_norm_forward(cfg: NormConfig, x, residual, scale, bias, mask):
+  _check(cfg, x, scale, residual)
   y, h, stats = wide_jvp(functools.partial(_backends.add_forward, cfg))(
       x, residual, scale, bias, mask)
   return (y, h), dict(x=h, scale=scale, mask=mask, shift=stats[0], delta=stats[1],
                       rstd=stats[2])
 
 
-_norm = _RULE.op(_backends.forward_only, _norm_forward, ("tx", "tscale", "tbias", None),
+_norm = _RULE.op(_norm_value, _norm_forward, ("tx", "tscale", "tbias", None),
                  "_norm")
-_add_norm = _RULE.op(_backends.add_forward_only, _add_norm_forward,
+_add_norm = _RULE.op(_add_norm_value, _add_norm_forward,
                      ("tx", "tr", "tscale", "tbias", None), "_add_norm")
 
 

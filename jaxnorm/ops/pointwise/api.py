@@ -34,7 +34,8 @@ def dyt(x, alpha, scale=None, bias=None, *, dtype=None):
     ``y`` with the shape of ``x``.
 
   Raises:
-    TypeError: ``x`` or a parameter not a floating array; ``dtype`` not floating.
+    TypeError: ``x`` or a parameter not a floating array (``alpha=None`` included), an 8-bit
+      float ``x``; ``dtype`` not floating.
     ValueError: a parameter whose shape does not broadcast against ``x``'s trailing axes.
 
   Example:

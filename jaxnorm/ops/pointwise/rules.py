@@ -118,7 +118,8 @@ def prepare(squash: Squash, x, alpha, shift, scale, bias, *, dtype=None):
   :func:`jaxnorm._validation.check_pointwise_param`); it comes back with leading size-1 axes
   up to ``x.ndim``. None parameters stay None.
   """
-  v.check_floating("x", x)
+  v.check_input("x", x)
+  v.check_floating("alpha", alpha)  # required: None (left out) is refused by name
   out_dtype = v.check_out_dtype("dtype", dtype)
   names = ("alpha", "shift", "scale", "bias")
   params = (alpha, shift, scale, bias)

@@ -1,0 +1,419 @@
+"""The table of bad and edge inputs (issue 56): every public op, layer and the model, one row each.
+
+A *bad* row calls the public surface with one wrong argument and asserts the exception type and
+that the message names the argument as it is spelled (``epsilon``, ``axis_name``, ``z``...). An
+*edge* row is legal but unusual (a zero row, one feature, a constant row, a row near the end of
+the float range, a NaN row, ...) and asserts the value against a float64 NumPy reference of the
+same formula. New public arguments join the table. ``jaxnorm.testing`` is not in it (its own
+tests cover ``check_rule``'s reports); the command line's table is
+``tests/experiments/test_cli_bad_inputs.py``.
+
+Everything runs eagerly on tiny shapes unless a row is about traced values (then ``jax.jit``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import jaxnorm
+from jaxnorm import linen as jln
+from jaxnorm import nnx as jnn
+from jaxnorm.models import TransformerConfig, TransformerLM
+
+F8 = jnp.float8_e4m3fn
+X = jnp.asarray(np.random.default_rng(0).standard_normal((2, 8)), jnp.float32)
+S = jnp.ones(8)
+B = jnp.zeros(8)
+TINY_LM = dict(vocab_size=16, max_len=8, d_model=8, n_layers=1, n_heads=2, d_ff=16)
+
+# ---------------------------------------------------------------------------------------------
+# Bad rows: (id, thunk, exception type, text the message must contain).
+
+# The keyword arguments every norm op takes, each with bad values: (kwargs, type, names).
+_NORM_KW = [
+    (dict(epsilon=-1.0), ValueError, "epsilon"),
+    (dict(epsilon=float("nan")), ValueError, "epsilon"),
+    (dict(epsilon=float("inf")), ValueError, "epsilon"),
+    (dict(epsilon="1e-6"), TypeError, "epsilon"),
+    (dict(epsilon=True), TypeError, "epsilon"),
+    (dict(epsilon=jnp.asarray(1e-6)), TypeError, "epsilon"),
+    (dict(epsilon=None), TypeError, "epsilon"),
+    (dict(axis=2), ValueError, "axis"),
+    (dict(axis=-3), ValueError, "axis"),
+    (dict(axis=0), ValueError, "axis"),
+    (dict(axis=()), ValueError, "axis"),
+    (dict(axis=(-1, -1)), ValueError, "axis"),
+    (dict(axis="last"), TypeError, "axis"),
+    (dict(axis=1.0), TypeError, "axis"),
+    (dict(epsilon_placement="middle"), ValueError, "epsilon_placement"),
+    (dict(epsilon_placement=None), ValueError, "epsilon_placement"),
+    (dict(zero_centered_scale=1), TypeError, "zero_centered_scale"),
+    (dict(zero_centered_scale="yes"), TypeError, "zero_centered_scale"),
+    (dict(casting="fp32"), ValueError, "casting"),
+    (dict(casting=None), ValueError, "casting"),
+    (dict(impl="cuda"), ValueError, "impl"),
+    (dict(impl=None), ValueError, "impl"),
+    (dict(pallas=1), TypeError, "pallas"),
+    (dict(pallas={"interpret": True}), TypeError, "pallas"),
+    (dict(dtype=jnp.int32), TypeError, "dtype"),
+    (dict(dtype=jnp.bool_), TypeError, "dtype"),
+    (dict(mask=jnp.ones((2, 8), jnp.int32)), TypeError, "mask"),
+    (dict(mask=jnp.ones((3, 8), bool)), ValueError, "mask"),
+    (dict(mask=[[True] * 8] * 2), TypeError, "mask"),
+    (dict(axis_name="i"), ValueError, "axis_name"),
+    (dict(axis_name=("i", "j")), ValueError, "axis_name"),
+    (dict(axis_index_groups=[[0]]), ValueError, "axis_index_groups"),
+]
+
+# Bad x (or residual) for every op taking one.
+_BAD_X = [
+    ("int", jnp.ones((2, 8), jnp.int32), TypeError, "x must have a floating dtype"),
+    ("bool", jnp.ones((2, 8), bool), TypeError, "x must have a floating dtype"),
+    ("complex", jnp.ones((2, 8), jnp.complex64), TypeError, "x must have a floating dtype"),
+    ("list", [[1.0] * 8] * 2, TypeError, "x must be a JAX or NumPy array"),
+    ("None", None, TypeError, "x must be a JAX or NumPy array"),
+    ("float8_e4m3fn", X.astype(F8), TypeError, "x must be float16, bfloat16, float32 or float64"),
+    ("float8_e5m2", X.astype(jnp.float8_e5m2), TypeError, "x must be float16, bfloat16"),
+]
+
+
+def _norm_ops():
+  """``(name, call(x, **kw))`` of every norm entry point (ops, fused ops, Jacobians)."""
+  return [
+      ("rms_norm", lambda x, **kw: jaxnorm.rms_norm(x, S, **kw)),
+      ("layer_norm", lambda x, **kw: jaxnorm.layer_norm(x, S, B, **kw)),
+      ("add_rms_norm", lambda x, **kw: jaxnorm.add_rms_norm(x, X, S, **kw)),
+      ("add_layer_norm", lambda x, **kw: jaxnorm.add_layer_norm(x, X, S, B, **kw)),
+      ("rms_norm_jacobian", lambda x, **kw: jaxnorm.rms_norm_jacobian(x, S, **kw)),
+      ("layer_norm_jacobian", lambda x, **kw: jaxnorm.layer_norm_jacobian(x, S, **kw)),
+  ]
+
+
+def _norm_rows():
+  rows = []
+  jacobian_kw = {"epsilon", "axis", "mask", "epsilon_placement", "zero_centered_scale"}
+  for op, call in _norm_ops():
+    for kw, exc, name in _NORM_KW:
+      if op.endswith("jacobian") and not set(kw) <= jacobian_kw:
+        continue
+      key = ",".join(f"{k}={v!r}" for k, v in kw.items())[:40]
+      rows.append((f"{op}-{key}", functools.partial(call, X, **kw), exc, name))
+    for key, x, exc, text in _BAD_X:
+      rows.append((f"{op}-x-{key}", functools.partial(call, x), exc, text))
+  for op in ("rms_norm", "layer_norm"):
+    f = getattr(jaxnorm, op)
+    rows += [
+        (f"{op}-scale-shape", lambda f=f: f(X, jnp.ones(7)), ValueError, "scale"),
+        (f"{op}-scale-int", lambda f=f: f(X, jnp.ones(8, jnp.int32)), TypeError, "scale"),
+        (f"{op}-scale-list", lambda f=f: f(X, [1.0] * 8), TypeError, "scale"),
+        (f"{op}-memory_efficient-str", lambda f=f: f(X, S, memory_efficient="yes"), TypeError,
+         "memory_efficient"),
+        (f"{op}-memory_efficient-zero-scale", lambda f=f: f(X, S.at[1].set(0), memory_efficient=True),
+         ValueError, "memory_efficient=True"),
+        (f"{op}-memory_efficient-zero-scale-grad",
+         lambda f=f: jax.grad(lambda s: jnp.sum(f(X, s, memory_efficient=True) ** 2))(S.at[1].set(0)),
+         ValueError, "memory_efficient=True"),
+        (f"{op}-memory_efficient-zero-scale-vjp",
+         lambda f=f: jax.vjp(lambda s: f(X, s, memory_efficient=True), S.at[1].set(0)),
+         ValueError, "memory_efficient=True"),
+        (f"{op}-memory_efficient-zero-scale-jvp",
+         lambda f=f: jax.jvp(lambda s: f(X, s, memory_efficient=True), (S.at[1].set(0),), (S,)),
+         ValueError, "memory_efficient=True"),
+        (f"{op}-row-1e19", lambda f=f: f(X * 1e19), ValueError, "past the float range"),
+        (f"{op}-row-1e19-grad", lambda f=f: jax.grad(lambda x: jnp.sum(f(x) ** 2))(X * 1e19),
+         ValueError, "past the float range"),
+        (f"{op}-row-1e-20-eps0", lambda f=f: f(X * 1e-20, epsilon=0.0), ValueError,
+         "below the float range"),
+    ]
+  rows += [
+      ("layer_norm-bias-shape", lambda: jaxnorm.layer_norm(X, S, jnp.ones(3)), ValueError, "bias"),
+      ("layer_norm-bias-int", lambda: jaxnorm.layer_norm(X, S, jnp.ones(8, jnp.int32)), TypeError,
+       "bias"),
+      ("layer_norm-use_fast_variance-int", lambda: jaxnorm.layer_norm(X, use_fast_variance=1),
+       TypeError, "use_fast_variance"),
+      ("layer_norm-grad-float8", lambda: jax.grad(lambda x: jnp.sum(jaxnorm.layer_norm(x)))(X.astype(F8)),
+       TypeError, "x must be float16"),
+      ("layer_norm-float8-dtype-f32", lambda: jaxnorm.layer_norm(X.astype(F8), dtype=jnp.float32),
+       TypeError, "x must be float16"),
+  ]
+  for op in ("add_rms_norm", "add_layer_norm"):
+    f = getattr(jaxnorm, op)
+    rows += [
+        (f"{op}-residual-shape", lambda f=f: f(X, X[:1]), ValueError, "residual"),
+        (f"{op}-residual-int", lambda f=f: f(X, X.astype(jnp.int32)), TypeError, "residual"),
+        (f"{op}-residual-float8", lambda f=f: f(X, X.astype(F8)), TypeError, "residual must be float16"),
+        (f"{op}-residual-None", lambda f=f: f(X, None), TypeError, "residual"),
+        (f"{op}-residual_scale-nan", lambda f=f: f(X, X, residual_scale=float("nan")), ValueError,
+         "residual_scale"),
+        (f"{op}-residual_scale-bool", lambda f=f: f(X, X, residual_scale=True), TypeError,
+         "residual_scale"),
+        (f"{op}-residual_scale-vector", lambda f=f: f(X, X, residual_scale=jnp.ones(2)), ValueError,
+         "residual_scale"),
+        (f"{op}-residual_dtype-int", lambda f=f: f(X, X, residual_dtype=jnp.int32), TypeError,
+         "residual_dtype"),
+        (f"{op}-h-1e19", lambda f=f: f(X, X * 1e19), ValueError, "residual_scale * residual"),
+    ]
+  return rows
+
+
+def _pointwise_rows():
+  a = jnp.asarray(0.5)
+  rows = []
+  for op, call in (("dyt", lambda x, **kw: jaxnorm.dyt(x, a, **kw)),
+                   ("derf", lambda x, **kw: jaxnorm.derf(x, a, jnp.asarray(0.1), **kw))):
+    for key, x, exc, text in _BAD_X:
+      rows.append((f"{op}-x-{key}", functools.partial(call, x), exc, text))
+    rows += [
+        (f"{op}-dtype-int", functools.partial(call, X, dtype=jnp.int32), TypeError, "dtype"),
+        (f"{op}-scale-shape", functools.partial(call, X, scale=jnp.ones(7)), ValueError, "scale"),
+        (f"{op}-bias-shape", functools.partial(call, X, bias=jnp.ones((3, 8))), ValueError, "bias"),
+        (f"{op}-scale-int", functools.partial(call, X, scale=jnp.ones(8, jnp.int32)), TypeError,
+         "scale"),
+    ]
+  rows += [
+      ("dyt-alpha-int", lambda: jaxnorm.dyt(X, jnp.ones((), jnp.int32)), TypeError, "alpha"),
+      ("dyt-alpha-None", lambda: jaxnorm.dyt(X, None), TypeError, "alpha"),
+      ("dyt-alpha-shape", lambda: jaxnorm.dyt(X, jnp.ones(7)), ValueError, "alpha"),
+      ("derf-shift-shape", lambda: jaxnorm.derf(X, a, jnp.ones(7)), ValueError, "shift"),
+      ("derf-shift-None", lambda: jaxnorm.derf(X, a, None), TypeError, "shift"),
+  ]
+  return rows
+
+
+def _gated_rows():
+  g = jaxnorm.gated_rms_norm
+  rows = [
+      ("gated-z-None", lambda: g(X, None), TypeError, "z must be"),
+      ("gated-z-shape", lambda: g(X, X[:1]), ValueError, "z (the gate)"),
+      ("gated-z-int", lambda: g(X, X.astype(jnp.int32)), TypeError, "z must have a floating"),
+      ("gated-z-float8", lambda: g(X, X.astype(F8)), TypeError, "z must be float16"),
+      ("gated-scale-shape", lambda: g(X, X, jnp.ones(7)), ValueError, "scale"),
+      ("gated-scale-float8", lambda: g(X, X, jnp.ones(8, F8)), TypeError, "scale must be float16"),
+      ("gated-epsilon-neg", lambda: g(X, X, epsilon=-1.0), ValueError, "epsilon"),
+      ("gated-epsilon-str", lambda: g(X, X, epsilon="0"), TypeError, "epsilon"),
+      ("gated-group_size-0", lambda: g(X, X, group_size=0), ValueError, "group_size"),
+      ("gated-group_size-3", lambda: g(X, X, group_size=3), ValueError, "group_size"),
+      ("gated-group_size-float", lambda: g(X, X, group_size=4.0), TypeError, "group_size"),
+      ("gated-norm_before_gate-int", lambda: g(X, X, norm_before_gate=1), TypeError,
+       "norm_before_gate"),
+      ("gated-dtype-int", lambda: g(X, X, dtype=jnp.int32), TypeError, "dtype"),
+      ("gated-impl", lambda: g(X, X, impl="cuda"), ValueError, "impl"),
+      ("gated-pallas", lambda: g(X, X, pallas="interpret"), TypeError, "pallas"),
+      ("gated-x-scalar", lambda: g(jnp.ones(()), jnp.ones(())), ValueError, "x must have at least"),
+  ]
+  for key, x, exc, text in _BAD_X:
+    rows.append((f"gated-x-{key}", functools.partial(g, x, X), exc, text))
+  return rows
+
+
+def _layer_rows():
+  r = nnx.Rngs(0)
+  k = jax.random.key(0)
+  rows = []
+  for name in ("LayerNorm", "RMSNorm"):
+    N, L = getattr(jnn, name), getattr(jln, name)
+    rows += [
+        (f"nnx.{name}-x-float8", lambda N=N: N(8, rngs=r)(X.astype(F8)), TypeError, "x must be float16"),
+        (f"nnx.{name}-x-features", lambda N=N: N(8, rngs=r)(jnp.ones((2, 7))), ValueError, "7"),
+        (f"nnx.{name}-epsilon", lambda N=N: N(8, epsilon=-1.0, rngs=r)(X), ValueError, "epsilon"),
+        (f"nnx.{name}-num_features", lambda N=N: N(0, rngs=r), ValueError, "num_features"),
+        (f"nnx.{name}-num_features-str", lambda N=N: N("8", rngs=r), TypeError, "num_features"),
+        (f"nnx.{name}-placement", lambda N=N: N(8, epsilon_placement="x", rngs=r)(X), ValueError,
+         "epsilon_placement"),
+        (f"nnx.{name}-impl", lambda N=N: N(8, impl="cuda", rngs=r)(X), ValueError, "impl"),
+        (f"nnx.{name}-casting", lambda N=N: N(8, casting="bf16", rngs=r)(X), ValueError, "casting"),
+        (f"nnx.{name}-axis_name", lambda N=N: N(8, axis_name="i", rngs=r)(X), ValueError, "axis_name"),
+        (f"nnx.{name}-mask", lambda N=N: N(8, rngs=r)(X, mask=jnp.ones((2, 8))), TypeError, "mask"),
+        (f"nnx.{name}-residual-float8", lambda N=N: N(8, rngs=r)(X, residual=X.astype(F8)),
+         TypeError, "residual must be float16"),
+        (f"nnx.{name}-memory_efficient-zero-grad",
+         lambda N=N: nnx.grad(lambda m: jnp.sum(m(X) ** 2))(_zero_scale(N(8, memory_efficient=True, rngs=r))),
+         ValueError, "memory_efficient=True"),
+        (f"linen.{name}-x-float8", lambda L=L: L().init(k, X.astype(F8)), TypeError, "x must be float16"),
+        (f"linen.{name}-epsilon", lambda L=L: L(epsilon=float("nan")).init(k, X), ValueError, "epsilon"),
+        (f"linen.{name}-placement", lambda L=L: L(epsilon_placement=1).init(k, X), ValueError,
+         "epsilon_placement"),
+        (f"linen.{name}-axis_name", lambda L=L: L(axis_name="i").init(k, X), ValueError, "axis_name"),
+        (f"linen.{name}-reduction_axes", lambda L=L: L(reduction_axes=5).init(k, X), ValueError,
+         "reduction_axes"),
+        (f"linen.{name}-mask", lambda L=L: L().init(k, X, mask=jnp.ones((3, 8), bool)), ValueError,
+         "mask"),
+    ]
+  rows += [
+      ("nnx.GatedRMSNorm-z-None", lambda: jnn.GatedRMSNorm(8, rngs=r)(X, None), TypeError, "z must be"),
+      ("nnx.GatedRMSNorm-x-float8", lambda: jnn.GatedRMSNorm(8, rngs=r)(X.astype(F8), X), TypeError,
+       "x must be float16"),
+      ("nnx.GatedRMSNorm-group", lambda: jnn.GatedRMSNorm(8, group_size=3, rngs=r), ValueError,
+       "group_size"),
+      ("linen.GatedRMSNorm-z-None", lambda: jln.GatedRMSNorm().init(k, X, None), TypeError, "z must be"),
+      ("linen.GatedRMSNorm-x-float8", lambda: jln.GatedRMSNorm().init(k, X.astype(F8), X), TypeError,
+       "x must be float16"),
+      ("nnx.DyT-x-float8", lambda: jnn.DyT(8, rngs=r)(X.astype(F8)), TypeError, "x must be float16"),
+      ("nnx.Derf-x-float8", lambda: jnn.Derf(8, rngs=r)(X.astype(F8)), TypeError, "x must be float16"),
+      ("nnx.DyT-alpha_init", lambda: jnn.DyT(8, alpha_init_value=float("nan"), rngs=r), TypeError,
+       "alpha_init_value"),
+      ("linen.DyT-x-float8", lambda: jln.DyT().init(k, X.astype(F8)), TypeError, "x must be float16"),
+      ("linen.DyT-alpha_init", lambda: jln.DyT(alpha_init_value="a").init(k, X), TypeError,
+       "alpha_init_value"),
+  ]
+  return rows
+
+
+def _zero_scale(layer):
+  layer.scale[...] = layer.scale[...].at[2].set(0.0)
+  return layer
+
+
+def _model_rows():
+  lm = TransformerLM(TransformerConfig(**TINY_LM), rngs=nnx.Rngs(0))
+  rows = [
+      ("model-tokens-negative", lambda: lm(jnp.full((1, 4), -1, jnp.int32)), ValueError,
+       "tokens must be ids in [0, 16)"),
+      ("model-tokens-vocab", lambda: lm(jnp.full((1, 4), 16, jnp.int32)), ValueError,
+       "tokens must be ids in [0, 16)"),
+      ("model-tokens-300", lambda: lm(jnp.asarray([[1, 2, 300]], jnp.int32)), ValueError,
+       "the first 300 at index (0, 2)"),
+      ("model-tokens-float", lambda: lm(jnp.ones((1, 4))), TypeError, "tokens must be an integer"),
+      ("model-tokens-1d", lambda: lm(jnp.ones((4,), jnp.int32)), ValueError, "tokens must have shape"),
+      ("model-tokens-long", lambda: lm(jnp.ones((1, 9), jnp.int32)), ValueError, "max_len"),
+  ]
+  bad_config = [
+      (dict(d_model=0), ValueError, "d_model"), (dict(n_heads=3), ValueError, "n_heads"),
+      (dict(vocab_size=1.5), TypeError, "vocab_size"), (dict(norm_type="batch"), ValueError, "norm_type"),
+      (dict(norm_position="mid"), ValueError, "norm_position"), (dict(epsilon=-1.0), ValueError, "epsilon"),
+      (dict(dtype="float8"), ValueError, "dtype"), (dict(casting="x"), ValueError, "casting"),
+      (dict(embed_scale=0.0), ValueError, "embed_scale"), (dict(qk_norm="yes"), ValueError, "qk_norm"),
+      (dict(scan_layers=1), TypeError, "scan_layers"), (dict(init="he"), ValueError, "init"),
+      (dict(activation="tanh"), ValueError, "activation"), (dict(positions="abs"), ValueError, "positions"),
+  ]
+  for kw, exc, name in bad_config:
+    key = ",".join(f"{k}={v!r}" for k, v in kw.items())
+    rows.append((f"config-{key}", lambda kw=kw: TransformerConfig(**{**TINY_LM, **kw}), exc, name))
+  return rows
+
+
+BAD = _norm_rows() + _pointwise_rows() + _gated_rows() + _layer_rows() + _model_rows()
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_bad_input_is_refused_naming_the_argument(case):
+  _, thunk, exc, text = case
+  with pytest.raises(exc) as info:
+    thunk()
+  assert text in str(info.value), f"{type(info.value).__name__}: {info.value}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Edge rows: legal, unusual input; the value against float64.
+
+
+def _rms64(x, eps=1e-6):
+  x = np.asarray(x, np.float64)
+  return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps)
+
+
+def _ln64(x, eps=1e-6):
+  x = np.asarray(x, np.float64)
+  c = x - x.mean(-1, keepdims=True)
+  return c / np.sqrt(np.mean(c * c, -1, keepdims=True) + eps)
+
+
+_RNG = np.random.default_rng(3)
+_ROWS = {
+    "zero-row": np.zeros((2, 8)),
+    "one-feature": _RNG.standard_normal((3, 1)),
+    "constant-row": np.full((2, 8), 3.0),
+    "large-mean": 1e4 + _RNG.standard_normal((2, 16)),
+    "tiny-eps-positive": 1e-30 * _RNG.standard_normal((2, 8)),
+    "huge-inside-range": 1e17 * _RNG.standard_normal((2, 8)),
+    "small-inside-range": 1e-15 * _RNG.standard_normal((2, 8)),
+    "mixed-magnitudes": np.stack([1e-3 * _RNG.standard_normal(8), 1e3 * _RNG.standard_normal(8)]),
+    "wide": _RNG.standard_normal((1, 300)),
+    "three-axes": _RNG.standard_normal((2, 3, 8)),
+}
+EDGE = [(f"{op}-{k}", op, k) for op in ("rms_norm", "layer_norm") for k in _ROWS]
+
+
+@pytest.mark.parametrize("case", EDGE, ids=[c[0] for c in EDGE])
+def test_edge_input_matches_float64(case):
+  _, op, key = case
+  x = _ROWS[key]
+  y = np.asarray(getattr(jaxnorm, op)(jnp.asarray(x, jnp.float32)), np.float64)
+  ref = (_rms64 if op == "rms_norm" else _ln64)(np.asarray(jnp.asarray(x, jnp.float32), np.float64))
+  scale = np.maximum(np.abs(ref), 1.0)
+  np.testing.assert_array_less(np.abs(y - ref) / scale, 1e-3 if key == "large-mean" else 2e-5)
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("scale", [1e19, 1e21])
+def test_traced_rows_past_the_float_range_stay_in_their_row(op, scale):
+  """The open part of issue 56, pinned as documented (docs/derivations.md, "Where the float range
+  ends"): where x is traced nothing raises, and a row past the range comes back zeros (RMSNorm;
+  LayerNorm up to about 1e20) or NaN (LayerNorm above), never a finite nonzero value, and the
+  other rows are untouched."""
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((4, 16)), jnp.float32)
+  y = np.asarray(jax.jit(getattr(jaxnorm, op))(x.at[1].multiply(scale)))
+  expect = "nan" if op == "layer_norm" and scale > 1e20 else "zeros"
+  assert np.all(np.isnan(y[1])) if expect == "nan" else np.all(y[1] == 0)
+  np.testing.assert_array_equal(np.delete(y, 1, 0), np.delete(np.asarray(getattr(jaxnorm, op)(x)), 1, 0))
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_traced_tiny_rows_with_epsilon_zero_are_not_finite(op):
+  x = jnp.asarray(np.random.default_rng(2).standard_normal((3, 8)), jnp.float32).at[0].multiply(1e-25)
+  y = np.asarray(jax.jit(lambda x: getattr(jaxnorm, op)(x, epsilon=0.0))(x))
+  assert not np.any(np.isfinite(y[0])) and np.all(np.isfinite(y[1:]))
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_a_non_finite_row_stays_in_its_row(op):
+  """NaN and inf rows are not range errors: they propagate (a NaN row is NaN; an inf row has NaN
+  where the inf was), in their own row only."""
+  x = X.at[0, 3].set(jnp.nan).at[1, 0].set(jnp.inf)
+  y = np.asarray(getattr(jaxnorm, op)(jnp.concatenate([x, X])))
+  assert np.all(np.isnan(y[0])) and np.isnan(y[1, 0])
+  np.testing.assert_array_equal(y[2:], np.asarray(getattr(jaxnorm, op)(X)))
+
+
+def test_the_range_limits_are_the_documented_ones():
+  """``row_range``: sqrt(max / (4 d)) and sqrt(d * tiny) of float32; a row just inside works, the
+  same row times 4 (past it) raises."""
+  from jaxnorm._concrete_checks import row_range
+  huge, tiny = row_range(jnp.float32, 8)
+  f32 = np.finfo(np.float32)
+  assert huge == pytest.approx(np.sqrt(float(f32.max) / 32)) and tiny == pytest.approx(np.sqrt(8 * float(f32.tiny)))
+  row = jnp.full((1, 8), huge / 2, jnp.float32)
+  np.testing.assert_allclose(jaxnorm.rms_norm(row), 1.0, rtol=1e-6)
+  with pytest.raises(ValueError, match="past the float range"):
+    jaxnorm.layer_norm(row * 4)
+
+
+def test_traced_out_of_range_tokens_give_nan_logits_of_their_sequence_only():
+  """The documented behaviour of ids out of range where they are traced: never a wrapped row."""
+  lm = TransformerLM(TransformerConfig(**TINY_LM), rngs=nnx.Rngs(0))
+  tokens = jnp.asarray([[1, 2, -1, 3], [1, 2, 3, 4], [5, 16, 1, 2]], jnp.int32)
+  out = np.asarray(nnx.jit(lambda m, t: m(t))(lm, tokens))
+  assert np.all(np.isnan(out[0, 2])) and np.all(np.isnan(out[2, 1]))
+  assert np.all(np.isfinite(out[1]))
+
+
+def test_float8_scale_and_dtype_keep_working():
+  s8 = jnp.ones(8, F8)
+  np.testing.assert_allclose(jaxnorm.rms_norm(X, s8), jaxnorm.rms_norm(X), rtol=1e-6)
+  assert jaxnorm.layer_norm(X, dtype=F8).dtype == F8
+
+
+def test_axis_name_inside_a_named_vmap_still_works():
+  """The features split over a named vmap axis (one feature per instance): the bound axis passes."""
+  y = jax.vmap(lambda r: jaxnorm.rms_norm(r, axis_name="i"), axis_name="i")(X.T[:, :, None])
+  np.testing.assert_allclose(np.asarray(y)[:, :, 0].T, _rms64(X), rtol=1e-5)
+
+
+def test_the_table_is_large():
+  assert len(BAD) + len(EDGE) >= 200
