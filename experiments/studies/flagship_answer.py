@@ -88,7 +88,7 @@ def warmup_answer(summary: dict) -> list[str]:
   if b0 is not None and bq is not None:
     g = _paired(grid, f"post|{b0}|0", f"post|{bq}|{long_}")
     lead = ("**With Post-LN, use warm-up**:" if all(x > MARGIN for x in g)
-            else "Warm-up for Post-LN, not a rule here (the seeds disagree at the best rates):")
+            else "Warm-up for Post-LN (no rule: the seeds disagree):")
     out.append(f"{lead} at each one's best rate ({b0:z.2g} without, {bq:z.2g} with) it gains {_span(g)} nats per seed.")
   return out
 

@@ -241,12 +241,13 @@ def arm_reference(root: pathlib.Path) -> str | None:
   s = read_json(done)
   suite = read_json(root / "suite.json") if (root / "suite.json").exists() else {}
   git = (suite.get("git") or {}).get("commit", "?")[:7] if isinstance(suite.get("git"), dict) else "?"
-  parts = []
+  parts, at = [], set()
   for seq in sorted(s["tables"], key=int):
     tpp = s["tpp"][seq]
     r = min(s["tables"][seq], key=lambda r: abs(np.log(tpp[str(r["step"])] / 0.9)))
-    parts.append(f"sequence {seq} {min(r['diff']):+z.2f} to {max(r['diff']):+z.2f} at T/P {tpp[str(r['step'])]:z.2f}")
-  return (f"The sequence-length arm (`--preset cpu-scale`, git {git}, {_rel(done.parent.parent)}), Pre - Post: "
+    at.add(f"{tpp[str(r['step'])]:z.2f}")
+    parts.append(f"sequence {seq} {min(r['diff']):+z.2f} to {max(r['diff']):+z.2f}")
+  return (f"Sequence-length arm (`--preset cpu-scale`, git {git}), Pre - Post at T/P {', '.join(sorted(at))}: "
           + "; ".join(parts) + ".")
 
 
