@@ -3,14 +3,19 @@ r"""The condition magnitude :math:`M`: how much rounding can move each element o
 The standard model of floating-point rounding has every operation return its exact value times
 :math:`(1 + \delta)`, :math:`|\delta| \le \varepsilon`. :func:`magnitude` applies it to the
 reference's float64 computation (its jaxpr, autodiff included): every input, every result and
-every operand of a sum (``reduce_sum``, ``dot_general``, ``cumsum``: a sum rounds once per term,
-so a cancelling sum of large terms is as uncertain as its terms, not as its result) is
-multiplied by :math:`1 + \epsilon r` with random signs :math:`r = \pm 1`, and :math:`M_i` is the
-largest :math:`|\partial\,\mathrm{out}_i / \partial \epsilon|` at :math:`\epsilon = 0` over a
-few sign draws. :math:`\varepsilon M_i` is then the first-order rounding error of a stable
-evaluation of the reference in a precision :math:`\varepsilon`: large where the result is a
-difference of large intermediates (LayerNorm's input gradient at ``d = 2``) or the inputs are
-ill-conditioned (a row with a large mean/std ratio), small where neither happens.
+every operand of a sum, an addition or a subtraction (``reduce_sum``, ``dot_general``,
+``cumsum``, ``add``, ``sub``, ``add_any``: a sum rounds once per term, and a difference of two
+computed values is as uncertain as they are even where the reference's own graph cancels them
+exactly, e.g. log_softmax's Hessian at ``d = 1``) is multiplied by :math:`1 + \epsilon r`, and
+:math:`M_i` is the largest :math:`|\partial\,\mathrm{out}_i / \partial \epsilon|` at
+:math:`\epsilon = 0` over a few directions. The multipliers :math:`r \in \pm[0.5, 1)` are
+hashes of each element's own value, its site and the direction (:func:`multipliers`), never of
+its position: an elementwise function's element gets the same :math:`M` alone and in any
+batch, and two equal contributions cannot cancel exactly (random signs :math:`\pm 1` did, one
+time in 16 per element). :math:`\varepsilon M_i` is then the first-order rounding error of a
+stable evaluation of the reference in a precision :math:`\varepsilon`: large where the result
+is a difference of large intermediates (LayerNorm's input gradient at ``d = 2``) or the inputs
+are ill-conditioned (a row with a large mean/std ratio), small where neither happens.
 """
 
 from __future__ import annotations
