@@ -82,7 +82,7 @@ def multipliers(values, seed: int, directions: int) -> list:
         h = _mix(h0 + np.uint32((0x9E3779B9 * (k + 1)) % 2 ** 32))
         size = 0.5 + (h & np.uint32(0xFFFFFF)).astype(v.dtype) * (0.5 / 2 ** 24)
         rows.append(np.where((h >> np.uint32(31)) == 1, -size, size))
-      out.append(np.stack(rows) if rows else np.zeros((0, *v.shape), v.dtype))
+      out.append((np.stack(rows) if rows else np.zeros((0, *v.shape))).astype(v.dtype))
   return out
 
 
