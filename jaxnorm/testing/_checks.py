@@ -24,7 +24,7 @@ from jaxnorm.testing._problem import _Problem
 from jaxnorm.testing._report import Outcome, Report, _describe
 from jaxnorm.testing._tolerance import Tolerance
 
-__all__ = ["MODES", "TRANSFORMS", "Outcome", "Report", "RuleCheckError", "check_rule"]
+__all__ = ["ALLOWABLE", "MODES", "TRANSFORMS", "Outcome", "Report", "RuleCheckError", "check_rule"]
 
 MODES = ("rev", "fwd")
 # Every check runs its function of the rule under jax.jit (one compiled program a check), but
@@ -270,24 +270,30 @@ def _check_zeros(r: _Run) -> None:
                   r.grads)[0])
 
 
-def _checked_options(modes, transforms, tolerance) -> tuple[tuple, tuple, Tolerance]:
-  """``(modes, transforms, tolerance)`` as tuples and a :class:`Tolerance` (default
+ALLOWABLE = ("unsupported", "outside_domain")
+
+
+def _checked_options(modes, transforms, tolerance, allow) -> tuple:
+  """``(modes, transforms, tolerance, allow)``: tuples and a :class:`Tolerance` (default
   ``Tolerance()``); ValueError/TypeError, named, for unknown values."""
-  modes = tuple(modes)
-  transforms = tuple(transforms)
-  for name, values, allowed in (("modes", modes, MODES), ("transforms", transforms, TRANSFORMS)):
+  if isinstance(allow, str):
+    raise TypeError(f"allow must be a tuple of {ALLOWABLE}, got the string {allow!r}; write "
+                    f"allow=({allow!r},).")
+  modes, transforms, allow = tuple(modes), tuple(transforms), tuple(allow)
+  for name, values, allowed in (("modes", modes, MODES), ("transforms", transforms, TRANSFORMS),
+                                ("allow", allow, ALLOWABLE)):
     unknown = [v for v in values if v not in allowed]
     if unknown:
       raise ValueError(f"{name} must be a subset of {allowed}, got unknown {unknown!r}.")
   tolerance = Tolerance() if tolerance is None else tolerance
   if not isinstance(tolerance, Tolerance):
     raise TypeError(f"tolerance must be a jaxnorm.testing.Tolerance, got {tolerance!r}.")
-  return modes, transforms, tolerance
+  return modes, transforms, tolerance, allow
 
 
 def check_rule(rule, reference, args, *, kwargs=None, nondiff_argnums=(), modes=MODES,
                transforms=TRANSFORMS, tolerance: Tolerance | None = None, nonfinite="any",
-               seed: int = 0, raise_on_failure: bool = True) -> Report:
+               seed: int = 0, allow=(), raise_on_failure: bool = True) -> Report:
   r"""Checks a function with custom derivative rules against autodiff of a plain reference.
 
   The rule (a ``jax.custom_vjp`` or ``jax.custom_jvp`` function, or any function calling
@@ -320,6 +326,10 @@ def check_rule(rule, reference, args, *, kwargs=None, nondiff_argnums=(), modes=
       plain formula may be NaN where a derived rule is finite, e.g. at a zero variance);
       ``"match"`` requires the same NaN or infinity.
     seed: seeds the random cotangents, tangents and condition directions.
+    allow: outcomes that do not fail the check (each is still reported): ``"unsupported"``
+      (a transformation of the rule raises, e.g. a rule that cannot be differentiated twice;
+      the ``value`` check raising always fails), ``"outside_domain"`` (the input is outside
+      the function's float domain: the reference evaluated in the compute dtype is as wrong).
     raise_on_failure: raise :class:`RuleCheckError` on a failure (else only return the report).
 
   Returns:
@@ -327,24 +337,31 @@ def check_rule(rule, reference, args, *, kwargs=None, nondiff_argnums=(), modes=
 
   Raises:
     RuleCheckError: a check failed (an ``AssertionError``: pytest and plain ``assert`` show it);
-      the message names the check, the output, the worst element, its error in ulps of its
-      dtype and the budget there, and prints the inputs.
+      the message names the check, its status, the output, the worst element, its error in
+      ulps of its dtype and the budget there, the cause where found (an input outside the
+      float domain, overflow or underflow of intermediates, a rule computing in its 16-bit
+      input dtype), and prints the inputs. A rule whose outputs differ from the reference's
+      in tree or shape fails the ``value`` check, saying how, whatever the modes.
     TypeError, ValueError: bad arguments, named.
   """
-  modes, transforms, tolerance = _checked_options(modes, transforms, tolerance)
+  modes, transforms, tolerance, allow = _checked_options(modes, transforms, tolerance, allow)
   p = _Problem(rule, reference, args, kwargs, nondiff_argnums, tolerance, nonfinite, seed)
-  r = _Run(p, rule, reference, modes)
-  _check_base(r)
-  _check_eager_and_checkpoint(r, transforms)
-  _check_batched(r, transforms)  # draws the batch's second examples even when not run
-  if "grad2" in transforms:
-    _check_grad2(r)
-  if "zeros" in transforms:
-    _check_zeros(r)
-  outcomes = r.outcomes
-  report = Report(outcomes, _describe(p.names, p.fixed))
+  if p.mismatch:  # the same report in every mode, before any transformation runs
+    outcomes = [Outcome("value", "fail", np.inf, np.inf, p.mismatch)]
+  else:
+    r = _Run(p, rule, reference, modes)
+    _check_base(r)
+    _check_eager_and_checkpoint(r, transforms)
+    _check_batched(r, transforms)  # draws the batch's second examples even when not run
+    if "grad2" in transforms:
+      _check_grad2(r)
+    if "zeros" in transforms:
+      _check_zeros(r)
+    outcomes = r.outcomes
+  report = Report(outcomes, _describe(p.names, p.fixed), allow)
   if raise_on_failure and not report.ok:
-    lines = [f"{o.check}: {o.detail}" for o in report.failures]
+    lines = [f"{o.check}: " + (f"[{o.status}] " if o.status != "fail" else "") + o.detail
+             for o in report.failures]
     raise RuleCheckError(f"{len(report.failures)} of {len(outcomes)} checks failed:\n  " +
                          "\n  ".join(lines) + "\ninputs:\n" + report.inputs)
   return report

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxnorm._jax_compat import eval_jaxpr
-from jaxnorm.testing._condition import magnitude
+from jaxnorm.testing import _diagnose
+from jaxnorm.testing._condition import magnitude, multipliers, sites
 from jaxnorm.testing._report import Outcome
 from jaxnorm.testing._tolerance import ulp
 
@@ -64,6 +65,8 @@ class _Problem:
     self.kwargs = dict(kwargs or {})
     self.tol, self.nonfinite = tolerance, nonfinite
     self.rng = np.random.default_rng(seed)
+    self.seed, self.n_oracles = seed, 0
+    self.native = None  # a dtype: the reference's leaves are cast to it, not to float64
     self.cache = {}
     self.dtypes = {}  # result name -> the dtype it must have (see compare)
     flat, self.treedef = jax.tree_util.tree_flatten_with_path(tuple(args))
@@ -88,6 +91,26 @@ class _Problem:
     self.out_paths = names
     if not self.out_avals:
       raise ValueError("the rule returns no floating array to compare.")
+    self.mismatch = self._mismatch(reference)
+
+  def _mismatch(self, reference) -> str:
+    """How the rule's floating outputs differ from the reference's in tree or shape ("" when
+    they match): checked before any check runs, so that every mode reports it alike."""
+    names = []
+
+    def probe(*z):
+      names[:], values = self._outputs(reference, z, True, None)
+      return values
+
+    with _enable_x64():
+      ref_avals = list(jax.eval_shape(probe, *self.z0))
+    if names != self.out_paths:
+      return (f"the rule's floating outputs are {', '.join(self.out_paths)}, the reference's "
+              f"{', '.join(names) or 'none'} (another tree)")
+    for name, a, b in zip(names, self.out_avals, ref_avals):
+      if a.shape != b.shape:
+        return f"{name}: shape {a.shape}, the reference's {b.shape}"
+    return ""
 
   # ------------------------------------------------------------------ building functions
 
@@ -100,7 +123,8 @@ class _Problem:
     positions = range(len(self.diff)) if subset is None else subset
     for pos, v in zip(positions, z):
       leaves[self.diff[pos]] = v
-    leaves = [jnp.asarray(v, jnp.float64) if f64 and _is_float(v) else
+    cast = (jnp.float64 if self.native is None else self.native) if f64 else None
+    leaves = [jnp.asarray(v, cast) if cast is not None and _is_float(v) else
               (jnp.asarray(v) if hasattr(v, "dtype") else v) for v in leaves]
     out = f(*self.treedef.unflatten(leaves), **self.kwargs)
     flat = jax.tree_util.tree_flatten_with_path(out)[0]
@@ -125,16 +149,19 @@ class _Problem:
 
   # ------------------------------------------------------------------ the comparison
 
-  def oracle(self, ref_fn, z, in_axes=None):
+  def oracle(self, ref_fn, z, in_axes=None, seed=None):
     """``(expected, magnitude)``: ``ref_fn`` at ``z`` in float64 and its condition magnitude
-    (:mod:`jaxnorm.testing._condition`), both lists of float64 NumPy arrays."""
-    seed = int(self.rng.integers(2 ** 16))
+    (:mod:`jaxnorm.testing._condition`), both lists of float64 NumPy arrays. The magnitude's
+    seed follows ``seed`` and the order of the checks, never the shapes drawn before."""
+    if seed is None:
+      seed, self.n_oracles = (self.seed * 7919 + self.n_oracles) % 2 ** 16, self.n_oracles + 1
+    self.last_seed = seed
     with _enable_x64():
       fn = ref_fn if in_axes is None else jax.vmap(ref_fn, in_axes=in_axes)
       z64 = [np.asarray(a).astype(np.float64) for a in z]
       closed = jax.make_jaxpr(fn)(*z64)
-      run, signs, tree = _compiled_oracle(closed, z64, seed)
-      e, m = jax.tree_util.tree_unflatten(tree, run(signs, list(closed.consts), *z64))
+      run, tree = _compiled_oracle(closed, z64, seed)
+      e, m = jax.tree_util.tree_unflatten(tree, run(list(closed.consts), *z64))
       e = [np.asarray(a, np.float64) for a in e]
       m = [np.asarray(a, np.float64) for a in m]
     return e, m
@@ -145,16 +172,16 @@ class _Problem:
     A result named in ``self.dtypes`` must have that dtype (a cotangent its primal's, a tangent
     its output's, as JAX's own rules give them; JAX does not check a ``custom_vjp`` backward's).
     """
-    worst, worst_ulps, detail, budgets, failed = -1.0, 0.0, "", [], False
+    worst, worst_ulps, detail, budgets, bads = -1.0, 0.0, "", [], []
     for name, a, e, m in zip(names, got, expected, magnitude):
       a = np.asarray(a)
       if a.shape != e.shape:
         return Outcome(check, "fail", np.inf, np.inf,
-                       f"{name}: shape {a.shape}, the oracle's {e.shape}"), None
+                       f"{name}: shape {a.shape}, the oracle's {e.shape}"), None, None
       want = self.dtypes.get(name)
       if want is not None and a.dtype != want:
         return Outcome(check, "fail", np.inf, np.inf,
-                       f"{name}: dtype {a.dtype.name}, expected {want.name}"), None
+                       f"{name}: dtype {a.dtype.name}, expected {want.name}"), None, None
       dt = a.dtype
       a64 = a.astype(np.float64)
       budget = self.tol.budget(e, m, dt)
@@ -182,10 +209,10 @@ class _Problem:
                   f"{float(e[idx]):.17g}, "
                   f"error {worst_ulps:.3g} ulp of {dt.name}, allowed {budget[idx] / u:.3g} ulp "
                   f"(condition {kappa:.3g}; {int(bad.sum())} of {a.size} elements over)")
-      failed |= bool(bad.any())
-    status = "fail" if failed else "pass"
-    return Outcome(check, status, max(worst, 0.0), worst_ulps,
-                   detail if failed else ""), budgets
+      bads.append(bad)
+    failed = any(bool(b.any()) for b in bads)
+    return Outcome(check, "fail" if failed else "pass", max(worst, 0.0), worst_ulps,
+                   detail if failed else ""), budgets, bads
 
   def split_oracle(self, ref_fn, z, counts: dict):
     """Computes one oracle whose outputs are several checks' (``counts``: key -> how many
@@ -193,7 +220,8 @@ class _Problem:
     expected, magnitude = self.oracle(ref_fn, z)
     i = 0
     for key, k in counts.items():
-      self.cache[key] = expected[i:i + k], magnitude[i:i + k]
+      self.cache[key] = (expected[i:i + k], magnitude[i:i + k],
+                         (ref_fn, z, None, self.last_seed, i))
       i += k
 
   def run_split(self, mode, rule_fn, z, parts, wrap=jax.jit):
@@ -202,15 +230,16 @@ class _Problem:
     try:
       with self.context():
         got = [np.asarray(a) for a in wrap(rule_fn)(*[jnp.asarray(a) for a in z])]
-    except Exception as exc:  # a rule that fails under a transformation fails the check
-      detail = f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-      return {key: (Outcome(key + mode, "fail", np.inf, np.inf, detail), None, None)
-              for key, _ in parts}
+    except Exception as exc:  # noqa: BLE001 (reported as unsupported, with the exception)
+      return {key: (_raised(key + mode, exc), None, None) for key, _ in parts}
     out, i = {}, 0
     for key, names in parts:
       sub = got[i:i + len(names)]
       i += len(names)
-      outcome, budgets = self.compare(key + mode, sub, *self.cache[key], names)
+      outcome, budgets, bads = self.compare(key + mode, sub, *self.cache[key][:2], names)
+      if outcome.status == "fail" and bads is not None:
+        outcome = _diagnose.explain(self, outcome, (wrap(rule_fn), z), self.cache[key], sub,
+                                    budgets, bads)
       out[key] = (outcome, sub, budgets)
     return out
 
@@ -226,55 +255,74 @@ class _Problem:
     try:
       with self.context():
         got = [np.asarray(a) for a in wrap(rule_fn)(*[jnp.asarray(a) for a in z])]
-    except Exception as exc:  # a rule that fails under a transformation fails the check
-      return Outcome(check, "fail", np.inf, np.inf,
-                     f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"), None, None
+    except Exception as exc:  # noqa: BLE001 (reported as unsupported, with the exception)
+      return _raised(check, exc), None, None
     if key is None or key not in self.cache:
-      self.cache[key] = self.oracle(ref_fn, z, in_axes)
-    expected, magnitude = self.cache[key]
-    outcome, budgets = self.compare(check, got, expected, magnitude, names)
+      self.cache[key] = (*self.oracle(ref_fn, z, in_axes), (ref_fn, z, in_axes, self.last_seed, 0))
+    entry = self.cache[key]
+    outcome, budgets, bads = self.compare(check, got, *entry[:2], names)
+    if outcome.status == "fail" and bads is not None:
+      outcome = _diagnose.explain(self, outcome, (wrap(rule_fn), z), entry, got, budgets, bads)
     return outcome, got, budgets
 
+  def compute_dtype(self, z):
+    """The dtype the rule is expected to compute in, for inputs ``z``."""
+    if self.tol.compute_dtype is not None:
+      return jnp.dtype(self.tol.compute_dtype)
+    floats = [jnp.dtype(a.dtype) for a in z if _is_float(a)]
+    return jnp.dtype(jnp.promote_types(jnp.result_type(*floats), jnp.float32))
 
-# Compiled oracles by reference graph (its jaxpr's text, which names every shape and dtype, and
-# the seed), most recent last: a check of the same reference at the same shapes (another dtype
-# of the rule, another backend, a repeated configuration) reuses the program with its own
-# inputs and constants. Bounded in entries and in the sign arrays kept (all entries together:
-# the least recently used go first).
+
+def _raised(check, exc) -> Outcome:
+  """A check whose function of the rule raised: unsupported, with the exception."""
+  return Outcome(check, "unsupported", np.inf, np.inf,
+                 f"raised {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}")
+
+
+# Compiled oracles by reference graph (its jaxpr's text, which names every shape and dtype),
+# most recent last: a check of the same reference at the same shapes (another dtype of the rule,
+# another backend, a repeated configuration, another seed) reuses the programs with its own
+# inputs, constants and multipliers. Bounded in entries (the least recently used go first).
 _ORACLES = collections.OrderedDict()
 _ORACLES_MAX = 64
-_ORACLES_MAX_SIGN_BYTES = 256 * 2 ** 20
 
 
 def _compiled_oracle(closed, z64, seed):
-  """``(run, signs, tree)``: ``run(signs, consts, *z64)`` is the float64 reference ``closed``
-  (a closed jaxpr) at ``z64`` and its condition magnitude, flattened (``tree`` unflattens them).
+  """``(run, tree)``: ``run(consts, *z64)`` is the float64 reference ``closed`` (a closed jaxpr)
+  at ``z64`` and its condition magnitude, flattened (``tree`` unflattens them).
 
-  Traced once, and compiled with every constant as an argument rather than a literal in the
-  program: the random sign arrays (one per intermediate result and direction; compiling a 12 x
-  8200 LayerNorm's oracle took 4.1 s with them inside, 1.4 s as arguments) and the reference's
-  own constants (so the same graph with other constant values is the same program).
+  Two programs, each traced once: the values of the reference's rounding sites, from which
+  NumPy hashes their multipliers (:func:`~jaxnorm.testing._condition.multipliers`), and the
+  magnitude, compiled with the multipliers and the reference's own constants as arguments
+  rather than literals (compiling a 12 x 8200 LayerNorm's oracle took 4.1 s with its random
+  signs inside, 1.4 s as arguments; the same graph with other constants is the same program).
   """
   text = str(closed.jaxpr)
   # Not memoized where the text may not say everything: a function's repr (an address), or a
   # custom rule or callback, whose Python function the text names at most.
   opaque = any(w in text for w in (" at 0x", "custom_jvp_call", "custom_vjp_call", "callback"))
-  key = None if opaque else (text, seed, _DIRECTIONS)
-  if key is not None and key in _ORACLES:
-    _ORACLES.move_to_end(key)
-    return _ORACLES[key][:3]
-
-  def traced(consts, *a):
-    return magnitude(lambda *b: eval_jaxpr(closed.jaxpr, consts, *b), a,
-                     directions=_DIRECTIONS, seed=seed)
-
-  mag, shape = jax.make_jaxpr(traced, return_shape=True)(list(closed.consts), *z64)
-  run = jax.jit(lambda signs, consts, *a: eval_jaxpr(mag.jaxpr, signs, *consts, *a))
-  entry = run, list(mag.consts), jax.tree_util.tree_structure(shape)
-  nbytes = sum(np.asarray(c).nbytes for c in mag.consts)
-  if key is not None and nbytes <= _ORACLES_MAX_SIGN_BYTES // 4:
-    _ORACLES[key] = (*entry, nbytes)
-    while (len(_ORACLES) > _ORACLES_MAX
-           or sum(e[-1] for e in _ORACLES.values()) > _ORACLES_MAX_SIGN_BYTES):
+  key = None if opaque else (text, _DIRECTIONS)
+  if key is None or key not in _ORACLES:
+    ref = lambda consts, *b: eval_jaxpr(closed.jaxpr, consts, *b)  # noqa: E731
+    site_fn = jax.jit(lambda consts, *a: sites(lambda *b: ref(consts, *b), a))
+    mag_fn = jax.jit(lambda mults, consts, *a: magnitude(lambda *b: ref(consts, *b), a, mults))
+    shape = jax.eval_shape(lambda *a: ref(list(closed.consts), *a), *z64)
+    entry = (site_fn, mag_fn, jax.tree_util.tree_structure((shape, shape)))
+    if key is None:
+      return _runner(entry, seed)
+    _ORACLES[key] = entry
+    while len(_ORACLES) > _ORACLES_MAX:
       _ORACLES.popitem(last=False)
-  return entry
+  _ORACLES.move_to_end(key)
+  return _runner(_ORACLES[key], seed)
+
+
+def _runner(entry, seed):
+  site_fn, mag_fn, tree = entry
+
+  def run(consts, *z64):
+    mults = multipliers([np.asarray(v) for v in site_fn(consts, *z64)], seed, _DIRECTIONS)
+    values, m = mag_fn(mults, consts, *z64)
+    return jax.tree_util.tree_leaves((values, m))
+
+  return run, tree

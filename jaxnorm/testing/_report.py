@@ -20,7 +20,12 @@ class Outcome:
 
   Attributes:
     check: what was compared, e.g. ``"vmap(vjp), batched parameters"``.
-    status: ``"pass"``, ``"fail"`` or ``"skip"``.
+    status: ``"pass"``; ``"fail"`` (a wrong result); ``"unsupported"`` (the function of the rule
+      raised: ``detail`` gives the exception); ``"outside_domain"`` (wrong where the
+      reference's own graph in the compute dtype is wrong too: the input is outside the
+      function's float domain); ``"nondifferentiable"`` (every element off the oracle sits
+      where the reference is not differentiable, the rule's result between its one-sided
+      values: not a failure); ``"skip"`` (not checked, ``detail`` says why).
     worst: the largest error / budget ratio over the compared elements (<= 1 passes).
     worst_ulps: the error of that element in ulps of its dtype.
     detail: the worst element (failure) or why the check was skipped.
@@ -35,10 +40,16 @@ class Outcome:
 
 @dataclasses.dataclass
 class Report:
-  """Every check's :class:`Outcome`; true when none failed (``assert report, report``)."""
+  """Every check's :class:`Outcome`; true when none failed (``assert report, report``).
+
+  A failure is an outcome with status ``"fail"``, or ``"unsupported"`` / ``"outside_domain"``
+  unless ``allow`` names it (``check_rule``'s ``allow=``; the ``value`` check raising is always
+  a failure).
+  """
 
   outcomes: list
   inputs: str
+  allow: tuple = ()
 
   @property
   def ok(self) -> bool:
@@ -46,7 +57,14 @@ class Report:
 
   @property
   def failures(self) -> list:
-    return [o for o in self.outcomes if o.status == "fail"]
+    return [o for o in self.outcomes if o.status == "fail" or (
+        o.status in ("unsupported", "outside_domain") and
+        (o.status not in self.allow or (o.status, o.check) == ("unsupported", "value")))]
+
+  @property
+  def unsupported(self) -> list:
+    """The checks whose function of the rule raised (allowed or not)."""
+    return [o for o in self.outcomes if o.status == "unsupported"]
 
   def __bool__(self) -> bool:
     return self.ok

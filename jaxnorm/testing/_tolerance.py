@@ -13,8 +13,10 @@ problem. The budget of element :math:`i` is
 with :math:`u` ulps (the result's own rounding), :math:`p` the propagated-error factor,
 :math:`\varepsilon_C` the machine epsilon of :math:`C` and :math:`M_i` the condition magnitude:
 the largest change of the exact result under a few random relative perturbations of every
-input (:math:`\max_k |J (z \odot r_k)|_i`, signs :math:`r_k = \pm 1`, a float64 ``jax.jvp`` of
-the oracle). :math:`M_i / |e_i|` is the componentwise condition number, which is large where the
+input and intermediate (:math:`\max_k |J (z \odot r_k)|_i`, multipliers
+:math:`r_k \in \pm[0.5, 1)`, a float64 ``jax.jvp`` of the oracle;
+:mod:`jaxnorm.testing._condition`). :math:`M_i / |e_i|` is the componentwise condition number,
+which is large where the
 exact result cancels (a gradient entry near zero) or where the input is ill-conditioned (a row
 with a large mean/std ratio). In ulps of :math:`D` the budget is
 :math:`u + p\,(\varepsilon_C/\varepsilon_D)\,\kappa_i`: a 16-bit rule computing in float32 is

@@ -10,6 +10,7 @@ a failing input) while the correct rules beside them are accepted.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -229,3 +230,137 @@ def test_adjoint_identity_skips_where_the_oracle_is_not_finite():
                          tolerance=jt.Tolerance(compute_dtype=jnp.bfloat16))
   (adjoint,) = [o for o in report.outcomes if o.check.startswith("adjoint")]
   assert adjoint.status == "skip" and "not finite" in adjoint.detail, adjoint
+
+
+# ------------------------------------------------------------------------------ issue 53's artefacts
+
+
+def _plain_log_softmax(x):
+  return x - jnp.log(jnp.sum(jnp.exp(x), -1, keepdims=True))
+
+
+def _curved(f, by=1e-3):
+  """``f`` plus ``by / 2 * (x - stop_gradient(x))**2``: the same value and first derivative,
+  the second derivative wrong by ``by`` on the diagonal."""
+  return lambda x: f(x) + 0.5 * by * (x - jax.lax.stop_gradient(x)) ** 2
+
+
+@pytest.mark.parametrize("case", ["d=1", "concat"])
+def test_a_zero_in_the_oracle_gets_a_budget_from_the_scale(case):
+  """Second order of log_softmax where the float64 Hessian entries are exactly 0 (d = 1, and
+  ``concat([x, -x])``): rounding noise passes (the operands of the subtractions are rounding
+  sites), a second derivative wrong by 1e-3 there is still rejected."""
+  rng = np.random.default_rng(3)
+  if case == "d=1":
+    args, outer = (jnp.asarray(rng.standard_normal((4, 1)) * 3, jnp.float32),), lambda f: f
+  else:
+    args = (jnp.asarray(rng.standard_normal((2, 3)), jnp.float32),)
+    outer = lambda f: lambda x: f(jnp.concatenate([x, -x], -1))  # noqa: E731
+  rule, ref = outer(jax.nn.log_softmax), outer(_plain_log_softmax)
+  for seed in range(2):
+    report = jt.check_rule(rule, ref, args, transforms=("grad2",), seed=seed,
+                           raise_on_failure=False)
+    assert report.ok, str(report)
+  wrong = jt.check_rule(outer(_curved(jax.nn.log_softmax)), ref, args, transforms=("grad2",),
+                        raise_on_failure=False)
+  assert {o.check for o in wrong.failures} >= {"vjp(vjp)"}, str(wrong)
+
+
+def test_an_elements_budget_does_not_depend_on_its_neighbours():
+  """jnp.sinc at x = 5546034176 alone and inside a 66-element array: the same condition
+  magnitude (its value may differ: XLA's sin does)."""
+  from jaxnorm.testing._problem import _Problem
+
+  def plain_sinc(x):
+    safe = jnp.where(x == 0, 1.0, x)
+    return jnp.where(x == 0, 1.0, jnp.sin(np.pi * safe) / (np.pi * safe))
+
+  rng = np.random.default_rng(0)
+  alone = np.asarray([5546034176.0], np.float32)
+  batch = np.concatenate([rng.standard_normal(40), alone, rng.standard_normal(25)]).astype(np.float32)
+  mags = []
+  for x in (alone, batch):
+    p = _Problem(jnp.sinc, plain_sinc, (jnp.asarray(x),), {}, (), jt.Tolerance(), "any", 0)
+    e, m = p.oracle(p.primal(plain_sinc, True), p.z0)
+    mags.append(float(m[0][40 if x.size > 1 else 0]))
+  assert mags[0] == mags[1] and mags[0] > 0, mags
+
+
+def _callback_sin():
+  """sin with a backward through ``jax.pure_callback``: it cannot be differentiated twice."""
+
+  @jax.custom_vjp
+  def f(x):
+    return jnp.sin(x)
+
+  def bwd(x, g):
+    cos = jax.pure_callback(np.cos, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    return (cos * g,)
+
+  f.defvjp(lambda x: (jnp.sin(x), x), bwd)
+  return f
+
+
+def test_unsupported_is_reported_apart_and_fails_unless_allowed():
+  rule, args = _callback_sin(), (jnp.linspace(-1.0, 1.0, 3),)
+  with pytest.raises(jt.RuleCheckError, match=r"vjp\(vjp\): \[unsupported\] raised ValueError"):
+    jt.check_rule(rule, jnp.sin, args, transforms=("grad2",))
+  report = jt.check_rule(rule, jnp.sin, args, transforms=("grad2",), allow=("unsupported",))
+  (unsupported,) = report.unsupported
+  assert report.ok and unsupported.check == "vjp(vjp)" and "pure_callback" not in unsupported.status
+
+
+def test_outside_the_float_domain_is_named_and_fails_unless_declared():
+  """jnp.sinc's derivative at x = 5546034176 (pi x rounds by ~1e3 radians in float32): the
+  reference's own float32 graph is as wrong, so the input is outside the float32 domain."""
+  def plain_sinc(x):
+    return jnp.sin(np.pi * x) / (np.pi * x)
+
+  args = (jnp.asarray([5546034176.0, 0.75], jnp.float32),)
+  report = jt.check_rule(jnp.sinc, plain_sinc, args, transforms=(), raise_on_failure=False)
+  statuses = {o.check: o.status for o in report.outcomes}
+  assert statuses["vjp"] == "outside_domain" and not report.ok, str(report)
+  assert "outside the function's float32 domain" in report.failures[0].detail
+  assert jt.check_rule(jnp.sinc, plain_sinc, args, transforms=(), allow=("outside_domain",)).ok
+
+
+def test_points_where_the_reference_is_not_differentiable_are_named():
+  """relu (derivative 0 at 0) against jnp.maximum(x, 0) (0.5 at the tie): named, not a
+  failure; a rule wrong away from the tie still fails."""
+  x = (jnp.asarray([[0.0, 1.5, -2.0, 0.0]], jnp.float32),)
+  ref = lambda x: jnp.maximum(x, 0.0)  # noqa: E731
+  report = jt.check_rule(jax.nn.relu, ref, x, transforms=("grad2",))
+  kinks = [o for o in report.outcomes if o.status == "nondifferentiable"]
+  assert report.ok and kinks and "not differentiable" in kinks[0].detail, str(report)
+  wrong = jt.check_rule(lambda x: jax.nn.relu(x) * 1.01, ref, x, transforms=(),
+                        raise_on_failure=False)
+  assert {o.status for o in wrong.failures} == {"fail"}, str(wrong)
+
+
+def test_a_16_bit_rule_is_told_how_to_declare_its_compute_dtype():
+  """jax.nn.silu in float16 near x = -11: the message names the underflow of the sigmoid and
+  the float16 arithmetic, and the declaration Tolerance(compute_dtype=jnp.float16)."""
+  x = (jnp.asarray([-11.5, -11.2, 0.5, 2.0], jnp.float16),)
+  with pytest.raises(jt.RuleCheckError) as info:
+    jt.check_rule(jax.nn.silu, lambda x: x / (1 + jnp.exp(-x)), x, transforms=())
+  msg = str(info.value)
+  for part in ("underflow below the normal range in the rule's graph: logistic (float16)",
+               "computes in its 16-bit input dtype", "Tolerance(compute_dtype=jnp.float16)"):
+    assert part in msg, (part, msg)
+
+
+@pytest.mark.parametrize("modes", [("rev",), ("fwd",), ("rev", "fwd")])
+@pytest.mark.parametrize("rule,said", [
+    (lambda x: x[:, :-1], "out: shape (4, 7), the reference's (4, 8)"),
+    (lambda x: x[:, :1], "out: shape (4, 1), the reference's (4, 8)"),
+    (lambda x: (x,), "the rule's floating outputs are out[0], the reference's out"),
+])
+def test_an_output_unlike_the_references_is_reported_in_every_mode(modes, rule, said):
+  with pytest.raises(jt.RuleCheckError, match=re.escape(said)):
+    jt.check_rule(rule, lambda x: x * 2.0, (jnp.ones((4, 8)),), modes=modes)
+
+
+@pytest.mark.parametrize("allow,error", [(("wrong",), ValueError), ("unsupported", TypeError)])
+def test_allow_is_checked(allow, error):
+  with pytest.raises(error, match="allow"):
+    jt.check_rule(jnp.sin, jnp.sin, (jnp.ones(3),), allow=allow)
