@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxnorm
+from experiments.argtypes import positive_int
 
 jax.config.update("jax_enable_x64", True)  # the float64 floor; the other dtypes are explicit
 
@@ -125,9 +126,9 @@ def table(results):
 def main() -> None:
   ap = argparse.ArgumentParser()
   ap.add_argument("out")
-  ap.add_argument("--rows", type=int, default=256)
-  ap.add_argument("--d", type=int, default=512)
-  ap.add_argument("--seeds", type=int, default=3)
+  ap.add_argument("--rows", type=positive_int, default=256)
+  ap.add_argument("--d", type=positive_int, default=512)
+  ap.add_argument("--seeds", type=positive_int, default=3)
   args = ap.parse_args()
   results = [measure(*case, args.rows, args.d, seed)
              for case in _cases() for seed in range(args.seeds)]
