@@ -37,11 +37,20 @@ except ImportError:  # pragma: no cover - depends on the installed JAX
   from jax.core import Literal
 
 __all__ = [
-    "Literal", "Primitive", "Zero", "aval_varying_axes", "eval_jaxpr", "is_symbolic_zero",
-    "is_tracer", "is_undefined_primal",
+    "Literal", "Primitive", "Zero", "aval_varying_axes", "enable_x64", "eval_jaxpr",
+    "is_symbolic_zero", "is_tracer", "is_undefined_primal",
     "register_batching", "register_jvp", "register_lowering", "register_transpose",
     "shaped_array", "varying_axes", "with_varying_axes",
 ]
+
+def enable_x64():
+  """``jax.enable_x64(True)``: a context manager with float64 on (``jax.experimental``'s name
+  before 0.8)."""
+  enable = getattr(jax, "enable_x64", None)
+  if enable is None or not callable(enable):  # pragma: no cover (older JAX)
+    from jax.experimental import enable_x64 as enable
+  return enable(True)
+
 
 def eval_jaxpr(jaxpr, consts, *args):
   """Evaluates a jaxpr on ``args`` (``jax.core.eval_jaxpr``; ``jaxnorm.testing`` compiles its

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxnorm._jax_compat import Literal
+from jaxnorm._jax_compat import Literal, enable_x64
 
 # Operations whose result can underflow from nonzero operands, and the arithmetic ones (a rule
 # "computes in" the dtype of their operands); layout and conversion operations are neither.
@@ -176,8 +176,7 @@ def _native(p, ref_fn, z, in_axes):
 
 
 def _x64():
-  from jaxnorm.testing._problem import _enable_x64
-  return _enable_x64()
+  return enable_x64()
 
 
 def _nearby(p, ref_fn, z, in_axes, seed):

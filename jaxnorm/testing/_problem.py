@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxnorm._jax_compat import enable_x64 as _enable_x64
 from jaxnorm._jax_compat import eval_jaxpr
 from jaxnorm.testing import _diagnose
 from jaxnorm.testing._condition import magnitude, multipliers, sites
@@ -27,14 +28,6 @@ from jaxnorm.testing._tolerance import ulp
 # Two left a masked 1024-wide RMSNorm's input gradient element at 0.02 x its value (a 5.69
 # ulp error allowed 3.29 ulp: a false failure); M is then the largest of four.
 _DIRECTIONS = 4
-
-
-def _enable_x64():
-  """``jax.enable_x64(True)`` (a context manager; jax.experimental's name before 0.8)."""
-  enable = getattr(jax, "enable_x64", None)
-  if enable is None or not callable(enable):  # pragma: no cover (older JAX)
-    from jax.experimental import enable_x64 as enable
-  return enable(True)
 
 
 def _is_float(a) -> bool:

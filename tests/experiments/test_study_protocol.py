@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 
@@ -13,7 +14,8 @@ from experiments.suite.registry import EXPERIMENTS
 
 @pytest.mark.parametrize("preset_name", ["cpu", "cpu-extra"])
 def test_every_study_follows_the_protocol_and_the_plan_is_their_units(preset_name):
-  """Every registered study is run by the cpu or the cpu-extra preset, and the plan is their own units."""
+  """Every registered study is run by the cpu or the cpu-extra preset, and the plan is their own units (rates
+  in units of 1/d in a run key resolved with the preset's width)."""
   preset = presets.get_preset(preset_name)
   expected = []
   for name in presets.studies(preset):
@@ -23,14 +25,16 @@ def test_every_study_follows_the_protocol_and_the_plan_is_their_units(preset_nam
     assert units and all(u.experiment == name for u in units), name
     assert len({u.label for u in units}) == len(units), name
     expected += units
-  assert plan.units(preset_name) == expected
+  d = preset["model"]["d_model"]
+  assert plan.units(preset_name) == [dataclasses.replace(u, run_key=plan._resolve(u.run_key, d)) for u in expected]
 
 
 def test_the_two_cpu_commands_split_the_studies():
-  """Issue 31: the main job holds the flagship studies, the second command every other one."""
-  main, extra = (presets.studies(presets.get_preset(n)) for n in ("cpu", "cpu-extra"))
-  assert main == ["warmup", "depth"] and not set(main) & set(extra)
-  assert set(main) | set(extra) == set(EXPERIMENTS)
+  """Issue 31: the main job holds the flagship studies (issue 50: the ladder among them), the second command
+  every other one; the sequence-length arm is the scale study again (issue 55)."""
+  main, extra, arm = (presets.studies(presets.get_preset(n)) for n in ("cpu", "cpu-extra", "cpu-scale"))
+  assert main == ["scale", "warmup", "depth"] and not set(main) & set(extra)
+  assert set(main) | set(extra) == set(EXPERIMENTS) and arm == ["scale"]
 
 
 def test_load_names_what_a_study_lacks(monkeypatch):

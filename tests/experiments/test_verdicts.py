@@ -616,7 +616,9 @@ def test_every_claim_id_has_a_rule_table_here():
                  "kim_periln_balanced_variance",
                  # issue 36: their rule tables are in tests/experiments/test_dyt_rules.py
                  "zhu_dyt_matches_norm", "zhu_alpha_width", "derf_beats_all", "derf_generalization",
-                 "verma_regime_sign", "verma_saturation", "verma_regularizer", "verma_hardtanh"}
+                 "verma_regime_sign", "verma_saturation", "verma_regularizer", "verma_hardtanh",
+                 # issues 50/55: their rule tables are in tests/experiments/test_scale_rules.py
+                 "scale_preln_lead_lasts", "scale_seq_len_same_sign"}
   observations = {"init_changes_picture", "warmup_variants", "qk_norm_post_ln"}
   assert judged_here | observations == set(claims_lib.CLAIMS)
   assert claims_lib.seeds_agree("yes", ["yes", "partly"]) == "partly"
