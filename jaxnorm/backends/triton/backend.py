@@ -68,7 +68,7 @@ def kernel_spec(cfg: NormConfig, x, scale, *, has_bias: bool, residual_scale: fl
       x.size // d, d, x.dtype, center=cfg.op.mean_path, has_scale=scale is not None,
       has_bias=has_bias, epsilon=cfg.epsilon, epsilon_placement=cfg.epsilon_placement,
       zero_centered_scale=cfg.zero_centered_scale, residual_scale=residual_scale,
-      block=cfg.pallas.block, cast=cfg.cast)
+      block=cfg.pallas.block, cast=cfg.cast, op=cfg.op.name)
 
 
 def stats_from_kernels(cfg: NormConfig, row_shape, flat_stats):

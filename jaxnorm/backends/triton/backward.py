@@ -255,11 +255,10 @@ def _inputs(spec: KernelSpec, scale, shift, delta, r):
 def norm_backward(x, dy, scale, shift, delta, rstd, *, spec: KernelSpec, interpret: bool):
   """``(dx, dscale, dbias)`` from ``x: (rows, d)``, ``dy`` and the float32 ``(rows,)`` stats."""
   spec = dataclasses.replace(spec, block=backward_config(spec.block))
-  op = "layer_norm" if spec.center else "rms_norm"
   return _launch(functools.partial(norm_backward_kernel_dx, spec), spec,
                  [x, dy] + _inputs(spec, scale, shift, delta, rstd),
                  [jax.ShapeDtypeStruct(x.shape, x.dtype)], scale, interpret=interpret,
-                 name=f"jaxnorm_{op}_bwd")
+                 name=f"jaxnorm_{spec.op}_bwd")
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "x_dtype", "residual_dtype", "interpret"))
@@ -270,10 +269,9 @@ def add_norm_backward(h, dy, dh, scale, shift, delta, rstd, *, spec: KernelSpec,
   split_dx = spec.residual_scale != 1.0 or x_dtype != residual_dtype
   outs = [jax.ShapeDtypeStruct(h.shape, x_dtype)]
   outs += [jax.ShapeDtypeStruct(h.shape, residual_dtype)] if split_dx else []
-  op = "layer_norm" if spec.center else "rms_norm"
   kernel = functools.partial(add_norm_backward_kernel_dx, spec, dh is not None, split_dx)
   args = [h, dy] + ([] if dh is None else [dh]) + _inputs(spec, scale, shift, delta, rstd)
   res = _launch(kernel, spec, args, outs, scale, interpret=interpret,
-                name=f"jaxnorm_add_{op}_bwd")
+                name=f"jaxnorm_add_{spec.op}_bwd")
   dx, dscale, dbias = res[0], res[-2], res[-1]
   return dx, (res[1] if split_dx else dx), dscale, dbias

@@ -44,12 +44,13 @@ class KernelSpec:
   residual_scale: float = 1.0  # alpha of the residual add (the add_norm kernels only).
   # casting= (jaxnorm._casting.CastPlan): where the affine stage rounds; None for "float32".
   cast: Any = None
+  op: str = ""  # the op's name in jaxnorm.OPS (the launches' names: "jaxnorm_<op>_fwd", ...).
 
 
 def kernel_spec(rows: int, d: int, dtype, *, center: bool, has_scale: bool, has_bias: bool,
                 epsilon: float, epsilon_placement: str, zero_centered_scale: bool,
                 residual_scale: float = 1.0, block: BlockConfig | None = None,
-                cast=None) -> KernelSpec:
+                cast=None, op: str = "") -> KernelSpec:
   """The :class:`KernelSpec` of a ``(rows, d)`` input; ``block`` None: the default heuristic.
 
   ``cast``: the call's :class:`jaxnorm._casting.CastPlan`; the "float32" mode's is stored as
@@ -60,7 +61,7 @@ def kernel_spec(rows: int, d: int, dtype, *, center: bool, has_scale: bool, has_
                     zero_centered_scale=zero_centered_scale,
                     block=block if block is not None else default_block_config(rows, d, dtype),
                     residual_scale=residual_scale,
-                    cast=None if cast == _F32_PLAN else cast)
+                    cast=None if cast == _F32_PLAN else cast, op=op)
 
 
 def iota(n: int):

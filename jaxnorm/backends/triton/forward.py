@@ -157,17 +157,15 @@ def _params(spec: KernelSpec, scale, bias):
 @functools.partial(jax.jit, static_argnames=("spec", "out_dtype", "interpret"))
 def norm_forward(x, scale, bias, *, spec: KernelSpec, out_dtype, interpret: bool):
   """``(y, shift, delta, rstd)`` (LayerNorm) or ``(y, rstd)`` of ``x: (rows, d)``."""
-  op = "layer_norm" if spec.center else "rms_norm"
   y = jax.ShapeDtypeStruct(x.shape, out_dtype)
   return tuple(_launch(norm_forward_kernel, spec, [x] + _params(spec, scale, bias), [y],
-                       interpret=interpret, name=f"jaxnorm_{op}_fwd"))
+                       interpret=interpret, name=f"jaxnorm_{spec.op}_fwd"))
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "out_dtype", "h_dtype", "interpret"))
 def add_norm_forward(x, residual, scale, bias, *, spec: KernelSpec, out_dtype, h_dtype,
                      interpret: bool):
   """``(y, h, shift, delta, rstd)`` (LayerNorm) or ``(y, h, rstd)``, ``h = x + alpha residual``."""
-  op = "layer_norm" if spec.center else "rms_norm"
   outs = [jax.ShapeDtypeStruct(x.shape, out_dtype), jax.ShapeDtypeStruct(x.shape, h_dtype)]
   return tuple(_launch(add_norm_forward_kernel, spec, [x, residual] + _params(spec, scale, bias),
-                       outs, interpret=interpret, name=f"jaxnorm_add_{op}_fwd"))
+                       outs, interpret=interpret, name=f"jaxnorm_add_{spec.op}_fwd"))
