@@ -23,7 +23,7 @@ import pathlib
 import tempfile
 import time
 
-__all__ = ["STAGES", "main", "pilot_runs"]
+__all__ = ["STAGES", "append_pending", "main", "pilot_runs"]
 
 PILOT_SEEDS = (100, 101, 102)
 
@@ -54,10 +54,6 @@ def pilot_runs(stage: str) -> list[dict]:
   return STAGES[stage]
 
 
-def _key(spec: dict) -> str:
-  return json.dumps(spec, sort_keys=True)
-
-
 def run_one(spec: dict, corpus) -> dict:
   """Trains one pilot; returns its spec with the summary numbers."""
   from experiments.harness import data as data_lib
@@ -79,6 +75,24 @@ def run_one(spec: dict, corpus) -> dict:
           "wall_s": time.perf_counter() - t0}
 
 
+def append_pending(out: pathlib.Path, specs: list[dict], keys, run, line) -> None:
+  """Runs each spec of ``specs`` that the JSON-lines file ``out`` does not hold yet (a spec is held when a
+  record has its values at ``keys``), appends ``run(spec)``'s record to ``out`` and prints ``line(record)``:
+  the resume loop every pilot script shares (a re-run skips what is there)."""
+  out = pathlib.Path(out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  def key(r):
+    return json.dumps([r[k] for k in keys])
+  done = {key(json.loads(x)) for x in out.read_text().splitlines() if x.strip()} if out.exists() else set()
+  for spec in specs:
+    if key(spec) in done:
+      continue
+    rec = run(spec)
+    with open(out, "a") as f:
+      f.write(json.dumps(rec) + "\n")
+    print(line(rec), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
   """Runs the pilots of one stage, skipping those already in the output file."""
   ap = argparse.ArgumentParser(prog="python -m experiments.studies.pilots", description=__doc__.split("\n")[0])
@@ -87,19 +101,10 @@ def main(argv: list[str] | None = None) -> int:
   args = ap.parse_args(argv)
   from experiments.harness import data as data_lib
   corpus = data_lib.load_corpus()
-  done = set()
-  if args.out.exists():
-    done = {_key({k: json.loads(line)[k] for k in pilot_runs(args.stage)[0]})
-            for line in args.out.read_text().splitlines() if line.strip()}
-  args.out.parent.mkdir(parents=True, exist_ok=True)
-  for spec in pilot_runs(args.stage):
-    if _key(spec) in done:
-      continue
-    r = run_one(spec, corpus)
-    with open(args.out, "a") as f:
-      f.write(json.dumps(r) + "\n")
-    print(f"{spec}: final {r['final_val_loss']} diverged_at {r['diverged_at']} left {r['left_plateau']} "
-          f"({r['wall_s']:z.0f} s)", flush=True)
+  specs = pilot_runs(args.stage)
+  append_pending(args.out, specs, sorted(specs[0]), lambda spec: run_one(spec, corpus),
+                 lambda r: f"{ {k: r[k] for k in specs[0]} }: final {r['final_val_loss']} diverged_at "
+                           f"{r['diverged_at']} left {r['left_plateau']} ({r['wall_s']:z.0f} s)")
   return 0
 
 

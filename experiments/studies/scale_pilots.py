@@ -187,18 +187,11 @@ def main(argv=None) -> int:
       f.write(json.dumps(rec) + "\n")
     print(json.dumps(rec["factor"]), flush=True)
     return 0
-  keys = ("stage", "position", "lr", "seed")
-  done = set()
-  if out.exists():
-    done = {tuple(r[k] for k in keys) for r in map(json.loads, out.read_text().splitlines())}
-  for spec in stage_runs(a.stage):
-    if tuple(spec[k] for k in keys) in done:
-      continue
-    rec = {**run_one(spec, corpus), "load": os.getloadavg()[0]}
-    with open(out, "a") as f:
-      f.write(json.dumps(rec) + "\n")
-    print(f"{spec['stage']} {spec['position']} lr={spec['lr']} seed={spec['seed']} val={rec['final_val_loss']} "
-          f"diverged_at={rec['diverged_at']} wall={rec['wall_s']:z.0f}s load={rec['load']:z.1f}", flush=True)
+  from experiments.studies.pilots import append_pending
+  append_pending(out, stage_runs(a.stage), ("stage", "position", "lr", "seed"),
+                 lambda spec: {**run_one(spec, corpus), "load": os.getloadavg()[0]},
+                 lambda r: f"{r['stage']} {r['position']} lr={r['lr']} seed={r['seed']} val={r['final_val_loss']} "
+                           f"diverged_at={r['diverged_at']} wall={r['wall_s']:z.0f}s load={r['load']:z.1f}")
   return 0
 
 
