@@ -195,111 +195,6 @@ def telling_uncertainty(grid: dict, lrs: list[float], long_w: int, telling: floa
           + ") -> " + ("clear" if clear else "within the seeds' spread: the choice is not robust"))
 
 
-def plot(ctx, runs: dict, grid: dict, lrs: list[float], cfg: Config, unigram: float,
-         telling: float, extra_points: dict) -> list[str]:
-  """Draws the heat maps (one per layout) and the loss curves at the telling rate.
-
-  ``heatmap.png``: rows = warm-up, columns = peak lr, colour and number = seed-mean final
-  validation loss, "div"/"stall" (with the number of seeds) where runs failed; one panel per
-  layout (Post-LN, Pre-LN with LayerNorm; RMSNorm at the telling rate where run).
-  ``curves_telling_rate.png``: validation loss (seed mean, min-max band) at the telling rate.
-
-  Returns:
-    The PNG file names.
-  """
-  return [_plot_heatmap(ctx, grid, lrs, cfg, unigram, telling, extra_points),
-          _plot_curves(ctx, runs, grid, cfg, unigram, telling),
-          warmup_figures.plot_final_vs_rate(ctx, grid, lrs, cfg, unigram),
-          warmup_figures.plot_curves_grid(ctx, grid, lrs, cfg, unigram)]
-
-
-def _plot_heatmap(ctx, grid: dict, lrs: list[float], cfg: Config, unigram: float, telling: float,
-                  extra_points: dict) -> str:
-  """``heatmap.png`` of :func:`plot`; returns its file name."""
-  layouts = [("post", "layer_norm", "Post-LN (LayerNorm)"), ("pre", "layer_norm", "Pre-LN (LayerNorm)")]
-  if any(k[3] == "rms_norm" for k in extra_points):
-    layouts += [("post", "rms_norm", "Post-LN (RMSNorm)"), ("pre", "rms_norm", "Pre-LN (RMSNorm)")]
-  fig, axes = ctx.subplots(1, len(layouts), figsize=(3.6 * len(layouts), 2.9), squeeze=False)
-  all_means = [p["mean"] for p in grid.values()]
-  vmin, vmax = min(all_means), unigram
-  for ax, (pos, norm, title) in zip(axes[0], layouts):
-    mat = np.full((len(cfg.warmups), len(lrs)), np.nan)
-    for i, w in enumerate(cfg.warmups):
-      for j, lr in enumerate(lrs):
-        p = grid.get((pos, lr, w)) if norm == "layer_norm" else extra_points.get((pos, lr, w, norm))
-        if p is None:
-          continue
-        mat[i, j] = p["mean"]
-        fails = [f for f in p["failures"] if f]
-        tag = f"\n{sorted(set(fails))[0][:5]} {len(fails)}/{len(p['failures'])}" if fails else ""
-        text = f"{p['mean']:z.2f}{tag}"
-        ax.text(j, i, text, ha="center", va="center", fontsize=7,
-                color="white" if fails else "black", fontweight="bold" if fails else "normal")
-    im = ax.imshow(mat, cmap="viridis_r", vmin=vmin, vmax=vmax, aspect="auto")
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04).set_label("final val loss (nats/byte)", fontsize=7)
-    ax.set_xticks(range(len(lrs)), [f"{lr:z.2g}" for lr in lrs], fontsize=7)
-    ax.set_yticks(range(len(cfg.warmups)), [str(w) for w in cfg.warmups], fontsize=7)
-    ax.set_xlabel("peak lr (red: telling rate)", fontsize=8)
-    ax.set_ylabel("warm-up steps", fontsize=8)
-    ax.set_title(title, fontsize=9)
-    if telling in lrs:
-      ax.get_xticklabels()[lrs.index(telling)].set_color("red")
-  fig.suptitle(f"Final val loss, mean of {len(cfg.seeds)} seeds (unigram {unigram:z.2f}; "
-               f"div = diverged, stall = within {STALL_NATS} of unigram; red tick = telling rate)", fontsize=8)
-  return ctx.save_figure(fig, "heatmap.png")
-
-
-def _plot_curves(ctx, runs: dict, grid: dict, cfg: Config, unigram: float, telling: float) -> str:
-  """``curves_telling_rate.png`` of :func:`plot`; returns its file name."""
-  all_means = [p["mean"] for p in grid.values()]
-  fig, ax = ctx.subplots(figsize=(6.5, 3.8))
-  top = unigram + 0.6
-  clipped, init_losses, clipped_at, labels = [], [], {}, {}
-  for pos, color in (("post", "C3"), ("pre", "C0")):
-    for w, ls in zip(cfg.warmups, ("-", "--", ":", "-.")):
-      if (pos, telling, w) not in runs:
-        continue
-      rs = runs[(pos, telling, w)]
-      curves = [[(s, float(v)) for s, v in r["val_curve"]] for r in rs if r["val_curve"]]
-      if not curves:
-        continue
-      n = min(len(c) for c in curves)
-      steps = [s for s, _ in curves[0][:n]]
-      vals = np.array([[v for _, v in c[:n]] for c in curves])
-      name = f"{'Post' if pos == 'post' else 'Pre'}-LN, warm-up {w}"
-      ax.plot(steps, np.nanmean(vals, axis=0), ls, color=color, marker="o", ms=2.5, label=name)
-      ax.fill_between(steps, np.nanmin(vals, axis=0), np.nanmax(vals, axis=0), color=color, alpha=0.12)
-      for c in curves:
-        for s_, v in c:
-          if v > top and s_ == 0:      # the initial loss: every run starts there, named in the title
-            init_losses.append(v)
-          elif v > top:
-            clipped.append((s_, v))
-            here = [x for t, x in clipped_at.get((color, s_), [])]
-            clipped_at.setdefault((color, s_), []).append((s_, v))
-            if not here:      # one marker and one label per layout and step (the largest value)
-              ax.plot([s_], [top], marker="^", color=color, ms=6, clip_on=False)
-            labels[(color, s_)] = (max(here + [v]), len(here) + 1)
-      for r in rs:
-        if r["diverged"]:
-          ax.axvline(r["diverged_at"], color=color, ls=ls, lw=0.8)
-  for k, ((color, s_), (v, n)) in enumerate(sorted(labels.items(), key=lambda t: t[0][1])):
-    ax.annotate(f"{v:z.2f}" + (f" ({n} seeds)" if n > 1 else ""), (s_, top), fontsize=6, color=color,
-                textcoords="offset points", xytext=(3, -8 - 8 * (k % 2)))
-  ax.axhline(unigram, color="k", lw=0.8, ls=":", label="unigram plateau")
-  ax.set_ylim(min(all_means) - 0.2, top)
-  ax.set_title(f"Validation loss at the telling rate lr {telling:g} (seed mean, min-max band)"
-               + (f"; ^ = a seed's value above {top:z.2f}, clipped (value written)" if clipped else ""), fontsize=8)
-  if init_losses:
-    ax.text(0.99, 0.97, f"step 0 (initial loss {min(init_losses):z.2f}-{max(init_losses):z.2f}) above the axis",
-            transform=ax.transAxes, ha="right", va="top", fontsize=6)
-  ax.set_xlabel("step")
-  ax.set_ylabel("validation loss (nats/byte)")
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
-  return ctx.save_figure(fig, "curves_telling_rate.png")
-
-
 def units(cfg: Config) -> list:
   """The training runs of :func:`run`, in its order (for the planner): the grid, then the
   RMSNorm and small-init runs at the telling rate."""
@@ -413,7 +308,7 @@ def run(ctx, cfg: Config) -> dict:
   schedule = describe_schedule(tc).replace(f"peak {telling:g}", "peak lr").replace(
       f"warm-up {long_}", f"warm-up {'/'.join(map(str, cfg.warmups))}")
   _save_raw(ctx, all_runs, unigram, cfg.steps)
-  files = plot(ctx, runs, grid, lrs, cfg, unigram, telling, extra_points)
+  files = warmup_figures.plot(ctx, runs, grid, lrs, cfg, unigram, telling, extra_points)
   return {"claims": claims, "files": files, "seeds": list(cfg.seeds), "lrs": lrs, "telling_lr": telling,
           "telling_text": telling_text,
           "grid": {label(k): v for k, v in grid.items()},
