@@ -6,8 +6,6 @@ between its members; everything else (the forward, the derived backward and tang
 Jacobian, batching, sharding, the kernels' launch) is written once for the family and reads
 the declaration from the call's :class:`~jaxnorm._norm_config.NormConfig` (``cfg.op``):
 
-* ``statistics``: how the per-row statistics are computed (XLA ops), ``(shift, delta, rstd)``:
-  LayerNorm's mean and variance from shifted data, RMSNorm's mean square;
 * ``mean_path``: whether the op centres the row, :math:`x_c = x - \mu` (LayerNorm) or
   :math:`x_c = x` (RMSNorm); it decides :meth:`NormOp.centered` and the mean-path term of the
   backward, the tangent and the Jacobian (the variance-path factor :math:`c` is the family's,
@@ -16,23 +14,20 @@ the declaration from the call's :class:`~jaxnorm._norm_config.NormConfig` (``cfg
 * ``params``: the array parameters after ``x``; ``options``: the op's own switches
   (:class:`Option`, e.g. LayerNorm's ``use_fast_variance``).
 
-How a backend computes an op (e.g. XLA:CPU's tuning of LayerNorm's forward on few rows,
-:data:`jaxnorm.backends.xla.backend.FORWARD_VIEWS`) is the backend's, not the declaration's.
+How a backend computes an op is the backend's, not the declaration's: each backend's package is
+the one home of its arithmetic for each op (the XLA statistics, LayerNorm's from shifted data and
+RMSNorm's mean square, are :mod:`jaxnorm.backends.xla.statistics`'s; ``docs/ops.md`` says why).
 
 The math, derivations and numerics are in ``docs/derivations.md``. A new op of the family is one
-more declaration here with its statistics, named by its entry of :data:`jaxnorm.OPS`
-(``docs/ops.md``); the family's table, :data:`jaxnorm.ops.table.NORM_OPS`, is derived from ``OPS``.
+more declaration here, its statistics in each backend's package, named by its entry of
+:data:`jaxnorm.OPS` (``docs/ops.md``); the family's table, :data:`jaxnorm.ops.table.NORM_OPS`,
+is derived from ``OPS``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
-
-import jax.numpy as jnp
-
-from jaxnorm._xla_rows import compute_dtype, count, cse_barrier, first_pivot, normalizer, psum
-from jaxnorm._xla_rows import row_sums
+from typing import Any
 
 __all__ = ["LAYER_NORM", "MEMORY_EFFICIENT", "RMS_NORM", "NormOp", "Option"]
 
@@ -56,8 +51,6 @@ class NormOp:
 
   Attributes:
     name: the op's name (``jaxnorm.<name>``, ``OPS[name]``).
-    statistics: ``(cfg, x, mask, *, decouple) -> (shift, delta, rstd)``, each ``(..., 1)`` in
-      the compute dtype, None where the op has no such statistic.
     mean_path: whether the row is centred (:meth:`centered`) and the derivatives carry the
       mean-path term.
     residuals: the names of the statistics reverse mode keeps, in ``(shift, delta, rstd)``
@@ -67,7 +60,6 @@ class NormOp:
   """
 
   name: str
-  statistics: Callable[..., tuple]
   mean_path: bool
   residuals: tuple[str, ...]
   params: tuple[str, ...]
@@ -84,136 +76,17 @@ class NormOp:
     return xf - shift if delta is None else (xf - shift) - delta
 
 
-def _layer_norm_statistics(cfg, x, mask, *, decouple: bool = True):
-  r"""Row statistics of ``x: (..., d)`` in the compute dtype, from shifted data.
-
-  .. math::
-
-     \delta = \tfrac1n \sum_i m_i (x_i - K), \qquad
-     v = \tfrac1n \sum_i m_i (x_i - K)^2 - \delta^2, \qquad \mu = K + \delta.
-
-  The pivot ``K`` is the row's first element (:func:`~jaxnorm._xla_rows.first_pivot`, as in the
-  kernels) for a row without a mask or a sharded feature axis: the two sums then depend on nothing
-  but ``x`` and are the only passes over it. Otherwise it is the plain (rounded) mean, a reduction
-  first, which every shard agrees on and which ignores masked-out entries. Either way ``x - K`` is
-  exact wherever it is small (Sterbenz), so the variance does not lose the digits that ``E[x^2] -
-  E[x]^2`` loses at a large mean/std ratio. The price of the first element: when it lies ``k``
-  standard deviations from the row's mean, ``v`` comes out of a difference of two terms of size
-  about ``k^2 v`` and loses about ``2 log2(k)`` bits (3 bits at ``k = 3``; a row whose first
-  feature is an outlier channel 100 standard deviations out keeps about 10 of float32's 24); the
-  mean pivot loses nothing there.
-
-  ``decouple``: the two shifted sums read ``x`` through separate
-  :func:`~jaxnorm._xla_rows.cse_barrier` views (for when the statistics are outputs of the
-  jitted program, e.g. residuals, and for LayerNorm's forward alone on fewer rows than YNNPACK
-  takes whole); False lets them share ``x - shift`` (the forward alone otherwise,
-  :func:`jaxnorm.backends.xla.formulas.forward_only`).
-
-  With the option ``use_fast_variance=True``: Flax's ``E[x^2] - E[x]^2`` instead,
-  :func:`_fast_statistics`, which returns ``(mean, None, rstd)``.
-
-  Returns ``(shift, delta, rstd)``, each ``(..., 1)``; the row mean is ``shift + delta``.
-  """
-  ct = compute_dtype(x.dtype)
-  xf = x.astype(ct)
-  n = count(cfg, mask, x.shape, ct)
-  if cfg.option("use_fast_variance"):
-    return _fast_statistics(cfg, x, mask, n, decouple=decouple)
-  if mask is None and cfg.axis_name is None:
-    shift = first_pivot(x)  # no reduction to wait for
-  else:
-    # The plain (rounded) mean: every shard agrees on it, and it ignores masked-out (possibly
-    # garbage) entries, which a masked-out first element could be.
-    (s0,) = row_sums(xf, mask=mask)
-    shift = psum(cfg, s0) / n
-  # The two shifted sums each see their own view of x (see cse_barrier): when the statistics are
-  # residuals, XLA:CPU computes each in its own fusion, and would otherwise write x - shift (in
-  # float32) to memory once for both to read.
-  x1, shift1, mask1 = cse_barrier(x, shift, mask) if decouple else (x, shift, mask)
-  (s1,) = row_sums(x1.astype(ct) - shift1, mask=mask1)
-  shift2, x2, mask2 = cse_barrier(shift, x, mask) if decouple else (shift, x, mask)
-  xs2 = x2.astype(ct) - shift2
-  (s2,) = row_sums(xs2 * xs2, mask=mask2)
-  delta, rstd = _mean_and_rstd(cfg, s1, s2, n)
-  return shift, delta, rstd
-
-
-def _mean_and_rstd(cfg, s1, s2, n):
-  r"""``(m, rstd)`` of a row from its sum :math:`s_1` and sum of squares :math:`s_2`.
-
-  .. math:: m = s_1 / n, \qquad v = \max(s_2 / n - m^2,\ 0)
-
-  with both sums first added up over the devices of ``cfg.axis_name`` (one ``psum``). The sums
-  are of ``x - shift`` (:func:`_layer_norm_statistics`: ``m`` is the offset ``delta``) or of
-  ``x`` (:func:`_fast_statistics`: ``m`` is the mean); ``rstd`` is :func:`normalizer` of ``v``.
-  """
-  if cfg.axis_name is not None:
-    s1, s2 = psum(cfg, jnp.stack([s1, s2]))
-  m = s1 / n
-  var = jnp.maximum(s2 / n - m * m, 0.0)
-  return m, normalizer(cfg, var)
-
-
-def _fast_statistics(cfg, x, mask, n, *, decouple: bool):
-  r"""``(mean, None, rstd)`` with Flax's fast variance (``use_fast_variance=True``).
-
-  .. math::
-
-     \mu = \tfrac1n \sum_i m_i x_i, \qquad
-     v = \max\big(\tfrac1n \sum_i m_i x_i^2 - \mu^2,\ 0\big)
-
-  Both sums read ``x`` directly (one level of row sums, as in Flax's program), so ``v`` is the
-  difference of two terms of size about :math:`\mu^2 + v` and loses about
-  :math:`2\log_2(|\mu|/\sigma)` of float32's 24 bits (all of them at mean/std ``4e3``; the clamp at
-  0 then gives :math:`r = \epsilon^{-1/2}`). The mean is the shift and there is no offset
-  (``delta`` is None): :meth:`NormOp.centered` is ``x - mean``, and the derived rules, which take
-  the statistics the forward produced, differentiate this same function. ``decouple`` as in
-  :func:`_layer_norm_statistics`.
-  """
-  ct = compute_dtype(x.dtype)
-  x1, mask1 = cse_barrier(x, mask) if decouple else (x, mask)
-  (s1,) = row_sums(x1.astype(ct), mask=mask1)
-  # (x twice: with no mask, a barrier over (x,) alone would be merged with the first one.)
-  mask2, x2, _ = cse_barrier(mask, x, x) if decouple else (mask, x, x)
-  xf2 = x2.astype(ct)
-  (s2,) = row_sums(xf2 * xf2, mask=mask2)
-  mean, rstd = _mean_and_rstd(cfg, s1, s2, n)
-  return mean, None, rstd
-
-
-def _rms_norm_statistics(cfg, x, mask, *, decouple: bool = True):
-  r"""``(None, None, rstd)`` of ``x: (..., d)``: the reciprocal root mean square.
-
-  .. math:: r = \mathrm{rstd}\big(\tfrac1n {\textstyle\sum_i} m_i x_i^2\big)
-
-  One row sum read straight from ``x`` (``decouple`` has nothing to separate).
-  """
-  del decouple
-  ct = compute_dtype(x.dtype)
-  xf = x.astype(ct)
-  if mask is None and cfg.axis_name is None:
-    # jnp.mean, as Flax and the published formulas write it: called eagerly, it is one
-    # compiled program (sum and divide) like theirs, which XLA:CPU may round differently
-    # from a sum and a divide compiled apart (jax 0.8.1: 2 of 6 rows of a (6, 40) input).
-    # Jitted, the compiled program is the same as the sum and divide's.
-    ms = jnp.mean(xf * xf, axis=-1, keepdims=True)
-  else:
-    (ss,) = row_sums(xf * xf, mask=mask)
-    ms = psum(cfg, ss) / count(cfg, mask, x.shape, ct)
-  return None, None, normalizer(cfg, ms)
-
-
 # Reverse mode keeps the output y and rstd instead of x, and recovers x_hat = (y - beta) / gamma
 # in the backward (docs/derivations.md, "memory_efficient=True").
 MEMORY_EFFICIENT = Option("memory_efficient", False)
 
-LAYER_NORM = NormOp("layer_norm", _layer_norm_statistics, mean_path=True,
+LAYER_NORM = NormOp("layer_norm", mean_path=True,
                     residuals=("shift", "delta", "rstd"), params=("scale", "bias"),
                     options=(Option("use_fast_variance", False), MEMORY_EFFICIENT))
 """LayerNorm's declaration: centred, statistics from shifted data; Flax's fast variance and
 the memory-saving backward as options."""
 
-RMS_NORM = NormOp("rms_norm", _rms_norm_statistics, mean_path=False, residuals=("rstd",),
+RMS_NORM = NormOp("rms_norm", mean_path=False, residuals=("rstd",),
                   params=("scale",), options=(MEMORY_EFFICIENT,))
 """RMSNorm's declaration: not centred, the root mean square its only statistic; the
 memory-saving backward as an option."""

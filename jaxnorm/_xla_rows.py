@@ -1,9 +1,11 @@
-"""Internal API: the row reductions, collectives and barriers every XLA formula is built from.
+"""Internal API: the row reductions, collectives, barriers and parameter rows every XLA formula is
+built from.
 
-Shared by the op declarations (:mod:`jaxnorm._norm_ops`, whose statistics are written with
-them) and the formulas (:mod:`jaxnorm.backends.xla.formulas`). ``cfg`` is the call's
-:class:`jaxnorm._norm_config.NormConfig` (its ``axis_name``, ``axis_index_groups``,
-``epsilon`` and ``epsilon_placement``), trusted as prepared.
+Shared by the XLA backend's arithmetic (:mod:`jaxnorm.backends.xla.statistics`,
+:mod:`jaxnorm.backends.xla.formulas`, gated RMSNorm's) and the differentiation layer's own XLA
+steps (the memory-saving backward's recovery of ``x_hat``, which needs :func:`gamma`). ``cfg``
+is the call's :class:`jaxnorm._norm_config.NormConfig` (its ``axis_name``,
+``axis_index_groups``, ``epsilon``, ``epsilon_placement`` and casting plan), trusted as prepared.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from jax import lax
 from jaxnorm import _jax_compat
 from jaxnorm import _math
 
-__all__ = ["compute_dtype", "count", "cse_barrier", "first_pivot", "match_vma", "normalizer",
-           "psum", "row_sums", "variance_path_factor"]
+__all__ = ["as_row", "compute_dtype", "count", "cse_barrier", "first_pivot", "gamma", "match_vma",
+           "normalizer", "param_row", "psum", "row_sums", "variance_path_factor"]
 
 
 def compute_dtype(dtype) -> np.dtype:
@@ -112,3 +114,30 @@ def first_pivot(x):
   """
   (xv,) = cse_barrier(x)
   return xv[..., :1].astype(compute_dtype(x.dtype))
+
+
+def as_row(p, ndim, dtype):
+  """:func:`param_row` of a parameter, in ``dtype``."""
+  return param_row(p, ndim).astype(dtype)
+
+
+def param_row(p, ndim):
+  """A ``(heads..., d)`` parameter as ``(1, ..., 1, heads..., d)`` (explicit rank, no rank
+  promotion) in its own dtype, or None. ``heads`` is empty for a parameter shared by every
+  row; per-head parameters line up with ``x``'s axes just before the normalized one."""
+  return None if p is None else p.reshape((1,) * (ndim - p.ndim) + tuple(p.shape))
+
+
+def gamma(cfg, scale, ndim, dtype=None):
+  r"""The effective per-feature multiplier :math:`\gamma` as a ``(1, ..., 1, d)`` row, or None.
+
+  :math:`\gamma = s` or :math:`1 + s` (``zero_centered_scale``), formed as the call's casting
+  mode forms it (:meth:`jaxnorm._casting.CastPlan.gamma_of`: in the scale's dtype for "llama"
+  and "t5") and returned in the compute dtype. The one place the XLA forward, the backward, the
+  tangent and the Jacobian get it from (the kernels call the same ``gamma_of``). ``dtype``: the
+  input's dtype (it fixes the compute dtype); default ``scale.dtype``.
+  """
+  if scale is None:
+    return None
+  plan = cfg.plan(scale.dtype if dtype is None else dtype)
+  return plan.gamma_of(param_row(scale, ndim), cfg.zero_centered_scale)

@@ -32,15 +32,38 @@ formulas.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import types
 
 from jaxnorm.backends.xla import formulas as _xla
 
-__all__ = ["NORM_ROLES", "Backend", "add_backward_of"]
+__all__ = ["NORM_ROLES", "Backend", "Entry", "add_backward_of"]
 
 #: The norm family's roles: the plain op and the residual add + norm op, each in three.
 NORM_ROLES = ("forward_only", "forward", "backward", "add_forward_only", "add_forward",
               "add_backward")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """One ``(op, role)`` entry of the tables of the backends a call may run on, as one hashable
+  function of the config: ``entry(cfg, *args)`` runs the function of ``cfg.impl``'s backend with
+  the static keywords. Built by the dispatcher (:func:`jaxnorm.backends.table.run`) from each
+  backend's table once per call; a kernel backend's primitive carries it as a parameter and
+  swaps ``cfg.impl`` to ``"xla"`` to type it, to differentiate it, or to lower it where its
+  kernels do not compile.
+
+  Attributes:
+    fns: ``((backend name, function), ...)``: the entry in each backend's table.
+    static: ``((keyword, value), ...)``: hashable keywords every function is called with.
+  """
+
+  fns: tuple
+  static: tuple = ()
+
+  def __call__(self, cfg, *args):
+    return dict(self.fns)[cfg.impl](cfg, *args, **dict(self.static))
 
 
 class Backend:
@@ -125,20 +148,30 @@ class Backend:
     raise NotImplementedError
 
   def add_forward_only(self, cfg, x, residual, scale, bias, mask):
-    """``(y, h)`` of the residual add + norm, nothing kept."""
+    """``(y, h)`` of the residual add + norm, nothing kept: the add, then the plain op's
+    ``forward_only`` entry of this backend's table at ``h``."""
     h = _xla.residual_add(cfg, x, residual)
-    return self.forward_only(cfg, h, scale, bias, mask), h
+    return self.table[(cfg.op.name, "forward_only")](cfg, h, scale, bias, mask), h
 
   def add_forward(self, cfg, x, residual, scale, bias, mask):
-    """``(y, h, stats)``: the statistics are the plain op's at ``h``."""
+    """``(y, h, stats)``: the statistics are the plain op's (its ``forward`` entry) at ``h``."""
     h = _xla.residual_add(cfg, x, residual)
-    y, stats = self.forward(cfg, h, scale, bias, mask)
+    y, stats = self.table[(cfg.op.name, "forward")](cfg, h, scale, bias, mask)
     return y, h, stats
 
-  def add_backward(self, cfg, h, scale, mask, stats, dy, dh):
+  def add_backward(self, cfg, h, scale, mask, stats, dy, dh, **backward_kw):
     """``(dx, dresidual, dscale, dbias)``: ``dx = dh + J^T dy``, ``dresidual = alpha dx``
-    (:func:`add_backward_of`, on this backend's :meth:`backward`)."""
-    return add_backward_of(self.backward, cfg, h, scale, mask, stats, dy, dh)
+    (:func:`add_backward_of`, on the plain op's ``backward`` entry of this backend's table,
+    called with ``backward_kw``, e.g. the XLA formulas' second-order ``c``)."""
+    backward = self.table[(cfg.op.name, "backward")]
+    if backward_kw:
+      backward = functools.partial(backward, **backward_kw)
+    return add_backward_of(backward, cfg, h, scale, mask, stats, dy, dh)
+
+  def add_roles(self) -> dict:
+    """``{role: method}`` for the residual add + norm's three roles composed as above: what a
+    backend without fused add + norm code registers with its plain op's entries."""
+    return {role: getattr(self, role) for role in NORM_ROLES if role.startswith("add_")}
 
 
 def add_backward_of(backward, cfg, h, scale, mask, stats, dy, dh):

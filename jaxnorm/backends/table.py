@@ -34,6 +34,7 @@ from jaxnorm import _jax_compat
 from jaxnorm import _validation as v
 from jaxnorm._xla_rows import match_vma
 from jaxnorm._norm_config import NormConfig
+from jaxnorm.backends.interface import Entry
 from jaxnorm.backends.triton.backend import TRITON
 from jaxnorm.backends.xla.backend import XLA
 
@@ -189,19 +190,6 @@ def resolve_add_impl(cfg: NormConfig, dtypes, impl: str) -> NormConfig:
 # Dispatch.
 
 
-@dataclasses.dataclass(frozen=True)
-class _Entry:
-  """``BACKENDS[cfg.impl].table[(cfg.op.name, role)](cfg, *args, **static)``: a hashable
-  function of the config (a parameter of the kernel-call primitive, which swaps in
-  ``impl="xla"`` to type it)."""
-
-  role: str
-  static: tuple = ()
-
-  def __call__(self, cfg, *args):
-    return BACKENDS[cfg.impl].table[(cfg.op.name, self.role)](cfg, *args, **dict(self.static))
-
-
 def register(backend: str, op_name: str, **roles) -> None:
   """Adds ``(op_name, role) -> function`` entries to the table of ``BACKENDS[backend]``: how an
   op outside the norm family gives a backend its code (gated RMSNorm its XLA formulas)."""
@@ -221,12 +209,19 @@ def run(cfg, name: str, *args, **static):
   dtypes. A kernel backend runs its kernels through its own ``launch`` (the Triton backend's
   kernel-call primitive), so every branch can be differentiated again.
   """
-  return _dispatch(cfg, _Entry(name, tuple(sorted(static.items()))), *args)
+  names = sorted(set(PLATFORM_BACKENDS.values())) if cfg.impl == PER_PLATFORM else [cfg.impl]
+  # Every entry also carries the fallback's function: a kernel backend's primitive types,
+  # differentiates and (elsewhere="xla") lowers the call with it.
+  key = (cfg.op.name, name)
+  fns = tuple((n, BACKENDS[n].table[key]) for n in dict.fromkeys(names + [_FALLBACK]))
+  return _dispatch(cfg, Entry(fns, tuple(sorted(static.items()))), *args)
 
 
 def _dispatch(cfg, fn, *args):
-  """``fn(cfg, *args)`` on ``cfg.impl``, through the backend's ``launch`` (the fallback's runs it
+  """``fn(cfg, *args)`` on ``cfg.impl``, through the backend's ``launch`` (the fallback runs it
   directly); per lowering platform for :data:`PER_PLATFORM`."""
+  if cfg.impl == _FALLBACK:
+    return fn(cfg, *args)
   if cfg.impl != PER_PLATFORM:
     return BACKENDS[cfg.impl].launch(cfg, fn, *args)
   fallback = dataclasses.replace(cfg, impl=_FALLBACK)
@@ -242,8 +237,12 @@ def _dispatch(cfg, fn, *args):
 
 def formula(cfg: NormConfig, name: str):
   """The role ``name`` of ``cfg.op`` on the backend every call can fall back to (XLA's closed
-  forms), bound to ``cfg``: what the differentiation layer differentiates again where a
-  backend's own derivative rule has none (:func:`jaxnorm.ops.norm.rules._wide_backward`)."""
+  forms), bound to ``cfg``: the formulas the differentiation layer runs in XLA ops whatever the
+  call's backend (the tangent map, the statistics it recomputes for second order, the
+  Jacobian's normalized row: :data:`jaxnorm.backends.xla.backend.FORMULA_ROLES`) and what it
+  differentiates again where a backend's own derivative rule has none
+  (:func:`jaxnorm.ops.norm.rules._wide_backward`). The way the op layer reaches XLA's arithmetic
+  without importing a backend."""
   return functools.partial(BACKENDS[_FALLBACK].table[(cfg.op.name, name)], cfg)
 
 

@@ -15,14 +15,17 @@ from jaxnorm.backends import table as _backends
 from jaxnorm.ops.norm import args as _norm_args
 from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 from jaxnorm.backends.triton import backend as triton_backend
-from jaxnorm.backends.xla.backend import FORWARD_VIEWS
+from jaxnorm.backends.xla.backend import register_norm_op
+from jaxnorm.backends.xla.formulas import FORWARD_VIEWS
+from jaxnorm.backends.xla.statistics import STATISTICS
 
 TRITON_CALL = "__gpu$xla.gpu.triton"
 # An op of the norm family that the kernels do not implement: RMSNorm's statistics under another
 # name (the kernels would compute it right, but they were never told so: the allow-list decides).
 NO_KERNEL = dataclasses.replace(RMS_NORM, name="rms_norm_without_kernel")
-# Its XLA entries: the norm family's roles, registered as a new norm op would register them.
-_backends.register("xla", NO_KERNEL.name, **_backends.BACKENDS["xla"].norm_roles())
+# Its XLA entries: RMSNorm's statistics and the family's roles, registered as a new norm op
+# registers them.
+register_norm_op(NO_KERNEL.name, STATISTICS[RMS_NORM.name])
 
 
 def _op(decl, impl):
@@ -60,7 +63,7 @@ def test_backends_declare_platforms_config_and_allow_list():
   assert not triton.supports(NO_KERNEL, *call)
   assert "do not implement rms_norm_without_kernel" in triton.refusal(*call, None, None, NO_KERNEL)
   # A backend's tuning lives in the backend, not in the op's declaration.
-  assert FORWARD_VIEWS == {LAYER_NORM} and not hasattr(LAYER_NORM, "xla_forward_views")
+  assert FORWARD_VIEWS == {LAYER_NORM.name} and not hasattr(LAYER_NORM, "xla_forward_views")
 
 
 @pytest.mark.parametrize("mode", ["forward", "grad"])

@@ -244,10 +244,9 @@ class TritonBackend(Backend):
     ok, reason = _config.supported(x2_shape, dtype)
     return None if ok else reason
 
-  def launch(self, cfg, fn, *args, elsewhere="raise"):
-    """``fn(cfg, *args)`` behind the kernel-call primitive, lowered per platform
-    (:func:`jaxnorm.backends.triton.kernel_call.kernel_call`)."""
-    return kernel_call(cfg, fn, *args, elsewhere=elsewhere)
+  # fn(cfg, *args) behind the kernel-call primitive, lowered per platform: the primitive's own
+  # function, so that a call enters this module once (its table's entry), not twice.
+  launch = staticmethod(kernel_call)
 
   def add_refusal(self, dtypes):
     """Why the fused kernels cannot take the residual add's ``(name, dtype)`` pairs, or None."""

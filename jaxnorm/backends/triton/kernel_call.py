@@ -155,9 +155,10 @@ def kernel_call(cfg: NormConfig, fn, *args, elsewhere: str = "raise"):
   """``fn(cfg, *args)`` on the kernels (``cfg.impl == "triton"``), behind ``kernel_call_p``.
 
   ``fn`` takes the config first and is hashable (it is a primitive parameter): the dispatcher
-  passes its lookup of one entry of a backend's table (:class:`jaxnorm.backends.table._Entry`,
-  a frozen dataclass); ``args`` may hold None. ``elsewhere``: what lowering for a
-  platform the kernels do not compile for gives (interpret mode aside): "raise"
+  passes one entry of the backends' tables (:class:`jaxnorm.backends.interface.Entry`, a frozen
+  dataclass that runs ``cfg.impl``'s function, XLA's where this module swaps in
+  ``impl="xla"``); ``args`` may hold None. The Triton backend's ``launch``. ``elsewhere``: what
+  lowering for a platform the kernels do not compile for gives (interpret mode aside): "raise"
   (``impl="pallas"``) or "xla" (the GPU branch of ``impl="auto"``). Returns what ``fn`` returns.
   """
   leaves, tree = jax.tree.flatten(args)

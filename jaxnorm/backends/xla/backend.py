@@ -1,58 +1,51 @@
 """Internal API: the ``"xla"`` entry of the backend table, the closed forms in XLA ops.
 
 Runs everywhere and takes every call (masks, ``axis_name``, any dtype, the op's options). Its
-table holds the norm family's roles (these methods) for LayerNorm and RMSNorm, and what other
-ops register (:func:`jaxnorm.backends.table.register`). The
-formulas are :mod:`jaxnorm.backends.xla.formulas`'s; the residual add + norm is :class:`Backend`'s
-composition (the add, then the plain op at ``h``), which XLA fuses. Its one tuning switch,
-:data:`FORWARD_VIEWS`, lives here rather than in the ops' declarations.
+table maps each of the norm family's roles straight to its arithmetic in this package: the
+statistics (:mod:`jaxnorm.backends.xla.statistics`) and the forward, backward and tangent
+(:mod:`jaxnorm.backends.xla.formulas`), for every op with statistics there
+(:func:`register_norm_op`); the residual add + norm is the composition of
+:class:`~jaxnorm.backends.interface.Backend` (the add, then the plain op at ``h``), which XLA
+fuses. Beside the roles every backend implements (:data:`~jaxnorm.backends.interface.NORM_ROLES`)
+it holds the formulas the differentiation layer runs in XLA whatever the call's backend
+(:data:`FORMULA_ROLES`, reached through :func:`jaxnorm.backends.table.formula`), and gated
+RMSNorm's entries.
 """
 
 from __future__ import annotations
 
-import functools
+from jaxnorm.backends.interface import Backend
+from jaxnorm.backends.xla import formulas, statistics
 
-from jaxnorm.backends.xla import formulas as _xla
-from jaxnorm.backends.interface import Backend, add_backward_of
-from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
+__all__ = ["FORMULA_ROLES", "XLA", "XlaBackend", "register_norm_op"]
 
-__all__ = ["FORWARD_VIEWS", "XLA", "XlaBackend"]
-
-# The ops whose undifferentiated forward reads ``x`` through separate views on fewer rows than
-# XLA:CPU's YNNPACK takes whole (:func:`jaxnorm.backends.xla.formulas.forward_only`; measured in
-# docs/perf-notes.md, issue 23): LayerNorm. RMSNorm keeps Flax's program.
-FORWARD_VIEWS = frozenset({LAYER_NORM})
+#: The roles only the XLA backend has: the tangent map, the statistics, the row's standard
+#: deviation (second order) and the normalized row (the Jacobian).
+FORMULA_ROLES = ("tangent", "statistics", "row_std", "x_hat")
 
 
 class XlaBackend(Backend):
-  """The XLA formulas behind :class:`~jaxnorm.backends.interface.Backend`'s methods."""
+  """The XLA backend: no config, every platform, every call."""
 
   name = "xla"
   platforms = None  # every lowering platform
   config_class = None
 
-  def forward_only(self, cfg, x, scale, bias, mask):
-    """``y`` (:func:`jaxnorm.backends.xla.formulas.forward_only`, with views for
-    :data:`FORWARD_VIEWS`)."""
-    return _xla.forward_only(cfg, x, scale, bias, mask, use_views=cfg.op in FORWARD_VIEWS)
 
-  def forward(self, cfg, x, scale, bias, mask):
-    """``(y, stats)`` (:func:`jaxnorm.backends.xla.formulas.forward`)."""
-    return _xla.forward(cfg, x, scale, bias, mask)
-
-  def backward(self, cfg, x, scale, mask, stats, dy, dx_dtype=None, c=None):
-    """``(dx, dscale, dbias)`` (:func:`jaxnorm.backends.xla.formulas.backward`; ``c``, the
-    variance-path factor second order recomputes, as there: this backend's own keyword)."""
-    return _xla.backward(cfg, x, scale, mask, stats, dy, dx_dtype=dx_dtype, c=c)
-
-  def add_backward(self, cfg, h, scale, mask, stats, dy, dh, c=None):
-    """The composition of :class:`Backend`, with ``c`` passed to :meth:`backward`."""
-    return add_backward_of(functools.partial(self.backward, c=c), cfg, h, scale, mask, stats,
-                           dy, dh)
+def register_norm_op(name: str, statistics_fn) -> None:
+  """Gives the XLA backend a norm-family op: its statistics (``(cfg, x, mask, *, decouple) ->
+  (shift, delta, rstd)``, added to :data:`~jaxnorm.backends.xla.statistics.STATISTICS`) and, in
+  :data:`XLA`'s table, the family's roles and :data:`FORMULA_ROLES`, all written once for the
+  family. A name already there is a ``ValueError`` (one home per op and backend)."""
+  if name in statistics.STATISTICS and (name, "forward") in XLA.table:
+    raise ValueError(f"the xla backend already has the norm op {name!r}")
+  statistics.STATISTICS[name] = statistics_fn
+  XLA.register(name, forward_only=formulas.forward_only, forward=formulas.forward,
+               backward=formulas.backward, tangent=formulas.tangent,
+               statistics=statistics.statistics, row_std=statistics.row_std,
+               x_hat=statistics.x_hat, **XLA.add_roles())
 
 
 XLA = XlaBackend()
-for _op in (LAYER_NORM, RMS_NORM):
-  XLA.register(_op.name, **XLA.norm_roles())
-# Ops outside the norm family register their XLA formulas from their own modules
-# (jaxnorm.backends.table.register: gated RMSNorm's in jaxnorm.ops.gated.rules).
+for _name, _fn in dict(statistics.STATISTICS).items():
+  register_norm_op(_name, _fn)

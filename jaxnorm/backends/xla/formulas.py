@@ -26,8 +26,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxnorm._norm_config import NormConfig
-from jaxnorm._xla_rows import compute_dtype, count, cse_barrier, psum, row_sums
-from jaxnorm._xla_rows import variance_path_factor
+from jaxnorm._xla_rows import as_row, compute_dtype, count, cse_barrier, gamma, param_row, psum
+from jaxnorm._xla_rows import row_sums, variance_path_factor
+from jaxnorm.backends.xla.statistics import centered, statistics
 
 
 def residual_add(cfg: NormConfig, x, residual):
@@ -40,52 +41,9 @@ def residual_add(cfg: NormConfig, x, residual):
   return (x.astype(ct) + r).astype(cfg.h_dtype)
 
 
-def statistics(cfg: NormConfig, x, mask, *, decouple: bool = True):
-  """``(shift, delta, rstd)`` of ``x: (..., d)``, each ``(..., 1)``: the op's own statistics
-  (:attr:`jaxnorm._norm_ops.NormOp.statistics`); ``decouple`` as there."""
-  return cfg.op.statistics(cfg, x, mask, decouple=decouple)
-
-
-def centered(cfg: NormConfig, xf, shift, delta):
-  """``x_c``, the op's centred row (:meth:`jaxnorm._norm_ops.NormOp.centered`)."""
-  return cfg.op.centered(xf, shift, delta)
-
-
-def x_hat(cfg: NormConfig, xf, shift, delta, rstd):
-  """The normalized row, ``x_c * rstd`` (:func:`centered`), in the compute dtype."""
-  return centered(cfg, xf, shift, delta) * rstd
-
-
-def as_row(p, ndim, dtype):
-  """:func:`_row` of a parameter, in ``dtype``."""
-  return _row(p, ndim).astype(dtype)
-
-
-def _row(p, ndim):
-  """A ``(heads..., d)`` parameter as ``(1, ..., 1, heads..., d)`` (explicit rank, no rank
-  promotion) in its own dtype, or None. ``heads`` is empty for a parameter shared by every
-  row; per-head parameters line up with ``x``'s axes just before the normalized one."""
-  return None if p is None else p.reshape((1,) * (ndim - p.ndim) + tuple(p.shape))
-
-
 def _rows_axes(p, ndim):
   """The axes of a ``(..., d)`` array a ``(heads..., d)`` parameter's cotangent sums over."""
   return tuple(range(ndim - p.ndim))
-
-
-def gamma(cfg: NormConfig, scale, ndim, dtype=None):
-  r"""The effective per-feature multiplier :math:`\gamma` as a ``(1, ..., 1, d)`` row, or None.
-
-  :math:`\gamma = s` or :math:`1 + s` (``zero_centered_scale``), formed as the call's casting
-  mode forms it (:meth:`jaxnorm._casting.CastPlan.gamma_of`: in the scale's dtype for "llama"
-  and "t5") and returned in the compute dtype. The one place the XLA forward, the backward, the
-  tangent and the Jacobian get it from (the kernels call the same ``gamma_of``). ``dtype``: the
-  input's dtype (it fixes the compute dtype); default ``scale.dtype``.
-  """
-  if scale is None:
-    return None
-  plan = cfg.plan(scale.dtype if dtype is None else dtype)
-  return plan.gamma_of(_row(scale, ndim), cfg.zero_centered_scale)
 
 
 def forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True):
@@ -102,7 +60,7 @@ def forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True):
   shift, delta, rstd = stats
   xc = centered(cfg, x.astype(rstd.dtype), shift, delta)
   plan = cfg.plan(x.dtype)  # the order of casts of the affine stage (jaxnorm._casting)
-  y = plan.normalized_affine(xc, rstd, gamma(cfg, scale, x.ndim, x.dtype), _row(bias, x.ndim))
+  y = plan.normalized_affine(xc, rstd, gamma(cfg, scale, x.ndim, x.dtype), param_row(bias, x.ndim))
   return y.astype(cfg.out_dtype), stats
 
 
@@ -113,7 +71,13 @@ def forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True):
 YNN_MIN_ELEMENTS = 4096
 
 
-def forward_only(cfg: NormConfig, x, scale, bias, mask, *, use_views: bool = False):
+# The ops whose undifferentiated forward reads ``x`` through separate views on fewer rows than
+# XLA:CPU's YNNPACK takes whole (:func:`forward_only`; measured in docs/perf-notes.md, issue 23):
+# LayerNorm. RMSNorm keeps Flax's program. XLA's tuning, not a field of the ops' declarations.
+FORWARD_VIEWS = frozenset({"layer_norm"})
+
+
+def forward_only(cfg: NormConfig, x, scale, bias, mask):
   r"""``y`` alone, for a call that is not differentiated: nothing is kept for a backward.
 
   .. math::
@@ -127,8 +91,8 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask, *, use_views: bool = Fal
     views). YNNPACK takes the pivot's consumers, both row sums and the map, into one fusion, a
     loop over ``x``; separate views would add a subtraction (and a bfloat16 convert) per
     element and per view to it.
-  * **Fewer rows**, with ``use_views`` (the XLA backend's tuning for LayerNorm,
-    :data:`jaxnorm.backends.xla.backend.FORWARD_VIEWS`): the per-row statistics (fewer elements than
+  * **Fewer rows**, for the ops of :data:`FORWARD_VIEWS` (the XLA backend's tuning for
+    LayerNorm): the per-row statistics (fewer elements than
     the threshold) stay outside YNNPACK, so the sums and the map are separate fusions. A
     shared ``x - K`` then has three users and is written to memory once for them (a full-size
     store and two loads more than Flax's program). With a :func:`cse_barrier` view per sum and one
@@ -162,21 +126,10 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask, *, use_views: bool = Fal
   def views(x, scale, bias, mask):
     return forward(cfg, x, scale, bias, mask, decouple=True)[0]
 
-  if not use_views or math.prod(x.shape[:-1]) >= YNN_MIN_ELEMENTS:
+  if cfg.op.name not in FORWARD_VIEWS or math.prod(x.shape[:-1]) >= YNN_MIN_ELEMENTS:
     return shared(x, scale, bias, mask)
   # YNNPACK is XLA:CPU's: a program lowered for another platform keeps the shared form.
   return lax.platform_dependent(x, scale, bias, mask, cpu=views, default=shared)
-
-
-def row_std(cfg: NormConfig, x, mask, stats):
-  r""":math:`\sqrt v` of each row, ``(..., 1)``: the masked mean square of :func:`centered`
-  (psum'd over ``axis_name``), from ``stats`` of the same ``x``; two-pass, so no digits are lost
-  to a large mean. For second order (:func:`jaxnorm.ops.norm.rules._wide_backward`), not a
-  forward."""
-  ct = compute_dtype(x.dtype)
-  xc = centered(cfg, x.astype(ct), stats[0], stats[1])
-  (s,) = row_sums(xc * xc, mask=mask)
-  return jnp.sqrt(psum(cfg, s) / count(cfg, mask, x.shape, ct))
 
 
 def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None, c=None):

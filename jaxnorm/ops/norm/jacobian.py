@@ -22,8 +22,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jaxnorm.ops.norm import args as _norm_args
-from jaxnorm.backends.xla import formulas as _xla
-from jaxnorm._xla_rows import variance_path_factor
+from jaxnorm.backends import table as _backends
+from jaxnorm._xla_rows import gamma, variance_path_factor
 from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 
 
@@ -33,9 +33,9 @@ def _jacobian(x, scale, *, op, epsilon, axis, mask, epsilon_placement, zero_cent
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=None, axis_index_groups=None, dtype=None, impl="xla")
   (scale,) = _norm_args.flat_params(x, x2, scale)
-  shift, delta, rstd = cfg.op.statistics(cfg, x2, mask2)
+  shift, delta, rstd = _backends.formula(cfg, "statistics")(x2, mask2)
   ct = rstd.dtype
-  xh = _xla.x_hat(cfg, x2.astype(ct), shift, delta, rstd)  # (..., d)
+  xh = _backends.formula(cfg, "x_hat")(x2.astype(ct), shift, delta, rstd)  # (..., d)
   d = x2.shape[-1]
   n = jnp.sum(mask2, -1, keepdims=True, dtype=ct) if mask2 is not None else jnp.asarray(d, ct)
   m = jnp.ones_like(xh) if mask2 is None else mask2.astype(ct)  # (..., d)
@@ -49,7 +49,7 @@ def _jacobian(x, scale, *, op, epsilon, axis, mask, epsilon_placement, zero_cent
   if cfg.op.mean_path:  # the mean path
     jac = jac - col[..., None, :]
   jac = rstd[..., None] * jac
-  gam = _xla.gamma(cfg, scale, x2.ndim, x2.dtype)
+  gam = gamma(cfg, scale, x2.ndim, x2.dtype)
   if gam is not None:
     jac = jac * gam[..., :, None]
   return jac

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxnorm.backends.xla import formulas as _xla
+from jaxnorm import _xla_rows as _rows
 from jaxnorm._norm_config import NormConfig
 
 __all__ = ["kept", "lost", "max_ratio", "recovered", "warn_imprecise"]
@@ -72,8 +72,8 @@ def recovered(cfg: NormConfig, named: dict, *, safe: bool = False) -> dict:
   ct = rstd.dtype
   xhat = y.astype(ct)
   if named["bias"] is not None:
-    xhat = xhat - _xla.as_row(named["bias"], y.ndim, ct)
-  g = _xla.gamma(cfg, named["scale"], y.ndim, ct)
+    xhat = xhat - _rows.as_row(named["bias"], y.ndim, ct)
+  g = _rows.gamma(cfg, named["scale"], y.ndim, ct)
   if g is not None:
     g = g.astype(ct)
     xhat = xhat / (jnp.where(g == 0, jnp.ones_like(g), g) if safe else g)
@@ -135,12 +135,12 @@ def lost(cfg: NormConfig, named: dict, dx, dscale):
   """
   if named["x"] is not None or named["scale"] is None:
     return dx, dscale
-  g = _xla.gamma(cfg, named["scale"], named["scale"].ndim, named["rstd"].dtype)
+  g = _rows.gamma(cfg, named["scale"], named["scale"].ndim, named["rstd"].dtype)
   # A factor per feature, NaN where gamma is 0 and 1 elsewhere (exact): XLA fuses the product
   # into the backward's output, where a select costs a pass over dx (docs/perf-notes.md).
   col = jnp.where(g == 0, jnp.nan, 1.0)             # the scale's shape
   if dx is not None:
-    dx = dx * _xla.as_row(col, dx.ndim, dx.dtype)
+    dx = dx * _rows.as_row(col, dx.ndim, dx.dtype)
   if dscale is not None:
     dscale = dscale * col.astype(dscale.dtype)
   return _first_order_only(jnp.any(g == 0), dx, dscale)

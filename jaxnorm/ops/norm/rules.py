@@ -54,12 +54,12 @@ import jax.numpy as jnp
 from jaxnorm.backends import table as _backends
 from jaxnorm import _math
 from jaxnorm import _concrete_checks as _cc
-from jaxnorm.backends.xla import formulas as _xla
 from jaxnorm.ops.norm.memory_efficient import kept, lost, recovered
 from jaxnorm._norm_config import NormConfig
 from jaxnorm._remat import INPUT_RESIDUAL, OUTPUT_RESIDUAL, STATS_RESIDUAL
 from jaxnorm._rules import Family, TangentRule, rows_of
 from jaxnorm._wide import wide_jvp, wide_tangent
+from jaxnorm._xla_rows import compute_dtype
 
 __all__ = ["add_norm", "apply", "norm_tangent_p"]
 
@@ -94,9 +94,9 @@ def _wide_backward(cfg: NormConfig, fn, xla_fn):
 
   def of_x(x, scale, mask, stats, *cts):
     stats_mask = jnp.ones(x.shape, bool) if mask is None else mask
-    fresh_stats = _xla.statistics(cfg, x, stats_mask)
+    fresh_stats = _backends.formula(cfg, "statistics")(x, stats_mask)
     kept = tuple(None if a is None else b for a, b in zip(stats, fresh_stats))
-    c = (_math.variance_path_factor_of_std(_xla.row_std(cfg, x, mask, fresh_stats),
+    c = (_math.variance_path_factor_of_std(_backends.formula(cfg, "row_std")(x, mask, fresh_stats),
                                            cfg.epsilon) if outside else None)
     return xla_fn(x, scale, mask, kept, *cts, c=c)
 
@@ -113,23 +113,24 @@ def _wide_backward(cfg: NormConfig, fn, xla_fn):
 
 
 def _formula(cfg: NormConfig, a: dict):
-  """One group's tangent (XLA ops, :func:`jaxnorm.backends.xla.formulas.tangent`): ``[dot y]``
-  (plain op) or ``[dot y, dot h]`` (fused op)."""
+  """One group's tangent (XLA ops, the fallback backend's ``"tangent"`` formula,
+  :func:`jaxnorm.backends.table.formula`): ``[dot y]`` (plain op) or ``[dot y, dot h]`` (fused
+  op)."""
   a = recovered(cfg, a)
+  tangent = _backends.formula(cfg, "tangent")
   stats = (a["shift"], a["delta"], a["rstd"])
   if not cfg.has_add:
-    return [_xla.tangent(cfg, a["x"], a["scale"], a["mask"], stats, a["tx"], a["tscale"],
-                         a["tbias"])]
+    return [tangent(a["x"], a["scale"], a["mask"], stats, a["tx"], a["tscale"], a["tbias"])]
   h = a["x"]
   th = None
   if a["tx"] is not None or a["tr"] is not None:
-    ct = _xla.compute_dtype(h.dtype)
+    ct = compute_dtype(h.dtype)
     th = jnp.zeros(h.shape, ct)
     if a["tx"] is not None:
       th = th + a["tx"].astype(ct)
     if a["tr"] is not None:
       th = th + cfg.residual_scale * a["tr"].astype(ct)
-  ty = _xla.tangent(cfg, h, a["scale"], a["mask"], stats, th, a["tscale"], a["tbias"])
+  ty = tangent(h, a["scale"], a["mask"], stats, th, a["tscale"], a["tbias"])
   th = jnp.zeros(h.shape, cfg.h_dtype) if th is None else th.astype(cfg.h_dtype)
   return [ty, th]
 
@@ -221,34 +222,29 @@ def _add_norm_forward(cfg: NormConfig, x, residual, scale, bias, mask):
                       rstd=stats[2])
 
 
-_norm = _RULE.op(_norm_value, _norm_forward, ("tx", "tscale", "tbias", None),
-                 "_norm")
-_add_norm = _RULE.op(_add_norm_value, _add_norm_forward,
-                     ("tx", "tr", "tscale", "tbias", None), "_add_norm")
+apply = _RULE.op(_norm_value, _norm_forward, ("tx", "tscale", "tbias", None), "_norm")
+apply.__doc__ = r"""``apply(cfg, x2, scale, bias, mask2)``: the plain op on prepared arguments,
+differentiable in both modes (the ``custom_jvp`` op itself, so that a call enters this module
+once).
 
+.. math::
 
-def apply(cfg: NormConfig, x2, scale, bias, mask2):
-  r"""The plain op on prepared arguments, differentiable in both modes.
+   y = \gamma \odot \hat x + \beta, \qquad
+   \dot y = \gamma \odot r\big(\dot x_c - c\,\hat x\,\overline{\hat x \dot x}\big)
+            + \hat x \odot \dot s + \dot\beta
 
-  .. math::
+(see the module docstring); reverse mode transposes :math:`\dot y` into the derived VJP.
+"""
 
-     y = \gamma \odot \hat x + \beta, \qquad
-     \dot y = \gamma \odot r\big(\dot x_c - c\,\hat x\,\overline{\hat x \dot x}\big)
-              + \hat x \odot \dot s + \dot\beta
+add_norm = _RULE.op(_add_norm_value, _add_norm_forward, ("tx", "tr", "tscale", "tbias", None),
+                    "_add_norm")
+add_norm.__doc__ = r"""``add_norm(cfg, x2, r2, scale, bias, mask2)``: the fused op on prepared
+arguments, ``(y, h)``, differentiable in both modes.
 
-  (see the module docstring); reverse mode transposes :math:`\dot y` into the derived VJP.
-  """
-  return _norm(cfg, x2, scale, bias, mask2)
+.. math::
 
+   \dot h = \dot x + \alpha\,\dot r, \qquad \dot y = \dot{\mathrm{Norm}}(h)[\dot h, \dot s,
+   \dot\beta]
 
-def add_norm(cfg: NormConfig, x2, r2, scale, bias, mask2):
-  r"""The fused op on prepared arguments, ``(y, h)``, differentiable in both modes.
-
-  .. math::
-
-     \dot h = \dot x + \alpha\,\dot r, \qquad \dot y = \dot{\mathrm{Norm}}(h)[\dot h, \dot s,
-     \dot\beta]
-
-  (the plain op's tangent at ``h``); reverse mode transposes it into the fused backward.
-  """
-  return _add_norm(cfg, x2, r2, scale, bias, mask2)
+(the plain op's tangent at ``h``); reverse mode transposes it into the fused backward.
+"""
