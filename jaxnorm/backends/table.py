@@ -41,7 +41,8 @@ from jaxnorm.backends.xla.backend import XLA
 __all__ = ["ALIASES", "BACKENDS", "IMPLS", "PER_PLATFORM", "PLATFORM_BACKENDS", "PREFERENCE",
            "add_backward", "add_forward", "add_forward_only", "backward", "formula", "forward",
            "forward_only", "param_cotangents", "register", "resolve_add_impl", "resolve_impl",
-           "run", "call_config", "check_config", "register_backend", "unregister_backend"]
+           "run", "call_config", "check_config", "one_config", "register_backend",
+           "unregister_backend"]
 
 _BACKENDS = {XLA.name: XLA, TRITON.name: TRITON}
 BACKENDS = types.MappingProxyType(_BACKENDS)  # register_backend adds to it
@@ -60,7 +61,7 @@ IMPLS = ("auto",) + tuple(BACKENDS) + tuple(ALIASES)
 def register_backend(backend) -> None:
   """Adds ``backend`` (a :class:`~jaxnorm.backends.interface.Backend` with its table filled) to
   :data:`BACKENDS`: a call reaches it with ``impl=backend.name`` and its config (an instance of
-  ``backend.config_class``) as ``pallas=``. ``impl="auto"`` keeps :data:`PREFERENCE`, the
+  ``backend.config_class``) as ``backend_config=``. ``impl="auto"`` keeps :data:`PREFERENCE`, the
   library's own order. A name already taken is a ``ValueError``."""
   global IMPLS
   if backend.name in IMPLS:
@@ -117,21 +118,37 @@ def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()) ->
   return name
 
 
-def check_config(config):
-  """``config``, the call's public ``pallas=`` argument, if it is None or an instance of a
-  backend's ``config_class``; a ``TypeError`` naming ``pallas`` otherwise (checked before the
-  backend is chosen, so a wrong type is refused whatever ``impl`` is)."""
+def one_config(backend_config, pallas=None):
+  """``(config, argument)``: the call's backend config and the name it was passed under, from
+  its public ``backend_config=`` and the documented alias ``pallas=`` (at most one of them);
+  ``(None, "backend_config")`` when neither is given. Both given is a ``ValueError`` naming
+  both."""
+  if pallas is None:
+    return backend_config, "backend_config"
+  if backend_config is not None:
+    raise ValueError(f"backend_config= and its alias pallas= were both given "
+                     f"({type(backend_config).__name__} and {type(pallas).__name__}); pass "
+                     f"the backend config once, as backend_config=.")
+  return pallas, "pallas"
+
+
+def check_config(config, argument: str = "backend_config"):
+  """``config``, the call's backend config (passed as ``argument``: ``backend_config`` or its
+  alias ``pallas``), if it is None or an instance of a backend's ``config_class``; a
+  ``TypeError`` naming ``argument`` otherwise (checked before the backend is chosen, so a wrong
+  type is refused whatever ``impl`` is)."""
   if config is None:
     return None
   owners = _configured()
   if not isinstance(config, tuple(b.config_class for b in owners)):
-    v.check_instance("pallas", config, owners[0].config_class, owners[0].config_example)
+    v.check_instance(argument, config, owners[0].config_class, owners[0].config_example)
   return config
 
 
-def call_config(config, impl: str, impl_arg: str):
-  """The backend config the call carries (its config's ``pallas`` field), for the resolved
-  ``impl`` (``impl_arg``: the call's own spelling, for the message).
+def call_config(config, impl: str, impl_arg: str, argument: str = "backend_config"):
+  """The backend config the call carries (its config's ``backend_config`` field), for the
+  resolved ``impl`` (``impl_arg`` and ``argument``: the call's own spellings of ``impl`` and of
+  the config's argument, for the message).
 
   A backend's config applies where that backend runs: a call resolved to a backend with a
   config class (or to :data:`PER_PLATFORM`, for its platforms' backends) carries ``config``,
@@ -146,7 +163,7 @@ def call_config(config, impl: str, impl_arg: str):
   if config is None:
     return owner.config_class()
   if not isinstance(config, owner.config_class):
-    raise TypeError(f"pallas= is a {type(config).__name__}, which does not configure the "
+    raise TypeError(f"{argument}= is a {type(config).__name__}, which does not configure the "
                     f"{owner.name!r} backend that impl={impl_arg!r} runs; pass a "
                     f"{owner.config_class.__name__} or None.")
   return config

@@ -61,6 +61,10 @@ _NORM_KW = [
     (dict(impl=None), ValueError, "impl"),
     (dict(pallas=1), TypeError, "pallas"),
     (dict(pallas={"interpret": True}), TypeError, "pallas"),
+    (dict(backend_config=1), TypeError, "backend_config"),
+    (dict(backend_config="interpret"), TypeError, "backend_config"),
+    (dict(backend_config=jaxnorm.PallasConfig(), pallas=jaxnorm.PallasConfig()), ValueError,
+     "backend_config= and its alias pallas="),
     (dict(dtype=jnp.int32), TypeError, "dtype"),
     (dict(dtype=jnp.bool_), TypeError, "dtype"),
     (dict(mask=jnp.ones((2, 8), jnp.int32)), TypeError, "mask"),
@@ -205,6 +209,11 @@ def _gated_rows():
       ("gated-dtype-int", lambda: g(X, X, dtype=jnp.int32), TypeError, "dtype"),
       ("gated-impl", lambda: g(X, X, impl="cuda"), ValueError, "impl"),
       ("gated-pallas", lambda: g(X, X, pallas="interpret"), TypeError, "pallas"),
+      ("gated-backend_config", lambda: g(X, X, backend_config="interpret"), TypeError,
+       "backend_config"),
+      ("gated-backend_config-and-pallas", lambda: g(X, X, backend_config=jaxnorm.PallasConfig(),
+                                                    pallas=jaxnorm.PallasConfig()), ValueError,
+       "backend_config= and its alias pallas="),
       ("gated-x-scalar", lambda: g(jnp.ones(()), jnp.ones(())), ValueError, "x must have at least"),
   ]
   for key, x, exc, text in _BAD_X:

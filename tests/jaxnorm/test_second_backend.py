@@ -54,10 +54,19 @@ def test_registered_through_one_call_with_its_own_config():
   assert oracle.ORACLE.config_class is oracle.OracleConfig
   assert "oracle64" not in table.PREFERENCE  # "auto" keeps the library's order
   x, _, s, _ = _inputs()
-  with pytest.raises(TypeError, match=r"does not configure the 'triton' backend"):
+  with pytest.raises(TypeError, match=r"^backend_config= is a OracleConfig, which does not "
+                     r"configure the 'triton' backend"):
+    jaxnorm.rms_norm(x, s, impl="pallas", backend_config=CFG)
+  with pytest.raises(TypeError, match=r"^backend_config= is a PallasConfig, which does not "
+                     r"configure the 'oracle64' backend"):
+    jaxnorm.rms_norm(x, s, impl="oracle64", backend_config=jaxnorm.PallasConfig())
+  # pallas= is the documented alias of backend_config=: the same check, named as it was given.
+  with pytest.raises(TypeError, match=r"^pallas= is a OracleConfig, which does not configure"):
     jaxnorm.rms_norm(x, s, impl="pallas", pallas=CFG)
-  with pytest.raises(TypeError, match=r"does not configure the 'oracle64' backend"):
-    jaxnorm.rms_norm(x, s, impl="oracle64", pallas=jaxnorm.PallasConfig())
+  np.testing.assert_array_equal(jaxnorm.rms_norm(x, s, impl="oracle64", pallas=CFG),
+                                jaxnorm.rms_norm(x, s, impl="oracle64", backend_config=CFG))
+  with pytest.raises(ValueError, match=r"backend_config= and its alias pallas= were both given"):
+    jaxnorm.rms_norm(x, s, impl="oracle64", backend_config=CFG, pallas=CFG)
   with pytest.raises(ValueError, match=r"impl='oracle64' cannot run this call: the oracle"):
     jaxnorm.rms_norm(x, s, impl="oracle64", mask=jnp.ones(x.shape, bool))
 
@@ -66,7 +75,7 @@ def test_registered_through_one_call_with_its_own_config():
 def test_every_op_and_role_matches_xla(name):
   """Value (forward_only), gradient (forward + backward; the add + norm roles for the fused
   ops), JVP (forward) and a jitted gradient on the oracle backend equal the XLA backend's."""
-  f, ref = _calls("oracle64", pallas=CFG)[name], _calls("xla")[name]
+  f, ref = _calls("oracle64", backend_config=CFG)[name], _calls("xla")[name]
   args = _inputs()
 
   def loss(fn):

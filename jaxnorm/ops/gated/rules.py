@@ -284,7 +284,8 @@ def check_layer_group(layer: str, num_features: int, group_size) -> None:
 
 
 
-def _prepare(x, z, scale, *, epsilon, group_size, norm_before_gate, dtype, impl, pallas):
+def _prepare(x, z, scale, *, epsilon, group_size, norm_before_gate, dtype, impl,
+             backend_config=None, pallas=None):
   """Checks a call; returns its :class:`GatedConfig`."""
   v.check_input("x", x)
   v.check_input("z", z)   # the gate: None (left out) is refused by name
@@ -309,7 +310,8 @@ def _prepare(x, z, scale, *, epsilon, group_size, norm_before_gate, dtype, impl,
     raise ValueError(f"group_size must divide x's last axis ({d}), got {k}; Mamba2's "
                      f"group_size is d // ngroups.")
   out_dtype = v.check_out_dtype("dtype", dtype)
-  pallas = _backends.check_config(pallas)
+  config, config_arg = _backends.one_config(backend_config, pallas)
+  config = _backends.check_config(config, config_arg)
   dtypes = [a.dtype for a in (x, z, scale) if a is not None]
   ct = jnp.promote_types(jnp.result_type(*dtypes), jnp.float32)
   rows = int(x.size // d) if d else 0
@@ -318,11 +320,11 @@ def _prepare(x, z, scale, *, epsilon, group_size, norm_before_gate, dtype, impl,
                                     (("group_size", k), ("norm_before_gate", norm_before_gate)))
   return GatedConfig(GATED_RMS_NORM, k, epsilon, norm_before_gate,
                      jnp.dtype(out_dtype or x.dtype), jnp.dtype(ct), resolved,
-                     _backends.call_config(pallas, resolved, impl))
+                     _backends.call_config(config, resolved, impl, config_arg))
 
 
 def gated_rms_norm(x, z, scale=None, *, epsilon=1e-6, group_size=None, norm_before_gate=True,
-                   dtype=None, impl="auto", pallas=None):
+                   dtype=None, impl="auto", backend_config=None, pallas=None):
   r"""Gated RMSNorm (Mamba2, Qwen3-Next) with hand-derived derivative rules.
 
   .. math::
@@ -346,7 +348,9 @@ def gated_rms_norm(x, z, scale=None, *, epsilon=1e-6, group_size=None, norm_befo
       False gates first and normalizes ``x * silu(z)``.
     dtype: dtype of ``y``; default ``x.dtype``.
     impl: "auto", "xla", "triton" or its alias "pallas" (see :func:`jaxnorm.layer_norm`).
-    pallas: a :class:`jaxnorm.PallasConfig` or None.
+    backend_config: the config of the backend ``impl`` runs, or None (a
+      :class:`jaxnorm.PallasConfig` for the kernels; see :func:`jaxnorm.layer_norm`).
+    pallas: the documented alias of ``backend_config``.
 
   Returns:
     ``y`` with the shape of ``x``.
@@ -364,5 +368,6 @@ def gated_rms_norm(x, z, scale=None, *, epsilon=1e-6, group_size=None, norm_befo
     0.0
   """
   cfg = _prepare(x, z, scale, epsilon=epsilon, group_size=group_size,
-                 norm_before_gate=norm_before_gate, dtype=dtype, impl=impl, pallas=pallas)
+                 norm_before_gate=norm_before_gate, dtype=dtype, impl=impl,
+                 backend_config=backend_config, pallas=pallas)
   return _gated(cfg, x, z, scale)

@@ -21,7 +21,8 @@ __all__ = ["add_layer_norm", "add_rms_norm"]
 def add_layer_norm(x, residual, scale=None, bias=None, *, residual_scale=1.0, residual_dtype=None,
                    epsilon=1e-6, axis=-1, mask=None, epsilon_placement="inside",
                    zero_centered_scale=False, axis_name=None, axis_index_groups=None, dtype=None,
-                   impl="auto", pallas=None, casting="float32", use_fast_variance=False):
+                   impl="auto", backend_config=None, pallas=None, casting="float32",
+                   use_fast_variance=False):
   r"""Residual add fused with LayerNorm: returns ``(y, h)``.
 
   .. math::
@@ -64,7 +65,8 @@ def add_layer_norm(x, residual, scale=None, bias=None, *, residual_scale=1.0, re
     impl: "xla", "triton" or its alias "pallas" (the fused kernels: one read of ``x`` and
       ``residual``, one write of ``h`` and ``y``) or "auto": the fused kernels on a GPU where
       the plain op's kernels apply (compiled and tested on an H100), "xla" otherwise.
-    pallas: a :class:`jaxnorm.PallasConfig` or None, as :func:`jaxnorm.layer_norm`.
+    backend_config: the config of the backend ``impl`` runs, or None, as
+      :func:`jaxnorm.layer_norm`; ``pallas``: its documented alias.
     casting: the order of casts of the norm's affine stage, as :func:`jaxnorm.layer_norm`
       (for "llama" the normalized ``h`` is rounded to ``h``'s dtype, ``residual_dtype``).
 
@@ -90,14 +92,14 @@ def add_layer_norm(x, residual, scale=None, bias=None, *, residual_scale=1.0, re
                residual_dtype=residual_dtype, epsilon=epsilon, axis=axis, mask=mask,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,
-               pallas=pallas, casting=casting,
+               backend_config=backend_config, pallas=pallas, casting=casting,
                options={"use_fast_variance": use_fast_variance})
 
 
 def add_rms_norm(x, residual, scale=None, *, residual_scale=1.0, residual_dtype=None,
                  epsilon=1e-6, axis=-1, mask=None, epsilon_placement="inside",
                  zero_centered_scale=False, axis_name=None, axis_index_groups=None, dtype=None,
-                 impl="auto", pallas=None, casting="float32"):
+                 impl="auto", backend_config=None, pallas=None, casting="float32"):
   r"""Residual add fused with RMSNorm: returns ``(y, h)``.
 
   .. math::
@@ -114,7 +116,7 @@ def add_rms_norm(x, residual, scale=None, *, residual_scale=1.0, residual_dtype=
     scale: ``normalized_shape`` (or ``(d,)``) array, the :math:`\gamma`; None for none.
     residual_scale, residual_dtype, dtype: as :func:`add_layer_norm`.
     epsilon, axis, mask, epsilon_placement, zero_centered_scale, axis_name, axis_index_groups,
-      impl, pallas, casting: as :func:`jaxnorm.rms_norm`.
+      impl, backend_config, pallas, casting: as :func:`jaxnorm.rms_norm`.
 
   Returns:
     ``(y, h)``: ``y`` in ``dtype`` (default ``x.dtype``), ``h`` in ``residual_dtype``.
@@ -134,7 +136,7 @@ def add_rms_norm(x, residual, scale=None, *, residual_scale=1.0, residual_dtype=
                residual_dtype=residual_dtype, epsilon=epsilon, axis=axis, mask=mask,
                epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
                axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,
-               pallas=pallas, casting=casting)
+               backend_config=backend_config, pallas=pallas, casting=casting)
 
 
 def _call(x, residual, scale, bias, **kw):

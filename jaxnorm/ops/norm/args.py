@@ -26,15 +26,16 @@ __all__ = ["flat_params", "prepare", "prepare_add"]
 
 
 def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
-            zero_centered_scale, axis_name, axis_index_groups, dtype, impl, pallas=None,
-            casting="float32", x_name="x", options=None):
+            zero_centered_scale, axis_name, axis_index_groups, dtype, impl, backend_config=None,
+            pallas=None, casting="float32", x_name="x", options=None):
   """Validates the public arguments and returns ``(cfg, x2, mask2, restore)``.
 
   ``op``: the op's :class:`~jaxnorm._norm_ops.NormOp` declaration, which the config carries.
   ``options``: a dict of the op's own options (:attr:`NormOp.options`; missing ones take their
-  defaults), e.g. ``{"use_fast_variance": True}`` for LayerNorm. ``pallas``: a
-  :class:`jaxnorm.PallasConfig` (how ``impl="pallas"`` runs the kernels) or None for the default
-  one. ``casting``: one of :data:`jaxnorm._casting.CASTINGS`, checked here once and carried as the
+  defaults), e.g. ``{"use_fast_variance": True}`` for LayerNorm. ``backend_config`` (or its
+  alias ``pallas``, not both): the config of the backend ``impl`` runs (a
+  :class:`jaxnorm.PallasConfig` for the Triton kernels), or None for its default.
+  ``casting``: one of :data:`jaxnorm._casting.CASTINGS`, checked here once and carried as the
   call's :class:`~jaxnorm._casting.CastPlan`. ``x_name``: what the messages call ``x`` (the kernel
   API's fused backward normalizes ``h``).
 
@@ -69,7 +70,8 @@ def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
         shapes=(scale_heads + (d,), bias_heads + (d,)), out_dtype=dtype or x.dtype)
   lead = tuple(x.shape[:axes[0]])
   x2 = x.reshape(lead + (d,))
-  pallas = _backends.check_config(pallas)
+  config, config_arg = _backends.one_config(backend_config, pallas)
+  config = _backends.check_config(config, config_arg)
   impl_arg = impl
   impl = _backends.resolve_impl(impl, (int(np.prod(lead)), d), x.dtype, mask, axis_name,
                                 op, options)
@@ -88,7 +90,7 @@ def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
       bias_shape=None if bias is None else bias_heads + (d,),
       bias_vma=frozenset() if bias is None else _jax_compat.varying_axes(bias),
       impl=impl,
-      pallas=_backends.call_config(pallas, impl, impl_arg),
+      pallas=_backends.call_config(config, impl, impl_arg, config_arg),
       cast=cast_plan(casting, x.dtype, None if scale is None else scale.dtype,
                      None if bias is None else bias.dtype),
       heads=max(scale_heads, bias_heads, key=len),

@@ -9,8 +9,8 @@ from jaxnorm._norm_ops import LAYER_NORM
 
 def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
                epsilon_placement="inside", zero_centered_scale=False, axis_name=None,
-               axis_index_groups=None, dtype=None, impl="auto", pallas=None, casting="float32",
-               use_fast_variance=False, memory_efficient=False):
+               axis_index_groups=None, dtype=None, impl="auto", backend_config=None,
+               pallas=None, casting="float32", use_fast_variance=False, memory_efficient=False):
   r"""Layer normalization with hand-derived backward and tangent rules.
 
   .. math::
@@ -53,8 +53,12 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
       "auto" takes the kernels on a GPU where they apply (no mask, no axis_name, not traced
       under a mesh with non-manual axes, a supported dtype) and XLA otherwise; it never fails
       where "xla" works.
-    pallas: a :class:`jaxnorm.PallasConfig` saying how the kernels run (interpret mode, a
-      block configuration); None for the default (compiled, the heuristic's blocks).
+    backend_config: the config of the backend ``impl`` runs, an instance of that backend's
+      config class (the Triton kernels': a :class:`jaxnorm.PallasConfig` saying how they run,
+      interpret mode and a block configuration); None for its default (compiled, the
+      heuristic's blocks). Checked against the backend the call resolves to (a ``TypeError``
+      names the argument); under "auto" it applies where that backend runs, and XLA has none.
+    pallas: the documented alias of ``backend_config`` (give one of them, not both).
     casting: where the affine stage rounds: "float32" (default; one cast at the end),
       "llama" (HF ``LlamaRMSNorm``) or "t5" (HF ``T5LayerNorm``); the order of casts of each
       mode and its backward: ``docs/modules.md`` and ``docs/derivations.md``.
@@ -104,7 +108,8 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
   cfg, x2, mask2, restore = _norm_args.prepare(
       x, scale, bias, op=LAYER_NORM, epsilon=epsilon, axis=axis, mask=mask, dtype=dtype,
       impl=impl, epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
-      axis_name=axis_name, axis_index_groups=axis_index_groups, pallas=pallas, casting=casting,
+      axis_name=axis_name, axis_index_groups=axis_index_groups, backend_config=backend_config,
+      pallas=pallas, casting=casting,
       options={"use_fast_variance": use_fast_variance, "memory_efficient": memory_efficient})
   scale, bias = _norm_args.flat_params(x, x2, scale, bias)
   return restore(_ad.apply(cfg, x2, scale, bias, mask2))

@@ -9,7 +9,8 @@ from jaxnorm._norm_ops import RMS_NORM
 
 def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None, epsilon_placement="inside",
              zero_centered_scale=False, axis_name=None, axis_index_groups=None, dtype=None,
-             impl="auto", pallas=None, casting="float32", memory_efficient=False):
+             impl="auto", backend_config=None, pallas=None, casting="float32",
+             memory_efficient=False):
   r"""Root-mean-square normalization with hand-derived backward and tangent rules.
 
   .. math::
@@ -49,7 +50,9 @@ def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None, epsilon_placeme
     axis_index_groups: optional groups of indices of ``axis_name``.
     dtype: dtype of ``y``; default ``x.dtype``.
     impl: "auto", "xla", "triton" or its alias "pallas" (see :func:`jaxnorm.layer_norm`).
-    pallas: a :class:`jaxnorm.PallasConfig` or None (see :func:`jaxnorm.layer_norm`).
+    backend_config: the config of the backend ``impl`` runs, or None (a
+      :class:`jaxnorm.PallasConfig` for the kernels; see :func:`jaxnorm.layer_norm`).
+    pallas: the documented alias of ``backend_config``.
     casting: the order of casts of the affine stage (see :func:`jaxnorm.layer_norm`):
       "float32" (default), "llama" (HF ``LlamaRMSNorm``) or "t5" (HF ``T5LayerNorm``).
     memory_efficient: reverse mode keeps ``y`` and ``rstd`` instead of ``x`` (see
@@ -73,6 +76,7 @@ def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None, epsilon_placeme
       x, scale, None, op=RMS_NORM, epsilon=epsilon, axis=axis, mask=mask,
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype, impl=impl,
-      pallas=pallas, casting=casting, options={"memory_efficient": memory_efficient})
+      backend_config=backend_config, pallas=pallas, casting=casting,
+      options={"memory_efficient": memory_efficient})
   (scale,) = _norm_args.flat_params(x, x2, scale)
   return restore(_ad.apply(cfg, x2, scale, None, mask2))
