@@ -1,33 +1,35 @@
-r"""Internal API: the one interface every backend of the norm family implements.
+r"""Internal API: the one interface every backend implements, and the dispatch's :class:`Entry`.
 
 A backend declares what it runs: ``name``, ``platforms`` (the lowering platforms it compiles
 for, None for every one), ``config_class`` (the class of its ``impl``-specific configuration,
-None for none), :meth:`Backend.unavailable` (whether this JAX can run it at all), and its
-:attr:`Backend.table`, ``(op name, role) -> function``: the one way the dispatcher
-(:mod:`jaxnorm.backends.table`) reaches its code, and the allow-list of the ops it implements;
-:meth:`Backend.refusal` / :meth:`Backend.supports` add what it refuses of a call (options,
-masks, shapes). A backend never guesses an op.
+the call's ``backend_config=``; None for none), :meth:`Backend.unavailable` (whether this JAX can
+run it at all), and its :attr:`Backend.table`, ``(op name, role) -> function``: the one way the
+dispatcher (:mod:`jaxnorm.backends.table`) reaches its code, and the allow-list of the ops it
+implements; :meth:`Backend.refusal` / :meth:`Backend.supports` add what it refuses of a call
+(options, masks, shapes). A backend never guesses an op.
 
-A backend (an entry of :data:`jaxnorm.backends.table.BACKENDS`) runs the norm ops on ``(..., d)``
-arrays prepared by :mod:`jaxnorm.ops.norm.args` and described by a
-:class:`jaxnorm._norm_config.NormConfig`, whose ``impl`` names the backend. Besides its table,
-:class:`Backend` has four methods that declare what it takes (:meth:`~Backend.unavailable`,
-:meth:`~Backend.refusal`, :meth:`~Backend.supports`, :meth:`~Backend.add_refusal`), one for how
-it runs its code (:meth:`~Backend.launch`), two that fill the table
-(:meth:`~Backend.register`, :meth:`~Backend.norm_roles`), and the six :data:`NORM_ROLES` a
-backend of the norm family implements as methods (and registers in its table), the plain op and
-the residual add + norm op each in three roles:
+A backend (an entry of :data:`jaxnorm.backends.table.BACKENDS`) runs the ops on ``(..., d)``
+arrays prepared by the ops' argument preparation and described by their config (for the norm
+family a :class:`jaxnorm._norm_config.NormConfig`), whose ``impl`` names the backend. Besides its
+table, :class:`Backend` has four methods that declare what it takes
+(:meth:`~Backend.unavailable`, :meth:`~Backend.refusal`, :meth:`~Backend.supports`,
+:meth:`~Backend.add_refusal`), one for how a kernel backend runs its code
+(:meth:`~Backend.launch`), three that fill the table (:meth:`~Backend.register`,
+:meth:`~Backend.norm_roles`, :meth:`~Backend.add_roles`), and the six :data:`NORM_ROLES` of the
+norm family, the plain op and the residual add + norm op each in three roles:
 
 * ``forward_only``: the value of an undifferentiated call, nothing kept;
 * ``forward``: the value and the per-row statistics reverse mode keeps (the JVP rule's primal);
 * ``backward``: the derived VJP (run where :mod:`jaxnorm.ops.norm.rules` transposes the tangent
-map).
+  map).
 
-The math is the op's (:mod:`jaxnorm._norm_ops`, derived in ``docs/derivations.md``); a backend
-says only how it is computed. :class:`Backend` gives the residual add + norm as the composition
-of an add in XLA and the backend's own plain op (what the XLA backend runs); a backend with fused
-add + norm kernels overrides the three ``add_*`` methods. Imports nothing of jaxnorm but the XLA
-formulas.
+A backend's table entries are its own functions (the XLA backend's: its formulas; the Triton
+backend's: its methods, :meth:`~Backend.norm_roles`). The math is the op's (its declaration,
+derived in ``docs/derivations.md``); a backend says only how it is computed, in its own package.
+:class:`Backend` gives the residual add + norm as the composition of an add in XLA and the plain
+op's entries of the backend's own table (:meth:`~Backend.add_roles`, what the XLA backend
+registers); a backend with fused add + norm kernels overrides the three ``add_*`` methods.
+Imports nothing of jaxnorm but the XLA formulas (the add).
 """
 
 from __future__ import annotations

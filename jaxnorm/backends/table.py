@@ -4,20 +4,23 @@
 :class:`jaxnorm.backends.interface.Backend`: ``"xla"`` (:mod:`jaxnorm.backends.xla.backend`, runs
 everywhere) and ``"triton"`` (:mod:`jaxnorm.backends.triton.backend`, the Triton kernels written in
 Pallas; ``impl="pallas"`` is its alias, :data:`ALIASES`). Each backend declares its lowering
-platforms, its config class and what it supports. :data:`PREFERENCE` is the order
-``impl="auto"`` tries them in; :data:`PLATFORM_BACKENDS`, the ``{platform: backend}`` map the
-per-platform choice is built from, is derived from it and the backends' platforms. Adding a
+platforms, its config class (what the call's ``backend_config=`` must be, checked by
+:func:`check_config` and :func:`call_config`) and what it supports. :data:`PREFERENCE` is the
+order ``impl="auto"`` tries them in; :data:`PLATFORM_BACKENDS`, the ``{platform: backend}`` map
+the per-platform choice is built from, is derived from it and the backends' platforms. Adding a
 backend is its own subpackage implementing the interface, plus its entry in :data:`BACKENDS` and
-its place in :data:`PREFERENCE` (``docs/ops.md``).
+its place in :data:`PREFERENCE` (``docs/ops.md``), or :func:`register_backend`.
 
 A call's ``impl`` is resolved once, when it is prepared (:func:`resolve_impl`): a backend's
 name, or "per_platform" (``impl="auto"`` on a call a platform's preferred backend takes: that
 backend where the program is lowered for its platform, XLA elsewhere). :func:`run` then looks
-the call's ``(op, role)`` up in the resolved backend's own table (the one dispatch, for every
-op) and runs it through that backend's ``launch`` (the Triton backend's: the primitive that
+the call's ``(op, role)`` up in the tables of the backends it may run on (the one dispatch, for
+every op), binds them into one :class:`~jaxnorm.backends.interface.Entry` and runs it: XLA's
+directly, a kernel backend's through its ``launch`` (the Triton backend's is the primitive that
 lowers the kernels per platform, :func:`jaxnorm.backends.triton.kernel_call.kernel_call`).
-The functions below are what the differentiation layer (:mod:`jaxnorm.ops.norm.rules`) and the
-tests call.
+:func:`formula` gives the XLA formulas the differentiation layer runs whatever the backend. The
+functions below are what the differentiation layers (:mod:`jaxnorm.ops.norm.rules`,
+:mod:`jaxnorm.ops.gated.rules`) and the tests call.
 """
 
 from __future__ import annotations

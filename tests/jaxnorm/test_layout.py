@@ -59,3 +59,39 @@ def test_the_checker_sees_long_modules_and_function_bodies(tmp_path):
 if __name__ == "__main__":
   for rel, what in violations():
     print(f"jaxnorm/{rel}: {what}")
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+  """The modules ``path`` imports (absolute names; ``from a import b`` gives ``a`` and ``a.b``)."""
+  out = set()
+  for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    if isinstance(node, ast.Import):
+      out.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      out.add(node.module)
+      out.update(f"{node.module}.{alias.name}" for alias in node.names)
+  return out
+
+
+def test_the_ops_import_no_backend_and_the_backends_no_op():
+  """Issue 51, goal 4: ``jaxnorm/ops/`` reaches the backends only through the dispatcher
+  (``jaxnorm.backends.table``), never a concrete backend's package; the backends read the ops'
+  declarations (``_norm_ops``, ``_norm_config``), never ``jaxnorm.ops``."""
+  up, down = [], []
+  for path in sorted((PACKAGE / "ops").rglob("*.py")):
+    for name in _imports(path):
+      if name.startswith("jaxnorm.backends.") and not name.startswith("jaxnorm.backends.table"):
+        down.append((path.relative_to(PACKAGE).as_posix(), name))
+  for path in sorted((PACKAGE / "backends").rglob("*.py")):
+    for name in _imports(path):
+      if name == "jaxnorm.ops" or name.startswith("jaxnorm.ops."):
+        up.append((path.relative_to(PACKAGE).as_posix(), name))
+  assert down == [] and up == []
+
+
+def test_the_import_checker_sees_a_backend_import(tmp_path):
+  (tmp_path / "m.py").write_text("from jaxnorm.backends.xla import formulas as _xla\n"
+                                 "import jaxnorm.backends.table\n")
+  assert _imports(tmp_path / "m.py") >= {"jaxnorm.backends.xla",
+                                        "jaxnorm.backends.xla.formulas",
+                                        "jaxnorm.backends.table"}
