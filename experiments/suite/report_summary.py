@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from experiments.studies.seeds import SPIKE_NATS
 from experiments.suite import claims as claims_lib
 from experiments.suite.registry import EXPERIMENTS
+from experiments.suite.spikes import SPIKE_NATS
 
 __all__ = ["instabilities", "tally"]
 
