@@ -108,8 +108,14 @@ def _positive(a):
 
 
 def _functions() -> list:
-  nn, sp = jax.nn, jax.scipy.special
-  f = [
+  """Every surveyed function: the fixes' half ``"A"``, then the confirming half ``"B"``."""
+  return _half_a() + _half_b()
+
+
+def _half_a() -> list:
+  """The half the kit's fixes were made on."""
+  nn = jax.nn
+  return [
       Fn("jax.nn.relu", "A", nn.relu, lambda x: jnp.maximum(x, 0.0), mp=lambda: _mp("relu")),
       Fn("jax.nn.softplus", "A", nn.softplus, _softplus, mp=lambda: _mp("softplus")),
       Fn("jax.nn.sigmoid", "A", nn.sigmoid, _sigmoid, mp=lambda: _mp("sigmoid")),
@@ -140,6 +146,13 @@ def _functions() -> list:
       Fn("jax.nn.elu", "A", nn.elu, lambda x: jnp.where(x > 0, x, jnp.expm1(jnp.minimum(x, 0))), mp=lambda: _mp("elu")),
       Fn("flax.linen.LayerNorm", "A", _flax_layer_norm, _layer_norm, kind="norm",
          numpy=lambda x, s, b: (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-6) * s + b),
+  ]
+
+
+def _half_b() -> list:
+  """The confirming half: it only confirms the fixes."""
+  nn, sp = jax.nn, jax.scipy.special
+  return [
       Fn("jax.nn.softsign", "B", nn.soft_sign, lambda x: x / (1 + jnp.abs(x)), mp=lambda: _mp("softsign")),
       Fn("jax.nn.celu", "B", nn.celu, lambda x: jnp.where(x > 0, x, jnp.expm1(jnp.minimum(x, 0))),
          mp=lambda: _mp("celu")),
@@ -178,7 +191,6 @@ def _functions() -> list:
          numpy=lambda a: np.linalg.eigvalsh(a)),
       Fn("jnp.linalg.det (3x3)", "B", jnp.linalg.det, _det3, kind="matrix3", numpy=lambda a: np.linalg.det(a)),
   ]
-  return f
 
 
 def _optax():

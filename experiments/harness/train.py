@@ -30,6 +30,7 @@ Command line: ``python -m experiments train --help`` (:mod:`experiments.harness.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import pathlib
@@ -178,6 +179,36 @@ def _eval_batches(config: TrainConfig, corpus: data_lib.Corpus, placement: Place
   return [(placement.put_batch(x), placement.put_batch(y)) for x, y in _eval_data(config, corpus, seed)]
 
 
+def _evaluate(config: TrainConfig, eval_step, eval_data: list[tuple], writer: _MetricsWriter, params,
+              step: int) -> float:
+  """The validation loss of ``params`` on ``eval_data``, written as ``step``'s line (attention stats too)."""
+  outs = jax.device_get([eval_step(params, x, y) for x, y in eval_data])
+  val = float(np.mean([float(loss) for loss, _ in outs]))
+  line = {"step": step, "val_loss": val if math.isfinite(val) else repr(val)}
+  if config.log_attention:  # the largest logit over the batches, the mean entropy
+    line["val_attn_max_logit"] = to_py(np.max([a["attn_max_logit"] for _, a in outs], axis=0))
+    line["val_attn_entropy"] = to_py(np.mean([a["attn_entropy"] for _, a in outs], axis=0))
+  writer.write(line)
+  return val
+
+
+def _evaluate_alt(config: TrainConfig, eval_step, corpus: data_lib.Corpus, placement: Placement,
+                  writer: _MetricsWriter, params, step: int) -> None:
+  """``val_loss_alt`` of ``step``: the loss on a second set of validation windows (its noise, measured)."""
+  alt = jax.device_get([eval_step(params, x, y)[0]
+                        for x, y in _eval_batches(config, corpus, placement, ALT_EVAL_SEED)])
+  v = float(np.mean([float(a) for a in alt]))
+  writer.write({"step": step, "val_loss_alt": v if math.isfinite(v) else repr(v)})
+
+
+def _progress_bar(config: TrainConfig, start: int, progress: bool | None) -> progress_lib.Progress:
+  """The run's progress: a bar on a terminal (or as ``progress`` says), plain lines on stderr otherwise."""
+  tty = sys.stderr.isatty()
+  return progress_lib.Progress(config.steps, desc="train", bar=tty if progress is None else bool(progress),
+                               log=progress_lib.stderr_line if (progress is None and not tty) else None,
+                               every=config.steps // 20, initial=start, unit="step")
+
+
 def _train_loop(config: TrainConfig, corpus: data_lib.Corpus, mesh, placement: Placement, graphdef,
                 params, opt_state, *, manager, writer: _MetricsWriter, start: int, end: int,
                 progress: bool | None) -> tuple[int | None, float | None, int, float]:
@@ -197,31 +228,12 @@ def _train_loop(config: TrainConfig, corpus: data_lib.Corpus, mesh, placement: P
     ref_logits = jax.jit(lambda p, x: nnx.merge(graphdef, p)(x))(params, fixed)
     extra = (fixed, ref_logits)
 
-  def evaluate(step: int) -> float:
-    outs = jax.device_get([eval_step(params, x, y) for x, y in eval_data])
-    val = float(np.mean([float(loss) for loss, _ in outs]))
-    line = {"step": step, "val_loss": val if math.isfinite(val) else repr(val)}
-    if config.log_attention:  # the largest logit over the batches, the mean entropy
-      line["val_attn_max_logit"] = to_py(np.max([a["attn_max_logit"] for _, a in outs], axis=0))
-      line["val_attn_entropy"] = to_py(np.mean([a["attn_entropy"] for _, a in outs], axis=0))
-    writer.write(line)
-    return val
-
-  def evaluate_alt(step: int) -> None:
-    # The same model on a second set of validation windows: how much the loss moves with the sample
-    # alone (the reports' evaluation noise, measured, not assumed).
-    alt = jax.device_get([eval_step(params, x, y)[0]
-                          for x, y in _eval_batches(config, corpus, placement, ALT_EVAL_SEED)])
-    v = float(np.mean([float(a) for a in alt]))
-    writer.write({"step": step, "val_loss_alt": v if math.isfinite(v) else repr(v)})
-
-  tty = sys.stderr.isatty()
-  bar = progress_lib.Progress(config.steps, desc="train", bar=tty if progress is None else bool(progress),
-                              log=progress_lib.stderr_line if (progress is None and not tty) else None,
-                              every=config.steps // 20, initial=start, unit="step")
+  evaluate = functools.partial(_evaluate, config, eval_step, eval_data, writer)
+  evaluate_alt = functools.partial(_evaluate_alt, config, eval_step, corpus, placement, writer)
+  bar = _progress_bar(config, start, progress)
   diverged_at, tokens, timed_s, val = None, 0, 0.0, None
   if start == 0:
-    val = evaluate(0)
+    val = evaluate(params, 0)
   tokens_per_step = config.batch_size * config.seq_len
   try:
     for step in range(start + 1, end + 1):
@@ -248,17 +260,17 @@ def _train_loop(config: TrainConfig, corpus: data_lib.Corpus, mesh, placement: P
         break
       if step != config.steps and ((config.eval_every and step % config.eval_every == 0)
                                    or step in config.alt_eval_steps):
-        val = evaluate(step)
+        val = evaluate(params, step)
         if step in config.alt_eval_steps:
-          evaluate_alt(step)
+          evaluate_alt(params, step)
       if manager is not None and (step % config.checkpoint_every == 0 or step == config.steps):
         import orbax.checkpoint as ocp
         manager.save(step, args=ocp.args.StandardSave({"params": params,
                                                        "opt_state": opt_state}))
     else:
       if end == config.steps and config.steps > start:
-        val = evaluate(config.steps)
-        evaluate_alt(config.steps)
+        val = evaluate(params, config.steps)
+        evaluate_alt(params, config.steps)
         if config.eval_train:
           writer.write(_evaluate_train(config, corpus, placement, params))
   finally:

@@ -34,6 +34,7 @@ from experiments.studies.seeds import failed, format_finals, format_rises, late_
 from experiments.suite.runs import regime_tag
 from experiments.suite.study import Unit, train_unit
 from experiments.studies.flagship_answer import depth_answer as answer  # noqa: F401 (the study protocol's answer)
+from experiments.studies.summary_lines import depth_instabilities as instabilities  # noqa: F401 (the protocol's)
 
 TITLE = "Depth: Post-LN, Pre-LN, Sandwich, DeepNorm (Liu et al. 2020; Wang et al. 2022)"
 RAW_DATA = ('runs.json', 'final.csv', 'update.json')  # files the report links under the claims

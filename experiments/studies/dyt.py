@@ -43,6 +43,7 @@ from experiments.studies import dyt_rules as rules
 from experiments.suite.registry import from_json_float
 from experiments.suite.study import Unit
 from experiments.studies.extra_answer import dyt_answer as answer  # noqa: F401 (the study protocol's answer)
+from experiments.studies.summary_lines import dyt_noise_line as noise_line  # noqa: F401 (the protocol's)
 
 TITLE = "When does removing the norm help? DyT and Derf across tokens per parameter"
 RAW_DATA = ("cells.json", "cells.csv")

@@ -263,31 +263,37 @@ def plot(ctx, data: dict) -> list[str]:
 
   model = data.get("model")
   if model:
-    from jaxnorm import OPS  # the layers' class names label the curves
-    fig, axes = ctx.subplots(1, 2, figsize=(11, 4))
-    ax = axes[0]
-    groups = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")
-    for norm, ls, short in (("layer_norm", "-", "LN"), ("rms_norm", "--", "RMS")):
-      for gi, g in enumerate(groups):
-        vals = model["init"][norm][g]
-        ax.plot(np.arange(1, len(vals) + 1), vals, ls, color=f"C{gi}",
-                label=f"{g} ({short})")
-    ax.set_xlabel("layer")
-    ax.set_ylabel("gradient norm at init")
-    ax.set_yscale("log")
-    ax.set_title("Pre-LN model at init: LN (solid) vs RMS (dashed)", fontsize=10)
-    ax.legend(fontsize=6, ncol=2)
-    ax = axes[1]
-    for norm in ("layer_norm", "rms_norm"):
-      c = model["train"][norm]
-      ax.plot(c["step"], c["total"], label=OPS[norm].layer, lw=1)  # the layer's class name
-    ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("norm of all block-weight gradients")
-    ax.set_title(f"during training (median RMS/LN ratio {model['train_ratio_median']:z.2f})", fontsize=10)
-    ax.legend(fontsize=8)
-    files.append(ctx.save_figure(fig, "grad_norms_ln_vs_rms.png"))
+    files.append(_plot_grad_norms(ctx, model))
   return files
+
+
+def _plot_grad_norms(ctx, model: dict) -> str:
+  """``grad_norms_ln_vs_rms.png``: per-layer gradient norms of LN and RMS Pre-LN models at init and their
+  total block-weight gradient norm in training (``model``: :func:`model_grad_norms`)."""
+  from jaxnorm import OPS  # the layers' class names label the curves
+  fig, axes = ctx.subplots(1, 2, figsize=(11, 4))
+  ax = axes[0]
+  groups = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")
+  for norm, ls, short in (("layer_norm", "-", "LN"), ("rms_norm", "--", "RMS")):
+    for gi, g in enumerate(groups):
+      vals = model["init"][norm][g]
+      ax.plot(np.arange(1, len(vals) + 1), vals, ls, color=f"C{gi}",
+              label=f"{g} ({short})")
+  ax.set_xlabel("layer")
+  ax.set_ylabel("gradient norm at init")
+  ax.set_yscale("log")
+  ax.set_title("Pre-LN model at init: LN (solid) vs RMS (dashed)", fontsize=10)
+  ax.legend(fontsize=6, ncol=2)
+  ax = axes[1]
+  for norm in ("layer_norm", "rms_norm"):
+    c = model["train"][norm]
+    ax.plot(c["step"], c["total"], label=OPS[norm].layer, lw=1)  # the layer's class name
+  ax.set_yscale("log")
+  ax.set_xlabel("step")
+  ax.set_ylabel("norm of all block-weight gradients")
+  ax.set_title(f"during training (median RMS/LN ratio {model['train_ratio_median']:z.2f})", fontsize=10)
+  ax.legend(fontsize=8)
+  return ctx.save_figure(fig, "grad_norms_ln_vs_rms.png")
 
 
 def units(cfg: Config) -> list:

@@ -46,6 +46,7 @@ from experiments.studies import qk_norm_rules as rules
 from experiments.studies.seeds import SPIKE_NATS, largest_rise
 from experiments.suite.study import Unit
 from experiments.studies.extra_answer import qk_answer as answer  # noqa: F401 (the study protocol's answer)
+from experiments.studies.summary_lines import qk_norm_instabilities as instabilities  # noqa: F401 (the protocol's)
 
 TITLE = "QK-norm and attention-logit growth (Wortsman et al. 2023)"
 RAW_DATA = ("runs.json", "lr_sweep.csv")  # files the report links under the claims

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from experiments.suite.spikes import SPIKE_NATS, largest_rise  # noqa: F401 (re-exported: the suite's spike rule)
+
 # ``unigram`` below is the plateau of the runs' own validation batches (the byte-frequency model's
 # loss on them: :meth:`experiments.suite.runs.RunsMixin.unigram`; issue 31), not the corpus entropy.
 STALL_NATS = 0.1   # a final val loss within this of the unigram baseline counts as stalled
-SPIKE_NATS = 1.0   # a training loss this far above its running minimum is a spike
 
 
 SHARED_RISE_NATS = 0.3   # a step where most runs on the same batches rise this much is a hard batch
@@ -45,33 +46,6 @@ def shared_rise_steps(curves: list) -> set[int]:
     return set()
   steps = set().union(*per)
   return {t for t in steps if sum(r.get(t, 0.0) >= SHARED_RISE_NATS for r in per) > len(per) / 2}
-
-
-def largest_rise(train_curve) -> dict | None:
-  r"""The largest rise of a training-loss curve above its running minimum: a loss spike's size.
-
-  .. math:: r = \max_t \big(\ell_t - \min_{s < t} \ell_s\big)
-
-  Args:
-    train_curve: ``[(step, loss), ...]`` in step order (non-finite losses are skipped). A hard
-      batch every run shares (:func:`shared_rise_steps`) counts as a rise like any other step.
-
-  Returns:
-    ``{"rise", "step", "peak"}`` (the rise in nats, the step and the loss there; for a curve
-    that never rises: rise 0, step None and its largest loss) or None for an empty curve.
-    A rise above :data:`SPIKE_NATS` is a spike.
-  """
-  best, lo, top = None, np.inf, -np.inf
-  for step, loss in train_curve or []:
-    loss = float(loss)
-    if not np.isfinite(loss):
-      continue
-    if lo < np.inf and loss - lo > (0.0 if best is None else best["rise"]):
-      best = {"rise": float(loss - lo), "step": int(step), "peak": loss}
-    lo, top = min(lo, loss), max(top, loss)
-  if best is None and lo < np.inf:
-    best = {"rise": 0.0, "step": None, "peak": float(top)}
-  return best
 
 
 def set_rises(runs: dict, shared: dict | None = None) -> dict:

@@ -56,6 +56,8 @@ from experiments.studies.warmup_rules import MARGIN, describe, verdicts
 from experiments.suite.runs import regime_tag, train_run
 from experiments.suite.study import train_unit
 from experiments.studies.flagship_answer import warmup_answer as answer  # noqa: F401 (the study protocol's answer)
+from experiments.studies.summary_lines import warmup_instabilities as instabilities  # noqa: F401 (the protocol's)
+from experiments.studies.summary_lines import warmup_noise_line as noise_line  # noqa: F401 (the protocol's)
 
 TITLE = "Warm-up x learning-rate grid (Xiong et al. 2020, Sec. 3.2 / Fig. 2)"
 RAW_DATA = ('runs.json', 'final.csv')  # files the report links under the claims

@@ -27,11 +27,11 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from experiments.studies.seeds import SPIKE_NATS
 from experiments.suite import claims as claims_lib
 from experiments.suite import presets as presets_lib
 from experiments.suite import rule_changes, study
 from experiments.suite.registry import EXPERIMENTS, read_json
+from experiments.suite.spikes import SPIKE_NATS
 from experiments.suite.report_summary import (  # noqa: F401 (re-exported: the report's summary block)
     _VERDICT_TEXT, _limitations, _noise_line, _run_lengths, _summary, _tally_text, instabilities, tally)
 

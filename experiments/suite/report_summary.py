@@ -6,12 +6,14 @@ Each function reads the studies' summaries and the suite state; none renders a s
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
-from experiments.studies.seeds import SPIKE_NATS
 from experiments.suite import claims as claims_lib
+from experiments.suite import study
 from experiments.suite.registry import EXPERIMENTS
+from experiments.suite.spikes import SPIKE_NATS
 
-__all__ = ["instabilities", "tally"]
+__all__ = ["instabilities", "noise_estimate", "tally"]
 
 _VERDICT_TEXT = {"yes": "yes", "no": "**no**", "partly": "partly", "n/a": "n/a", "obs": "(observation)",
                  claims_lib.NOT_TESTABLE: "not testable at this scale", "not run": "not run by this preset"}
@@ -35,46 +37,29 @@ def instabilities(summaries: dict, runs_scan: list[dict] | None = None) -> list[
 
   With ``runs_scan`` (:func:`experiments.suite.runs.scan_runs`, kept in ``suite.json``): every
   cached run of every study, with its divergence step and its training-loss spikes (a rise above
-  ``SPIKE_NATS`` over its running minimum); without it (older folders) the spikes of the warm-up
-  grid and the depth study and the divergences of the QK-norm sweep. Then every late plateau exit
-  (after 2/3 of the run) of the warm-up grid and the depth study.
+  ``SPIKE_NATS`` over its running minimum). Then, in the report's order, each study's own lines: the
+  study protocol's optional ``instabilities(summary, scanned)`` (:mod:`experiments.suite.study`), told
+  whether the scan was there (without it, older folders, a study lists the divergences and spikes its
+  summary records).
   """
   lines = []
-  if runs_scan is not None:
-    for r in runs_scan:
-      if r.get("diverged_at") is not None:
-        lines.append(f"run `{r['label']}`: diverged (training loss above the harness's threshold or not finite) at "
-                     f"step {r['diverged_at']}" + (f" of {r['steps']}" if r.get("steps") else ""))
-      rise = r.get("rise")
-      if rise is not None and rise["rise"] > SPIKE_NATS:
-        lines.append(f"run `{r['label']}`: training loss spiked by {rise['rise']:z.2f} nats to {rise['peak']:z.2f} at "
-                     f"step {rise['step']}")
-  else:
-    for r in summaries.get("qk_norm", {}).get("diverged", []):
-      layout = f"{'Pre' if r['position'] == 'pre' else 'Post'}-LN {'+ QK-norm' if r['qk_norm'] else 'no QK-norm'}"
-      lines.append(f"QK-norm sweep `{layout}, lr {r['lr']:g}` seed {r['seed']}: diverged (training loss above the "
-                   f"harness's threshold) at step {r['step']}; it counts as the initial loss in the LR sensitivity")
-  srcs = []
-  if "warmup" in summaries:
-    w = summaries["warmup"]
-    srcs += [("warm-up grid", "warmup", k, p, w["config"]["steps"]) for src in ("grid", "extra_points")
-             for k, p in w.get(src, {}).items()]
-  if "depth" in summaries:
-    d = summaries["depth"]
-    srcs += [("depth", "depth", k, p, d["config"]["steps"]) for k, p in d.get("points", {}).items()]
-  for where, name, key, p, steps in srcs:
-    seeds = summaries[name].get("seeds", [])
-    if runs_scan is None:
-      for i, r in enumerate(p.get("rise") or []):
-        if r is not None and r["rise"] > SPIKE_NATS:
-          lines.append(f"{where} `{key}` seed {seeds[i] if i < len(seeds) else i}: training loss spiked by "
-                       f"{r['rise']:z.2f} nats to {r['peak']:z.2f} at step {r['step']}, final val loss "
-                       f"{p['values'][i]:z.3f}")
-    for i, s in enumerate(p.get("left_plateau") or []):
-      if s is not None and s > 2 * steps / 3:
-        lines.append(f"{where} `{key}` seed {seeds[i] if i < len(seeds) else i}: left the plateau late, at step {s} "
-                     f"of {steps}; it counts as stalled (still on the plateau at 2/3 of the run)")
+  for r in runs_scan or []:
+    if r.get("diverged_at") is not None:
+      lines.append(f"run `{r['label']}`: diverged (training loss above the harness's threshold or not finite) at "
+                   f"step {r['diverged_at']}" + (f" of {r['steps']}" if r.get("steps") else ""))
+    rise = r.get("rise")
+    if rise is not None and rise["rise"] > SPIKE_NATS:
+      lines.append(f"run `{r['label']}`: training loss spiked by {rise['rise']:z.2f} nats to {rise['peak']:z.2f} at "
+                   f"step {rise['step']}")
+  for name, hook in _hooks(summaries, "instabilities"):
+    lines += hook(summaries[name], runs_scan is not None)
   return lines
+
+
+def _hooks(summaries: dict, attr: str) -> list[tuple[str, Any]]:
+  """``[(study, its attribute attr)]`` of the studies of ``summaries`` that define ``attr``, in the report's order."""
+  found = [(name, getattr(study.load(EXPERIMENTS[name]), attr, None)) for name in EXPERIMENTS if name in summaries]
+  return [(name, hook) for name, hook in found if hook is not None]
 
 
 def _reason(ours: str) -> str:
@@ -108,39 +93,33 @@ def _summary(state: dict, rows: list[dict], summaries: dict) -> list[str]:
   return out
 
 
-def _noise_line(eval_bytes: int, noise: dict | None, dyt: dict | None = None) -> str:
-  """The limitation line on evaluation noise: measured where the warm-up grid measured it, else
-  where the dyt study did (its ``eval_noise``: per run, |val - val_alt|, the same final model on two
-  disjoint sets of validation windows), else an estimate. Only per-run differences are used (a
-  summary's seed mean, min and max are never paired across window sets)."""
-  if noise and noise.get("single"):
-    s, p = noise["single"], noise.get("paired")
-    return (f"- Evaluation on {eval_bytes:,} bytes per point. Measured noise (the same final model on a second set of "
-            f"validation windows): median {s['median']:z.3f}, at most {s['max']:z.3f} nats over {s['n']} runs"
-            + (f"; a paired warm-up gain moves by median {p['median']:z.3f}, at most {p['max']:z.3f}" if p else "")
-            + (f"; a paired Pre-LN minus Post-LN difference by median {q['median']:z.3f}, at most {q['max']:z.3f}"
-               if (q := noise.get("pre_post")) else "")
-            + "; the rules' paired margin is 0.05 nats.")
-  d = ((dyt or {}).get("eval_noise") or {}).get("single")
-  if d:
-    return (f"- Evaluation noise, measured by the dyt study (the same final model on a second, disjoint set of "
-            f"held-out windows): |difference| median {d['median']:z.3f}, at most {d['max']:z.3f} nats over {d['n']} "
-            f"runs (it includes what differs between the two window sets). The other studies' evaluations of "
-            f"{eval_bytes:,} bytes per point are not measured twice: with a per-byte loss s.d. of about 2 nats, about "
-            f"{2 / max(eval_bytes, 1) ** 0.5:z.2f} nat (an estimate).")
+def noise_estimate(eval_bytes: int) -> float:
+  """The evaluation noise in nats of ``eval_bytes`` bytes, estimated from a per-byte loss s.d. of about 2 nats."""
+  return 2 / max(eval_bytes, 1) ** 0.5
+
+
+def _noise_line(eval_bytes: int, summaries: dict) -> str:
+  """The limitation line on evaluation noise: the first study's, in the report's order, whose optional
+  ``noise_line(summary, eval_bytes)`` gives one (a study that measured it: the same final model on a
+  second set of validation windows, per-run differences only), else an estimate."""
+  for name, hook in _hooks(summaries, "noise_line"):
+    line = hook(summaries[name], eval_bytes)
+    if line:
+      return line
   return (f"- Evaluation on {eval_bytes:,} bytes per point: with a per-byte loss s.d. of about 2 nats, about "
-          f"{2 / max(eval_bytes, 1) ** 0.5:z.2f} nat of noise per evaluation (an estimate: not measured in this run).")
+          f"{noise_estimate(eval_bytes):z.2f} nat of noise per evaluation (an estimate: not measured in this run).")
 
 
 def _run_lengths(pc: dict, names: list[str]) -> str:
   """The training-run lengths of the studies ``names`` that train (``steps`` or ``train_steps`` in
-  their preset entry), with their batch where it differs from the preset's."""
+  their preset entry, unless the study declares ``TIMED_STEPS``: steps timed, not a run's length), with
+  their batch where it differs from the preset's."""
   tr = pc.get("train", {})
   parts = []
   for name in names:
     c = pc.get(name, {})
     steps = c.get("steps", c.get("train_steps"))
-    if not steps or name == "speed":
+    if not steps or getattr(study.load(EXPERIMENTS[name]), "TIMED_STEPS", False):
       continue
     batch, seq = c.get("batch_size", tr.get("batch_size")), c.get("seq_len", tr.get("seq_len"))
     tokens = f", {batch * seq * steps:,} tokens" if batch and seq else ""
@@ -172,7 +151,7 @@ def _limitations(state: dict, summaries: dict | None = None) -> list[str]:
           "language models for 10^4-10^6 steps; a claim that needs their regime is marked not testable here rather "
           "than judged.",
           f"- Data: a byte-level corpus ({corpus}), not IWSLT/WMT/BERT text; losses are nats per byte.",
-          _noise_line(eval_bytes, summaries.get("warmup", {}).get("eval_noise"), summaries.get("dyt")),
+          _noise_line(eval_bytes, summaries),
           f"- Optimizer: AdamW(0.9, 0.98), {wd_text} (a study states its own recipe where it differs); DeepNet's "
           "constants and bound are derived for SGD-like updates, Xiong et al.'s theory for Xavier init with "
           "W^Q = W^K = 0.",

@@ -252,8 +252,8 @@ def _record_rerender(root: pathlib.Path, preset_name: str) -> None:
   write_json(suite_path, state)
 
 
-def main(argv: list[str] | None = None) -> int:
-  """Command line of ``python -m experiments run``."""
+def build_parser() -> argparse.ArgumentParser:
+  """The ``argparse`` parser of ``python -m experiments run``."""
   parser = argparse.ArgumentParser(
       prog="python -m experiments run",
       description="Run the jaxnorm experiment suite and write its report.")
@@ -282,17 +282,28 @@ def main(argv: list[str] | None = None) -> int:
                         help="draw progress bars (default: when stderr is a terminal)")
   progress.add_argument("--no-progress", dest="progress", action="store_false",
                         help="print plain progress lines")
+  return parser
+
+
+def _print_list(preset_name: str) -> None:
+  """``--list``: the experiments, the presets and the chunk plan of ``preset_name``."""
+  for i, (name, mod) in enumerate(EXPERIMENTS.items(), 1):
+    title = study.load(mod).TITLE
+    print(f"{i}. {name:11s} {title}")
+  for name, preset in presets_lib.PRESETS.items():
+    print(f"preset {name:6s} {preset['description']}")
+  print()
+  for kind in plan_lib.default_kinds(preset_name):
+    print(plan_lib.format_plan(preset_name, kind))
+
+
+def main(argv: list[str] | None = None) -> int:
+  """Command line of ``python -m experiments run``."""
+  parser = build_parser()
   args = parser.parse_args(argv)
 
   if args.list:
-    for i, (name, mod) in enumerate(EXPERIMENTS.items(), 1):
-      title = study.load(mod).TITLE
-      print(f"{i}. {name:11s} {title}")
-    for name, preset in presets_lib.PRESETS.items():
-      print(f"preset {name:6s} {preset['description']}")
-    print()
-    for kind in plan_lib.default_kinds(args.preset):
-      print(plan_lib.format_plan(args.preset, kind))
+    _print_list(args.preset)
     return 0
   out = pathlib.Path(args.out or os.path.join("results", args.preset))
   try:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from experiments.suite.registry import from_json_float, read_json, to_jsonable, write_json
+from experiments.suite.spikes import largest_rise
 from experiments.suite.units import unit_hash
 
 __all__ = ["RunResult", "RunsMixin", "param_count", "regime_tag", "run_label", "scan_runs", "train_run"]
@@ -195,8 +196,7 @@ def regime_tag(ctx: RunsMixin, n_layers: int, steps: int) -> str:
 def scan_runs(root: pathlib.Path) -> list[dict]:
   """One line per cached training run under ``root/runs`` (every study's), for the report's list of
   instabilities: ``{"label", "steps", "steps_done", "diverged_at", "rise"}`` with ``rise`` the run's
-  :func:`~experiments.studies.seeds.largest_rise` of its training-loss curve, in label order."""
-  from experiments.studies.seeds import largest_rise
+  :func:`~experiments.suite.spikes.largest_rise` of its training-loss curve, in label order."""
   out = []
   for done in sorted(pathlib.Path(root).glob("runs/*/run.json")):
     rec = read_json(done)

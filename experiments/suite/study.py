@@ -12,6 +12,16 @@ A study is a module of :mod:`experiments.studies` registered in
 * ``run(ctx, cfg) -> dict``: the summary (``claims`` included), written to ``done.json``;
 * ``report_section(summary, rel) -> str``: its report section.
 
+Optionally (:data:`OPTIONAL`; the report reads them through the registry and names no study):
+
+* ``answer(summary) -> list[str]``: its sentences of the report's "What to use";
+* ``instabilities(summary, scanned) -> list[str]``: its lines of the report's list of instabilities
+  (``scanned``: the suite scanned every cached run for divergences and spikes, so list only what the
+  scan cannot see);
+* ``noise_line(summary, eval_bytes) -> str | None``: the limitations' line on evaluation noise where the
+  study measured it (the first study in the report's order that gives one is used);
+* ``TIMED_STEPS = True``: its preset entry's ``steps`` are timed steps, not a training run's length.
+
 A new study (for example a QK-norm learning-rate study) adds its module with these six names,
 one ``EXPERIMENTS`` entry, one preset entry per preset and its claims in
 :mod:`experiments.suite.claims`; :func:`load` checks the protocol when the suite imports it.
@@ -24,9 +34,10 @@ import importlib
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["REQUIRED", "Study", "Unit", "load"]
+__all__ = ["OPTIONAL", "REQUIRED", "Study", "Unit", "load"]
 
 REQUIRED = ("TITLE", "RAW_DATA", "Config", "units", "run", "report_section")
+OPTIONAL = ("HEADLINE", "answer", "instabilities", "noise_line", "TIMED_STEPS")
 
 
 @dataclasses.dataclass(frozen=True)

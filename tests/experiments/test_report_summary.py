@@ -125,13 +125,13 @@ def test_dyt_noise_line_uses_per_run_differences():
   per_run = sorted(abs(v - a) for runs in vals.values() for v, a in runs)
   noise = {"single": {"median": statistics.median(per_run), "max": max(per_run), "n": len(per_run)}}
   summary = {"table": dyt._table(cells, cfg), "eval_noise": noise}
-  line = report._noise_line(4096, None, summary)
+  line = report._noise_line(4096, {"dyt": summary})
   median, most = _numbers(line)[:2]
   assert median == pytest.approx(statistics.median(per_run), abs=5e-4)
   assert most == pytest.approx(max(per_run), abs=5e-4)
   assert f"over {len(per_run)} runs" in line
   # Without per-run values (an older summary) the line is the estimate, never a pairing of summaries.
-  assert "an estimate" in report._noise_line(4096, None, {"table": summary["table"]})
+  assert "an estimate" in report._noise_line(4096, {"dyt": {"table": summary["table"]}})
   assert dyt.eval_noise(list(cells.values()))["single"] == pytest.approx(noise["single"])
 
 

@@ -46,3 +46,41 @@ def test_load_names_what_a_study_lacks(monkeypatch):
   fake.Config, fake.units, fake.run, fake.report_section = dict, list, print, str
   with pytest.raises(TypeError, match="must be a dataclass"):
     study.load("fake_study")
+
+
+def test_the_optional_names_of_every_study_have_their_kinds():
+  """The optional names of the protocol (:data:`experiments.suite.study.OPTIONAL`), where a study declares
+  them: ``HEADLINE`` a tuple of file names, ``TIMED_STEPS`` a bool, the rest functions."""
+  seen = set()
+  for name, module_name in EXPERIMENTS.items():
+    module = study.load(module_name)
+    for attr in study.OPTIONAL:
+      if not hasattr(module, attr):
+        continue
+      seen.add(attr)
+      value = getattr(module, attr)
+      if attr == "HEADLINE":
+        assert isinstance(value, tuple) and all(isinstance(f, str) for f in value), name
+      elif attr == "TIMED_STEPS":
+        assert isinstance(value, bool), name
+      else:
+        assert callable(value), (name, attr)
+  assert seen == set(study.OPTIONAL)
+
+
+def test_the_report_reads_a_new_study_through_its_optional_names(monkeypatch):
+  """The summary block calls a study's ``instabilities``, ``noise_line`` and ``TIMED_STEPS`` through the
+  registry: a study the report has never heard of is listed without an edit to the report."""
+  from experiments.suite import report_summary
+  fake = types.ModuleType("fake_study")
+  fake.TITLE, fake.RAW_DATA, fake.report_section = "t", (), str
+  fake.Config, fake.units, fake.run = dataclasses.make_dataclass("Config", []), list, print
+  fake.instabilities = lambda summary, scanned: [f"fake {summary['n']} scanned={scanned}"]
+  fake.noise_line = lambda summary, eval_bytes: f"- fake noise over {eval_bytes} bytes"
+  fake.TIMED_STEPS = True
+  monkeypatch.setitem(sys.modules, "fake_study", fake)
+  monkeypatch.setattr(report_summary, "EXPERIMENTS", {"fake": "fake_study"})
+  assert report_summary.instabilities({"fake": {"n": 3}}) == ["fake 3 scanned=False"]
+  assert report_summary.instabilities({"fake": {"n": 3}}, []) == ["fake 3 scanned=True"]
+  assert report_summary._noise_line(64, {"fake": {}}) == "- fake noise over 64 bytes"
+  assert report_summary._run_lengths({"fake": {"steps": 10}}, ["fake"]) == "none"

@@ -1,0 +1,92 @@
+"""The studies' lines in the report's summary block: their instabilities and their evaluation-noise line.
+
+These are the study protocol's optional ``instabilities(summary, scanned)`` and ``noise_line(summary,
+eval_bytes)`` (:mod:`experiments.suite.study`); each study module re-exports its own under those names, and
+:mod:`experiments.suite.report_summary` calls them through the registry without naming a study.
+"""
+
+from __future__ import annotations
+
+from experiments.studies.seeds import SPIKE_NATS
+from experiments.suite.report_summary import noise_estimate
+
+__all__ = ["depth_instabilities", "dyt_noise_line", "point_instabilities", "qk_norm_instabilities",
+           "warmup_instabilities", "warmup_noise_line"]
+
+
+def point_instabilities(where: str, points: list[tuple[str, dict]], seeds: list, steps: int,
+                        scanned: bool) -> list[str]:
+  """One line per instability of the seed points ``points`` (``[(key, point)]``,
+  :func:`experiments.studies.seeds.point`), each named ``where `key` seed s``: every late plateau exit
+  (after 2/3 of the ``steps``-step run) and, where the suite did not scan every run (``scanned`` false),
+  every training-loss spike above :data:`SPIKE_NATS` of the point's own record, point by point."""
+  lines = []
+  for key, p in points:
+    if not scanned:
+      for i, r in enumerate(p.get("rise") or []):
+        if r is not None and r["rise"] > SPIKE_NATS:
+          lines.append(f"{where} `{key}` seed {seeds[i] if i < len(seeds) else i}: training loss spiked by "
+                       f"{r['rise']:z.2f} nats to {r['peak']:z.2f} at step {r['step']}, final val loss "
+                       f"{p['values'][i]:z.3f}")
+    for i, s in enumerate(p.get("left_plateau") or []):
+      if s is not None and s > 2 * steps / 3:
+        lines.append(f"{where} `{key}` seed {seeds[i] if i < len(seeds) else i}: left the plateau late, at step {s} "
+                     f"of {steps}; it counts as stalled (still on the plateau at 2/3 of the run)")
+  return lines
+
+
+def warmup_instabilities(summary: dict, scanned: bool) -> list[str]:
+  """The warm-up grid's instabilities: :func:`point_instabilities` of its grid, then of its extra points."""
+  steps = summary["config"]["steps"]
+  points = [(k, p) for src in ("grid", "extra_points") for k, p in summary.get(src, {}).items()]
+  return point_instabilities("warm-up grid", points, summary.get("seeds", []), steps, scanned)
+
+
+def depth_instabilities(summary: dict, scanned: bool) -> list[str]:
+  """The depth study's instabilities: :func:`point_instabilities` of its points."""
+  steps = summary["config"]["steps"]
+  return point_instabilities("depth", list(summary.get("points", {}).items()), summary.get("seeds", []), steps,
+                             scanned)
+
+
+def qk_norm_instabilities(summary: dict, scanned: bool) -> list[str]:
+  """The QK-norm sweep's divergences as its summary records them; none where the suite scanned every run
+  (the scan lists them)."""
+  if scanned:
+    return []
+  lines = []
+  for r in summary.get("diverged", []):
+    layout = f"{'Pre' if r['position'] == 'pre' else 'Post'}-LN {'+ QK-norm' if r['qk_norm'] else 'no QK-norm'}"
+    lines.append(f"QK-norm sweep `{layout}, lr {r['lr']:g}` seed {r['seed']}: diverged (training loss above the "
+                 f"harness's threshold) at step {r['step']}; it counts as the initial loss in the LR sensitivity")
+  return lines
+
+
+def warmup_noise_line(summary: dict, eval_bytes: int) -> str | None:
+  """The limitation line on evaluation noise as the warm-up grid measured it (its ``eval_noise``: the same
+  final model on a second set of validation windows, per run and for the paired differences the rules
+  read); None where it did not."""
+  noise = summary.get("eval_noise")
+  if not (noise and noise.get("single")):
+    return None
+  s, p = noise["single"], noise.get("paired")
+  return (f"- Evaluation on {eval_bytes:,} bytes per point. Measured noise (the same final model on a second set of "
+          f"validation windows): median {s['median']:z.3f}, at most {s['max']:z.3f} nats over {s['n']} runs"
+          + (f"; a paired warm-up gain moves by median {p['median']:z.3f}, at most {p['max']:z.3f}" if p else "")
+          + (f"; a paired Pre-LN minus Post-LN difference by median {q['median']:z.3f}, at most {q['max']:z.3f}"
+             if (q := noise.get("pre_post")) else "")
+          + "; the rules' paired margin is 0.05 nats.")
+
+
+def dyt_noise_line(summary: dict, eval_bytes: int) -> str | None:
+  """The limitation line on evaluation noise as the dyt study measured it (its ``eval_noise``: per run,
+  |val - val_alt|, the same final model on two disjoint sets of validation windows; only per-run
+  differences, never a summary's seed mean, min and max paired across window sets); None where it did not."""
+  d = (summary.get("eval_noise") or {}).get("single")
+  if not d:
+    return None
+  return (f"- Evaluation noise, measured by the dyt study (the same final model on a second, disjoint set of "
+          f"held-out windows): |difference| median {d['median']:z.3f}, at most {d['max']:z.3f} nats over {d['n']} "
+          f"runs (it includes what differs between the two window sets). The other studies' evaluations of "
+          f"{eval_bytes:,} bytes per point are not measured twice: with a per-byte loss s.d. of about 2 nats, about "
+          f"{noise_estimate(eval_bytes):z.2f} nat (an estimate).")
