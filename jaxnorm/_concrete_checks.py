@@ -80,12 +80,28 @@ def row_range(dtype, d: int) -> tuple[float, float]:
   return float(np.sqrt(fi.max / (4.0 * d))), float(np.sqrt(fi.tiny * d))
 
 
+def _with_subnormal_rows(h, big):
+  """``big`` (each row's largest magnitude, as the device computed it) with the rows it saw as
+  zero measured again on the host. XLA:CPU flushes subnormal floats to zero, so a row of them
+  reads as a zero row there, and the op treats it as one (NaN with ``epsilon=0``); only those
+  rows leave the device."""
+  zero = np.flatnonzero(big == 0)
+  if not zero.size:
+    return big
+  rows = np.asarray(h.reshape(-1, h.shape[-1])[zero]).astype(np.float64)
+  big = big.astype(np.float64)
+  big[zero] = np.abs(rows).max(axis=-1)
+  return big
+
+
 def check_row_range(op_name: str, x: Any, epsilon: float, *, residual: Any = None,
                     residual_scale: float = 1.0, x_name: str = "x") -> None:
   """Raises ``ValueError`` where a concrete finite row of ``x`` (or of ``h = x +
-  residual_scale * residual``) is past :func:`row_range`: the op would otherwise return zeros or
-  inf for it. Rows holding a NaN or an infinity are left to propagate (non-finite already);
-  traced rows are not checked (``docs/derivations.md``, "Where the float range ends").
+  residual_scale * residual``) is past :func:`row_range`: the op would otherwise return zeros
+  (LayerNorm: its bias), NaN or inf for it. Rows holding a NaN or an infinity are left to
+  propagate (non-finite already); traced rows are not checked (``docs/derivations.md``, "Where
+  the float range ends"). With ``epsilon=0``, a row the device reads as zero is measured again on
+  the host, so that a row of subnormals counts as below the range.
   ``x``: ``(..., d)``.
   """
   if any(_jax_compat.is_tracer(a) for a in (x, residual)):
@@ -95,6 +111,8 @@ def check_row_range(op_name: str, x: Any, epsilon: float, *, residual: Any = Non
   if h.size == 0:
     return
   big = np.asarray(jnp.max(jnp.abs(h), axis=-1)).reshape(-1)
+  if epsilon == 0:
+    big = _with_subnormal_rows(h, big)
   huge, tiny = row_range(ct, h.shape[-1])
   over = np.flatnonzero(np.isfinite(big) & (big >= huge))
   under = np.flatnonzero((big > 0) & (big < tiny)) if epsilon == 0 else over[:0]
@@ -105,8 +123,8 @@ def check_row_range(op_name: str, x: Any, epsilon: float, *, residual: Any = Non
         f"{op_name}: {over.size} row(s) of {name} are past the float range of its statistics "
         f"({np.dtype(ct).name}): row {i} (flattened) has largest magnitude {big[i]:.3g} >= "
         f"{huge:.3g} = sqrt(finfo.max / (4 d)), d = {h.shape[-1]}, where its sum of squares "
-        f"overflows (the result would be zeros or NaN). Rescale the rows (the op is invariant "
-        f"to a row's scale, up to epsilon) or compute in float64.")
+        f"overflows (the result would be zeros, LayerNorm's bias, or NaN). Rescale the rows "
+        f"(the op is invariant to a row's scale, up to epsilon) or compute in float64.")
   if under.size:
     i = int(under[0])
     raise ValueError(

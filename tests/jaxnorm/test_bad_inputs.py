@@ -135,6 +135,40 @@ def _norm_rows():
         (f"{op}-row-1e-20-eps0", lambda f=f: f(X * 1e-20, epsilon=0.0), ValueError,
          "below the float range"),
     ]
+    # The float range (issue 56): huge rows 1e19..1e30 and tiny ones with epsilon=0, the value
+    # and every eager derivative (the JVP rule checks its concrete primal).
+    grad = lambda f, x, **kw: jax.grad(lambda x: jnp.sum(f(x, S, **kw) ** 2))(x)  # noqa: E731
+    for sc in (1e20, 1e25, 1e30):
+      rows += [
+          (f"{op}-row-{sc:.0e}", lambda f=f, sc=sc: f(X.at[1].multiply(sc)), ValueError,
+           "past the float range"),
+          (f"{op}-row-{sc:.0e}-grad", lambda f=f, sc=sc: grad(f, X * sc), ValueError,
+           "past the float range"),
+      ]
+    for sc in (1e-25, 1e-30, 1e-40):  # 1e-40: subnormal, made on the host (XLA:CPU flushes it)
+      tiny = jnp.asarray((np.asarray(X, np.float64) * sc).astype(np.float32))
+      rows += [
+          (f"{op}-row-{sc:.0e}-eps0", lambda f=f, t=tiny: f(t, epsilon=0.0), ValueError,
+           "below the float range"),
+          (f"{op}-row-{sc:.0e}-eps0-grad", lambda f=f, t=tiny: grad(f, t, epsilon=0.0),
+           ValueError, "below the float range"),
+      ]
+    rows += [
+        (f"{op}-row-1e19-vjp", lambda f=f: jax.vjp(lambda x: f(x, S), X * 1e19), ValueError,
+         "past the float range"),
+        (f"{op}-row-1e19-jvp", lambda f=f: jax.jvp(lambda x: f(x, S), (X * 1e19,), (X,)),
+         ValueError, "past the float range"),
+        (f"{op}-row-1e19-dscale", lambda f=f: jax.grad(lambda s: jnp.sum(f(X * 1e19, s)))(S),
+         ValueError, "past the float range"),
+        (f"{op}-row-1e19-pallas",
+         lambda f=f: f(X * 1e19, pallas=jaxnorm.PallasConfig(interpret=True), impl="pallas"),
+         ValueError, "past the float range"),
+        (f"{op}_jacobian-row-1e19", lambda op=op: getattr(jaxnorm, f"{op}_jacobian")(X * 1e19),
+         ValueError, f"{op}_jacobian: 2 row(s) of x are past the float range"),
+        (f"{op}_jacobian-row-1e-30-eps0",
+         lambda op=op: getattr(jaxnorm, f"{op}_jacobian")(X * 1e-30, epsilon=0.0), ValueError,
+         "below the float range"),
+    ]
   rows += [
       ("layer_norm-bias-shape", lambda: jaxnorm.layer_norm(X, S, jnp.ones(3)), ValueError, "bias"),
       ("layer_norm-bias-int", lambda: jaxnorm.layer_norm(X, S, jnp.ones(8, jnp.int32)), TypeError,
@@ -218,6 +252,17 @@ def _gated_rows():
   ]
   for key, x, exc, text in _BAD_X:
     rows.append((f"gated-x-{key}", functools.partial(g, x, X), exc, text))
+  rows += [  # the float range, per group (issue 56)
+      ("gated-row-1e19", lambda: g(X * 1e19, X), ValueError, "of x are past the float range"),
+      ("gated-group-1e30", lambda: g(X.at[0, :4].multiply(1e30), X, group_size=4), ValueError,
+       "past the float range"),
+      ("gated-gated-row-1e19", lambda: g(X * 1e19, X + 3.0, norm_before_gate=False), ValueError,
+       "of x * silu(z) are past the float range"),
+      ("gated-row-1e19-grad", lambda: jax.grad(lambda x: jnp.sum(g(x, X) ** 2))(X * 1e19),
+       ValueError, "past the float range"),
+      ("gated-row-1e-30-eps0", lambda: g(X * 1e-30, X, epsilon=0.0), ValueError,
+       "below the float range"),
+  ]
   return rows
 
 
@@ -241,6 +286,10 @@ def _layer_rows():
         (f"nnx.{name}-mask", lambda N=N: N(8, rngs=r)(X, mask=jnp.ones((2, 8))), TypeError, "mask"),
         (f"nnx.{name}-residual-float8", lambda N=N: N(8, rngs=r)(X, residual=X.astype(F8)),
          TypeError, "residual must be float16"),
+        (f"nnx.{name}-row-1e19", lambda N=N: N(8, rngs=r)(X * 1e19), ValueError,
+         "past the float range"),
+        (f"linen.{name}-row-1e19", lambda L=L: L().init(k, X * 1e19), ValueError,
+         "past the float range"),
         (f"nnx.{name}-memory_efficient-zero-grad",
          lambda N=N: nnx.grad(lambda m: jnp.sum(m(X) ** 2))(_zero_scale(N(8, memory_efficient=True, rngs=r))),
          ValueError, "memory_efficient=True"),
@@ -359,25 +408,105 @@ def test_edge_input_matches_float64(case):
   np.testing.assert_array_less(np.abs(y - ref) / scale, 1e-3 if key == "large-mean" else 2e-5)
 
 
-@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
-@pytest.mark.parametrize("scale", [1e19, 1e21])
-def test_traced_rows_past_the_float_range_stay_in_their_row(op, scale):
-  """The open part of issue 56, pinned as documented (docs/derivations.md, "Where the float range
-  ends"): where x is traced nothing raises, and a row past the range comes back zeros (RMSNorm;
-  LayerNorm up to about 1e20) or NaN (LayerNorm above), never a finite nonzero value, and the
-  other rows are untouched."""
-  x = jnp.asarray(np.random.default_rng(1).standard_normal((4, 16)), jnp.float32)
-  y = np.asarray(jax.jit(getattr(jaxnorm, op))(x.at[1].multiply(scale)))
-  expect = "nan" if op == "layer_norm" and scale > 1e20 else "zeros"
-  assert np.all(np.isnan(y[1])) if expect == "nan" else np.all(y[1] == 0)
-  np.testing.assert_array_equal(np.delete(y, 1, 0), np.delete(np.asarray(getattr(jaxnorm, op)(x)), 1, 0))
+# Where the row is traced nothing can raise: the documented outcome past the float range
+# (docs/derivations.md, "Where the float range ends"; issue 56's open part), on XLA and on the
+# kernels (interpret mode), forward and reverse mode.
+HUGE = (1e19, 1e20, 1e21, 1e25, 1e30)
+TINY = (1e-20, 1e-25, 1e-30, 1e-40)
+_X16 = jnp.asarray(np.random.default_rng(1).standard_normal((4, 16)), jnp.float32)
+_S16 = jnp.asarray(1 + 0.1 * np.random.default_rng(2).standard_normal(16), jnp.float32)
+_W16 = jnp.asarray(np.random.default_rng(4).standard_normal((4, 16)), jnp.float32)
 
 
+def _traced(op, impl, x, bias=None, epsilon=1e-6, w=_W16):
+  """``(y, dx, dscale)`` of ``op`` under ``jax.jit`` (``impl="pallas"``: the kernels, interpreted)."""
+  kw = dict(epsilon=epsilon, impl=impl)
+  if impl == "pallas":
+    kw["pallas"] = jaxnorm.PallasConfig(interpret=True)
+  if bias is not None:
+    kw["bias"] = bias
+  f = lambda x, s: getattr(jaxnorm, op)(x, s, **kw)  # noqa: E731
+  dx, ds = jax.jit(jax.grad(lambda x, s: jnp.sum(f(x, s) * w), (0, 1)))(x, _S16)
+  return np.asarray(jax.jit(f)(x, _S16)), np.asarray(dx), np.asarray(ds)
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
-def test_traced_tiny_rows_with_epsilon_zero_are_not_finite(op):
-  x = jnp.asarray(np.random.default_rng(2).standard_normal((3, 8)), jnp.float32).at[0].multiply(1e-25)
-  y = np.asarray(jax.jit(lambda x: getattr(jaxnorm, op)(x, epsilon=0.0))(x))
-  assert not np.any(np.isfinite(y[0])) and np.all(np.isfinite(y[1:]))
+def test_traced_rows_past_the_float_range_are_zeros_or_nan(op, impl):
+  """A row scaled by 1e19..1e30 (its sum of squares overflows, so r = 0): its ``y`` and ``dx``
+  are all zeros or all NaN (RMSNorm and the kernels: zeros; LayerNorm on XLA: zeros, then NaN once
+  the squared offset overflows too, from about 1e20), never another value; it adds nothing to
+  ``dscale`` (or makes it NaN); every other row is bitwise the clean call's. Eagerly the same
+  call raises."""
+  y0, dx0, _ = _traced(op, impl, _X16)
+  others = np.delete(np.arange(4), 1)
+  _, _, ds_others = _traced(op, impl, _X16[others], w=_W16[others])
+  for sc in HUGE:
+    x = _X16.at[1].multiply(sc)
+    y, dx, ds = _traced(op, impl, x)
+    for a in (y[1], dx[1]):
+      assert np.all(a == 0) or np.all(np.isnan(a)), (sc, a)
+    if op == "rms_norm" or impl == "pallas":
+      assert np.all(y[1] == 0) and np.all(dx[1] == 0), sc
+    np.testing.assert_array_equal(y[others], y0[others])
+    np.testing.assert_array_equal(dx[others], dx0[others])
+    if np.all(np.isnan(dx[1])):
+      assert np.all(np.isnan(ds))
+    else:
+      np.testing.assert_allclose(ds, ds_others, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="row 1 .flattened. has largest magnitude"):
+      getattr(jaxnorm, op)(x, _S16)
+
+
+def test_traced_layer_norm_row_past_the_range_gives_its_bias():
+  """With a bias, LayerNorm's huge row comes back as the bias (x_hat = 0): finite and wrong, the
+  documented outcome that the eager check exists for; NaN once the offset's square overflows."""
+  bias = jnp.linspace(-1.0, 1.0, 16)
+  for impl in ("xla", "pallas"):
+    y, _, _ = _traced("layer_norm", impl, _X16.at[1].multiply(1e19), bias=bias)
+    np.testing.assert_allclose(y[1], bias, rtol=1e-6, atol=1e-7)
+  y, _, _ = _traced("layer_norm", "xla", _X16.at[1].multiply(1e30), bias=bias)
+  assert np.all(np.isnan(y[1]))
+
+
+@pytest.mark.parametrize("impl", ["xla", "triton"])
+def test_traced_gated_group_past_the_float_range_is_zeros(impl):
+  """Gated RMSNorm's statistic is per group: a traced group scaled by 1e25 comes back zeros in
+  ``y`` and ``dx``, the row's other group and the other rows as the clean call's; eagerly it
+  raises naming the group's magnitude."""
+  x = _X16[:3, :8]
+  z = x + 1.0
+  kw = dict(pallas=jaxnorm.PallasConfig(interpret=True)) if impl == "triton" else {}
+  f = lambda x: jaxnorm.gated_rms_norm(x, z, group_size=4, impl=impl, **kw)  # noqa: E731
+  g = jax.jit(jax.grad(lambda x: jnp.sum(f(x) * z)))
+  xx = x.at[1, :4].multiply(1e25)
+  y, dx = np.asarray(jax.jit(f)(xx)), np.asarray(g(xx))
+  y0, dx0 = np.asarray(jax.jit(f)(x)), np.asarray(g(x))
+  assert np.all(y[1, :4] == 0) and np.all(dx[1, :4] == 0)
+  np.testing.assert_array_equal(y[1, 4:], y0[1, 4:])
+  np.testing.assert_array_equal(np.delete(y, 1, 0), np.delete(y0, 1, 0))
+  np.testing.assert_array_equal(np.delete(dx, 1, 0), np.delete(dx0, 1, 0))
+  with pytest.raises(ValueError, match="row 2 .flattened. has largest magnitude"):
+    f(xx)
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_traced_tiny_rows_with_epsilon_zero_are_not_finite(op, impl):
+  """With epsilon=0, a row scaled by 1e-20..1e-40 (its mean square underflows to 0 or below
+  float32's normal range, r = inf): ``y`` and ``dx`` of that row have no finite entry, the other
+  rows are the clean call's; eagerly it raises."""
+  y0, dx0, _ = _traced(op, impl, _X16, epsilon=0.0)
+  for sc in TINY:
+    x = np.array(_X16)
+    x[0] = (x[0].astype(np.float64) * sc).astype(np.float32)  # made in NumPy: 1e-40 stays subnormal
+    x = jnp.asarray(x)
+    y, dx, _ = _traced(op, impl, x, epsilon=0.0)
+    assert not np.any(np.isfinite(y[0])) and not np.any(np.isfinite(dx[0])), sc
+    np.testing.assert_array_equal(y[1:], y0[1:])
+    np.testing.assert_array_equal(dx[1:], dx0[1:])
+    with pytest.raises(ValueError, match="below the float range"):
+      getattr(jaxnorm, op)(x, _S16, epsilon=0.0)
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])

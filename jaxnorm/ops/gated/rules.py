@@ -35,6 +35,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxnorm.backends import table as _backends
+from jaxnorm import _concrete_checks as _cc
+from jaxnorm import _jax_compat
 from jaxnorm import _validation as v
 from jaxnorm._norm_ops import Option
 from jaxnorm._remat import INPUT_RESIDUAL, STATS_RESIDUAL
@@ -251,12 +253,27 @@ _RULE = TangentRule(GATED)
 gated_tangent_p = _RULE.primitive
 
 
+def _check_range(cfg: GatedConfig, x, z) -> None:
+  """Each group's statistic within the float range where ``x`` and ``z`` are concrete (an eager
+  call, also in the JVP rule under eager grad/vjp/jvp), as the norm ops check their rows
+  (:func:`jaxnorm._concrete_checks.check_row_range`); a traced group is not checked (past the
+  range it comes back as the norm ops' rows do, ``docs/derivations.md``)."""
+  if _jax_compat.is_tracer(x) or _jax_compat.is_tracer(z):
+    return
+  u, name = _grouped(cfg, x, cfg.compute_dtype), "x"
+  if not cfg.norm_before_gate:
+    u, name = u * _gate(_grouped(cfg, z, cfg.compute_dtype))[0], "x * silu(z)"
+  _cc.check_row_range(GATED_RMS_NORM.name, u, cfg.epsilon, x_name=name)
+
+
 def _forward(cfg: GatedConfig, x, z, scale):
+  _check_range(cfg, x, z)
   y, rstd = wide_jvp(functools.partial(_backends.run, cfg, "forward"))(x, z, scale)
   return y, dict(x=x, z=z, scale=scale, rstd=rstd)
 
 
 def _value(cfg: GatedConfig, x, z, scale):
+  _check_range(cfg, x, z)
   return _backends.run(cfg, "forward_only", x, z, scale)
 
 
@@ -359,7 +376,10 @@ def gated_rms_norm(x, z, scale=None, *, epsilon=1e-6, group_size=None, norm_befo
     TypeError: a non-floating or 8-bit float ``x``, ``z`` or ``scale``, the gate left out
       (``z=None``), a non-bool ``norm_before_gate``, a non-int ``group_size``.
     ValueError: ``z`` not shaped like ``x``, ``scale`` not ``(d,)``, ``group_size`` not dividing
-      ``d``, or ``impl="triton"`` on a call its kernels refuse (saying why).
+      ``d``, ``impl="triton"`` on a call its kernels refuse (saying why), or a concrete group
+      past the float range (as :func:`jaxnorm.rms_norm`'s rows, with ``d`` the group size and
+      the group of ``x``, or of ``x * silu(z)`` with ``norm_before_gate=False``); a traced one
+      is not checked and comes back as the norm ops' rows do (zeros, ``docs/derivations.md``).
 
   Example:
     >>> import jax.numpy as jnp, jaxnorm

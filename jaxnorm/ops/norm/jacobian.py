@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from jaxnorm import _concrete_checks as _cc
 from jaxnorm.ops.norm import args as _norm_args
 from jaxnorm.backends import table as _backends
 from jaxnorm._xla_rows import gamma, variance_path_factor
@@ -33,6 +34,7 @@ def _jacobian(x, scale, *, op, epsilon, axis, mask, epsilon_placement, zero_cent
       epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale,
       axis_name=None, axis_index_groups=None, dtype=None, impl="xla")
   (scale,) = _norm_args.flat_params(x, x2, scale)
+  _cc.check_row_range(f"{op.name}_jacobian", x2, cfg.epsilon)  # as the ops (rules._check)
   shift, delta, rstd = _backends.formula(cfg, "statistics")(x2, mask2)
   ct = rstd.dtype
   xh = _backends.formula(cfg, "x_hat")(x2.astype(ct), shift, delta, rstd)  # (..., d)
@@ -73,6 +75,10 @@ def layer_norm_jacobian(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None,
   Returns:
     ``(..., d, d)`` array in the compute dtype (float32, or float64 for float64 inputs), with
     ``d`` the product of the normalized axes and ``...`` the leading axes of ``x``.
+
+  Raises:
+    TypeError, ValueError: as :func:`jaxnorm.layer_norm` (a concrete row past the float range
+      included).
   """
   return _jacobian(x, scale, op=LAYER_NORM, epsilon=epsilon, axis=axis, mask=mask,
                    epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale)
@@ -96,6 +102,9 @@ def rms_norm_jacobian(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None,
 
   Returns:
     ``(..., d, d)`` array in the compute dtype.
+
+  Raises:
+    TypeError, ValueError: as :func:`jaxnorm.rms_norm`.
   """
   return _jacobian(x, scale, op=RMS_NORM, epsilon=epsilon, axis=axis, mask=mask,
                    epsilon_placement=epsilon_placement, zero_centered_scale=zero_centered_scale)
