@@ -31,6 +31,7 @@ import jax.numpy as jnp
 
 from jaxnorm import _validation as v
 from jaxnorm.backends.interface import Backend
+from jaxnorm._gated_op import GATED_RMS_NORM
 from jaxnorm._norm_config import NormConfig
 from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 from jaxnorm.backends.triton import compat as _compat
@@ -312,5 +313,4 @@ def _fused_add(cfg: NormConfig) -> bool:
 TRITON = TritonBackend()
 for _op in (LAYER_NORM, RMS_NORM):
   TRITON.register(_op.name, refusal=_norm_refusal, **TRITON.norm_roles())
-TRITON.register("gated_rms_norm", refusal=_gated.refusal, forward_only=_gated.forward_only,
-                forward=_gated.forward, backward=_gated.backward)
+TRITON.register(GATED_RMS_NORM.name, **_gated.ROLES)

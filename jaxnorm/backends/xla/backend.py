@@ -1,8 +1,8 @@
 """Internal API: the ``"xla"`` entry of the backend table, the closed forms in XLA ops.
 
 Runs everywhere and takes every call (masks, ``axis_name``, any dtype, the op's options). Its
-table holds the norm family's roles (these methods) for LayerNorm and RMSNorm, and what other
-ops register (:func:`jaxnorm.backends.table.register`). The
+table holds the norm family's roles (these methods) for LayerNorm and RMSNorm, and gated
+RMSNorm's (:data:`jaxnorm.backends.xla.gated.ROLES`, registered here under the op's name). The
 formulas are :mod:`jaxnorm.backends.xla.formulas`'s; the residual add + norm is :class:`Backend`'s
 composition (the add, then the plain op at ``h``), which XLA fuses. Its one tuning switch,
 :data:`FORWARD_VIEWS`, lives here rather than in the ops' declarations.
@@ -13,7 +13,9 @@ from __future__ import annotations
 import functools
 
 from jaxnorm.backends.xla import formulas as _xla
+from jaxnorm.backends.xla import gated as _gated
 from jaxnorm.backends.interface import Backend, add_backward_of
+from jaxnorm._gated_op import GATED_RMS_NORM
 from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 
 __all__ = ["FORWARD_VIEWS", "XLA", "XlaBackend"]
@@ -54,5 +56,4 @@ class XlaBackend(Backend):
 XLA = XlaBackend()
 for _op in (LAYER_NORM, RMS_NORM):
   XLA.register(_op.name, **XLA.norm_roles())
-# Ops outside the norm family register their XLA formulas from their own modules
-# (jaxnorm.backends.table.register: gated RMSNorm's in jaxnorm.ops.gated.rules).
+XLA.register(GATED_RMS_NORM.name, **_gated.ROLES)
