@@ -170,3 +170,24 @@ def test_the_kernels_refuse_casting_and_auto_runs_xla():
   assert "triton" not in text
   np.testing.assert_array_equal(f(x, z, w), jaxnorm.gated_rms_norm(x, z, w, casting="llama",
                                                                     impl="xla"))
+
+
+def test_the_op_layer_imports_no_backend():
+  """ops/gated/rules.py reaches each backend's code through the dispatcher's tables only; the
+  backends' code for the op imports no op module (no cycle)."""
+  import ast
+  import pathlib
+  root = pathlib.Path(jaxnorm.__file__).parent
+
+  def imported(path):
+    tree = ast.parse((root / path).read_text())
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module + "." + a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+              for a in n.names]
+    return [n for n in names if n.startswith("jaxnorm.")]
+
+  rules = imported("ops/gated/rules.py")
+  assert not [n for n in rules if n.startswith("jaxnorm.backends.")
+              and n != "jaxnorm.backends.table"], rules
+  for path in ("backends/xla/gated.py", "backends/triton/gated_entry.py", "_gated_op.py"):
+    assert not [n for n in imported(path) if n.startswith("jaxnorm.ops")], path
