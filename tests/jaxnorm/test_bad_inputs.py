@@ -208,8 +208,6 @@ def _gated_rows():
       ("gated-x-scalar", lambda: g(jnp.ones(()), jnp.ones(())), ValueError, "x must have at least"),
       ("gated-casting-str", lambda: g(X, X, casting="bf16"), ValueError, "casting must be one of"),
       ("gated-casting-None", lambda: g(X, X, casting=None), ValueError, "casting must be one of"),
-      ("gated-casting-triton", lambda: g(X, X, casting="llama", impl="triton"), ValueError,
-       "casting='llama'"),
   ]
   for key, x, exc, text in _BAD_X:
     rows.append((f"gated-x-{key}", functools.partial(g, x, X), exc, text))

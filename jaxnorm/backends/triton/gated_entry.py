@@ -19,12 +19,9 @@ __all__ = ["ROLES", "backward", "forward", "forward_only", "refusal"]
 def refusal(op, x2_shape, dtype, options: dict) -> str | None:
   """Why the kernels cannot take a call of ``op`` on ``x2: (rows, d)`` whose inputs promote to
   ``dtype`` with the op's ``options`` (:attr:`jaxnorm._gated_op.GatedOp.options`: any
-  ``group_size`` the kernels tile, both orders of ``norm_before_gate``, and ``casting``
-  "float32" only: the kernels round ``y`` once), or None."""
-  casting = options.get("casting", op.defaults()["casting"])
-  if casting != "float32":
-    return (f"the gated kernels implement casting='float32' only (they round y once), got "
-            f"casting={casting!r}")
+  ``group_size`` the kernels tile; both orders of ``norm_before_gate`` and every ``casting``
+  mode are implemented), or None."""
+  del op
   return gated_refusal(int(x2_shape[1]), options.get("group_size"), dtype)
 
 
@@ -35,7 +32,7 @@ def _rows(a):
 def _kw(cfg):
   return dict(group_size=cfg.group_size, epsilon=cfg.epsilon,
               norm_before_gate=cfg.norm_before_gate, interpret=cfg.pallas.interpret,
-              block=cfg.pallas.block)
+              block=cfg.pallas.block, cast=cfg.cast)
 
 
 def forward(cfg, x, z, scale):

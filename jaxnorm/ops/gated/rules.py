@@ -206,8 +206,8 @@ def gated_rms_norm(x, z, scale=None, *, epsilon=1e-6, group_size=None, norm_befo
   :math:`\mathrm{rd}_O(p \odot \operatorname{silu}(z))`, the gate applied in float32 (gate
   last), or :math:`\mathrm{rd}_O(p)` (gate first). "llama" is Hugging Face's order:
   ``Qwen3NextRMSNormGated`` (gate last) and Mamba2's ``MambaRMSNormGated`` (gate first). The
-  backward rounds each cotangent where the forward rounded the value. The Triton kernels
-  implement "float32" only (``impl="auto"`` runs XLA for the others).
+  backward rounds each cotangent where the forward rounded the value; the Triton kernels round
+  at the same places.
 
   Args:
     x: ``(..., d)`` floating array.
@@ -231,7 +231,7 @@ def gated_rms_norm(x, z, scale=None, *, epsilon=1e-6, group_size=None, norm_befo
       (``z=None``), a non-bool ``norm_before_gate``, a non-int ``group_size``.
     ValueError: ``z`` not shaped like ``x``, ``scale`` not ``(d,)``, ``group_size`` not dividing
       ``d``, ``casting`` not one of its modes, or ``impl="triton"`` on a call its kernels
-      refuse (saying why; e.g. ``casting`` other than "float32").
+      refuse (saying why).
 
   Example:
     >>> import jax.numpy as jnp, jaxnorm
