@@ -55,6 +55,9 @@ def _mamba2_hf(x, z, w, eps=1e-6):
 
 
 PORTS = {True: _qwen3_next, False: _mamba2_hf}
+# x's dtype per mode, with a bfloat16 scale: "t5" rounds x_hat to the scale's dtype, which only
+# differs from "llama" where x's dtype is not the scale's.
+MODE_X = {"llama": BF16, "t5": jnp.float32}
 
 
 def _args(shape=(6, 4, 64), dtype=BF16, seed=0):
@@ -112,6 +115,7 @@ def test_llama_gradients_match_autodiff_of_the_port(norm_before_gate):
 def test_modes_equal_the_oracle_in_bfloat16(casting, norm_before_gate):
   """Both modes, with groups and a float32 output, against jaxnorm.reference's order."""
   x, z, w, _ = _args((5, 32))
+  x, z = (a.astype(MODE_X[casting]) for a in (x, z))
   kw = dict(group_size=8, norm_before_gate=norm_before_gate, casting=casting,
             dtype=jnp.float32)
   got = jax.jit(lambda *a: jaxnorm.gated_rms_norm(*a, **kw))(x, z, w)
@@ -175,13 +179,16 @@ def test_the_kernels_run_the_casting_modes(casting, norm_before_gate):
   (the kernels sum a group's squares in their own order; interpreted on this CPU, every element
   was equal), VJP to bfloat16's tolerance; impl="auto" exported for cuda runs the kernels."""
   x, z, w, dy = _args((4, 3, 64))
+  x, z, dy = (a.astype(MODE_X[casting]) for a in (x, z, dy))
   kw = dict(group_size=16, norm_before_gate=norm_before_gate, casting=casting)
 
   def f(impl):
     pallas = jaxnorm.PallasConfig(interpret=True) if impl == "triton" else None
     return lambda x, z, w: jaxnorm.gated_rms_norm(x, z, w, impl=impl, pallas=pallas, **kw)
 
-  assert ulp_distance(f("triton")(x, z, w), f("xla")(x, z, w)).max() <= 1
+  y_k, y_x = np.float32(f("triton")(x, z, w)), np.float32(f("xla")(x, z, w))
+  np.testing.assert_allclose(y_k, y_x, rtol=2 ** -7, atol=2 ** -7 * np.abs(y_x).max())
+  assert np.mean(y_k == y_x) >= 0.99
   got = jax.vjp(f("triton"), x, z, w)[1](dy)
   want = jax.vjp(f("xla"), x, z, w)[1](dy)
   for g, r in zip(got, want):
