@@ -50,9 +50,10 @@ class NormConfig:
   # jaxnorm.backends.table.PLATFORM_BACKENDS where the program is lowered for it, XLA elsewhere
   # (impl="auto" on a call those backends support; decided per lowering platform).
   impl: str
-  # How the kernel backend runs (its config class: the Triton backend's PallasConfig, with
-  # interpret and block), set by jaxnorm.ops.norm.args.prepare on every call.
-  pallas: Any = None
+  # The config of the backend the call runs on (the public backend_config=, an instance of that
+  # backend's config_class: the Triton backend's PallasConfig, with interpret and block), set by
+  # jaxnorm.ops.norm.args.prepare on every call (jaxnorm.backends.table.call_config).
+  backend_config: Any = None
   cast: CastPlan | None = None  # The affine stage's dtypes (casting=); None: "float32".
   add: AddConfig | None = None  # The residual add of add_layer_norm/add_rms_norm, or None.
   # Sizes of the per-head axes of scale/bias (x's axes just before the normalized ones that the

@@ -212,7 +212,7 @@ def derf(x, alpha, shift, scale=None, bias=None, *, dtype=None):
 
 
 def gated_rms_norm(x, z, scale=None, *, epsilon=1e-6, group_size=None, norm_before_gate=True,
-                   dtype=None):
+                   casting="float32", dtype=None):
   r"""Reference gated RMSNorm (autodiff), group-wise over the trailing axis.
 
   With :math:`g = \operatorname{silu}(z) = z\,\sigma(z)` and the row split into groups of
@@ -225,7 +225,11 @@ def gated_rms_norm(x, z, scale=None, *, epsilon=1e-6, group_size=None, norm_befo
      y = \mathrm{rd}_O(\gamma \odot u\, r \odot g);\qquad
      \text{False (gate first): } u = x \odot g,\ y = \mathrm{rd}_O(\gamma \odot u\, r).
 
-  The arithmetic runs in ``promote_types(x, z, scale, float32)``.
+  The arithmetic runs in ``promote_types(x, z, scale, float32)``. ``casting`` "llama" or "t5"
+  rounds :math:`u\,r` first (to ``x.dtype``, or the scale's dtype), multiplies it by the scale
+  in the promoted dtype of the two (``jax.numpy``'s promotion), and applies the gate after that
+  in the compute dtype (gate last): Hugging Face's ``Qwen3NextRMSNormGated`` order ("t5" without
+  a scale is "float32").
 
   Returns:
     ``y``, the shape of ``x``, in ``dtype`` (default ``x.dtype``).
@@ -240,7 +244,14 @@ def gated_rms_norm(x, z, scale=None, *, epsilon=1e-6, group_size=None, norm_befo
   ug = u.reshape(u.shape[:-1] + (d // k, k))
   r = lax.rsqrt(jnp.mean(jnp.square(ug), axis=-1, keepdims=True) + epsilon)
   y = (ug * r).reshape(u.shape)
-  if scale is not None:
+  if casting not in _CASTINGS:
+    raise ValueError(f"casting must be one of {_CASTINGS}, got {casting!r}.")
+  if casting != "float32" and not (casting == "t5" and scale is None):
+    y = y.astype(x.dtype if casting == "llama" else scale.dtype)  # the early rounding
+    if scale is not None:
+      y = y * jnp.asarray(scale).reshape((1,) * (x.ndim - 1) + (d,))  # in its own dtype
+    y = y.astype(dt)
+  elif scale is not None:
     y = y * jnp.asarray(scale).astype(dt).reshape((1,) * (x.ndim - 1) + (d,))
   if norm_before_gate:
     y = y * gate

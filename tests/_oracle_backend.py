@@ -89,13 +89,16 @@ class OracleBackend(Backend):
   config_example = "OracleConfig()"
 
   def refusal(self, x2_shape, dtype, mask, axis_name, op, options=()):
-    """Masks, ``axis_name`` and options away from their defaults are not implemented."""
+    """Masks, ``axis_name`` and options away from their defaults (but gated RMSNorm's
+    ``group_size`` and ``norm_before_gate``) are not implemented."""
     del x2_shape, dtype
     if (op.name, "forward") not in self.table:
       return f"the oracle backend does not implement {op.name}"
     defaults = {o.name: o.default for o in op.options}
-    if mask is not None or axis_name is not None or op.name != "gated_rms_norm" and any(
-        value != defaults[name] for name, value in options):
+    # Gated RMSNorm's groups and both orders are implemented; its casting modes are not.
+    free = ("group_size", "norm_before_gate") if op.name == "gated_rms_norm" else ()
+    if mask is not None or axis_name is not None or any(
+        value != defaults[name] for name, value in options if name not in free):
       return "the oracle backend takes no mask, no axis_name and no option"
     return None
 

@@ -43,7 +43,7 @@ from jaxnorm.backends.xla.backend import XLA
 
 __all__ = ["ALIASES", "BACKENDS", "IMPLS", "PER_PLATFORM", "PLATFORM_BACKENDS", "PREFERENCE",
            "add_backward", "add_forward", "add_forward_only", "backward", "formula", "forward",
-           "forward_only", "param_cotangents", "register", "resolve_add_impl", "resolve_impl",
+           "forward_only", "param_cotangents", "resolve_add_impl", "resolve_impl",
            "run", "call_config", "check_config", "one_config", "register_backend",
            "unregister_backend"]
 
@@ -210,16 +210,10 @@ def resolve_add_impl(cfg: NormConfig, dtypes, impl: str) -> NormConfig:
 # Dispatch.
 
 
-def register(backend: str, op_name: str, **roles) -> None:
-  """Adds ``(op_name, role) -> function`` entries to the table of ``BACKENDS[backend]``: how an
-  op outside the norm family gives a backend its code (gated RMSNorm its XLA formulas)."""
-  BACKENDS[backend].register(op_name, **roles)
-
-
 def run(cfg, name: str, *args, **static):
   """The role ``name`` of the call's op (``cfg.op``) on the resolved ``cfg.impl``: the entry
   ``(cfg.op.name, name)`` of that backend's table, on ``args``. ``cfg`` is the op's config (a
-  :class:`NormConfig`, or another op's with ``op``, ``impl`` and ``pallas`` fields).
+  :class:`NormConfig`, or another op's with ``op``, ``impl`` and ``backend_config`` fields).
 
   :data:`PER_PLATFORM` is decided per lowering platform: a ``lax.platform_dependent`` with one
   branch per platform of :data:`PLATFORM_BACKENDS` (the Triton kernels for cuda and rocm) and

@@ -13,7 +13,7 @@ from flax.linen import dtypes
 from flax.nnx.nn import initializers
 
 from jaxnorm import _validation as v
-from jaxnorm.ops.gated.rules import check_layer_group, gated_rms_norm
+from jaxnorm.ops.gated.rules import check_options, gated_rms_norm, layer_options
 
 __all__ = ["GatedRMSNorm"]
 
@@ -36,11 +36,13 @@ class GatedRMSNorm(nn.Module):
   epsilon: float = 1e-6
   group_size: int | None = None
   norm_before_gate: bool = True
+  casting: str = "float32"
   dtype: tp.Any = None
   param_dtype: tp.Any = jnp.float32
   use_scale: bool = True
   scale_init: tp.Any = initializers.ones
   impl: str = "auto"
+  backend_config: tp.Any = None
   pallas: tp.Any = None
 
   @nn.compact
@@ -49,11 +51,10 @@ class GatedRMSNorm(nn.Module):
     v.check_input("x", x)
     v.check_input("z", z)
     d = int(x.shape[-1]) if x.ndim else 0
-    check_layer_group("GatedRMSNorm", d, self.group_size)
+    options = check_options("GatedRMSNorm", d, **layer_options(self))
     scale = None
     if v.check_bool("use_scale", self.use_scale):
       scale = self.param("scale", self.scale_init, (d,), self.param_dtype)
     dtype = dtypes.canonicalize_dtype(x, z, scale, dtype=self.dtype)
-    return gated_rms_norm(x, z, scale, epsilon=self.epsilon, group_size=self.group_size,
-                          norm_before_gate=self.norm_before_gate, dtype=dtype, impl=self.impl,
-                          pallas=self.pallas)
+    return gated_rms_norm(x, z, scale, epsilon=self.epsilon, dtype=dtype, impl=self.impl,
+                          backend_config=self.backend_config, pallas=self.pallas, **options)

@@ -16,7 +16,8 @@ from flax.linen import dtypes
 from flax.nnx.nn import initializers
 
 from jaxnorm import _validation as v
-from jaxnorm.ops.gated.rules import check_layer_features, check_layer_group, gated_rms_norm
+from jaxnorm.ops.gated.rules import check_layer_features, check_options, gated_rms_norm
+from jaxnorm.ops.gated.rules import layer_options
 
 __all__ = ["GatedRMSNorm"]
 
@@ -44,6 +45,8 @@ class GatedRMSNorm(nnx.Module):
     group_size: features per normalized group (a divisor of ``num_features``; Mamba2's
       ``d // ngroups``); None: the whole row.
     norm_before_gate: normalize then gate (True) or gate then normalize (False).
+    casting: ``"float32"``, ``"llama"`` or ``"t5"``: where the affine stage rounds
+      (:func:`jaxnorm.gated_rms_norm`; "llama" is Qwen3-Next's order).
     dtype: the dtype of the result (default: inferred from the inputs and the scale).
     param_dtype: the scale's dtype.
     use_scale: learn a scale (``self.scale``, ``(num_features,)``), else None.
@@ -51,7 +54,9 @@ class GatedRMSNorm(nnx.Module):
     rngs: the random number generators for the initializer.
     scale_metadata: metadata for the scale ``nnx.Param``.
     impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
-    pallas: a :class:`jaxnorm.PallasConfig` or None.
+    backend_config: the config of the backend ``impl`` runs, or None (a
+      :class:`jaxnorm.PallasConfig` for the kernels; :func:`jaxnorm.gated_rms_norm`).
+    pallas: the documented alias of ``backend_config``.
 
   Raises:
     TypeError, ValueError: a bad option (naming it); at call time, inputs whose last axis is
@@ -60,16 +65,20 @@ class GatedRMSNorm(nnx.Module):
 
   def __init__(self, num_features: int, *, epsilon: float = 1e-6,
                group_size: int | None = None, norm_before_gate: bool = True,
-               dtype: tp.Any = None, param_dtype: tp.Any = jnp.float32, use_scale: bool = True,
+               casting: str = "float32", dtype: tp.Any = None,
+               param_dtype: tp.Any = jnp.float32, use_scale: bool = True,
                scale_init: tp.Any = initializers.ones, rngs: nnx.Rngs,
                scale_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({}),
-               impl: str = "auto", pallas: tp.Any = None):
+               impl: str = "auto", backend_config: tp.Any = None, pallas: tp.Any = None):
     self.num_features = v.check_positive_int("num_features", num_features)
-    check_layer_group("GatedRMSNorm", self.num_features, group_size)
     self.epsilon = v.check_epsilon(epsilon)
-    self.group_size = group_size
-    self.norm_before_gate = v.check_bool("norm_before_gate", norm_before_gate)
-    self.dtype, self.param_dtype, self.impl, self.pallas = dtype, param_dtype, impl, pallas
+    # The op's own options (its declaration's), checked once and stored under their names.
+    for name, value in check_options("GatedRMSNorm", self.num_features, group_size=group_size,
+                                     norm_before_gate=norm_before_gate,
+                                     casting=casting).items():
+      setattr(self, name, value)
+    self.dtype, self.param_dtype, self.impl = dtype, param_dtype, impl
+    self.backend_config, self.pallas = backend_config, pallas
     self.scale = nnx.data(None)  # drawing a key only when used, as Flax's norms
     if v.check_bool("use_scale", use_scale):
       self.scale = nnx.Param(scale_init(rngs.params(), (self.num_features,), param_dtype),
@@ -82,6 +91,6 @@ class GatedRMSNorm(nnx.Module):
     check_layer_features("GatedRMSNorm", x, self.num_features)
     scale = None if self.scale is None else self.scale[...]
     dtype = dtypes.canonicalize_dtype(x, z, scale, dtype=self.dtype)
-    return gated_rms_norm(x, z, scale, epsilon=self.epsilon, group_size=self.group_size,
-                          norm_before_gate=self.norm_before_gate, dtype=dtype, impl=self.impl,
-                          pallas=self.pallas)
+    return gated_rms_norm(x, z, scale, epsilon=self.epsilon, dtype=dtype, impl=self.impl,
+                          backend_config=self.backend_config, pallas=self.pallas,
+                          **layer_options(self))

@@ -1,7 +1,7 @@
 """The table of jaxnorm's ops, :data:`OPS`: the one list of op names, every other table its view.
 
 An op is declared where its family lives (the norms in :mod:`jaxnorm._norm_ops`, the pointwise
-ops in :mod:`jaxnorm.ops.pointwise.rules`, gated RMSNorm in :mod:`jaxnorm.ops.gated.rules`); this
+ops in :mod:`jaxnorm.ops.pointwise.rules`, gated RMSNorm in :mod:`jaxnorm._gated_op`); this
 table names it once, with its declaration, its public function (and its residual add + norm
 function, if it has one), its autodiff oracle in :mod:`jaxnorm.reference`, its inputs, the names of
 its parameters and its layer class in :mod:`jaxnorm.nnx` and :mod:`jaxnorm.linen`. Every other list
@@ -44,7 +44,7 @@ class Op:
     name: the op's name (``jaxnorm.<name>``, ``TransformerConfig(norm_type=<name>)``).
     family: :data:`NORM_FAMILY`, :data:`POINTWISE_FAMILY` or :data:`GATED_FAMILY`.
     decl: its declaration in its family's module (a :class:`~jaxnorm._norm_ops.NormOp`, a
-      :class:`~jaxnorm.ops.pointwise.rules.Squash` or a :class:`~jaxnorm.ops.gated.rules.GatedOp`),
+      :class:`~jaxnorm.ops.pointwise.rules.Squash` or a :class:`~jaxnorm._gated_op.GatedOp`),
       whose ``name`` is :attr:`name`.
     fn: the public op.
     reference: its autodiff oracle, called with the same arguments.

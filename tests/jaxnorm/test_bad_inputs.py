@@ -249,6 +249,8 @@ def _gated_rows():
                                                     pallas=jaxnorm.PallasConfig()), ValueError,
        "backend_config= and its alias pallas="),
       ("gated-x-scalar", lambda: g(jnp.ones(()), jnp.ones(())), ValueError, "x must have at least"),
+      ("gated-casting-str", lambda: g(X, X, casting="bf16"), ValueError, "casting must be one of"),
+      ("gated-casting-None", lambda: g(X, X, casting=None), ValueError, "casting must be one of"),
   ]
   for key, x, exc, text in _BAD_X:
     rows.append((f"gated-x-{key}", functools.partial(g, x, X), exc, text))
@@ -304,6 +306,10 @@ def _layer_rows():
          "mask"),
     ]
   rows += [
+      ("nnx.GatedRMSNorm-casting", lambda: jnn.GatedRMSNorm(8, casting="x", rngs=r), ValueError,
+       "casting must be one of"),
+      ("linen.GatedRMSNorm-casting", lambda: jln.GatedRMSNorm(casting=3).init(k, X, X), ValueError,
+       "casting must be one of"),
       ("nnx.GatedRMSNorm-z-None", lambda: jnn.GatedRMSNorm(8, rngs=r)(X, None), TypeError, "z must be"),
       ("nnx.GatedRMSNorm-x-float8", lambda: jnn.GatedRMSNorm(8, rngs=r)(X.astype(F8), X), TypeError,
        "x must be float16"),

@@ -6,7 +6,8 @@ Launches the kernels of :mod:`jaxnorm.backends.triton.forward` and
 derived from the call's :class:`~jaxnorm._norm_config.NormConfig`, the per-row statistics reshaped
 to the XLA backend's ``(..., 1)`` layout (either backward consumes either forward's statistics),
 per-head parameters mapped as one more grid axis. The residual add + norm runs the fused kernels
-(one read of ``x`` and ``residual``) unless ``cfg.pallas`` is a :class:`DecomposedAddConfig` (the
+(one read of ``x`` and ``residual``) unless ``cfg.backend_config`` is a
+:class:`DecomposedAddConfig` (the
 decomposition the tests compare them with). The kernel modules are imported on first use
 (:func:`kernels`), so this module and the table that holds it leave ``jax.experimental.pallas``
 unimported.
@@ -31,6 +32,7 @@ import jax.numpy as jnp
 
 from jaxnorm import _validation as v
 from jaxnorm.backends.interface import Backend
+from jaxnorm._gated_op import GATED_RMS_NORM
 from jaxnorm._norm_config import NormConfig
 from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 from jaxnorm.backends.triton import compat as _compat
@@ -68,7 +70,7 @@ def kernel_spec(cfg: NormConfig, x, scale, *, has_bias: bool, residual_scale: fl
       x.size // d, d, x.dtype, center=cfg.op.mean_path, has_scale=scale is not None,
       has_bias=has_bias, epsilon=cfg.epsilon, epsilon_placement=cfg.epsilon_placement,
       zero_centered_scale=cfg.zero_centered_scale, residual_scale=residual_scale,
-      block=cfg.pallas.block, cast=cfg.cast, op=cfg.op.name)
+      block=cfg.backend_config.block, cast=cfg.cast, op=cfg.op.name)
 
 
 def stats_from_kernels(cfg: NormConfig, row_shape, flat_stats):
@@ -147,7 +149,7 @@ def _forward_one(cfg: NormConfig, x, scale, bias):
   spec = kernel_spec(cfg, x, scale, has_bias=bias is not None)
   y, *stats = kernels().forward.norm_forward(
       x.reshape(-1, d), _flat(scale), _flat(bias), spec=spec, out_dtype=cfg.out_dtype,
-      interpret=cfg.pallas.interpret)
+      interpret=cfg.backend_config.interpret)
   return y.reshape(x.shape), stats_from_kernels(cfg, x.shape[:-1] + (1,), stats)
 
 
@@ -157,7 +159,7 @@ def _backward_one(cfg: NormConfig, x, scale, stats, dy):
   shift, delta, rstd = stats_for_kernels(stats)
   dx, dscale, dbias = kernels().backward.norm_backward(
       x.reshape(-1, d), dy.reshape(-1, d), _flat(scale), shift, delta, rstd, spec=spec,
-      interpret=cfg.pallas.interpret)
+      interpret=cfg.backend_config.interpret)
   return (dx.reshape(x.shape), *_params_like(cfg, scale, dscale, dbias))
 
 
@@ -166,7 +168,7 @@ def _add_forward_one(cfg: NormConfig, x, residual, scale, bias):
   spec = kernel_spec(cfg, x, scale, has_bias=bias is not None, residual_scale=cfg.residual_scale)
   y, h, *stats = kernels().forward.add_norm_forward(
       x.reshape(-1, d), residual.reshape(-1, d), _flat(scale), _flat(bias), spec=spec,
-      out_dtype=cfg.out_dtype, h_dtype=cfg.h_dtype, interpret=cfg.pallas.interpret)
+      out_dtype=cfg.out_dtype, h_dtype=cfg.h_dtype, interpret=cfg.backend_config.interpret)
   return (y.reshape(x.shape), h.reshape(x.shape),
           stats_from_kernels(cfg, x.shape[:-1] + (1,), stats))
 
@@ -179,7 +181,7 @@ def _add_backward_one(cfg: NormConfig, h, scale, stats, dy, dh):
   dx, dres, dscale, dbias = kernels().backward.add_norm_backward(
       h.reshape(-1, d), dy.reshape(-1, d), None if dh is None else dh.reshape(-1, d),
       _flat(scale), shift, delta, rstd, spec=spec, x_dtype=cfg.add.x_dtype,
-      residual_dtype=cfg.add.residual_dtype, interpret=cfg.pallas.interpret)
+      residual_dtype=cfg.add.residual_dtype, interpret=cfg.backend_config.interpret)
   return (dx.reshape(h.shape), dres.reshape(h.shape),
           *_params_like(cfg, scale, dscale, dbias))
 
@@ -305,11 +307,10 @@ class DecomposedAddConfig(_config.PallasConfig):
 
 def _fused_add(cfg: NormConfig) -> bool:
   """Whether the residual add + norm of ``cfg`` runs the fused kernels (see DecomposedAddConfig)."""
-  return not isinstance(cfg.pallas, DecomposedAddConfig)
+  return not isinstance(cfg.backend_config, DecomposedAddConfig)
 
 
 TRITON = TritonBackend()
 for _op in (LAYER_NORM, RMS_NORM):
   TRITON.register(_op.name, refusal=_norm_refusal, **TRITON.norm_roles())
-TRITON.register("gated_rms_norm", refusal=_gated.refusal, forward_only=_gated.forward_only,
-                forward=_gated.forward, backward=_gated.backward)
+TRITON.register(GATED_RMS_NORM.name, **_gated.ROLES)

@@ -2,7 +2,9 @@ r"""Internal API: the Pallas (Triton) kernels of gated RMSNorm, forward and back
 
 Contract: ``x, z: (rows, d)`` (any of float32/bfloat16/float16, not necessarily the same),
 ``scale: (d,)`` or None, the row split into ``d // group_size`` groups of ``group_size``
-features. All arithmetic is float32 and every output is rounded once. With
+features. All arithmetic is float32 and every output is rounded once (with a casting plan,
+``cast``, :math:`\hat u` and :math:`\hat u\gamma` are rounded first, as the XLA backend's
+:mod:`jaxnorm.backends.xla.gated` rounds them, and the backward rounds the cotangents there). With
 :math:`g = \operatorname{silu}(z) = z\,s`, :math:`s = \sigma(z)`, per group (bars are means
 over the group's ``k = group_size`` features):
 
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -70,13 +73,16 @@ class GatedSpec:
   epsilon: float
   norm_before_gate: bool
   block: BlockConfig
+  # casting= (jaxnorm._casting.CastPlan, compute dtype float32): where u_hat * gamma rounds;
+  # None: nothing rounds before y ("float32").
+  cast: Any = None
 
   @property
   def ngroups(self) -> int:
     return self.d // self.group_size
 
 
-def _spec(x, scale, group_size, epsilon, norm_before_gate, block) -> GatedSpec:
+def _spec(x, scale, group_size, epsilon, norm_before_gate, block, cast) -> GatedSpec:
   rows, d = x.shape
   k = d if group_size is None else int(group_size)
   reason = gated_refusal(d, k, x.dtype)
@@ -86,7 +92,8 @@ def _spec(x, scale, group_size, epsilon, norm_before_gate, block) -> GatedSpec:
   # The column loop covers the group, whatever width the given block was sized for.
   blk = dataclasses.replace(blk, num_col_blocks=pl.cdiv(k, blk.block_d))
   return GatedSpec(rows=rows, d=d, group_size=k, has_scale=scale is not None,
-                   epsilon=float(epsilon), norm_before_gate=bool(norm_before_gate), block=blk)
+                   epsilon=float(epsilon), norm_before_gate=bool(norm_before_gate), block=blk,
+                   cast=cast)
 
 
 def _group(spec: GatedSpec, axis: int):
@@ -145,8 +152,11 @@ def gated_forward_kernel(spec: GatedSpec, *refs):
   def out_body(col0, carry):
     rds, cds, col_ok, mask, u, g = first if first is not None else terms_at(col0)
     y = u * r[:, None]
-    if spec.has_scale:
-      y = y * load(scale_ref, (cds,), col_ok)[None, :]
+    gam = load(scale_ref, (cds,), col_ok)[None, :] if spec.has_scale else None
+    if spec.cast is not None:
+      _, y = spec.cast.affine_of(y, gam, None)  # rounded where the mode rounds
+    elif gam is not None:
+      y = y * gam
     if spec.norm_before_gate:
       y = y * g
     pl.store(y_ref.at[rds, cds], y.astype(y_ref.dtype), mask=mask)
@@ -175,7 +185,7 @@ def _forward(x, z, scale, *, spec: GatedSpec, out_dtype, interpret: bool):
 
 
 def gated_forward(x, z, scale, *, group_size, epsilon, norm_before_gate, out_dtype, interpret,
-                  block=None):
+                  block=None, cast=None):
   """Gated RMSNorm forward: ``(y, rstd)`` of ``x, z: (rows, d)`` (module docstring).
 
   One read of ``x`` and ``z`` and one write of ``y`` when a group fits one column block (a
@@ -194,6 +204,9 @@ def gated_forward(x, z, scale, *, group_size, epsilon, norm_before_gate, out_dty
     interpret: run in Pallas interpret mode (off a GPU).
     block: a :class:`~jaxnorm.backends.triton.config.BlockConfig` for a ``(rows, group_size)`` input
       (its column-block count is recomputed for the group), or None for the default.
+    cast: the call's :class:`jaxnorm._casting.CastPlan` (compute dtype float32), or None for
+      "float32": ``y = rd_O(rd_P(rd_A(u r) gamma) g)`` (norm first) or ``rd_O(rd_P(rd_A(u r)
+      gamma))``, as the XLA backend's :mod:`jaxnorm.backends.xla.gated`.
 
   Returns:
     ``y`` of ``x``'s shape in ``out_dtype``, and ``rstd``, float32 ``(rows, d // group_size)``.
@@ -201,7 +214,7 @@ def gated_forward(x, z, scale, *, group_size, epsilon, norm_before_gate, out_dty
   Raises:
     ValueError: a call :func:`gated_refusal` refuses (the backend asks it first).
   """
-  spec = _spec(x, scale, group_size, epsilon, norm_before_gate, block)
+  spec = _spec(x, scale, group_size, epsilon, norm_before_gate, block, cast)
   if spec.rows == 0:
     return (jnp.zeros(x.shape, out_dtype), jnp.zeros((0, spec.ngroups), jnp.float32))
   return _forward(x, z, scale, spec=spec, out_dtype=jnp.dtype(out_dtype), interpret=interpret)
@@ -223,6 +236,8 @@ def _backward_terms(spec: GatedSpec, refs, row0, group, r, col0):
   g = z * s
   dsilu = s * (1.0 + z * (1.0 - s))
   gam = load(scale_ref, (cds,), col_ok)[None, :] if spec.has_scale else None
+  if spec.cast is not None:
+    return _backward_terms_cast(spec, x, g, dsilu, dy, gam, r, (rds, cds, col_ok, mask))
   dyg = dy if gam is None else dy * gam  # dy * gamma
   if spec.norm_before_gate:
     uh = x * r[:, None]
@@ -232,6 +247,18 @@ def _backward_terms(spec: GatedSpec, refs, row0, group, r, col0):
   uh = (x * g) * r[:, None]
   # dz = du x silu'(z): the factor x silu'(z) here, du once the row mean is known.
   return rds, cds, col_ok, mask, dyg, uh, x * dsilu, dy * uh, g
+
+
+def _backward_terms_cast(spec: GatedSpec, x, g, dsilu, dy, gam, r, tile):
+  """:func:`_backward_terms` under the casting plan ``spec.cast``: the cotangent of ``p =
+  rd_P(rd_A(uh) gamma)`` rounded to P (``dp``), that of ``uh`` ``rd_A(rd_P(dp gamma))``, the
+  ``dscale`` summand ``dp * rd_A(uh)`` and, norm first, ``dz = dy p silu'(z)`` at the rounded
+  ``p`` (the XLA backend's :func:`jaxnorm.backends.xla.gated.backward`)."""
+  uh = (x if spec.norm_before_gate else x * g) * r[:, None]
+  u, p = spec.cast.affine_of(uh, gam, None)
+  _, dp, a = spec.cast.cotangents(dy * g if spec.norm_before_gate else dy, gam)
+  dz_part = dy * p * dsilu if spec.norm_before_gate else x * dsilu
+  return (*tile, a, uh, dz_part, dp * u, g)
 
 
 def gated_backward_kernel(spec: GatedSpec, *refs):
@@ -328,11 +355,11 @@ def _backward(x, z, scale, rstd, dy, *, spec: GatedSpec, interpret: bool):
 
 
 def gated_backward(x, z, scale, rstd, dy, *, group_size, epsilon, norm_before_gate, interpret,
-                   block=None):
+                   block=None, cast=None):
   """Gated RMSNorm backward: ``(dx, dz, dscale)`` from the forward's inputs, ``rstd`` and ``dy``.
 
   Args:
-    x, z, scale, group_size, epsilon, norm_before_gate, interpret, block: as given to
+    x, z, scale, group_size, epsilon, norm_before_gate, interpret, block, cast: as given to
       :func:`gated_forward` (``block`` its forward configuration; the backward's own rows,
       warps and stages are taken from its ``bwd_*`` fields).
     rstd: the forward's float32 ``(rows, d // group_size)``.
@@ -346,7 +373,7 @@ def gated_backward(x, z, scale, rstd, dy, *, group_size, epsilon, norm_before_ga
   Raises:
     ValueError: a call :func:`gated_refusal` refuses.
   """
-  spec = _spec(x, scale, group_size, epsilon, norm_before_gate, block)
+  spec = _spec(x, scale, group_size, epsilon, norm_before_gate, block, cast)
   if spec.rows == 0:
     return (jnp.zeros(x.shape, x.dtype), jnp.zeros(z.shape, z.dtype),
             jnp.zeros((spec.d,), jnp.float32) if spec.has_scale else None)

@@ -60,13 +60,13 @@ def _run(*leaves, cfg, fn, tree, groups, elsewhere):
 def _run_elsewhere(*leaves, cfg, fn, tree, groups, elsewhere, platforms):
   """What the primitive lowers to for a platform the Triton kernels do not compile for.
 
-  The kernels in interpret mode (``cfg.pallas.interpret``); otherwise, for the GPU branch of
+  The kernels in interpret mode (``cfg.backend_config.interpret``); otherwise, for the GPU branch of
   ``impl="auto"`` (``elsewhere="xla"``: a program lowered for several platforms lowers every
   branch for every one of them, though each runs only where it belongs) the XLA path of the
   same function; for ``impl="pallas"`` (``elsewhere="raise"``) the op's own error, raised
   where the program is lowered, not from the tracing host's backend.
   """
-  if cfg.pallas.interpret:
+  if cfg.backend_config.interpret:
     return _flat_fn(cfg, fn, tree, groups)(*leaves)
   if elsewhere == "xla":
     return _flat_fn(dataclasses.replace(cfg, impl="xla"), fn, tree, groups)(*leaves)

@@ -9,13 +9,16 @@ statistics (:mod:`jaxnorm.backends.xla.statistics`) and the forward, backward an
 fuses. Beside the roles every backend implements (:data:`~jaxnorm.backends.interface.NORM_ROLES`)
 it holds the formulas the differentiation layer runs in XLA whatever the call's backend
 (:data:`FORMULA_ROLES`, reached through :func:`jaxnorm.backends.table.formula`), and gated
-RMSNorm's entries.
+RMSNorm's (:data:`jaxnorm.backends.xla.gated.ROLES`, registered here under the op's
+name).
 """
 
 from __future__ import annotations
 
 from jaxnorm.backends.interface import Backend
 from jaxnorm.backends.xla import formulas, statistics
+from jaxnorm.backends.xla import gated as _gated
+from jaxnorm._gated_op import GATED_RMS_NORM
 
 __all__ = ["FORMULA_ROLES", "XLA", "XlaBackend", "register_norm_op"]
 
@@ -49,3 +52,4 @@ def register_norm_op(name: str, statistics_fn) -> None:
 XLA = XlaBackend()
 for _name, _fn in dict(statistics.STATISTICS).items():
   register_norm_op(_name, _fn)
+XLA.register(GATED_RMS_NORM.name, **_gated.ROLES)
