@@ -57,12 +57,12 @@ def impls(kind):
   :mod:`jaxnorm.reference` (the fused ops: of the add then the op)."""
   new, old = getattr(jaxnorm, kind), getattr(jaxnorm_old, kind)
   if kind in FUSED:
-    ref = getattr(jaxnorm.reference, FUSED[kind])
+    ref = jaxnorm.OPS[FUSED[kind]].reference
     return {"before": lambda x, s, b: old(x, x[::-1], *_params(kind, s, b).values())[0],
             "after": lambda x, s, b: new(x, x[::-1], *_params(kind, s, b).values())[0],
             "base": lambda x, s, b: ref(x + x[::-1], *_params(kind, s, b).values())}
   base = flax_fn(kind) if jaxnorm.OPS[kind].layer in ("LayerNorm", "RMSNorm") else (
-      lambda x, s, b: getattr(jaxnorm.reference, kind)(x, *_params(kind, s, b).values()))
+      lambda x, s, b: jaxnorm.OPS[kind].reference(x, *_params(kind, s, b).values()))
   return {"before": lambda x, s, b: old(x, *_params(kind, s, b).values()),
           "after": lambda x, s, b: new(x, *_params(kind, s, b).values()),
           "base": base}

@@ -1,13 +1,16 @@
-"""The Flax NNX pointwise layers of :mod:`jaxnorm.nnx` (:class:`DyT`, :class:`Derf`) and the NNX
-parameter helpers every layer of :mod:`jaxnorm.nnx` shares.
+"""The Flax NNX layers of the pointwise ops (``jaxnorm.nnx.DyT``, ``jaxnorm.nnx.Derf``, and one
+for any pointwise op of :data:`jaxnorm.OPS`), built from the op's entry by :func:`layer_class`,
+and the NNX parameter helpers every layer of :mod:`jaxnorm.nnx` shares.
 
-Private: the public names are ``jaxnorm.nnx.DyT`` and ``jaxnorm.nnx.Derf``, which
-:mod:`jaxnorm.nnx` re-exports (this module holds them to keep that one under the size limit,
-``tests/jaxnorm/test_layout.py``).
+Private: the classes' public home is :mod:`jaxnorm.nnx`, which exports one per pointwise op of the
+table (:func:`layers`). Each is a subclass of the family's layer, named by the entry's ``layer``,
+with the entry's docstring; it keeps the op's name and looks the op up in the table when built
+and when called.
 """
 
 from __future__ import annotations
 
+import types
 import typing as tp
 
 import jax
@@ -19,9 +22,9 @@ from flax.typing import Axes, Dtype, Initializer, PromoteDtypeFn
 
 from jaxnorm.flax import common as common
 from jaxnorm import _validation as v
-from jaxnorm.ops.table import OPS
+from jaxnorm.ops.table import OPS, POINTWISE_FAMILY
 
-__all__ = ["Derf", "DyT", "param", "value"]
+__all__ = ["layer_class", "layers", "param", "registered_layer", "value"]
 
 
 def value(param: tp.Any) -> tp.Any:
@@ -37,9 +40,8 @@ def param(rngs: nnx.Rngs, use: bool, init: tp.Any, shape: tuple[int, ...], dtype
   return nnx.Param(init(rngs.params(), shape, dtype), **metadata)
 
 
-
 class _Pointwise(nnx.Module):
-  """The shared constructor and call of :class:`DyT` and :class:`Derf`."""
+  """The constructor and call of every pointwise layer (:func:`layer_class`)."""
 
   _op_name = ""
 
@@ -96,70 +98,39 @@ class _Pointwise(nnx.Module):
                             residual=residual, residual_scale=residual_scale)
 
 
-class DyT(_Pointwise):
-  r"""Dynamic Tanh (Zhu et al., CVPR 2025), a normalization-free drop-in for a norm layer.
-
-  .. math::
-
-     y = \gamma \odot \tanh(\alpha x) + \beta
-
-  with a learned scalar :math:`\alpha` (``alpha``, initialized to ``alpha_init_value``: the
-  paper's default 0.5; its LLM guidance, Table 11 of the paper: 1.0 in every layer at width
-  1024, and at larger widths a larger value in the attention blocks than elsewhere) and
-  :math:`\gamma` (``scale``, ones), :math:`\beta` (``bias``, zeros) per feature along
-  ``feature_axes``, as a norm layer's. Backed by :func:`jaxnorm.dyt` (derived backward and
-  tangent).
-
-  Example::
-
-    >>> from flax import nnx
-    >>> import jax
-    >>> from jaxnorm import nnx as jnn
-    >>> layer = jnn.DyT(6, rngs=nnx.Rngs(0))
-    >>> layer(jax.random.normal(jax.random.key(0), (3, 6))).shape
-    (3, 6)
-
-  Args:
-    num_features: the number of features: the product of the sizes of ``feature_axes``.
-    alpha_init_value: the initial :math:`\alpha` (a finite float).
-    shift_init_value: unused by DyT (accepted so that both pointwise layers share one
-      signature).
-    dtype: the dtype of the result (default: inferred from the input and the parameters).
-    param_dtype: the dtype of the parameters (default: float32).
-    use_bias: if True, the bias :math:`\beta` is added.
-    use_scale: if True, the output is multiplied by :math:`\gamma`.
-    bias_init: initializer for the bias, zeros by default.
-    scale_init: initializer for the scale, ones by default.
-    feature_axes: axes that carry their own :math:`\gamma` and :math:`\beta` (``(-2, -1)``: one
-      per head and feature, as for QK-norm).
-    promote_dtype: function that promotes the input and parameters to one dtype, as in Flax.
-    rngs: the random number generators for the initializers.
-
-  Raises:
-    TypeError: a non-int ``num_features`` or a non-number ``alpha_init_value``.
-    ValueError: a non-positive ``num_features``; at call time, an input whose feature size is
-      not ``num_features``.
+_DEFAULT_DOC = """{layer}: the Flax NNX layer of :func:`jaxnorm.{name}` (a pointwise op of
+  :data:`jaxnorm.OPS`), a normalization-free drop-in for a norm layer: a learned scalar ``alpha``
+  (and ``shift``, where the op has one), ``scale`` and ``bias`` per feature along
+  ``feature_axes``; the constructor and call of :class:`jaxnorm.nnx.DyT`.
   """
 
-  _op_name = "dyt"
+_CLASSES: dict[tp.Any, type] = {}
 
 
-class Derf(_Pointwise):
-  r"""Dynamic erf (Chen et al., arXiv 2512.10938), a normalization-free drop-in for a norm.
+def layer_class(op: tp.Any) -> type:
+  """The NNX layer class of the pointwise op ``op`` (an entry of :data:`jaxnorm.OPS`), built
+  once per entry: a subclass of the family's layer named ``op.layer``, with the docstring of
+  ``op.layer_docs[0]`` (or one naming ``op.fn``), whose public home is :mod:`jaxnorm.nnx`."""
+  cls = _CLASSES.get(op)
+  if cls is None:
+    doc = op.layer_docs[0] or _DEFAULT_DOC.format(layer=op.layer, name=op.name)
 
-  .. math::
+    def body(ns):
+      ns.update(__doc__=doc, __module__="jaxnorm.nnx", __qualname__=op.layer, _op_name=op.name)
 
-     y = \gamma \odot \operatorname{erf}(\alpha x + s) + \beta
+    cls = _CLASSES[op] = types.new_class(op.layer, (_Pointwise,), exec_body=body)
+  return cls
 
-  with learned scalars :math:`\alpha` (``alpha``, initial 0.5) and :math:`s` (``shift``, initial
-  0), the paper's initializations, and :math:`\gamma`, :math:`\beta` per feature as in
-  :class:`DyT`, whose arguments it takes (``shift_init_value`` sets :math:`s`). Backed by
-  :func:`jaxnorm.derf`.
 
-  Raises:
-    TypeError: a non-int ``num_features`` or a non-number initial value.
-    ValueError: a non-positive ``num_features``; at call time, an input whose feature size is
-      not ``num_features``.
-  """
+def layers() -> dict[str, type]:
+  """``{class name: NNX layer class}`` for every pointwise op of :data:`jaxnorm.OPS`."""
+  return {op.layer: layer_class(op) for op in OPS.values() if op.family == POINTWISE_FAMILY}
 
-  _op_name = "derf"
+
+def registered_layer(name: str, module: str) -> type:
+  """The layer class named ``name`` of a pointwise op of :data:`jaxnorm.OPS` (the module
+  ``__getattr__`` of :mod:`jaxnorm.nnx`); ``AttributeError`` naming ``module`` otherwise."""
+  found = layers().get(name)
+  if found is None:
+    raise AttributeError(f"module {module!r} has no attribute {name!r}")
+  return found
