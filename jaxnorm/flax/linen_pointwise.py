@@ -1,15 +1,14 @@
 """The Flax Linen layers of the pointwise ops (``jaxnorm.linen.DyT``, ``jaxnorm.linen.Derf``, and
-one for any pointwise op of :data:`jaxnorm.OPS`), built from the op's entry by :func:`layer_class`.
+one for any pointwise op of :data:`jaxnorm.OPS`), built from the op's entry by :data:`FACTORY`.
 
 Private: the classes' public home is :mod:`jaxnorm.linen`, which exports one per pointwise op of
-the table (:func:`layers`). Each is a subclass of the family's module, named by the entry's
+the table (``FACTORY.layers()``). Each is a subclass of the family's module, named by the entry's
 ``layer``, with the entry's Linen docstring; its fields are the family's.
 """
 
 from __future__ import annotations
 
 import math
-import types
 from typing import Any
 
 import jax.numpy as jnp
@@ -19,13 +18,14 @@ from jax.nn import initializers
 
 from jaxnorm import _validation as v
 from jaxnorm.flax import common as common
+from jaxnorm.flax.layer_factory import LayerFactory
 from jaxnorm.ops.table import OPS, POINTWISE_FAMILY
 
-__all__ = ["layer_class", "layers", "registered_layer"]
+__all__ = ["FACTORY"]
 
 
 class _Pointwise(nn.Module):
-  """The fields and call of every pointwise layer (:func:`layer_class`)."""
+  """The fields and call of every pointwise layer (:data:`FACTORY`)."""
 
   alpha_init_value: float = 0.5
   shift_init_value: float = 0.0
@@ -70,33 +70,6 @@ _DEFAULT_DOC = """{layer}: the Flax Linen layer of :func:`jaxnorm.{name}` (a poi
   scalar ``shift`` where the op has one).
   """
 
-_CLASSES: dict[Any, type] = {}
-
-
-def layer_class(op: Any) -> type:
-  """The Linen layer class of the pointwise op ``op`` (an entry of :data:`jaxnorm.OPS`), built
-  once per entry: a subclass of the family's module named ``op.layer``, with the docstring of
-  ``op.layer_docs[1]`` (or one naming ``op.fn``), whose public home is :mod:`jaxnorm.linen`."""
-  cls = _CLASSES.get(op)
-  if cls is None:
-    doc = op.layer_docs[1] or _DEFAULT_DOC.format(layer=op.layer, name=op.name)
-
-    def body(ns):
-      ns.update(__doc__=doc, __module__="jaxnorm.linen", __qualname__=op.layer, _op_name=op.name)
-
-    cls = _CLASSES[op] = types.new_class(op.layer, (_Pointwise,), exec_body=body)
-  return cls
-
-
-def layers() -> dict[str, type]:
-  """``{class name: Linen layer class}`` for every pointwise op of :data:`jaxnorm.OPS`."""
-  return {op.layer: layer_class(op) for op in OPS.values() if op.family == POINTWISE_FAMILY}
-
-
-def registered_layer(name: str, module: str) -> type:
-  """The layer class named ``name`` of a pointwise op of :data:`jaxnorm.OPS` (the module
-  ``__getattr__`` of :mod:`jaxnorm.linen`); ``AttributeError`` naming ``module`` otherwise."""
-  found = layers().get(name)
-  if found is None:
-    raise AttributeError(f"module {module!r} has no attribute {name!r}")
-  return found
+FACTORY = LayerFactory(_Pointwise, "jaxnorm.linen", POINTWISE_FAMILY, 1, _DEFAULT_DOC)
+"""Builds the layer of each pointwise op of :data:`jaxnorm.OPS` (exported by
+:mod:`jaxnorm.linen`)."""

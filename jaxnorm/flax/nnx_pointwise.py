@@ -1,5 +1,5 @@
 """The Flax NNX layers of the pointwise ops (``jaxnorm.nnx.DyT``, ``jaxnorm.nnx.Derf``, and one
-for any pointwise op of :data:`jaxnorm.OPS`), built from the op's entry by :func:`layer_class`,
+for any pointwise op of :data:`jaxnorm.OPS`), built from the op's entry by :data:`FACTORY`,
 and the NNX parameter helpers every layer of :mod:`jaxnorm.nnx` shares.
 
 Private: the classes' public home is :mod:`jaxnorm.nnx`, which exports one per pointwise op of the
@@ -10,7 +10,6 @@ and when called.
 
 from __future__ import annotations
 
-import types
 import typing as tp
 
 import jax
@@ -22,9 +21,10 @@ from flax.typing import Axes, Dtype, Initializer, PromoteDtypeFn
 
 from jaxnorm.flax import common as common
 from jaxnorm import _validation as v
+from jaxnorm.flax.layer_factory import LayerFactory
 from jaxnorm.ops.table import OPS, POINTWISE_FAMILY
 
-__all__ = ["layer_class", "layers", "param", "registered_layer", "value"]
+__all__ = ["FACTORY", "param", "value"]
 
 
 def value(param: tp.Any) -> tp.Any:
@@ -41,7 +41,7 @@ def param(rngs: nnx.Rngs, use: bool, init: tp.Any, shape: tuple[int, ...], dtype
 
 
 class _Pointwise(nnx.Module):
-  """The constructor and call of every pointwise layer (:func:`layer_class`)."""
+  """The constructor and call of every pointwise layer (:data:`FACTORY`)."""
 
   _op_name = ""
 
@@ -104,33 +104,6 @@ _DEFAULT_DOC = """{layer}: the Flax NNX layer of :func:`jaxnorm.{name}` (a point
   ``feature_axes``; the constructor and call of :class:`jaxnorm.nnx.DyT`.
   """
 
-_CLASSES: dict[tp.Any, type] = {}
-
-
-def layer_class(op: tp.Any) -> type:
-  """The NNX layer class of the pointwise op ``op`` (an entry of :data:`jaxnorm.OPS`), built
-  once per entry: a subclass of the family's layer named ``op.layer``, with the docstring of
-  ``op.layer_docs[0]`` (or one naming ``op.fn``), whose public home is :mod:`jaxnorm.nnx`."""
-  cls = _CLASSES.get(op)
-  if cls is None:
-    doc = op.layer_docs[0] or _DEFAULT_DOC.format(layer=op.layer, name=op.name)
-
-    def body(ns):
-      ns.update(__doc__=doc, __module__="jaxnorm.nnx", __qualname__=op.layer, _op_name=op.name)
-
-    cls = _CLASSES[op] = types.new_class(op.layer, (_Pointwise,), exec_body=body)
-  return cls
-
-
-def layers() -> dict[str, type]:
-  """``{class name: NNX layer class}`` for every pointwise op of :data:`jaxnorm.OPS`."""
-  return {op.layer: layer_class(op) for op in OPS.values() if op.family == POINTWISE_FAMILY}
-
-
-def registered_layer(name: str, module: str) -> type:
-  """The layer class named ``name`` of a pointwise op of :data:`jaxnorm.OPS` (the module
-  ``__getattr__`` of :mod:`jaxnorm.nnx`); ``AttributeError`` naming ``module`` otherwise."""
-  found = layers().get(name)
-  if found is None:
-    raise AttributeError(f"module {module!r} has no attribute {name!r}")
-  return found
+FACTORY = LayerFactory(_Pointwise, "jaxnorm.nnx", POINTWISE_FAMILY, 0, _DEFAULT_DOC)
+"""Builds the layer of each pointwise op of :data:`jaxnorm.OPS` (exported by
+:mod:`jaxnorm.nnx`)."""

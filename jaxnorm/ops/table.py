@@ -177,7 +177,9 @@ def register(op: Op) -> Op:
 
   Raises:
     TypeError: ``op`` not an :class:`Op`.
-    ValueError: see :func:`_check_new` (a taken name, another family, ...).
+    ValueError: a name that is not an identifier or is already an op's, a declaration of
+      another name, an op of another family than the pointwise one or with inputs other than
+      ``x``, a layer class name or a public function name already taken.
   """
   _check_new(op)
   _TABLE[op.name] = op

@@ -44,7 +44,9 @@ def test_the_table_is_as_written():
   assert tuple(jaxnorm.OPS) == tuple(WANT)
   for name, op in jaxnorm.OPS.items():
     assert op.name == op.decl.name == name
-    assert getattr(jaxnorm, name) is op.fn and getattr(jaxnorm.reference, name) is op.reference
+    assert getattr(jaxnorm, name) is op.fn
+    # DyT's and Derf's oracles are jaxnorm.reference's; a newer op's is in its own module.
+    assert getattr(jaxnorm.reference, name, op.reference) is op.reference
 
 
 def test_every_derived_table_is_the_ops_names():
@@ -175,3 +177,22 @@ def test_a_name_of_the_other_family_is_refused():
 def test_ops_entries_are_frozen():
   with pytest.raises(dataclasses.FrozenInstanceError):
     jaxnorm.OPS["dyt"].name = "x"
+
+
+def test_the_layers_take_the_options_their_op_declares():
+  """Option names come from the op's declaration: the layers read and pass exactly those, and
+  normalize refuses any other name."""
+  assert [o.name for o in common.op_options("layer_norm")] == ["use_fast_variance",
+                                                               "memory_efficient"]
+  assert [o.name for o in common.op_options("rms_norm")] == ["memory_efficient"]
+  rms = jnn.RMSNorm(8, rngs=nnx.Rngs(0))
+  assert tuple(common.layer_options(rms, "rms_norm")) == common.FAMILY_OPTIONS + (
+      "memory_efficient",)
+  assert tuple(common.layer_options(jln.LayerNorm(), "layer_norm"))[-2:] == (
+      "use_fast_variance", "memory_efficient")
+  x = jnp.ones((2, 8))
+  with pytest.raises(TypeError, match=r"rms_norm takes no option \['use_fast_variance'\]"):
+    common.normalize("rms_norm", x, None, None, reduction_axes=-1, feature_axes=-1,
+                     epsilon=1e-6, dtype=jnp.float32, use_fast_variance=True)
+  with pytest.raises(TypeError, match="memory_efficient must be a bool"):
+    jnn.LayerNorm(8, memory_efficient="yes", rngs=nnx.Rngs(0))
