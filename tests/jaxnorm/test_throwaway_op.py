@@ -103,7 +103,7 @@ def test_the_models_norm_type_trains_one_step():
 def test_the_pointwise_benchmark(tmp_path):
   from experiments.bench import pointwise as bench
 
-  assert bench.pointwise_ops() == ("dyt", "derf", "softsign")
+  assert bench.pointwise_ops()[-1] == "softsign"  # registered ops come after the library's
   assert bench.main(["--shapes", "8x16", "--dtypes", "float32", "--ops", "softsign", "--repeats",
                      "3", "--sample-ms", "0.2", "--out", str(tmp_path), "--tag", "t"]) == 0
   (row,) = json.loads(next(tmp_path.glob("pointwise-t-*.json")).read_text())["rows"]
