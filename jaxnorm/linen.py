@@ -47,7 +47,6 @@ Extra trailing fields (their defaults reproduce Flax): ``epsilon_placement`` (``
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
@@ -58,10 +57,21 @@ from jax.nn import initializers
 
 from jaxnorm.flax import common as common
 from jaxnorm import _validation as v
+from jaxnorm.flax import linen_pointwise as _pointwise
 from jaxnorm.flax.gated_linen import GatedRMSNorm as GatedRMSNorm
-from jaxnorm.ops.table import OPS
 
-__all__ = ["Derf", "DyT", "GatedRMSNorm", "LayerNorm", "RMSNorm"]
+# One layer per pointwise op of jaxnorm.OPS (DyT, Derf), built from its entry (exported by name).
+globals().update(_pointwise.FACTORY.layers())
+__all__ = sorted(["GatedRMSNorm", "LayerNorm", "RMSNorm", *_pointwise.FACTORY.layers()])
+
+
+def __getattr__(name: str):
+  """The layer of a pointwise op added to :data:`jaxnorm.OPS` after import (``register``)."""
+  return _pointwise.FACTORY.module_getattr(name)
+
+
+def __dir__():
+  return sorted(set(globals()) | set(_pointwise.FACTORY.layers()))
 
 
 def _params(mdl: nn.Module, x: jax.Array, use_scale: bool, use_bias: bool):
@@ -91,7 +101,7 @@ def _call(mdl: nn.Module, op_name: str, x: Any, mask: Any, use_scale: bool, use_
   h = x if residual is None else common.residual_input(x, residual)
   out_dtype = common.output_dtype(h, scale, bias, dtype=mdl.dtype)
   return common.normalize(op_name, x, scale, bias, dtype=out_dtype, mask=mask, residual=residual,
-                          residual_scale=residual_scale, **common.layer_options(mdl))
+                          residual_scale=residual_scale, **common.layer_options(mdl, op_name))
 
 
 class LayerNorm(nn.Module):
@@ -160,7 +170,7 @@ class LayerNorm(nn.Module):
   memory_efficient: bool = False
 
   def __post_init__(self):
-    common.check_layer_options("layer_norm", common.layer_options(self))
+    common.check_layer_options("layer_norm", common.layer_options(self, "layer_norm"))
     super().__post_init__()
 
   @nn.compact
@@ -247,7 +257,7 @@ class RMSNorm(nn.Module):
   memory_efficient: bool = False
 
   def __post_init__(self):
-    common.check_layer_options("rms_norm", common.layer_options(self))
+    common.check_layer_options("rms_norm", common.layer_options(self, "rms_norm"))
     super().__post_init__()
 
   @nn.compact
@@ -268,87 +278,3 @@ class RMSNorm(nn.Module):
       ``x`` and ``scale``; with ``residual``, ``(y, h)``.
     """
     return _call(self, "rms_norm", x, mask, self.use_scale, False, residual, residual_scale)
-
-
-class _Pointwise(nn.Module):
-  """The shared fields and call of :class:`DyT` and :class:`Derf`."""
-
-  alpha_init_value: float = 0.5
-  shift_init_value: float = 0.0
-  dtype: Dtype | None = None
-  param_dtype: Dtype = jnp.float32
-  use_bias: bool = True
-  use_scale: bool = True
-  bias_init: Initializer = initializers.zeros
-  scale_init: Initializer = initializers.ones
-  feature_axes: Axes = -1
-
-  _op_name = ""
-
-  @nn.compact
-  def __call__(self, x: Any, *, residual: Any = None, residual_scale: float = 1.0):
-    r"""The op on ``x``, or on ``h = x + residual_scale * residual`` (then ``(y, h)``); the
-    output dtype is ``dtype``, else ``result_type`` of the input and the parameters."""
-    alpha0 = v.check_finite_real("alpha_init_value", self.alpha_init_value)
-    shift0 = v.check_finite_real("shift_init_value", self.shift_init_value)
-    if not hasattr(x, "dtype"):
-      x = jnp.asarray(x)
-    v.check_layer_input("x", x)
-    h = x if residual is None else common.residual_input(x, residual)
-    fshape = list(common.feature_shape(h.shape if residual is None else x.shape,
-                                       self.feature_axes))
-    alpha = self.param("alpha", lambda _, dt: jnp.full((), alpha0, dt), self.param_dtype)
-    shift = (self.param("shift", lambda _, dt: jnp.full((), shift0, dt), self.param_dtype)
-             if "shift" in OPS[self._op_name].params else None)
-    scale = (self.param("scale", self.scale_init, fshape, self.param_dtype) if self.use_scale
-             else None)
-    bias = self.param("bias", self.bias_init, fshape, self.param_dtype) if self.use_bias else None
-    out_dtype = common.output_dtype(h, alpha, shift, scale, bias, dtype=self.dtype)
-    flat = [None if p is None else p.reshape(-1) for p in (scale, bias)]
-    return common.pointwise(self._op_name, x, alpha, shift, *flat, feature_axes=self.feature_axes,
-                            dtype=out_dtype, num_features=math.prod(fshape),
-                            module=type(self).__name__, residual=residual,
-                            residual_scale=residual_scale)
-
-
-class DyT(_Pointwise):
-  r"""Dynamic Tanh (Zhu et al., CVPR 2025): :math:`y = \gamma \odot \tanh(\alpha x) + \beta`.
-
-  The Linen form of :class:`jaxnorm.nnx.DyT` (same parameters: scalar ``alpha``, ``scale`` and
-  ``bias`` of shape ``x.shape[feature_axes]``; same initializations), backed by
-  :func:`jaxnorm.dyt`.
-
-  Example::
-
-    >>> import jax
-    >>> from jaxnorm import linen as jln
-    >>> x = jax.random.normal(jax.random.key(0), (3, 6))
-    >>> variables = jln.DyT().init(jax.random.key(1), x)
-    >>> jax.tree.map(jax.numpy.shape, variables)
-    {'params': {'alpha': (), 'bias': (6,), 'scale': (6,)}}
-
-  Attributes:
-    alpha_init_value: the initial :math:`\alpha` (0.5, the paper's default).
-    shift_init_value: unused by DyT (one field list for both pointwise layers).
-    dtype: the dtype of the result (default: inferred from the input and the parameters).
-    param_dtype: the dtype of the parameters (default: float32).
-    use_bias: if True, the bias :math:`\beta` is added.
-    use_scale: if True, the output is multiplied by :math:`\gamma`.
-    bias_init: initializer for the bias, zeros by default.
-    scale_init: initializer for the scale, ones by default.
-    feature_axes: axes that carry their own :math:`\gamma` and :math:`\beta`.
-  """
-
-  _op_name = "dyt"
-
-
-class Derf(_Pointwise):
-  r"""Dynamic erf (Chen et al., arXiv 2512.10938):
-  :math:`y = \gamma \odot \operatorname{erf}(\alpha x + s) + \beta`.
-
-  The Linen form of :class:`jaxnorm.nnx.Derf`: the fields of :class:`DyT`, with a scalar
-  ``shift`` parameter initialized to ``shift_init_value`` (0, the paper's), backed by
-  :func:`jaxnorm.derf`.
-  """
-
-  _op_name = "derf"

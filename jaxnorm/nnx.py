@@ -60,15 +60,24 @@ from flax.typing import Axes, Dtype, Initializer, PromoteDtypeFn
 from jaxnorm import _validation as v
 from jaxnorm.flax import common as common
 from jaxnorm.flax.gated_nnx import GatedRMSNorm as GatedRMSNorm
-from jaxnorm.flax.nnx_pointwise import Derf, DyT
+from jaxnorm.flax import nnx_pointwise as _pointwise
 from jaxnorm.flax.nnx_pointwise import param as _param
 from jaxnorm.flax.nnx_pointwise import value as _value
 from jaxnorm.ops.table import OPS
 
-__all__ = ["Derf", "DyT", "GatedRMSNorm", "LayerNorm", "RMSNorm"]
+# One layer per pointwise op of jaxnorm.OPS (DyT, Derf), built from its entry by
+# jaxnorm.flax.nnx_pointwise (their __module__ is this one), exported by name.
+globals().update(_pointwise.FACTORY.layers())
+__all__ = sorted(["GatedRMSNorm", "LayerNorm", "RMSNorm", *_pointwise.FACTORY.layers()])
 
-# DyT and Derf live in jaxnorm.flax.nnx_pointwise (size limit); their public home is this module.
-DyT.__module__ = Derf.__module__ = __name__
+
+def __getattr__(name: str):
+  """The layer of a pointwise op added to :data:`jaxnorm.OPS` after import (``register``)."""
+  return _pointwise.FACTORY.module_getattr(name)
+
+
+def __dir__():
+  return sorted(set(globals()) | set(_pointwise.FACTORY.layers()))
 
 
 # The constructor arguments of LayerNorm and RMSNorm that go into the parameters (their
@@ -332,4 +341,4 @@ def _call(layer: tp.Any, op_name: str, x: tp.Any, scale: tp.Any, bias: tp.Any, m
     x = h
   return common.normalize(op_name, x, scale, bias, dtype=out_dtype, mask=mask, residual=residual,
                           residual_scale=residual_scale, num_features=layer.num_features,
-                          module=name, **common.layer_options(layer))
+                          module=name, **common.layer_options(layer, op_name))

@@ -57,7 +57,7 @@ import numbers
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["derf", "dyt", "gated_rms_norm", "layer_norm", "rms_norm"]
+__all__ = ["derf", "dyt", "gated_rms_norm", "layer_norm", "pointwise", "rms_norm"]
 
 # Written out here, not imported: the oracle depends on nothing in jaxnorm.
 _CASTINGS = ("float32", "llama", "t5")
@@ -175,40 +175,51 @@ def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None,
   return y.astype(dtype or x.dtype)
 
 
-def _pointwise_affine(t, scale, bias, x, dtype):
-  y = t
-  if scale is not None:
-    y = y * scale
-  if bias is not None:
-    y = y + bias
-  return y.astype(dtype or x.dtype)
+def pointwise(phi, x, alpha, shift=None, scale=None, bias=None, *, dtype=None):
+  r"""Reference of the pointwise family (DyT, Derf and any op declared like them):
+  :math:`y = \mathrm{rd}_O(\gamma\,\varphi(\alpha x + s) + \beta)` under autodiff.
 
+  The arithmetic runs in ``promote_types(inputs, float32)`` and the parameters broadcast by
+  NumPy's rules from ``x``'s trailing axes; None parameters are left out (no shift, no scale,
+  no bias). An op's oracle is this with its own ``phi`` (written in ``jax.numpy``/``lax``,
+  differentiated by JAX, never the library's derived slope).
 
-def _compute(x, *params):
-  """``x`` and the parameters in ``promote_types(their dtypes, float32)``, the parameters
-  given ``x``'s rank by leading size-1 axes (they broadcast from the trailing axes)."""
+  Args:
+    phi: :math:`\varphi`, an elementwise function of one array.
+    x: floating array.
+    alpha, shift, scale, bias: floating arrays broadcasting against ``x``, or None.
+    dtype: output dtype (default: ``x.dtype``).
+
+  Returns:
+    ``y``, the shape of ``x``, in ``dtype``.
+  """
+  params = (alpha, shift, scale, bias)
   dt = jnp.promote_types(jnp.result_type(x, *(p for p in params if p is not None)), jnp.float32)
-  out = [jnp.asarray(x).astype(dt)]
-  for p in params:
-    if p is not None:
-      p = jnp.asarray(p).astype(dt)
-      p = p.reshape((1,) * (x.ndim - p.ndim) + p.shape)
-    out.append(p)
-  return out
+  xf = jnp.asarray(x).astype(dt)
+  a, sh, s, b = (None if p is None else jnp.asarray(p).astype(dt).reshape(
+      (1,) * (x.ndim - jnp.ndim(p)) + jnp.shape(p)) for p in params)
+  u = a * xf
+  if sh is not None:
+    u = u + sh
+  y = phi(u)
+  if s is not None:
+    y = y * s
+  if b is not None:
+    y = y + b
+  return y.astype(dtype or x.dtype)
 
 
 def dyt(x, alpha, scale=None, bias=None, *, dtype=None):
   r"""Reference DyT: :math:`y = \mathrm{rd}_O(\gamma \tanh(\alpha x) + \beta)`, the arithmetic in
-  ``promote_types(inputs, float32)`` and the parameters broadcast by NumPy's rules (autodiff)."""
-  xf, a, s, b = _compute(x, alpha, scale, bias)
-  return _pointwise_affine(jnp.tanh(a * xf), s, b, x, dtype)
+  ``promote_types(inputs, float32)`` and the parameters broadcast by NumPy's rules (autodiff):
+  :func:`pointwise` with :math:`\varphi = \tanh`."""
+  return pointwise(jnp.tanh, x, alpha, None, scale, bias, dtype=dtype)
 
 
 def derf(x, alpha, shift, scale=None, bias=None, *, dtype=None):
   r"""Reference Derf: :math:`y = \mathrm{rd}_O(\gamma\,\operatorname{erf}(\alpha x + s) + \beta)`,
   as :func:`dyt` (``erf`` from :func:`jax.lax.erf`, autodiff)."""
-  xf, a, sh, s, b = _compute(x, alpha, shift, scale, bias)
-  return _pointwise_affine(lax.erf(a * xf + sh), s, b, x, dtype)
+  return pointwise(lax.erf, x, alpha, shift, scale, bias, dtype=dtype)
 
 
 def gated_rms_norm(x, z, scale=None, *, epsilon=1e-6, group_size=None, norm_before_gate=True,

@@ -5,7 +5,8 @@ Prepare the earlier version as ``jaxnorm_old`` (see :mod:`experiments.bench.vers
   PYTHONPATH=/tmp/old:. python experiments/bench/compare_programs.py
 
 Compares ``jax.jit(f).lower(...).compile().as_text()`` (metadata and source-location tables
-removed) of every op of 20ad8f4 (``layer_norm``, ``rms_norm``, ``dyt``, ``derf``,
+removed) of every one-input op of :data:`jaxnorm.OPS` and its residual add + norm that the
+earlier version has too (at 20ad8f4 and since: ``layer_norm``, ``rms_norm``, ``dyt``, ``derf``,
 ``add_layer_norm``, ``add_rms_norm``) as the forward, ``jax.jvp`` and ``jax.grad`` in every
 array argument, at the versions bench's largest and smallest shapes (8192x1024, 1024x64), in
 float32 and bfloat16: 72 programs. Identical programs time the same; a timing ratio away from 1
@@ -32,12 +33,21 @@ def _program(f, *args):
 
 
 def _ops(a, sh):
-  return {"layer_norm": lambda m: lambda x, s, b: m.layer_norm(x, s, b),
-          "rms_norm": lambda m: lambda x, s, b: m.rms_norm(x, s),
-          "dyt": lambda m: lambda x, s, b: m.dyt(x, a, s, b),
-          "derf": lambda m: lambda x, s, b: m.derf(x, a, sh, s, b),
-          "add_layer_norm": lambda m: lambda x, s, b: m.add_layer_norm(x, x[::-1], s, b)[0],
-          "add_rms_norm": lambda m: lambda x, s, b: m.add_rms_norm(x, x[::-1], s)[0]}
+  """``{name: make}``, ``make(module)`` the op of that version as ``f(x, s, b)``: every one-input
+  op of :data:`jaxnorm.OPS` and its residual add + norm (fed ``x[::-1]``) that the earlier
+  version has too, its parameters by name (``scale`` s, ``bias`` b, ``alpha`` a, ``shift`` sh)."""
+  out = {}
+  for op in jaxnorm.OPS.values():
+    if op.inputs != ("x",) or not hasattr(jaxnorm_old, op.name):
+      continue
+    def params(s, b, op=op):
+      return tuple({"scale": s, "bias": b, "alpha": a, "shift": sh}[p] for p in op.params)
+    out[op.name] = lambda m, n=op.name, params=params: (
+        lambda x, s, b: getattr(m, n)(x, *params(s, b)))
+    if op.add_fn is not None and hasattr(jaxnorm_old, op.add_fn.__name__):
+      out[op.add_fn.__name__] = lambda m, n=op.add_fn.__name__, params=params: (
+          lambda x, s, b: getattr(m, n)(x, x[::-1], *params(s, b))[0])
+  return out
 
 
 def _modes(f):

@@ -27,6 +27,12 @@ from experiments.bench.timing import time_interleaved
 from experiments.bench.output import add_run_args, bench_meta, write_outputs
 
 
+def pointwise_ops() -> tuple[str, ...]:
+  """The names of the pointwise ops of :data:`jaxnorm.OPS`, in the table's order (read when
+  called, so an op added with ``jaxnorm.ops.table.register`` is one)."""
+  return tuple(name for name, op in jaxnorm.OPS.items() if op.family == "pointwise")
+
+
 def _fns(op_name: str, dtype):
   op, ref = jaxnorm.OPS[op_name].fn, jaxnorm.OPS[op_name].reference
   # The scalars (alpha, and Derf's shift) are the parameters before scale and bias.
@@ -104,12 +110,13 @@ def main(argv=None) -> int:
   parser.add_argument("--shapes", default="1024x256,4096x1024,2048x4096",
                       help="ROWSxD,... (default: %(default)s)")
   parser.add_argument("--dtypes", default="float32,bfloat16")
-  parser.add_argument("--ops", default="dyt,derf")
+  parser.add_argument("--ops", default=",".join(pointwise_ops()),
+                      help="pointwise ops of jaxnorm.OPS (default: all of them, %(default)s)")
   add_run_args(parser)
   args = parser.parse_args(argv)
   shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
   ops = args.ops.split(",")
-  bad = [o for o in ops if o not in jaxnorm.OPS or jaxnorm.OPS[o].family != "pointwise"]
+  bad = [o for o in ops if o not in pointwise_ops()]
   if bad:
     parser.error(f"--ops: {bad} are not pointwise ops of jaxnorm.OPS")
   if args.repeats < 3:

@@ -39,7 +39,8 @@ from jaxnorm import nnx as jaxnorm_nnx
 
 __all__ = ["bench_shape", "build_parser", "main", "norm_function"]
 
-KINDS = ("rms_norm", "layer_norm")
+# The ops with a layer in both jaxnorm.nnx and flax.nnx: the norm family of jaxnorm.OPS.
+KINDS = tuple(name for name, op in jaxnorm.OPS.items() if op.family == "norm")
 IMPLS = ("jaxnorm", "flax")
 MODES = ("fwd", "fwd+bwd")
 
@@ -117,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--tokens", type=_ints, default=(256,), help="token counts (rows = tokens * heads)")
   p.add_argument("--heads", type=_ints, default=(8, 32, 64))
   p.add_argument("--head-dims", type=_ints, default=(64, 128, 256))
-  p.add_argument("--kinds", default="rms_norm,layer_norm")
+  p.add_argument("--kinds", default=",".join(KINDS))
   p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
   p.add_argument("--repeats", type=positive_int, default=15, help="interleaved rounds per timing")
   p.add_argument("--sample-ms", type=positive_float, default=20.0, help="length of one sample")

@@ -32,7 +32,7 @@ import jaxnorm_old  # noqa: F401  (the earlier version, see the docstring)
 
 # The ops compared: the one-input ops of the table, and the residual add + norm ops (fed the
 # reversed x as the residual, in both versions alike).
-FUSED = {"add_layer_norm": "layer_norm", "add_rms_norm": "rms_norm"}
+FUSED = {op.add_fn.__name__: op.name for op in jaxnorm.OPS.values() if op.add_fn is not None}
 
 
 def _params(kind, s, b):
@@ -57,12 +57,12 @@ def impls(kind):
   :mod:`jaxnorm.reference` (the fused ops: of the add then the op)."""
   new, old = getattr(jaxnorm, kind), getattr(jaxnorm_old, kind)
   if kind in FUSED:
-    ref = getattr(jaxnorm.reference, FUSED[kind])
+    ref = jaxnorm.OPS[FUSED[kind]].reference
     return {"before": lambda x, s, b: old(x, x[::-1], *_params(kind, s, b).values())[0],
             "after": lambda x, s, b: new(x, x[::-1], *_params(kind, s, b).values())[0],
             "base": lambda x, s, b: ref(x + x[::-1], *_params(kind, s, b).values())}
-  base = flax_fn(kind) if jaxnorm.OPS[kind].layer in ("LayerNorm", "RMSNorm") else (
-      lambda x, s, b: getattr(jaxnorm.reference, kind)(x, *_params(kind, s, b).values()))
+  base = flax_fn(kind) if hasattr(nn, jaxnorm.OPS[kind].layer) else (
+      lambda x, s, b: jaxnorm.OPS[kind].reference(x, *_params(kind, s, b).values()))
   return {"before": lambda x, s, b: old(x, *_params(kind, s, b).values()),
           "after": lambda x, s, b: new(x, *_params(kind, s, b).values()),
           "base": base}
@@ -108,9 +108,14 @@ parser.add_argument("out", help="the JSON file to write")
 parser.add_argument("--shapes", type=lambda t: [_shape(s) for s in t.split(",")],
                     default=[(1024, 64), (4096, 256), (8192, 1024)], help="TOKENSxD,...")
 parser.add_argument("--modes", type=_modes, default=list(MODE_NAMES), help="subset of fwd,jvp,fwd+bwd")
-parser.add_argument("--ops", type=lambda t: t.split(","),
-                    default=["layer_norm", "rms_norm", "dyt", "derf", "add_layer_norm",
-                             "add_rms_norm"], help="ops to compare (default: every op of 20ad8f4)")
+# Default: the one-input ops of jaxnorm.OPS, then their residual add + norm ops, that the earlier
+# version has too (at 20ad8f4 and since: LayerNorm, RMSNorm, DyT, Derf and the two add + norm ops).
+_ONE_INPUT = [op for op in jaxnorm.OPS.values() if op.inputs == ("x",)]
+DEFAULT_OPS = [n for n in [op.name for op in _ONE_INPUT]
+               + [op.add_fn.__name__ for op in _ONE_INPUT if op.add_fn is not None]
+               if hasattr(jaxnorm_old, n)]
+parser.add_argument("--ops", type=lambda t: t.split(","), default=DEFAULT_OPS,
+                    help="ops to compare (default: those of jaxnorm.OPS the earlier version has)")
 args = parser.parse_args()
 rows = []
 for shape in args.shapes:

@@ -21,6 +21,7 @@ computation and names the argument, the value received and the value expected.
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from typing import Any, Mapping
@@ -32,10 +33,8 @@ from flax.nnx.nn import dtypes as _flax_dtypes
 from jaxnorm.backends import table as _backends
 from jaxnorm import _validation as v
 from jaxnorm._casting import CASTINGS, cast_plan
-from jaxnorm.ops.table import NORM_FAMILY, POINTWISE_FAMILY, lookup, names
+from jaxnorm.ops.table import NORM_FAMILY, POINTWISE_FAMILY, lookup
 
-KINDS = names(NORM_FAMILY)  # the norm family's ops, from jaxnorm.OPS
-POINTWISE_KINDS = names(POINTWISE_FAMILY)  # the pointwise family's ops, from jaxnorm.OPS
 
 
 def feature_shape(x_shape: tuple[int, ...], feature_axes: Any) -> tuple[int, ...]:
@@ -84,37 +83,32 @@ def check_num_features_arg(module: str, num_features: Any) -> int:
   return int(num_features)
 
 
-def check_options(epsilon: Any, epsilon_placement: Any, zero_centered_scale: Any,
-                  impl: Any, casting: Any = "float32", use_fast_variance: Any = False,
-                  memory_efficient: Any = False) -> float:
-  """Validates the static options of a layer once, when it is built.
+def op_options(op_name: str) -> tuple[Any, ...]:
+  """The options the norm-family op ``op_name`` declares (:class:`~jaxnorm._norm_ops.Option`:
+  LayerNorm's ``use_fast_variance`` and ``memory_efficient``, RMSNorm's ``memory_efficient``),
+  read from its entry of :data:`jaxnorm.OPS`: the one place the layers learn an option's name."""
+  return tuple(lookup(op_name, "op_name", NORM_FAMILY).decl.options)
+
+
+def check_layer_options(op_name: str, options: Mapping[str, Any]) -> float:
+  """Validates the static options of a norm layer once, when it is built.
+
+  ``options`` holds the family's options by name (``epsilon``, ``epsilon_placement``,
+  ``zero_centered_scale``, ``impl``, ``casting``) and the op's own (:func:`op_options`, each a
+  bool; an option the op does not declare, e.g. RMSNorm's ``use_fast_variance``, is not checked:
+  it has no effect).
 
   Returns:
     ``epsilon`` as a Python float (the NNX layers store it; the op then sees a clean value).
   """
-  epsilon = v.check_epsilon(epsilon)
-  v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
-  v.check_bool("zero_centered_scale", zero_centered_scale)
-  v.check_bool("use_fast_variance", use_fast_variance)
-  v.check_bool("memory_efficient", memory_efficient)
-  v.check_choice("impl", impl, _backends.IMPLS)
-  v.check_choice("casting", casting, CASTINGS)
+  epsilon = v.check_epsilon(options["epsilon"])
+  v.check_choice("epsilon_placement", options["epsilon_placement"], v.EPSILON_PLACEMENTS)
+  v.check_bool("zero_centered_scale", options["zero_centered_scale"])
+  for o in op_options(op_name):
+    v.check_bool(o.name, options[o.name])
+  v.check_choice("impl", options["impl"], _backends.IMPLS)
+  v.check_choice("casting", options["casting"], CASTINGS)
   return epsilon
-
-
-def check_layer_options(op_name: str, options: Mapping[str, Any]) -> float:
-  """:func:`check_options` of a norm layer's options, given by name (the layer's attributes).
-
-  ``options`` holds ``epsilon``, ``epsilon_placement``, ``zero_centered_scale``, ``impl``,
-  ``casting`` and the op's own options (``OPS[op_name].decl.options``: LayerNorm's
-  ``use_fast_variance``; RMSNorm's flag of that name is not checked, it has no effect).
-
-  Returns:
-    ``epsilon`` as a Python float.
-  """
-  own = {o.name: options[o.name] for o in lookup(op_name, "op_name", NORM_FAMILY).decl.options}
-  return check_options(options["epsilon"], options["epsilon_placement"],
-                       options["zero_centered_scale"], options["impl"], options["casting"], **own)
 
 
 def output_dtype(*args: Any, dtype: Any = None) -> Any:
@@ -133,17 +127,20 @@ def _to_rank(mask: Any, ndim: int) -> Any:
   return mask.reshape((1,) * (ndim - mask.ndim) + tuple(mask.shape))
 
 
-LAYER_OPTIONS = ("reduction_axes", "feature_axes", "epsilon", "axis_name", "axis_index_groups",
-                 "epsilon_placement", "zero_centered_scale", "impl", "casting",
-                 "use_fast_variance", "memory_efficient")
+# The norm family's options every norm layer stores under these names and passes to its op; the
+# op's own options (op_options) come from its declaration.
+FAMILY_OPTIONS = ("reduction_axes", "feature_axes", "epsilon", "axis_name", "axis_index_groups",
+                  "epsilon_placement", "zero_centered_scale", "impl", "casting")
 
 
-def layer_options(layer: Any) -> dict[str, Any]:
-  """The options of :func:`normalize` read off an NNX layer or a Linen module.
+def layer_options(layer: Any, op_name: str) -> dict[str, Any]:
+  """The options of :func:`normalize` read off an NNX layer or a Linen module of ``op_name``:
+  the family's (:data:`FAMILY_OPTIONS`) and the op's declared ones (:func:`op_options`).
 
   Both APIs store them under the same attribute names, so one place maps a layer to the op.
   """
-  return {name: getattr(layer, name) for name in LAYER_OPTIONS}
+  names = FAMILY_OPTIONS + tuple(o.name for o in op_options(op_name))
+  return {name: getattr(layer, name) for name in names}
 
 
 def normalize(op_name: str, x: Any, scale: Any, bias: Any, *, reduction_axes: Any,
@@ -152,7 +149,7 @@ def normalize(op_name: str, x: Any, scale: Any, bias: Any, *, reduction_axes: An
               epsilon_placement: str = "inside", zero_centered_scale: bool = False,
               impl: str = "auto", casting: str = "float32", num_features: int | None = None,
               module: str = "", residual: Any = None, residual_scale: float = 1.0,
-              use_fast_variance: bool = False, memory_efficient: bool = False) -> Any:
+              **options: Any) -> Any:
   r"""Normalizes ``x`` over any ``reduction_axes`` with the custom-VJP op of ``op_name``.
 
   .. math::
@@ -181,14 +178,15 @@ def normalize(op_name: str, x: Any, scale: Any, bias: Any, *, reduction_axes: An
     residual: ``None``, or an array of the shape of ``x``: the residual add + norm op then
       normalizes :math:`h = x + \alpha\,\text{residual}` (``jaxnorm.add_layer_norm``).
     residual_scale: :math:`\alpha`, a Python float (DeepNorm); only with ``residual``.
-    use_fast_variance: ``layer_norm``'s variance as :math:`\overline{x^2} - \mu^2` (as
-      :func:`jaxnorm.layer_norm`); no effect on ``rms_norm``.
-    memory_efficient: reverse mode keeps ``y`` instead of ``x`` (as :func:`jaxnorm.layer_norm`);
-      with ``residual`` a ``ValueError`` (the residual add + norm op has no such option).
+    options: the op's own options by name, as its declaration lists them (:func:`op_options`:
+      LayerNorm's ``use_fast_variance`` and ``memory_efficient``, RMSNorm's
+      ``memory_efficient``), each at its declared default when left out; another name raises a
+      ``TypeError``. With ``residual``, an option the residual add + norm op does not take
+      (``memory_efficient``) set away from its default raises a ``ValueError``.
     num_features: the layer's ``num_features`` (NNX; None for Linen), checked against the
       input's feature size. module: the layer's class name, for error messages.
 
-  The layer's static options were validated when it was built (:func:`check_options`); ``x``'s
+  The layer's static options were validated when it was built (:func:`check_layer_options`); ``x``'s
   and ``residual``'s dtypes, the residual's shape and the mask are checked once, by the op
   (the mask and the residual's shape here only when they must be transposed first).
 
@@ -206,11 +204,7 @@ def normalize(op_name: str, x: Any, scale: Any, bias: Any, *, reduction_axes: An
       epsilon=epsilon, axis=tuple(range(x.ndim - len(red), x.ndim)), mask=mt,
       epsilon_placement=epsilon_placement, axis_name=axis_name,
       axis_index_groups=axis_index_groups, impl=impl)
-  # The op's own options, as its declaration lists them (LayerNorm: use_fast_variance); a
-  # layer's option the op does not declare has no effect (RMSNorm's use_fast_variance).
-  given = {"use_fast_variance": use_fast_variance, "memory_efficient": memory_efficient}
-  own = lookup(op_name, "op_name", NORM_FAMILY).decl.options
-  op_kwargs.update({o.name: given[o.name] for o in own})
+  op_kwargs.update(_own_options(op_name, options))
   pshape = _in_op_param_shape(x, red, feat)
   if pshape is not None or (scale is None and bias is None):
     # In-op affine: scale and bias live on the reduction axes, or per head on axes just before
@@ -319,15 +313,31 @@ def _affine_after(op_name, x, xt, rt, scale, bias, feat, back, *, residual_scale
   return y.astype(dtype) if h is None else (y.astype(dtype), h)
 
 
+def _own_options(op_name: str, given: Mapping[str, Any]) -> dict[str, Any]:
+  """The op's declared options, from ``given`` or at their defaults; a ``TypeError`` naming any
+  other name."""
+  own = op_options(op_name)
+  unknown = sorted(set(given) - {o.name for o in own})
+  if unknown:
+    raise TypeError(f"{op_name} takes no option {unknown}; its options are "
+                    f"{tuple(o.name for o in own)} (its declaration in jaxnorm.OPS).")
+  return {o.name: given.get(o.name, o.default) for o in own}
+
+
 def _op(op_name, x, residual, scale, bias, residual_scale, **kw):
-  """The op of ``op_name``: ``y``, or ``(y, h)`` of the residual add + norm op with ``residual``."""
+  """The op of ``op_name``: ``y``, or ``(y, h)`` of the residual add + norm op with ``residual``
+  (an op option that op does not take is dropped at its default, refused otherwise)."""
   op = lookup(op_name, "op_name", NORM_FAMILY)
   params = _by_name(op, scale=scale, bias=bias)
   if residual is not None:
-    if kw.pop("memory_efficient", False):
-      raise ValueError("memory_efficient=True keeps the plain op's output in place of its input; "
-                       "the residual add + norm (residual=...) has no such option. Call the "
-                       "layer without residual, or with memory_efficient=False.")
+    takes = inspect.signature(op.add_fn).parameters
+    for o in op_options(op_name):
+      if o.name in kw and o.name not in takes:
+        value = kw.pop(o.name)
+        if value != o.default:
+          raise ValueError(f"{o.name}={value!r}: the residual add + norm (residual=...) has no "
+                           f"such option ({op.add_fn.__name__} takes no {o.name}). Call the "
+                           f"layer without residual, or with {o.name}={o.default!r}.")
     return op.add_fn(x, residual, *params, residual_scale=residual_scale, **kw)
   return op.fn(x, *params, **kw)
 

@@ -1,9 +1,11 @@
-"""The Flax NNX pointwise layers of :mod:`jaxnorm.nnx` (:class:`DyT`, :class:`Derf`) and the NNX
-parameter helpers every layer of :mod:`jaxnorm.nnx` shares.
+"""The Flax NNX layers of the pointwise ops (``jaxnorm.nnx.DyT``, ``jaxnorm.nnx.Derf``, and one
+for any pointwise op of :data:`jaxnorm.OPS`), built from the op's entry by :data:`FACTORY`,
+and the NNX parameter helpers every layer of :mod:`jaxnorm.nnx` shares.
 
-Private: the public names are ``jaxnorm.nnx.DyT`` and ``jaxnorm.nnx.Derf``, which
-:mod:`jaxnorm.nnx` re-exports (this module holds them to keep that one under the size limit,
-``tests/jaxnorm/test_layout.py``).
+Private: the classes' public home is :mod:`jaxnorm.nnx`, which exports one per pointwise op of the
+table (:func:`layers`). Each is a subclass of the family's layer, named by the entry's ``layer``,
+with the entry's docstring; it keeps the op's name and looks the op up in the table when built
+and when called.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from flax.typing import Axes, Dtype, Initializer, PromoteDtypeFn
 
 from jaxnorm.flax import common as common
 from jaxnorm import _validation as v
-from jaxnorm.ops.table import OPS
+from jaxnorm.flax.layer_factory import LayerFactory
+from jaxnorm.ops.table import OPS, POINTWISE_FAMILY
 
-__all__ = ["Derf", "DyT", "param", "value"]
+__all__ = ["FACTORY", "param", "value"]
 
 
 def value(param: tp.Any) -> tp.Any:
@@ -37,9 +40,8 @@ def param(rngs: nnx.Rngs, use: bool, init: tp.Any, shape: tuple[int, ...], dtype
   return nnx.Param(init(rngs.params(), shape, dtype), **metadata)
 
 
-
 class _Pointwise(nnx.Module):
-  """The shared constructor and call of :class:`DyT` and :class:`Derf`."""
+  """The constructor and call of every pointwise layer (:data:`FACTORY`)."""
 
   _op_name = ""
 
@@ -96,70 +98,12 @@ class _Pointwise(nnx.Module):
                             residual=residual, residual_scale=residual_scale)
 
 
-class DyT(_Pointwise):
-  r"""Dynamic Tanh (Zhu et al., CVPR 2025), a normalization-free drop-in for a norm layer.
-
-  .. math::
-
-     y = \gamma \odot \tanh(\alpha x) + \beta
-
-  with a learned scalar :math:`\alpha` (``alpha``, initialized to ``alpha_init_value``: the
-  paper's default 0.5; its LLM guidance, Table 11 of the paper: 1.0 in every layer at width
-  1024, and at larger widths a larger value in the attention blocks than elsewhere) and
-  :math:`\gamma` (``scale``, ones), :math:`\beta` (``bias``, zeros) per feature along
-  ``feature_axes``, as a norm layer's. Backed by :func:`jaxnorm.dyt` (derived backward and
-  tangent).
-
-  Example::
-
-    >>> from flax import nnx
-    >>> import jax
-    >>> from jaxnorm import nnx as jnn
-    >>> layer = jnn.DyT(6, rngs=nnx.Rngs(0))
-    >>> layer(jax.random.normal(jax.random.key(0), (3, 6))).shape
-    (3, 6)
-
-  Args:
-    num_features: the number of features: the product of the sizes of ``feature_axes``.
-    alpha_init_value: the initial :math:`\alpha` (a finite float).
-    shift_init_value: unused by DyT (accepted so that both pointwise layers share one
-      signature).
-    dtype: the dtype of the result (default: inferred from the input and the parameters).
-    param_dtype: the dtype of the parameters (default: float32).
-    use_bias: if True, the bias :math:`\beta` is added.
-    use_scale: if True, the output is multiplied by :math:`\gamma`.
-    bias_init: initializer for the bias, zeros by default.
-    scale_init: initializer for the scale, ones by default.
-    feature_axes: axes that carry their own :math:`\gamma` and :math:`\beta` (``(-2, -1)``: one
-      per head and feature, as for QK-norm).
-    promote_dtype: function that promotes the input and parameters to one dtype, as in Flax.
-    rngs: the random number generators for the initializers.
-
-  Raises:
-    TypeError: a non-int ``num_features`` or a non-number ``alpha_init_value``.
-    ValueError: a non-positive ``num_features``; at call time, an input whose feature size is
-      not ``num_features``.
+_DEFAULT_DOC = """{layer}: the Flax NNX layer of :func:`jaxnorm.{name}` (a pointwise op of
+  :data:`jaxnorm.OPS`), a normalization-free drop-in for a norm layer: a learned scalar ``alpha``
+  (and ``shift``, where the op has one), ``scale`` and ``bias`` per feature along
+  ``feature_axes``; the constructor and call of :class:`jaxnorm.nnx.DyT`.
   """
 
-  _op_name = "dyt"
-
-
-class Derf(_Pointwise):
-  r"""Dynamic erf (Chen et al., arXiv 2512.10938), a normalization-free drop-in for a norm.
-
-  .. math::
-
-     y = \gamma \odot \operatorname{erf}(\alpha x + s) + \beta
-
-  with learned scalars :math:`\alpha` (``alpha``, initial 0.5) and :math:`s` (``shift``, initial
-  0), the paper's initializations, and :math:`\gamma`, :math:`\beta` per feature as in
-  :class:`DyT`, whose arguments it takes (``shift_init_value`` sets :math:`s`). Backed by
-  :func:`jaxnorm.derf`.
-
-  Raises:
-    TypeError: a non-int ``num_features`` or a non-number initial value.
-    ValueError: a non-positive ``num_features``; at call time, an input whose feature size is
-      not ``num_features``.
-  """
-
-  _op_name = "derf"
+FACTORY = LayerFactory(_Pointwise, "jaxnorm.nnx", POINTWISE_FAMILY, 0, _DEFAULT_DOC)
+"""Builds the layer of each pointwise op of :data:`jaxnorm.OPS` (exported by
+:mod:`jaxnorm.nnx`)."""

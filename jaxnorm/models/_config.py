@@ -19,7 +19,9 @@ from jaxnorm._casting import CASTINGS
 from jaxnorm.ops.table import NORM_FAMILY, POINTWISE_FAMILY, layer_replacements, names
 
 NORM_POSITIONS = ("pre", "post", "sandwich", "deepnorm")
-NORM_TYPES = layer_replacements()  # OPS' one-input ops: "layer_norm", "rms_norm", "dyt", "derf"
+# OPS' one-input ops at import: "layer_norm", "rms_norm", "dyt", "derf". A config checks its
+# norm_type and qk_norm against the table itself, so an op registered later is accepted too.
+NORM_TYPES = layer_replacements()
 NORM_IMPLS = ("jaxnorm", "flax")
 INITS = ("xavier", "small")
 POSITIONS = ("learned", "rotary")
@@ -152,14 +154,14 @@ class TransformerConfig:
     for name in ("vocab_size", "max_len", "d_model", "n_layers", "n_heads", "d_ff"):
       v.check_positive_int(name, getattr(self, name))
     v.check_choice("norm_position", self.norm_position, NORM_POSITIONS)
-    v.check_choice("norm_type", self.norm_type, NORM_TYPES)
+    v.check_choice("norm_type", self.norm_type, layer_replacements())
     v.check_choice("norm_impl", self.norm_impl, NORM_IMPLS)
     v.check_choice("init", self.init, INITS)
     v.check_choice("positions", self.positions, POSITIONS)
     v.check_choice("dtype", self.dtype, DTYPES)
     v.check_choice("activation", self.activation, ACTIVATIONS)
     v.check_choice("casting", self.casting, CASTINGS)
-    v.check_choice("qk_norm", self.qk_norm, QK_NORMS)
+    v.check_choice("qk_norm", self.qk_norm, ("none",) + layer_replacements())
     v.check_choice("qk_norm_scale", self.qk_norm_scale, QK_NORM_SCALES)
     v.check_bool("norm_scaling", self.norm_scaling)
     object.__setattr__(self, "pointwise_alpha", _check_pointwise_alpha(self.pointwise_alpha))

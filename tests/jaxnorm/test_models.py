@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import jaxnorm
 from jaxnorm import nnx as jaxnorm_nnx
 from jaxnorm.models import (NORM_POSITIONS, TransformerConfig, TransformerLM, block_weight_paths,
                             deepnorm_alpha_beta)
 
 TINY = dict(d_model=32, n_layers=2, n_heads=2, d_ff=64, max_len=16)
-NORM_TYPES = ("layer_norm", "rms_norm")
+# The norm family of jaxnorm.OPS: the ops with a layer in Flax as well (compared against it).
+NORM_TYPES = tuple(name for name, op in jaxnorm.OPS.items() if op.family == "norm")
 
 
 def _config(**kw):

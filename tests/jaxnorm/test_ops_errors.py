@@ -21,6 +21,7 @@ from jaxnorm import _validation as v
 from jaxnorm import linen as jln
 from jaxnorm import nnx as jnn
 from jaxnorm.models import TransformerConfig
+from jaxnorm.ops.table import layer_replacements
 
 X = jnp.ones((2, 3, 8), jnp.float32)
 OPS = [jaxnorm.layer_norm, jaxnorm.rms_norm, jaxnorm.layer_norm_jacobian, jaxnorm.rms_norm_jacobian]
@@ -168,7 +169,7 @@ def _one_of(name, choices, got):
     ("nnx layer", "impl", _backends.IMPLS, lambda bad: jnn.RMSNorm(8, impl=bad, rngs=nnx.Rngs(0))),
     ("linen module", "epsilon_placement", v.EPSILON_PLACEMENTS,
      lambda bad: jln.LayerNorm(epsilon_placement=bad)),
-    ("model config", "norm_type", ("layer_norm", "rms_norm", "dyt", "derf"),
+    ("model config", "norm_type", layer_replacements(),
      lambda bad: TransformerConfig(norm_type=bad)),
     ("model config", "casting", jaxnorm.CASTINGS, lambda bad: TransformerConfig(casting=bad)),
     ("kernel API", "epsilon_placement", v.EPSILON_PLACEMENTS,

@@ -40,6 +40,12 @@ def _params(op, d, key, *, per="scalar", dtype=jnp.float32):
   return tuple(out[name].astype(dtype) for name in op.params)
 
 
+def _op_of(cls):
+  """The entry of jaxnorm.OPS whose layer ``cls`` is."""
+  (op,) = [op for op in POINTWISE if op.layer == cls.__name__]
+  return op
+
+
 # Every transform once per op (scalar parameters); per-head parameters under the transforms that
 # treat their leading axis (vmap batched and unbatched) and second order.
 CASES = [("float32", "scalar", TRANSFORMS), ("float32", "head", ("vmap", "vmap_unbatched", "grad2")),
@@ -90,8 +96,7 @@ def test_tanh_slope_has_no_cancellation_in_the_tails():
 def test_jacobian_diagonal(op):
   x = jax.random.normal(jax.random.key(0), (3, 6))
   params = _params(op, 6, jax.random.key(1))
-  jac_fn = jaxnorm.dyt_jacobian if op.name == "dyt" else jaxnorm.derf_jacobian
-  diag = jac_fn(x, *params[:-1])  # no bias
+  diag = op.jacobian(x, *params[:-1])  # no bias
   full = jax.jacfwd(lambda x: op.reference(x, *params))(x).reshape(18, 18)
   np.testing.assert_allclose(np.asarray(diag).reshape(-1), np.diag(np.asarray(full)),
                              rtol=1e-5, atol=1e-7)
@@ -170,7 +175,7 @@ def test_derf_needs_a_shift():
     jaxnorm.derf(jnp.ones(3), jnp.array(0.5), None)
 
 
-@pytest.mark.parametrize("cls", [jnn.DyT, jnn.Derf])
+@pytest.mark.parametrize("cls", [getattr(jnn, op.layer) for op in POINTWISE], ids=str)
 def test_nnx_layers(cls):
   layer = cls(6, alpha_init_value=0.8, rngs=nnx.Rngs(0))
   assert float(layer.alpha[...]) == pytest.approx(0.8)
@@ -179,7 +184,7 @@ def test_nnx_layers(cls):
   params = (layer.alpha[...],) + ((shift,) if shift is not None else ()) + (
       layer.scale[...], layer.bias[...])
   np.testing.assert_allclose(np.asarray(layer(x)),
-                             np.asarray(jaxnorm.OPS[cls.__name__.lower()].reference(x, *params)),
+                             np.asarray(_op_of(cls).reference(x, *params)),
                              rtol=1e-6)
   y, h = layer(x, residual=2 * x, residual_scale=0.5)
   np.testing.assert_allclose(np.asarray(h), np.asarray(2 * x), rtol=1e-6)
@@ -190,12 +195,11 @@ def test_nnx_layers(cls):
     cls(6, alpha_init_value="big", rngs=nnx.Rngs(0))
 
 
-@pytest.mark.parametrize("cls", [jln.DyT, jln.Derf])
+@pytest.mark.parametrize("cls", [getattr(jln, op.layer) for op in POINTWISE], ids=str)
 def test_linen_layers_match_nnx(cls):
   x = jax.random.normal(jax.random.key(0), (2, 3, 4))
   variables = cls(feature_axes=(-2, -1)).init(jax.random.key(1), x)
-  names = {"alpha", "scale", "bias"} | ({"shift"} if cls is jln.Derf else set())
-  assert set(variables["params"]) == names
+  assert set(variables["params"]) == set(_op_of(cls).params)
   assert variables["params"]["scale"].shape == (3, 4)
   nnx_cls = getattr(jnn, cls.__name__)
   layer = nnx_cls(12, feature_axes=(-2, -1), rngs=nnx.Rngs(0))
@@ -203,7 +207,7 @@ def test_linen_layers_match_nnx(cls):
                              np.asarray(layer(x)), rtol=1e-6)
 
 
-@pytest.mark.parametrize("norm_type", ["dyt", "derf"])
+@pytest.mark.parametrize("norm_type", [op.name for op in POINTWISE])
 @pytest.mark.parametrize("position", ["pre", "post", "sandwich", "deepnorm"])
 def test_models_take_them_in_every_position(norm_type, position):
   cfg = TransformerConfig(d_model=16, n_heads=2, d_ff=32, n_layers=2, norm_type=norm_type,

@@ -9,8 +9,10 @@ Every op of the family maps each element on its own,
 with a squashing function :math:`\varphi` (``tanh`` for DyT, ``erf`` for Derf, whose shift
 :math:`s` is learned; DyT has none) and parameters that broadcast against ``x`` from its
 trailing axes (a scalar :math:`\alpha`, one value per channel, or one per head and channel).
-A :class:`Squash` (:data:`DYT`, :data:`DERF`) declares an op: its function and its derivative;
-:data:`jaxnorm.OPS` names each declaration once.
+A :class:`Squash` declares an op: its function and its derivative. Each op of the family is its
+own module of this package (:mod:`~jaxnorm.ops.pointwise.dyt`, :mod:`~jaxnorm.ops.pointwise.derf`:
+its declaration, public function and Jacobian, on :func:`call` and :func:`jacobian`), and
+:data:`jaxnorm.OPS` names it once (``docs/adding-an-op.md``).
 Everything else (forward, residuals, tangent, derived backward, Jacobian diagonal) is written
 once here for the whole family, from the derivation in ``docs/derivations.md`` ("Pointwise
 ops: DyT and Derf"):
@@ -43,41 +45,23 @@ their primals.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable
 
 import jax.numpy as jnp
-from jax import lax
 
 from jaxnorm import _validation as v
 from jaxnorm._remat import INPUT_RESIDUAL
 from jaxnorm._rules import Family, TangentRule
 
-__all__ = ["DERF", "DYT", "PointwiseConfig", "Squash", "apply", "jacobian_diagonal", "prepare",
-           "pointwise_tangent_p"]
-
-_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
-
-
-def _tanh_slope(u, t):
-  """sech^2(u) = 4 e^{-2|u|} / (1 + e^{-2|u|})^2: no cancellation where tanh(u) rounds to 1."""
-  del t
-  e = jnp.exp(-2.0 * jnp.abs(u))
-  return 4.0 * e / jnp.square(1.0 + e)
-
-
-def _erf_slope(u, t):
-  """erf'(u) = 2 / sqrt(pi) * exp(-u^2)."""
-  del t
-  return _TWO_OVER_SQRT_PI * jnp.exp(-jnp.square(u))
-
+__all__ = ["PointwiseConfig", "Squash", "apply", "call", "jacobian", "jacobian_diagonal",
+           "prepare", "pointwise_tangent_p"]
 
 @dataclasses.dataclass(frozen=True)
 class Squash:
   """One op of the family: its squashing function and that function's derivative.
 
   Attributes:
-    name: the op's name (``"dyt"``, ``"derf"``).
+    name: the op's name (``"dyt"``, ``"derf"``), its key in :data:`jaxnorm.OPS`.
     fn: :math:`\\varphi(u)`, elementwise.
     slope: :math:`\\varphi'(u)`, called as ``slope(u, fn(u))``.
     has_shift: whether the op learns a shift :math:`s` inside :math:`\\varphi`.
@@ -89,19 +73,12 @@ class Squash:
   has_shift: bool
 
 
-DYT = Squash("dyt", jnp.tanh, _tanh_slope, has_shift=False)
-"""DyT's declaration: :math:`\\varphi = \\tanh`, no shift."""
-
-DERF = Squash("derf", lax.erf, _erf_slope, has_shift=True)
-"""Derf's declaration: :math:`\\varphi = \\operatorname{erf}` with a learned shift."""
-
-
 @dataclasses.dataclass(frozen=True)
 class PointwiseConfig:
   """Static description of one call (hashable: a ``nondiff_argnums`` value and a primitive
   parameter)."""
 
-  squash: Squash  # the op's declaration (DYT, DERF)
+  squash: Squash  # the op's declaration (e.g. jaxnorm.ops.pointwise.dyt.DYT)
   out_dtype: Any  # NumPy dtype of y
   compute_dtype: Any  # dtype of the arithmetic: promote_types(inputs, float32)
 
@@ -282,3 +259,20 @@ def apply(cfg: PointwiseConfig, x, alpha, shift, scale, bias):
   """The op on prepared arguments (:func:`prepare`), differentiable in both modes to any
   order; reverse mode runs :func:`backward`."""
   return _pointwise(cfg, x, alpha, shift, scale, bias)
+
+
+def call(squash: Squash, x, alpha, shift, scale, bias, *, dtype=None):
+  """The public function of the op ``squash`` declares: :func:`prepare`, then :func:`apply`.
+
+  ``shift`` is passed on as given (None where the op has none); the op's own function checks
+  that an op with a shift got one.
+  """
+  cfg, alpha, shift, scale, bias = prepare(squash, x, alpha, shift, scale, bias, dtype=dtype)
+  return apply(cfg, x, alpha, shift, scale, bias)
+
+
+def jacobian(squash: Squash, x, alpha, shift, scale):
+  """The diagonal of the op's Jacobian in ``x`` (:func:`jacobian_diagonal`) on unprepared
+  arguments, shaped like ``x`` in the compute dtype."""
+  cfg, alpha, shift, scale, _ = prepare(squash, x, alpha, shift, scale, None)
+  return jacobian_diagonal(cfg, x, alpha, shift, scale)
