@@ -146,6 +146,8 @@ class LayerNorm(nn.Module):
     epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
     impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
+    backend_config: the config of the backend ``impl`` runs, or None (a
+      :class:`jaxnorm.PallasConfig` for the kernels; :func:`jaxnorm.layer_norm`).
     casting: ``"float32"``, ``"llama"`` or ``"t5"``: where the affine stage rounds.
     memory_efficient: reverse mode keeps ``y`` instead of ``x`` (:func:`jaxnorm.layer_norm`).
   """
@@ -166,6 +168,7 @@ class LayerNorm(nn.Module):
   epsilon_placement: str = "inside"
   zero_centered_scale: bool = False
   impl: str = "auto"
+  backend_config: Any = None
   casting: str = "float32"
   memory_efficient: bool = False
 
@@ -235,6 +238,8 @@ class RMSNorm(nn.Module):
     epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
     impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
+    backend_config: the config of the backend ``impl`` runs, or None (a
+      :class:`jaxnorm.PallasConfig` for the kernels; :func:`jaxnorm.layer_norm`).
     casting: ``"float32"``, ``"llama"`` or ``"t5"``: where the affine stage rounds.
     memory_efficient: reverse mode keeps ``y`` instead of ``x`` (:func:`jaxnorm.layer_norm`).
   """
@@ -253,6 +258,7 @@ class RMSNorm(nn.Module):
   epsilon_placement: str = "inside"
   zero_centered_scale: bool = False
   impl: str = "auto"
+  backend_config: Any = None
   casting: str = "float32"
   memory_efficient: bool = False
 

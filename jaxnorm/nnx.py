@@ -156,6 +156,8 @@ class LayerNorm(nnx.Module):
     epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
     impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
+    backend_config: the config of the backend ``impl`` runs, or None (a
+      :class:`jaxnorm.PallasConfig` for the kernels; :func:`jaxnorm.layer_norm`).
     casting: ``"float32"``, ``"llama"`` or ``"t5"``: where the affine stage rounds.
     memory_efficient: reverse mode keeps ``y`` instead of ``x`` (:func:`jaxnorm.layer_norm`).
 
@@ -189,6 +191,7 @@ class LayerNorm(nnx.Module):
       epsilon_placement: str = "inside",
       zero_centered_scale: bool = False,
       impl: str = "auto",
+      backend_config: tp.Any = None,
       casting: str = "float32",
       memory_efficient: bool = False,
   ):
@@ -262,6 +265,8 @@ class RMSNorm(nnx.Module):
     epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
     impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
+    backend_config: the config of the backend ``impl`` runs, or None (a
+      :class:`jaxnorm.PallasConfig` for the kernels; :func:`jaxnorm.layer_norm`).
     casting: ``"float32"``, ``"llama"`` or ``"t5"``: where the affine stage rounds.
     memory_efficient: reverse mode keeps ``y`` instead of ``x`` (:func:`jaxnorm.layer_norm`).
 
@@ -292,6 +297,7 @@ class RMSNorm(nnx.Module):
       epsilon_placement: str = "inside",
       zero_centered_scale: bool = False,
       impl: str = "auto",
+      backend_config: tp.Any = None,
       casting: str = "float32",
       memory_efficient: bool = False,
   ):

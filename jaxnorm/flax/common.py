@@ -94,9 +94,9 @@ def check_layer_options(op_name: str, options: Mapping[str, Any]) -> float:
   """Validates the static options of a norm layer once, when it is built.
 
   ``options`` holds the family's options by name (``epsilon``, ``epsilon_placement``,
-  ``zero_centered_scale``, ``impl``, ``casting``) and the op's own (:func:`op_options`, each a
-  bool; an option the op does not declare, e.g. RMSNorm's ``use_fast_variance``, is not checked:
-  it has no effect).
+  ``zero_centered_scale``, ``impl``, ``backend_config``, ``casting``) and the op's own
+  (:func:`op_options`, each a bool; an option the op does not declare, e.g. RMSNorm's
+  ``use_fast_variance``, is not checked: it has no effect).
 
   Returns:
     ``epsilon`` as a Python float (the NNX layers store it; the op then sees a clean value).
@@ -107,6 +107,7 @@ def check_layer_options(op_name: str, options: Mapping[str, Any]) -> float:
   for o in op_options(op_name):
     v.check_bool(o.name, options[o.name])
   v.check_choice("impl", options["impl"], _backends.IMPLS)
+  _backends.check_config(options["backend_config"])
   v.check_choice("casting", options["casting"], CASTINGS)
   return epsilon
 
@@ -130,7 +131,7 @@ def _to_rank(mask: Any, ndim: int) -> Any:
 # The norm family's options every norm layer stores under these names and passes to its op; the
 # op's own options (op_options) come from its declaration.
 FAMILY_OPTIONS = ("reduction_axes", "feature_axes", "epsilon", "axis_name", "axis_index_groups",
-                  "epsilon_placement", "zero_centered_scale", "impl", "casting")
+                  "epsilon_placement", "zero_centered_scale", "impl", "backend_config", "casting")
 
 
 def layer_options(layer: Any, op_name: str) -> dict[str, Any]:
@@ -147,9 +148,9 @@ def normalize(op_name: str, x: Any, scale: Any, bias: Any, *, reduction_axes: An
               feature_axes: Any, epsilon: float, dtype: Any, mask: Any = None,
               axis_name: Any = None, axis_index_groups: Any = None,
               epsilon_placement: str = "inside", zero_centered_scale: bool = False,
-              impl: str = "auto", casting: str = "float32", num_features: int | None = None,
-              module: str = "", residual: Any = None, residual_scale: float = 1.0,
-              **options: Any) -> Any:
+              impl: str = "auto", backend_config: Any = None, casting: str = "float32",
+              num_features: int | None = None, module: str = "", residual: Any = None,
+              residual_scale: float = 1.0, **options: Any) -> Any:
   r"""Normalizes ``x`` over any ``reduction_axes`` with the custom-VJP op of ``op_name``.
 
   .. math::
@@ -173,8 +174,9 @@ def normalize(op_name: str, x: Any, scale: Any, bias: Any, *, reduction_axes: An
     epsilon: the epsilon of the op.
     dtype: the output dtype (the layer computes it with Flax's rules).
     mask: ``None`` or a boolean array broadcastable to ``x``.
-    axis_name, axis_index_groups, epsilon_placement, zero_centered_scale, impl, casting: as
-      :func:`jaxnorm.layer_norm` (``axis_name`` splits the reduction axes).
+    axis_name, axis_index_groups, epsilon_placement, zero_centered_scale, impl,
+      backend_config, casting: as :func:`jaxnorm.layer_norm` (``axis_name`` splits the
+      reduction axes).
     residual: ``None``, or an array of the shape of ``x``: the residual add + norm op then
       normalizes :math:`h = x + \alpha\,\text{residual}` (``jaxnorm.add_layer_norm``).
     residual_scale: :math:`\alpha`, a Python float (DeepNorm); only with ``residual``.
@@ -203,7 +205,7 @@ def normalize(op_name: str, x: Any, scale: Any, bias: Any, *, reduction_axes: An
   op_kwargs = dict(
       epsilon=epsilon, axis=tuple(range(x.ndim - len(red), x.ndim)), mask=mt,
       epsilon_placement=epsilon_placement, axis_name=axis_name,
-      axis_index_groups=axis_index_groups, impl=impl)
+      axis_index_groups=axis_index_groups, impl=impl, backend_config=backend_config)
   op_kwargs.update(_own_options(op_name, options))
   pshape = _in_op_param_shape(x, red, feat)
   if pshape is not None or (scale is None and bias is None):

@@ -392,3 +392,36 @@ def test_impl_is_passed_to_the_op(name):
   # The Pallas kernels take no mask: the op refuses, so the argument demonstrably reaches it.
   with pytest.raises(ValueError, match="impl='pallas'"):
     cls(8, impl="pallas", rngs=nnx.Rngs(0))(x, mask=x > 0)
+
+
+@pytest.mark.parametrize("api", ["nnx", "linen"])
+@pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])
+def test_backend_config_reaches_the_op(api, name):
+  """``backend_config=`` on a norm layer is the op's: interpret mode makes ``impl="pallas"`` run
+  the kernels on this CPU (one forward kernel in the program), equal to the op called the same
+  way; a value that configures no backend is refused when the layer is built."""
+  from flax import linen as nn
+  from jaxnorm import linen as jln
+  from _kernels import count_pallas_calls
+  x = jax.random.normal(jax.random.key(3), (4, 8))
+  cfg = jaxnorm.PallasConfig(interpret=True)
+  op = jaxnorm.layer_norm if name == "LayerNorm" else jaxnorm.rms_norm
+  if api == "nnx":
+    layer = getattr(jnn, name)(8, impl="pallas", backend_config=cfg, rngs=nnx.Rngs(0))
+    f = layer
+    params = (layer.scale.get_value(),) + ((layer.bias.get_value(),) if name == "LayerNorm"
+                                           else ())
+  else:
+    module = getattr(jln, name)(impl="pallas", backend_config=cfg)
+    variables = module.init(jax.random.key(0), x)
+    f = lambda x: module.apply(variables, x)  # noqa: E731
+    params = tuple(variables["params"][k] for k in ("scale", "bias")
+                   if k in variables["params"])
+  assert count_pallas_calls(f, x) == 1
+  np.testing.assert_array_equal(f(x), op(x, *params, impl="pallas", backend_config=cfg))
+  with pytest.raises(TypeError, match="^backend_config must be a jaxnorm.PallasConfig or None"):
+    if api == "nnx":
+      getattr(jnn, name)(8, backend_config="interpret", rngs=nnx.Rngs(0))
+    else:
+      getattr(jln, name)(backend_config="interpret").init(jax.random.key(0), x)
+  assert issubclass(getattr(jln, name), nn.Module)
