@@ -79,7 +79,7 @@ def test_dataclass_fields_match_flax():
       b = [("use_fast_variance", False) if f == ("use_fast_variance", True) else f for f in b]
     assert a[:len(b)] == b, name
     assert a[len(b):] == [("epsilon_placement", "inside"), ("zero_centered_scale", False),
-                          ("impl", "auto"), ("casting", "float32"),
+                          ("impl", "auto"), ("backend_config", None), ("casting", "float32"),
                           ("memory_efficient", False)], name
   assert "force_float32_reductions" in [f.name for f in dataclasses.fields(jln.LayerNorm)]
 

@@ -117,6 +117,7 @@ def test_constructor_and_call_signatures_match_flax():
     assert extra == [("epsilon_placement", "inside", p.KEYWORD_ONLY),
                      ("zero_centered_scale", False, p.KEYWORD_ONLY),
                      ("impl", "auto", p.KEYWORD_ONLY),
+                     ("backend_config", None, p.KEYWORD_ONLY),
                      ("casting", "float32", p.KEYWORD_ONLY),
                      ("memory_efficient", False, p.KEYWORD_ONLY)]
   # Both siblings are called the same way.
