@@ -61,17 +61,10 @@ from jaxnorm.flax import linen_pointwise as _pointwise
 from jaxnorm.flax.gated_linen import GatedRMSNorm as GatedRMSNorm
 
 # One layer per pointwise op of jaxnorm.OPS (DyT, Derf), built from its entry (exported by name).
-globals().update(_pointwise.FACTORY.layers())
-__all__ = sorted(["GatedRMSNorm", "LayerNorm", "RMSNorm", *_pointwise.FACTORY.layers()])
-
-
-def __getattr__(name: str):
-  """The layer of a pointwise op added to :data:`jaxnorm.OPS` after import (``register``)."""
-  return _pointwise.FACTORY.module_getattr(name)
-
-
-def __dir__():
-  return sorted(set(globals()) | set(_pointwise.FACTORY.layers()))
+# The layer of a pointwise op added to jaxnorm.OPS after import (register) is found by
+# __getattr__ (PEP 562).
+__all__, __getattr__, __dir__ = _pointwise.FACTORY.export(
+    globals(), ["GatedRMSNorm", "LayerNorm", "RMSNorm"])
 
 
 def _params(mdl: nn.Module, x: jax.Array, use_scale: bool, use_bias: bool):

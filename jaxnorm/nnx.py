@@ -67,17 +67,10 @@ from jaxnorm.ops.table import OPS
 
 # One layer per pointwise op of jaxnorm.OPS (DyT, Derf), built from its entry by
 # jaxnorm.flax.nnx_pointwise (their __module__ is this one), exported by name.
-globals().update(_pointwise.FACTORY.layers())
-__all__ = sorted(["GatedRMSNorm", "LayerNorm", "RMSNorm", *_pointwise.FACTORY.layers()])
-
-
-def __getattr__(name: str):
-  """The layer of a pointwise op added to :data:`jaxnorm.OPS` after import (``register``)."""
-  return _pointwise.FACTORY.module_getattr(name)
-
-
-def __dir__():
-  return sorted(set(globals()) | set(_pointwise.FACTORY.layers()))
+# The layer of a pointwise op added to jaxnorm.OPS after import (register) is found by
+# __getattr__ (PEP 562).
+__all__, __getattr__, __dir__ = _pointwise.FACTORY.export(
+    globals(), ["GatedRMSNorm", "LayerNorm", "RMSNorm"])
 
 
 # The constructor arguments of LayerNorm and RMSNorm that go into the parameters (their

@@ -53,3 +53,18 @@ class LayerFactory:
     if found is None:
       raise AttributeError(f"module {self.home!r} has no attribute {name!r}")
     return found
+
+  def export(self, namespace: dict, fixed: list[str]):
+    """Puts every layer of the family into ``namespace`` (the globals of ``home``) and returns
+    ``(__all__, __getattr__, __dir__)`` for it: ``fixed`` (the module's own layers) and the
+    family's, sorted; the layer of an op registered after import (:meth:`module_getattr`); and
+    the listing with those layers."""
+    namespace.update(self.layers())
+
+    def module_getattr(name: str) -> type:
+      return self.module_getattr(name)
+
+    def module_dir() -> list[str]:
+      return sorted(set(namespace) | set(self.layers()))
+
+    return sorted([*fixed, *self.layers()]), module_getattr, module_dir
