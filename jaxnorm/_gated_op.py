@@ -71,6 +71,18 @@ class GatedConfig:
   # nothing rounds before y ("float32", or a mode whose dtypes are all the compute dtype).
   cast: CastPlan | None = None
 
+  def grouped(self, a, ct):
+    """``a: (..., d)`` in ``ct``, viewed as ``(..., groups, group_size)`` (None stays None);
+    with one group, ``a`` as it is (XLA:CPU's programs with the size-1 axis ran the backward
+    1.3-3x slower, docs/perf-notes.md). The view every XLA formula of the op works in (a group's
+    statistic broadcasts along its last axis) and the one the range check measures."""
+    if a is None:
+      return None
+    a = a.astype(ct)
+    if a.shape[-1] == self.group_size:
+      return a
+    return a.reshape(a.shape[:-1] + (a.shape[-1] // self.group_size, self.group_size))
+
 
 GATED_RMS_NORM = GatedOp("gated_rms_norm", options=(
     Option("group_size", None),  # features per group (None: the whole row)

@@ -44,7 +44,7 @@ from jaxnorm.backends.xla.backend import XLA
 __all__ = ["ALIASES", "BACKENDS", "IMPLS", "PER_PLATFORM", "PLATFORM_BACKENDS", "PREFERENCE",
            "add_backward", "add_forward", "add_forward_only", "backward", "formula", "forward",
            "forward_only", "param_cotangents", "resolve_add_impl", "resolve_impl",
-           "run", "call_config", "check_config", "one_config", "register_backend",
+           "run", "call_config", "check_config", "register_backend",
            "unregister_backend"]
 
 _BACKENDS = {XLA.name: XLA, TRITON.name: TRITON}
@@ -121,31 +121,24 @@ def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()) ->
   return name
 
 
-def one_config(backend_config, pallas=None):
-  """``(config, argument)``: the call's backend config and the name it was passed under, from
-  its public ``backend_config=`` and the documented alias ``pallas=`` (at most one of them);
-  ``(None, "backend_config")`` when neither is given. Both given is a ``ValueError`` naming
-  both."""
-  if pallas is None:
-    return backend_config, "backend_config"
-  if backend_config is not None:
-    raise ValueError(f"backend_config= and its alias pallas= were both given "
-                     f"({type(backend_config).__name__} and {type(pallas).__name__}); pass "
-                     f"the backend config once, as backend_config=.")
-  return pallas, "pallas"
-
-
-def check_config(config, argument: str = "backend_config"):
-  """``config``, the call's backend config (passed as ``argument``: ``backend_config`` or its
-  alias ``pallas``), if it is None or an instance of a backend's ``config_class``; a
-  ``TypeError`` naming ``argument`` otherwise (checked before the backend is chosen, so a wrong
-  type is refused whatever ``impl`` is)."""
-  if config is None:
-    return None
-  owners = _configured()
-  if not isinstance(config, tuple(b.config_class for b in owners)):
-    v.check_instance(argument, config, owners[0].config_class, owners[0].config_example)
-  return config
+def check_config(backend_config, pallas=None):
+  """``(config, argument)``: the call's backend config and the name it was passed under, from its
+  public ``backend_config=`` and the documented alias ``pallas=`` (at most one; ``(None,
+  "backend_config")`` when neither is given). Both given is a ``ValueError`` naming both; a
+  config that is no backend's ``config_class`` a ``TypeError`` naming the argument as spelled
+  (checked before the backend is chosen, so a wrong type is refused whatever ``impl`` is)."""
+  config, argument = backend_config, "backend_config"
+  if pallas is not None:
+    if backend_config is not None:
+      raise ValueError(f"backend_config= and its alias pallas= were both given "
+                       f"({type(backend_config).__name__} and {type(pallas).__name__}); pass "
+                       f"the backend config once, as backend_config=.")
+    config, argument = pallas, "pallas"
+  if config is not None:
+    owners = _configured()
+    if not isinstance(config, tuple(b.config_class for b in owners)):
+      v.check_instance(argument, config, owners[0].config_class, owners[0].config_example)
+  return config, argument
 
 
 def call_config(config, impl: str, impl_arg: str, argument: str = "backend_config"):

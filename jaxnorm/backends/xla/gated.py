@@ -33,26 +33,13 @@ from jaxnorm._gated_op import GatedConfig
 __all__ = ["ROLES", "backward", "forward", "forward_only", "tangent"]
 
 
-def _grouped(cfg: GatedConfig, a, ct):
-  """``a: (..., d)`` in ``ct``, viewed as ``(..., groups, group_size)`` (None stays None); with
-  one group, ``a`` as it is (XLA:CPU's programs with the size-1 axis ran the backward 1.3-3x
-  slower, docs/perf-notes.md). Every formula below works in this view, so a group's statistic
-  broadcasts along its last axis."""
-  if a is None:
-    return None
-  a = a.astype(ct)
-  if a.shape[-1] == cfg.group_size:
-    return a
-  return a.reshape(a.shape[:-1] + (a.shape[-1] // cfg.group_size, cfg.group_size))
-
-
 def _gamma(cfg: GatedConfig, scale, ndim: int):
   """``scale`` (``(d,)`` or None) in the compute dtype in the grouped view, with leading size-1
   axes to its rank (its value is the scale's own: the casting modes form gamma in the scale's
   dtype, where ``scale`` already is)."""
   if scale is None:
     return None
-  g = _grouped(cfg, scale, cfg.compute_dtype)
+  g = cfg.grouped(scale, cfg.compute_dtype)
   rank = ndim if g.ndim == 1 else ndim + 1
   return g.reshape((1,) * (rank - g.ndim) + g.shape)
 
@@ -84,7 +71,7 @@ def _from_residuals(cfg: GatedConfig, x, z, scale, rstd):
   """What the tangent and the backward recompute from the residuals, in the grouped view and the
   compute dtype: ``(x, silu(z), silu'(z), r, u_hat, gamma)``, ``r`` broadcastable."""
   ct = cfg.compute_dtype
-  xg, zg = _grouped(cfg, x, ct), _grouped(cfg, z, ct)
+  xg, zg = cfg.grouped(x, ct), cfg.grouped(z, ct)
   g, dg = _gate(zg)
   r = rstd.astype(ct)
   r = r if x.shape[-1] == cfg.group_size else r[..., None]
@@ -95,7 +82,7 @@ def _from_residuals(cfg: GatedConfig, x, z, scale, rstd):
 def forward(cfg: GatedConfig, x, z, scale):
   """``(y, rstd)``: ``y`` in ``cfg.out_dtype``, ``rstd: (..., groups)`` in the compute dtype."""
   ct = cfg.compute_dtype
-  xg, zg = _grouped(cfg, x, ct), _grouped(cfg, z, ct)
+  xg, zg = cfg.grouped(x, ct), cfg.grouped(z, ct)
   g, _ = _gate(zg)
   u = xg if cfg.norm_before_gate else xg * g
   rstd = lax.rsqrt(_group_mean(jnp.square(u)) + cfg.epsilon)
@@ -121,7 +108,7 @@ def tangent(cfg: GatedConfig, x, z, scale, rstd, tx, tz, tscale):
   ct = cfg.compute_dtype
   xg, g, dg, r, uh, gamma = _from_residuals(cfg, x, z, scale, rstd)
   u, p = _affine(cfg, uh, gamma)
-  txg, tzg = _grouped(cfg, tx, ct), _grouped(cfg, tz, ct)
+  txg, tzg = cfg.grouped(tx, ct), cfg.grouped(tz, ct)
   gate_after = g if cfg.norm_before_gate else None
   tgate = None if tzg is None else dg * tzg
   if cfg.norm_before_gate:
@@ -152,7 +139,7 @@ def backward(cfg: GatedConfig, x, z, scale, rstd, dy):
   if cfg.cast is not None:
     return _backward_cast(cfg, x, z, scale, rstd, dy)
   xg, g, dg, r, uh, gamma = _from_residuals(cfg, x, z, scale, rstd)
-  dyg = _grouped(cfg, dy, cfg.compute_dtype)
+  dyg = cfg.grouped(dy, cfg.compute_dtype)
   dn = dyg * g if cfg.norm_before_gate else dyg  # the cotangent of gamma * u_hat
   a = _times(dn, gamma)
   du = r * (a - uh * _group_mean(a * uh))
@@ -176,7 +163,7 @@ def _backward_cast(cfg: GatedConfig, x, z, scale, rstd, dy):
   :math:`\bar z = \bar y\,p\,g'` at the rounded :math:`p`."""
   xg, g, dg, r, uh, gamma = _from_residuals(cfg, x, z, scale, rstd)
   u, p = _affine(cfg, uh, gamma)
-  dyg = _grouped(cfg, dy, cfg.compute_dtype)
+  dyg = cfg.grouped(dy, cfg.compute_dtype)
   _, dp, a = cfg.cast.cotangents(dyg * g if cfg.norm_before_gate else dyg, gamma)
   du = r * (a - uh * _group_mean(a * uh))
   if cfg.norm_before_gate:

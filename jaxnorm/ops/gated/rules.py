@@ -89,15 +89,9 @@ def _check_range(cfg: GatedConfig, x, z) -> None:
   range it comes back as the norm ops' rows do, ``docs/derivations.md``)."""
   if _jax_compat.is_tracer(x) or _jax_compat.is_tracer(z):
     return
-  k = cfg.group_size
-
-  def grouped(a):  # (..., groups, group_size) in the compute dtype: each group one "row"
-    a = a.astype(cfg.compute_dtype)
-    return a.reshape(a.shape[:-1] + (a.shape[-1] // k, k))
-
-  u, name = grouped(x), "x"
+  u, name = cfg.grouped(x, cfg.compute_dtype), "x"  # each group one "row"
   if not cfg.norm_before_gate:
-    u, name = u * jax.nn.silu(grouped(z)), "x * silu(z)"
+    u, name = u * jax.nn.silu(cfg.grouped(z, cfg.compute_dtype)), "x * silu(z)"
   _cc.check_row_range(GATED_RMS_NORM.name, u, cfg.epsilon, x_name=name)
 
 
@@ -199,8 +193,7 @@ def _prepare(x, z, scale, *, epsilon, dtype, impl, backend_config=None, pallas=N
     raise ValueError(f"group_size must divide x's last axis ({d}), got {k}; Mamba2's "
                      f"group_size is d // ngroups.")
   out_dtype = v.check_out_dtype("dtype", dtype)
-  config, config_arg = _backends.one_config(backend_config, pallas)
-  config = _backends.check_config(config, config_arg)
+  config, config_arg = _backends.check_config(backend_config, pallas)
   dtypes = [a.dtype for a in (x, z, scale) if a is not None]
   ct = jnp.dtype(jnp.promote_types(jnp.result_type(*dtypes), jnp.float32))
   rows = int(x.size // d) if d else 0

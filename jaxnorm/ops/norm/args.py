@@ -70,8 +70,7 @@ def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
         shapes=(scale_heads + (d,), bias_heads + (d,)), out_dtype=dtype or x.dtype)
   lead = tuple(x.shape[:axes[0]])
   x2 = x.reshape(lead + (d,))
-  config, config_arg = _backends.one_config(backend_config, pallas)
-  config = _backends.check_config(config, config_arg)
+  config, config_arg = _backends.check_config(backend_config, pallas)
   impl_arg = impl
   impl = _backends.resolve_impl(impl, (int(np.prod(lead)), d), x.dtype, mask, axis_name,
                                 op, options)
