@@ -42,8 +42,9 @@ def _is_float(a) -> bool:
 
 @jax.custom_jvp
 def _site(a, r, eps):
-  """``a * (1 + eps . r)`` to first order: the value ``a`` itself (exactly, infinities too), the
-  tangent ``da + (deps . r) a`` (``r``: one multiplier array per direction, stacked)."""
+  """``a * (1 + eps r)`` to first order: the value ``a`` itself (exactly, infinities too), the
+  tangent ``da + (deps r) a`` (``r``: one direction's multipliers, ``a``'s shape; the
+  directions are a ``vmap`` over ``r``, which leaves the value unbatched)."""
   del r, eps
   return a
 
@@ -52,7 +53,7 @@ def _site(a, r, eps):
 def _site_jvp(primals, tangents):
   a, r, _ = primals
   da, _, deps = tangents
-  return a, da + jnp.tensordot(deps, r, axes=1) * a
+  return a, da + (deps * r) * a
 
 
 def _mix(h: np.ndarray) -> np.ndarray:
@@ -166,13 +167,15 @@ def magnitude(fn, z, mults):
   closed = jax.make_jaxpr(fn)(*z)
   directions = int(mults[0].shape[0]) if mults else 1
 
-  def run(eps):
-    perturb = _Perturb(eps, mults)
+  def run(eps, mults_d):
+    perturb = _Perturb(eps, mults_d)
     return _eval(closed.jaxpr, closed.consts, [perturb(a) for a in z], perturb)
 
-  # The derivative along each direction's unit vector, batched: the evaluation itself (the
-  # values, unperturbed) runs once and only the tangents are per direction.
-  zero = jnp.zeros((directions,), jnp.result_type(float))
-  values, tangents = jax.vmap(lambda t: jax.jvp(run, (zero,), (t,)), out_axes=(None, 0))(
-      jnp.eye(directions, dtype=zero.dtype))
+  # The derivative in eps along one direction's multipliers, batched over the directions (a
+  # vmap over the multipliers): the evaluation itself (the values, unperturbed) runs once and
+  # only the tangents are per direction; each site's tangent is elementwise (r_d a), with no
+  # contraction over the directions.
+  zero, one = jnp.zeros((), jnp.result_type(float)), jnp.ones((), jnp.result_type(float))
+  values, tangents = jax.vmap(lambda m: jax.jvp(lambda e: run(e, m), (zero,), (one,)),
+                              out_axes=(None, 0), axis_size=directions)(list(mults))
   return list(values), [jnp.max(jnp.abs(t), axis=0) for t in tangents]
