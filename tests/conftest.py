@@ -15,7 +15,7 @@ if _TESTS not in sys.path:
   sys.path.insert(0, _TESTS)
 
 # 8 host devices for the sharding tests. The tests run tiny shapes, so compilation dominates
-# their time; two flags make XLA:CPU compile faster without changing what a program computes
+# their time; three flags make XLA:CPU compile faster without changing what a program computes
 # beyond its rounding (every comparison of the suite is within a tolerance, or bitwise between
 # programs built the same way: docs/bitwise.md):
 #  - LLVM at optimization level 0: about a third faster (tests/jaxnorm/test_models.py -k "scan or
@@ -23,9 +23,14 @@ if _TESTS not in sys.path:
 #  - XLA:CPU's older elemental emitters instead of its MLIR fusion emitters: a 1-layer training
 #    step compiles in 0.65 s instead of 2.4 s (jax 0.10.2; 0.73 vs 2.0 s at the floor, 0.8.1),
 #    and six test files (267 tests) took 240 s of CPU instead of 368 s (docs/perf-notes.md).
+#  - LLVM code generation in one piece per program (`--xla_cpu_parallel_codegen_split_count=1`)
+#    instead of split over threads: pytest-xdist's two workers already keep both cores busy, and
+#    the split's threads only contend with the other worker (test_memory_efficient, test_ops_vjp
+#    and test_models, `-n 2`: 117 -> 101 s of CPU; docs/perf-notes.md). Where code is generated
+#    changes nothing that runs.
 # JAXNORM_TEST_XLA_DEFAULTS=1 keeps XLA's default emitters (what a user's programs compile
 # with); every bitwise assertion of the suite holds by construction under both (docs/bitwise.md).
-# The emitter flag is passed only to the jaxlib releases it was measured on (< 0.11): on the H200's
+# The emitter and split flags are passed only to the jaxlib releases they were measured on (< 0.11): on the H200's
 # jaxlib 0.11.2 (2026-11-28) a pytest process given it exited with status 1 before printing
 # anything, and the same files passed without it (experiments/results/gpu-h200-2026-11-28/).
 _FLAGS = ["--xla_force_host_platform_device_count=8", "--xla_backend_optimization_level=0"]
@@ -41,7 +46,7 @@ def _jaxlib_before(major: int, minor: int) -> bool:
 
 
 if not os.environ.get("JAXNORM_TEST_XLA_DEFAULTS") and _jaxlib_before(0, 11):
-  _FLAGS.append("--xla_cpu_use_fusion_emitters=false")
+  _FLAGS += ["--xla_cpu_use_fusion_emitters=false", "--xla_cpu_parallel_codegen_split_count=1"]
 for _flag in _FLAGS:
   if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
@@ -91,7 +96,8 @@ def x64():
 
 
 def pytest_collection_modifyitems(config, items):
-  """Tests marked ``slow`` first (a stable sort): pytest-xdist hands tests out in this order, so
-  the longest ones start while the rest is spread over the other workers, instead of one of
+  """Tests marked ``slow`` first (a stable sort). pytest-xdist hands out whole files
+  (``--dist loadfile``, pyproject.toml) in the order of their first test, so the files with the
+  longest tests start first and the rest is spread over the other workers, instead of one of
   them running alone at the end of the session."""
   items.sort(key=lambda item: item.get_closest_marker("slow") is None)
