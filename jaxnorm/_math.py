@@ -19,7 +19,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["rstd", "variance_path_factor", "variance_path_factor_of_std"]
+__all__ = ["past_range_guard", "rstd", "variance_path_factor", "variance_path_factor_of_std"]
 
 
 def rstd(var, epsilon: float, outside: bool):
@@ -32,11 +32,22 @@ def rstd(var, epsilon: float, outside: bool):
       the variance.
 
   Returns:
-    :math:`r`, the same shape and dtype as ``var``.
+    :math:`r`, the same shape and dtype as ``var``; NaN where ``var`` is infinite (a row past
+    the float range, whose statistic overflowed: ``r`` would be 0 and the row's output finite
+    zeros, see ``docs/derivations.md``, "Where the float range ends"), or NaN itself.
   """
-  if outside:
-    return 1.0 / (jnp.sqrt(var) + epsilon)
-  return lax.rsqrt(var + epsilon)
+  r = 1.0 / (jnp.sqrt(var) + epsilon) if outside else lax.rsqrt(var + epsilon)
+  return past_range_guard(r)
+
+
+def past_range_guard(r):
+  """``r`` where it is positive, NaN where it is 0 (or NaN).
+
+  ``r`` from :func:`rstd` is 0 exactly where ``var + eps`` (or ``sqrt(var) + eps``) is infinite:
+  every finite ``var`` gives at least ``rsqrt(max)``. Without the guard such a row would come
+  out as finite zeros (LayerNorm: its bias) with ``dx = 0``.
+  """
+  return jnp.where(r > 0, r, jnp.nan)
 
 
 def variance_path_factor(rstd, epsilon: float, outside: bool):

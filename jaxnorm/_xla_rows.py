@@ -17,8 +17,16 @@ from jax import lax
 from jaxnorm import _jax_compat
 from jaxnorm import _math
 
-__all__ = ["as_row", "compute_dtype", "count", "cse_barrier", "first_pivot", "gamma", "match_vma",
-           "normalizer", "param_row", "psum", "row_sums", "variance_path_factor"]
+__all__ = ["YNN_MIN_ELEMENTS", "as_row", "compute_dtype", "count", "cse_barrier", "first_pivot",
+           "gamma", "match_vma", "normalizer", "param_row", "psum", "row_sums",
+           "variance_path_factor"]
+
+
+# XLA:CPU hands an instruction to YNNPACK only if it or an operand has at least this many
+# elements (``kMinElements`` in XLA's ``IsInstructionPreferredByYnn``, xla/backends/cpu/
+# ynn_support.cc): with fewer rows than this, the per-row statistics stay out of YNNPACK's
+# fusions (see jaxnorm.backends.xla.formulas.forward_only and the statistics).
+YNN_MIN_ELEMENTS = 4096
 
 
 def compute_dtype(dtype) -> np.dtype:
@@ -72,7 +80,8 @@ def count(cfg, mask, x_shape, dtype):
 
 
 def normalizer(cfg, var):
-  """rstd = 1/sqrt(v + eps) ("inside") or 1/(sqrt(v) + eps) ("outside"): :func:`_math.rstd`."""
+  """rstd = 1/sqrt(v + eps) ("inside") or 1/(sqrt(v) + eps) ("outside"), NaN past the float
+  range: :func:`_math.rstd`."""
   return _math.rstd(var, cfg.epsilon, cfg.epsilon_placement == "outside")
 
 
@@ -92,8 +101,8 @@ def cse_barrier(*arrays):
   recomputing it inside each: one more write and read of ``x``'s size, and on a large array a
   freshly mapped buffer. Giving each consumer (a row sum, a column sum, the final map) its own
   barrier-wrapped view of the inputs stops common-subexpression elimination from merging their
-  elementwise prologues, so each fuses with its own recomputation. Where YNNPACK takes the whole
-  forward into one loop (4096 rows or more, see
+  elementwise prologues, so each fuses with its own recomputation. Where a float32 ``x`` needs no
+  convert and XLA fuses a shared ``x - shift`` into each loop (4096 rows or more, see
   :func:`jaxnorm.backends.xla.formulas.forward_only`), the forward alone goes without them. The
   barriers are removed before code generation and cost nothing at run time.
 

@@ -7,7 +7,8 @@
   the squares in another order, which differs between CPUs); LayerNorm's shifted-data
   statistics differ from the reference's two-pass ones by float32 rounding, so it is compared
   at the output dtype's tolerance. The default mode is Flax's ``RMSNorm``: jitted, the same
-  optimized program (so bit for bit on every CPU).
+  optimized program but for the float range's guard (asserted with it patched out), and the
+  same outputs bit for bit.
 - Backward: ``jax.vjp`` with random cotangents against autodiff of the reference, at the
   dtype's tolerance, on the XLA path and in the Pallas kernels (interpret mode on a CPU).
 - The residuals carry ``jaxnorm.INPUT_RESIDUAL``/``STATS_RESIDUAL``: a policy naming them saves
@@ -62,14 +63,17 @@ APART_ULP = {"float32": 4, "bfloat16": 2, "float16": 2}
 EXACT = {"xla_allow_excess_precision": False}
 
 
-def _one_program(ours, theirs, *args, options=None):
+def _one_program(ours, theirs, *args, options=None, shared=True):
   """``(ours(*args), theirs(*args))`` jitted together, after checking that XLA computed their
   statistics once (common-subexpression elimination: the program holds no more reductions than
   ``ours`` alone), so that both outputs come from the same float32 mean square; and
-  ``ours(*args)`` jitted alone."""
+  ``ours(*args)`` jitted alone. ``shared=False`` skips the check, for a program where XLA's
+  fusion gives each side its own copy of one statistics fusion (the same instructions, so the
+  same roundings)."""
   (a, b), program = compiled(lambda *a: (ours(*a), theirs(*a)), *args, options=options)
   alone, alone_program = compiled(ours, *args, options=options)
-  assert reductions(program) == reductions(alone_program), "the statistics are not shared"
+  if shared:
+    assert reductions(program) == reductions(alone_program), "the statistics are not shared"
   return a, b, alone
 
 
@@ -123,13 +127,16 @@ def test_forward_is_the_published_formula(name, x_dtype, s_dtype):
 
 @pytest.mark.parametrize("x_dtype,p_dtype", [("float32", "float32"), ("bfloat16", "bfloat16"),
                                              ("float16", "float16"), ("bfloat16", "float32")])
-def test_float32_mode_is_flax_bitwise(x_dtype, p_dtype):
+def test_float32_mode_is_flax_bitwise(x_dtype, p_dtype, monkeypatch):
   """The default ("float32") RMSNorm, op and Linen layer, jitted, is the program Flax's
   ``RMSNorm`` compiles to (the same statistics and the same order,
-  ``x * (rsqrt(ms + eps) * scale)``): the same optimized XLA program, so bit for bit on any CPU.
+  ``x * (rsqrt(ms + eps) * scale)``) plus the float range's guard, a select that returns ``r``
+  unchanged wherever it is positive (``jaxnorm._math.past_range_guard``): without the guard, the
+  same optimized XLA program (asserted); with it, the same outputs bit for bit (asserted).
   Eagerly (op by op) and with a mask the programs differ: within 4 float32 ulps, or one ulp of a
   half-precision output."""
   from flax import linen as nn
+  from jaxnorm import _math
   x, s, _, _ = _inputs(3, (6, 40), x_dtype, p_dtype)
   mask = (jax.random.uniform(jax.random.key(5), x.shape) < 0.7).at[:, 0].set(True)
 
@@ -143,9 +150,13 @@ def test_float32_mode_is_flax_bitwise(x_dtype, p_dtype):
     return jaxnorm.rms_norm(x, s, epsilon=EPS, mask=mask, dtype=jax.eval_shape(flax, x, s).dtype)
 
   want, program = compiled(flax, x, s)
+  with monkeypatch.context() as m:
+    m.setattr(_math, "past_range_guard", lambda r: r)
+    for name, f in (("rms_norm", ours), ("jaxnorm.linen.RMSNorm", layer)):
+      _, unguarded = compiled(lambda x, s, f=f: f(x, s), x, s)  # a new function: traced anew
+      assert unguarded == program, f"{name} without the guard: not Flax's program"
   for name, f in (("rms_norm", ours), ("jaxnorm.linen.RMSNorm", layer)):
-    got, ours_program = compiled(f, x, s)
-    assert ours_program == program, f"{name}: not Flax's program"
+    got, _ = compiled(f, x, s)
     assert_bitwise(got, want, f"{name} x={x_dtype} scale={p_dtype}")
     # Eager and masked: other programs (APART_ULP in float32); a half-precision output rounds
     # once from float32 values a few float32 ulps apart, so at most one ulp of it.
@@ -460,15 +471,17 @@ def test_llama_decoder_logits_are_bitwise_those_of_a_hand_written_llama_norm(fus
   for owner, name in norms(hand):
     setattr(owner, name, _HandLlamaRMSNorm(getattr(owner, name).scale, EPS, jnp.bfloat16))
   tokens = jax.random.randint(jax.random.key(9), (2, 8), 0, cfg.vocab_size)
-  # Both models in one jitted program on the same parameters: XLA computes everything they
-  # share once (the embedding, each norm's statistics, hence every later layer): bit for bit on
-  # any CPU when each norm rounds where the hand-written one does. (Compiled apart, each
-  # program sums the squares in its own order: see APART_ULP.)
+  # Both models in one jitted program on the same parameters: XLA computes what they share once
+  # (the embedding) and each norm's statistics in two copies of the same fusion (the mean
+  # square, then rsqrt: after it jaxnorm's side adds the float range's select, which leaves r
+  # as it is, so the fusion pass gives each side its own copy), hence every later layer the same:
+  # bit for bit on any CPU when each norm rounds where the hand-written one does. (Compiled
+  # apart, each program may sum the squares in its own order: see APART_ULP.)
   graphdef, state = nnx.split(model)
   hand_graphdef = nnx.graphdef(hand)
   logits, hand_logits, _ = _one_program(lambda st, t: nnx.merge(graphdef, st)(t),
                                         lambda st, t: nnx.merge(hand_graphdef, st)(t), state,
-                                        tokens, options=EXACT if fused else None)
+                                        tokens, options=EXACT if fused else None, shared=False)
   assert_bitwise(logits, hand_logits, "logits")
   # (That the mode matters at all: test_modes_differ_in_half_precision; in this model "float32"
   # gives other logits, see docs/modules.md "In a model".)

@@ -26,8 +26,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxnorm._norm_config import NormConfig
-from jaxnorm._xla_rows import as_row, compute_dtype, count, cse_barrier, gamma, param_row, psum
-from jaxnorm._xla_rows import row_sums, variance_path_factor
+from jaxnorm._xla_rows import YNN_MIN_ELEMENTS, as_row, compute_dtype, count, cse_barrier, gamma
+from jaxnorm._xla_rows import param_row, psum, row_sums, variance_path_factor
 from jaxnorm.backends.xla.statistics import centered, statistics
 
 
@@ -64,16 +64,10 @@ def forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True):
   return y.astype(cfg.out_dtype), stats
 
 
-# XLA:CPU hands an instruction to YNNPACK only if it or an operand has at least this many
-# elements (``kMinElements`` in XLA's ``IsInstructionPreferredByYnn``, xla/backends/cpu/
-# ynn_support.cc): with fewer rows than this, the per-row statistics stay out of YNNPACK's
-# fusions, which then cannot take the whole normalization into one loop (see forward_only).
-YNN_MIN_ELEMENTS = 4096
-
-
-# The ops whose undifferentiated forward reads ``x`` through separate views on fewer rows than
-# XLA:CPU's YNNPACK takes whole (:func:`forward_only`; measured in docs/perf-notes.md, issue 23):
-# LayerNorm. RMSNorm keeps Flax's program. XLA's tuning, not a field of the ops' declarations.
+# The ops whose undifferentiated forward reads ``x`` through separate views (:func:`forward_only`;
+# measured in docs/perf-notes.md, issues 23 and 56): LayerNorm. RMSNorm keeps Flax's program
+# (but for its one sum's view of a 16-bit x on many rows, in its statistics). XLA's tuning, not
+# a field of the ops' declarations.
 FORWARD_VIEWS = frozenset({"layer_norm"})
 
 
@@ -85,32 +79,30 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask):
      y = \gamma \odot (x - K - \delta)\, r + \beta
 
   :func:`forward` without the statistics as outputs. How ``x`` is shared between the row sums
-  and the output map follows what XLA:CPU's YNNPACK fusion can do with the call's shape:
+  and the output map, for the ops of :data:`FORWARD_VIEWS` (the XLA backend's tuning for
+  LayerNorm), follows what XLA:CPU's YNNPACK fusion does with the call's shape and dtype:
 
-  * **At least** :data:`YNN_MIN_ELEMENTS` **rows**: one shared ``x - K`` (no :func:`cse_barrier`
-    views). YNNPACK takes the pivot's consumers, both row sums and the map, into one fusion, a
-    loop over ``x``; separate views would add a subtraction (and a bfloat16 convert) per
-    element and per view to it.
-  * **Fewer rows**, for the ops of :data:`FORWARD_VIEWS` (the XLA backend's tuning for
-    LayerNorm): the per-row statistics (fewer elements than
-    the threshold) stay outside YNNPACK, so the sums and the map are separate fusions. A
-    shared ``x - K`` then has three users and is written to memory once for them (a full-size
-    store and two loads more than Flax's program). With a :func:`cse_barrier` view per sum and one
-    for the map (``decouple``, as :func:`forward` does for the JVP rule), each sum's fusion
-    subtracts the pivot as it reads ``x``, and the program has Flax's shape plus the pivot's
-    slice (the measurements of both choices: ``docs/perf-notes.md``, issue 23).
+  * **Fewer than** :data:`~jaxnorm._xla_rows.YNN_MIN_ELEMENTS` **rows, or a 16-bit** ``x``: a
+    :func:`cse_barrier` view per sum and one for the map (``decouple``, as :func:`forward` does
+    for the JVP rule). Each sum's fusion subtracts the pivot (and converts a 16-bit ``x``) as it
+    reads ``x``, and the program has Flax's shape plus the pivot's slice. A shared ``x - K``
+    would have three users in separate fusions and be written to memory once for them (on few
+    rows the per-row statistics stay outside YNNPACK; on many, the float range's guard,
+    :func:`jaxnorm._math.past_range_guard`, uses ``rstd`` twice, which ends YNNPACK's fusion
+    at it): a full-size float32 store and two loads more.
+  * **At least that many rows of a float32** ``x``: one shared ``x - K``. No convert is
+    needed, and XLA fuses the subtraction into the sums' and the map's loops (measured against
+    the views: ``docs/perf-notes.md``, issues 23 and 56).
 
-  RMSNorm keeps the shared form at every size: its one row sum reads ``x`` directly, and its
-  program must stay the one XLA compiles for the published formula written by hand, which the
-  casting modes match bit for bit inside models jitted in one program with the hand-written
-  formula (views would stop XLA from keeping a bfloat16 input of its fusion in float32, as it may
-  for the hand-written formula: a llama-mode decoder's bfloat16 logits then differ,
-  ``tests/jaxnorm/test_casting.py``; with XLA's ``--xla_allow_excess_precision=false`` they agree
-  again).
+  RMSNorm keeps the shared form at every size: its one row sum reads ``x`` directly (a 16-bit
+  ``x`` on many rows through its own view, :func:`jaxnorm.backends.xla.statistics.statistics`),
+  and its program is Flax's plus the guard, whose outputs the casting modes match bit for bit
+  (``tests/jaxnorm/test_casting.py``; views of a 16-bit ``x`` on fewer rows would stop XLA from
+  keeping a bfloat16 input of its fusion in float32, as it may for the hand-written formula: a
+  llama-mode decoder's bfloat16 logits would then differ; with XLA's
+  ``--xla_allow_excess_precision=false`` they agree again).
 
-  LayerNorm's fast variance (its option ``use_fast_variance``) follows the same rule: on fewer
-  rows its two sums read ``x`` through views too (Flax's program otherwise writes a float32 copy
-  of a bfloat16 ``x`` for them), on more it is Flax's one YNNPACK loop.
+  LayerNorm's fast variance (its option ``use_fast_variance``) follows the same rule.
 
   The rows counted are those of the traced ``x``: under ``jax.vmap`` the per-example rows (a
   vmap of many short sequences takes the views, whatever the batch). The choice is made per
@@ -126,7 +118,8 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask):
   def views(x, scale, bias, mask):
     return forward(cfg, x, scale, bias, mask, decouple=True)[0]
 
-  if cfg.op.name not in FORWARD_VIEWS or math.prod(x.shape[:-1]) >= YNN_MIN_ELEMENTS:
+  if cfg.op.name not in FORWARD_VIEWS or (math.prod(x.shape[:-1]) >= YNN_MIN_ELEMENTS
+                                          and x.dtype == compute_dtype(x.dtype)):
     return shared(x, scale, bias, mask)
   # YNNPACK is XLA:CPU's: a program lowered for another platform keeps the shared form.
   return lax.platform_dependent(x, scale, bias, mask, cpu=views, default=shared)

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
+from jaxnorm import _math
 from jaxnorm._gated_op import GatedConfig
 
 __all__ = ["ROLES", "backward", "forward", "forward_only", "tangent"]
@@ -85,7 +85,7 @@ def forward(cfg: GatedConfig, x, z, scale):
   xg, zg = cfg.grouped(x, ct), cfg.grouped(z, ct)
   g, _ = _gate(zg)
   u = xg if cfg.norm_before_gate else xg * g
-  rstd = lax.rsqrt(_group_mean(jnp.square(u)) + cfg.epsilon)
+  rstd = _math.rstd(_group_mean(jnp.square(u)), cfg.epsilon, False)
   _, y = _affine(cfg, u * rstd, _gamma(cfg, scale, x.ndim))
   if cfg.norm_before_gate:
     y = y * g

@@ -12,11 +12,13 @@ package (:mod:`jaxnorm.backends.triton.forward`). Derived and discussed in
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 
 from jaxnorm._norm_config import NormConfig
-from jaxnorm._xla_rows import compute_dtype, count, cse_barrier, first_pivot, normalizer, psum
-from jaxnorm._xla_rows import row_sums
+from jaxnorm._xla_rows import YNN_MIN_ELEMENTS, compute_dtype, count, cse_barrier, first_pivot
+from jaxnorm._xla_rows import normalizer, psum, row_sums
 
 __all__ = ["STATISTICS", "centered", "row_std", "statistics", "x_hat"]
 
@@ -113,11 +115,18 @@ def _mean_and_rstd(cfg, s1, s2, n):
   with both sums first added up over the devices of ``cfg.axis_name`` (one ``psum``). The sums
   are of ``x - shift`` (:func:`_layer_norm_statistics`: ``m`` is the offset ``delta``) or of
   ``x`` (:func:`_fast_statistics`: ``m`` is the mean); ``rstd`` is :func:`normalizer` of ``v``.
+
+  :math:`m^2` is capped at the largest finite value, which changes no finite square: past the
+  float range (``docs/derivations.md``) :math:`s_2` overflows first, and ``inf - inf`` would be
+  NaN, which XLA:CPU's YNNPACK ``max`` (4096 rows or more) turns into 0, so ``rstd`` would be
+  ``eps**-0.5`` and the row finite nonsense; ``inf - max`` is ``inf``, which the normalizer's
+  guard turns into NaN.
   """
   if cfg.axis_name is not None:
     s1, s2 = psum(cfg, jnp.stack([s1, s2]))
   m = s1 / n
-  var = jnp.maximum(s2 / n - m * m, 0.0)
+  m2 = jnp.minimum(m * m, jnp.finfo(m.dtype).max)
+  var = jnp.maximum(s2 / n - m2, 0.0)
   return m, normalizer(cfg, var)
 
 
@@ -153,10 +162,18 @@ def _rms_norm_statistics(cfg, x, mask, *, decouple: bool = True):
 
   .. math:: r = \mathrm{rstd}\big(\tfrac1n {\textstyle\sum_i} m_i x_i^2\big)
 
-  One row sum read straight from ``x`` (``decouple`` has nothing to separate).
+  One row sum read straight from ``x`` (``decouple`` has nothing to separate; a 16-bit ``x`` on
+  :data:`~jaxnorm._xla_rows.YNN_MIN_ELEMENTS` rows or more, through its own view).
   """
   del decouple
   ct = compute_dtype(x.dtype)
+  if x.dtype != ct and math.prod(x.shape[:-1]) >= YNN_MIN_ELEMENTS:
+    # A 16-bit x on as many rows as YNNPACK takes: the float range's guard uses rstd twice,
+    # which ends YNNPACK's fusion at it, so the sum and the output map are separate fusions.
+    # Through its own view, the sum's fusion converts x as it reads it; sharing x's float32
+    # convert with the map would write it to memory (2-7x the forward's time, measured in
+    # docs/perf-notes.md, issue 56).
+    x, _ = cse_barrier(x, x)
   xf = x.astype(ct)
   if mask is None and cfg.axis_name is None:
     # jnp.mean, as Flax and the published formulas write it: called eagerly, it is one

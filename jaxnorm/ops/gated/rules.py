@@ -86,7 +86,7 @@ def _check_range(cfg: GatedConfig, x, z) -> None:
   """Each group's statistic within the float range where ``x`` and ``z`` are concrete (an eager
   call, also in the JVP rule under eager grad/vjp/jvp), as the norm ops check their rows
   (:func:`jaxnorm._concrete_checks.check_row_range`); a traced group is not checked (past the
-  range it comes back as the norm ops' rows do, ``docs/derivations.md``)."""
+  range it comes back NaN, as the norm ops' rows do, ``docs/derivations.md``)."""
   if _jax_compat.is_tracer(x) or _jax_compat.is_tracer(z):
     return
   u, name = cfg.grouped(x, cfg.compute_dtype), "x"  # each group one "row"
@@ -256,7 +256,7 @@ def gated_rms_norm(x, z, scale=None, *, epsilon=1e-6, group_size=None, norm_befo
       (saying why), or a concrete group past the float range (as :func:`jaxnorm.rms_norm`'s
       rows, with ``d`` the group size and the group of ``x``, or of ``x * silu(z)`` with
       ``norm_before_gate=False``); a traced one is not checked and comes back as the norm ops'
-      rows do (zeros, ``docs/derivations.md``).
+      rows do (NaN, ``docs/derivations.md``).
 
   Example:
     >>> import jax.numpy as jnp, jaxnorm

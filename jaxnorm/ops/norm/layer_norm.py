@@ -94,8 +94,8 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
       largest magnitude :math:`\ge \sqrt{\max/(4d)}` of the compute dtype (float32:
       ``3.3e18`` at ``d = 8``), or, with ``epsilon=0``, nonzero and below
       :math:`\sqrt{d\,\mathrm{tiny}}` (``docs/derivations.md``, "Where the float range ends").
-      A traced row past it is not checked and comes back wrong, in that row only: zeros
-      (LayerNorm: its bias) and ``dx = 0``, or NaN; inf/NaN for a tiny one.
+      A traced row past it cannot raise: it comes back NaN in ``y`` and ``dx`` (and makes all of
+      ``dscale`` NaN), never finite zeros; a tiny one inf/NaN; other rows are unaffected.
     TypeError also for an 8-bit float ``x`` (cast to bfloat16 first; an 8-bit ``scale``,
       ``bias`` or ``dtype`` is allowed).
 
