@@ -10,6 +10,8 @@ is the call's :class:`jaxnorm._norm_config.NormConfig` (its ``axis_name``,
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -18,7 +20,7 @@ from jaxnorm import _jax_compat
 from jaxnorm import _math
 
 __all__ = ["YNN_MIN_ELEMENTS", "as_row", "compute_dtype", "count", "cse_barrier", "first_pivot",
-           "gamma", "match_vma", "normalizer", "param_row", "psum", "row_sums",
+           "gamma", "match_vma", "normalizer", "on_ynn_rows", "param_row", "psum", "row_sums",
            "variance_path_factor"]
 
 
@@ -27,6 +29,12 @@ __all__ = ["YNN_MIN_ELEMENTS", "as_row", "compute_dtype", "count", "cse_barrier"
 # ynn_support.cc): with fewer rows than this, the per-row statistics stay out of YNNPACK's
 # fusions (see jaxnorm.backends.xla.formulas.forward_only and the statistics).
 YNN_MIN_ELEMENTS = 4096
+
+
+def on_ynn_rows(x) -> bool:
+  """Whether ``x: (..., d)`` has :data:`YNN_MIN_ELEMENTS` rows or more (XLA:CPU's YNNPACK then
+  takes its per-row statistics into its fusions)."""
+  return math.prod(x.shape[:-1]) >= YNN_MIN_ELEMENTS
 
 
 def compute_dtype(dtype) -> np.dtype:

@@ -20,13 +20,12 @@ function and in ``docs/perf-notes.md``.
 
 from __future__ import annotations
 
-import math
 
 import jax.numpy as jnp
 from jax import lax
 
 from jaxnorm._norm_config import NormConfig
-from jaxnorm._xla_rows import YNN_MIN_ELEMENTS, as_row, compute_dtype, count, cse_barrier, gamma
+from jaxnorm._xla_rows import as_row, compute_dtype, count, cse_barrier, gamma, on_ynn_rows
 from jaxnorm._xla_rows import param_row, psum, row_sums, variance_path_factor
 from jaxnorm.backends.xla.statistics import centered, statistics
 
@@ -118,8 +117,7 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask):
   def views(x, scale, bias, mask):
     return forward(cfg, x, scale, bias, mask, decouple=True)[0]
 
-  if cfg.op.name not in FORWARD_VIEWS or (math.prod(x.shape[:-1]) >= YNN_MIN_ELEMENTS
-                                          and x.dtype == compute_dtype(x.dtype)):
+  if cfg.op.name not in FORWARD_VIEWS or (on_ynn_rows(x) and x.dtype == compute_dtype(x.dtype)):
     return shared(x, scale, bias, mask)
   # YNNPACK is XLA:CPU's: a program lowered for another platform keeps the shared form.
   return lax.platform_dependent(x, scale, bias, mask, cpu=views, default=shared)

@@ -12,13 +12,11 @@ package (:mod:`jaxnorm.backends.triton.forward`). Derived and discussed in
 
 from __future__ import annotations
 
-import math
-
 import jax.numpy as jnp
 
 from jaxnorm._norm_config import NormConfig
-from jaxnorm._xla_rows import YNN_MIN_ELEMENTS, compute_dtype, count, cse_barrier, first_pivot
-from jaxnorm._xla_rows import normalizer, psum, row_sums
+from jaxnorm._xla_rows import compute_dtype, count, cse_barrier, first_pivot, normalizer
+from jaxnorm._xla_rows import on_ynn_rows, psum, row_sums
 
 __all__ = ["STATISTICS", "centered", "row_std", "statistics", "x_hat"]
 
@@ -167,7 +165,7 @@ def _rms_norm_statistics(cfg, x, mask, *, decouple: bool = True):
   """
   del decouple
   ct = compute_dtype(x.dtype)
-  if x.dtype != ct and math.prod(x.shape[:-1]) >= YNN_MIN_ELEMENTS:
+  if x.dtype != ct and on_ynn_rows(x):
     # A 16-bit x on as many rows as YNNPACK takes: the float range's guard uses rstd twice,
     # which ends YNNPACK's fusion at it, so the sum and the output map are separate fusions.
     # Through its own view, the sum's fusion converts x as it reads it; sharing x's float32
