@@ -1,0 +1,287 @@
+"""Internal API: the ``"tpu"`` backend, the Pallas TPU (Mosaic) kernels behind the interface.
+
+:class:`TpuBackend` declares what it runs: its lowering platform (``tpu``), its config class
+(:class:`~jaxnorm.backends.tpu.config.TpuConfig`), whether this JAX has Pallas TPU
+(:meth:`~TpuBackend.unavailable`), and its table: LayerNorm's and RMSNorm's six roles (the plain
+op and the fused residual add + norm, forward alone, forward with statistics, derived backward),
+each op with a ``"refusal"`` entry. Its :meth:`~TpuBackend.refusal` starts from that table, so an
+op without entries is refused by name, with the reason where one is known (:data:`NOT_WRITTEN`:
+gated RMSNorm). The kernels implement no option of the ops (LayerNorm's fast variance, the
+memory-saving backward) and no mask or ``axis_name``; per-head parameters are one more grid
+axis (``jax.vmap`` over the kernels); the casting modes are the call's plan, applied in the
+kernels, except a plan that rounds to float16 (a ``ValueError``: TPUs have no float16).
+
+:data:`AUTO_ON_TPU` is the one-line switch of issue 66's goal 4: ``impl="auto"`` on a TPU runs
+XLA until the kernels have been measured there (``docs/tpu.md``). The backend declares the
+platforms ``impl="auto"`` may give it as :attr:`TpuBackend.auto_platforms`: ``("tpu",)`` with the
+switch on, ``()`` off. The library's table does not read it yet (the backend is not in
+``PREFERENCE``; issue 66, goal 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxnorm import _validation as v
+from jaxnorm._norm_config import NormConfig
+from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
+from jaxnorm.backends.interface import Backend
+from jaxnorm.backends.tpu import compat as _compat
+from jaxnorm.backends.tpu import config as _config
+from jaxnorm.backends.tpu.tpu_call import PLATFORMS, tpu_call
+
+__all__ = ["AUTO_ON_TPU", "NOT_WRITTEN", "TPU", "TpuBackend"]
+
+#: Whether ``impl="auto"`` may run these kernels on a TPU. Off until a TPU has measured them
+#: (``docs/tpu.md``, "Measuring").
+AUTO_ON_TPU = False
+
+#: The ops of the family the kernels do not implement, with why.
+NOT_WRITTEN = {
+    "gated_rms_norm": ("the TPU kernels do not implement gated_rms_norm (its grouped statistics "
+                       "and SiLU gate have no Mosaic kernel yet; XLA runs it on a TPU)"),
+}
+
+
+def kernels():
+  """The kernel module, imported on first use (it reaches Pallas through ``compat``)."""
+  from jaxnorm.backends.tpu import kernels as k
+  return k
+
+
+def _refuse(reason: str):
+  raise ValueError(v.backend_refusal("tpu", reason))
+
+
+def _check_dtypes(cfg: NormConfig, x_dtype):
+  """A ``ValueError`` where a dtype the kernels would store or round to is not a TPU's."""
+  plan = cfg.plan(x_dtype)
+  named = [("y (dtype=)", cfg.out_dtype), ("casting= rounding", plan.xhat),
+           ("casting= rounding", plan.product), ("casting= rounding", plan.affine)]
+  if cfg.has_add:
+    named += [("h", cfg.h_dtype), ("residual", cfg.add.residual_dtype), ("x", cfg.add.x_dtype)]
+  for name, dtype in named:
+    why = _config.refusal_of_dtype(name, dtype)
+    if why is not None:
+      _refuse(why)
+
+
+def _spec(cfg: NormConfig, x, *, has_gamma: bool, has_bias: bool, dtypes=()):
+  d = x.shape[-1]
+  rows = x.size // d
+  tcfg = cfg.backend_config
+  _check_dtypes(cfg, x.dtype)
+  return kernels().Spec(
+      rows=rows, d=d, width=_config.padded_width(d, tcfg.pad_features),
+      block_rows=_config.block_rows(rows, d, (x.dtype,) + tuple(dtypes), tcfg),
+      center=cfg.op.mean_path, has_gamma=has_gamma, has_bias=has_bias, epsilon=cfg.epsilon,
+      outside=cfg.epsilon_placement == "outside", plan=cfg.plan(x.dtype),
+      interpret=tcfg.interpret, op=cfg.op.name,
+      residual_scale=cfg.residual_scale if cfg.has_add else 1.0)
+
+
+def _rows(cfg: NormConfig, x, scale, bias):
+  """``(gamma, bias)`` as float32 ``(1, d)`` rows (None where absent), formed in XLA as the
+  call's plan forms gamma (``scale`` or ``1 + scale``)."""
+  d = x.shape[-1]
+  gam = None if scale is None else cfg.plan(x.dtype).gamma_of(
+      scale.reshape(1, d), cfg.zero_centered_scale).astype(jnp.float32)
+  b = None if bias is None else bias.reshape(1, d).astype(jnp.float32)
+  return gam, b
+
+
+def over_heads(cfg: NormConfig, fn, kinds: str, out_kinds: str):
+  """``fn(cfg, *args)`` mapped over the per-head axes of the parameters (``cfg.heads``): each
+  head one kernel problem, ``jax.vmap`` giving one launch with one more grid axis. Kinds per
+  argument and result: "r" a row-like ``(..., heads..., d|1)`` array, "p" a ``(heads..., d)``
+  parameter (broadcast to every head first). Without per-head parameters: ``fn`` itself."""
+  if not cfg.heads:
+    return functools.partial(fn, cfg)
+  inner = dataclasses.replace(cfg, heads=(), bias_shape=None if cfg.bias_shape is None else
+                              cfg.bias_shape[-1:])
+
+  def mapped(*args):
+    d = args[0].shape[-1]
+    args = [jnp.broadcast_to(a, cfg.heads + (d,)) if k == "p" and a is not None else a
+            for a, k in zip(args, kinds)]
+    f = functools.partial(fn, inner)
+    for j in range(len(cfg.heads)):
+      axis = {"r": -(j + 2), "p": 0}
+      f = jax.vmap(f, in_axes=tuple(axis[k] for k in kinds),
+                   out_axes=tuple(axis[k] for k in out_kinds))
+    return f(*args)
+
+  return mapped
+
+
+def _sum_to(ct, shape):
+  """A per-head parameter cotangent summed over the head axes its parameter is shared on."""
+  if ct is None or tuple(ct.shape) == tuple(shape):
+    return ct
+  return jnp.sum(ct, axis=tuple(range(ct.ndim - len(shape)))).reshape(shape)
+
+
+def _stats_out(cfg: NormConfig, row_shape, flat):
+  named = dict(zip(cfg.op.residuals, flat))
+  return tuple(None if named.get(k) is None else named[k].reshape(row_shape)
+               for k in ("shift", "delta", "rstd"))
+
+
+def _stats_in(stats):
+  return [s.reshape(-1, 1).astype(jnp.float32) for s in stats if s is not None]
+
+
+def _forward_one(cfg: NormConfig, x, residual, scale, bias):
+  """``(y, h, stats)`` of one head (``h`` None for the plain op)."""
+  d = x.shape[-1]
+  dtypes = () if residual is None else (residual.dtype, cfg.h_dtype)
+  spec = _spec(cfg, x, has_gamma=scale is not None, has_bias=bias is not None, dtypes=dtypes)
+  gam, b = _rows(cfg, x, scale, bias)
+  res = kernels().launch_forward(
+      x.reshape(-1, d), None if residual is None else residual.reshape(-1, d), gam, b,
+      spec=spec, out_dtype=jnp.dtype(cfg.out_dtype),
+      h_dtype=None if residual is None else jnp.dtype(cfg.h_dtype))
+  y, h = res[0].reshape(x.shape), None
+  if residual is not None:
+    h = res[1].reshape(x.shape)
+  return y, h, _stats_out(cfg, x.shape[:-1] + (1,), res[1 + (residual is not None):])
+
+
+def _backward_one(cfg: NormConfig, x, scale, stats, dy, dh, *, dx_dtype, dres_dtype):
+  """``(dx, dres, dscale, dbias)`` of one head (``dres`` None unless ``dres_dtype``)."""
+  d = x.shape[-1]
+  spec = _spec(cfg, x, has_gamma=scale is not None, has_bias=cfg.bias_dtype is not None)
+  gam, _ = _rows(cfg, x, scale, None)
+  res = kernels().launch_backward(
+      x.reshape(-1, d), dy.reshape(-1, d), None if dh is None else dh.reshape(-1, d), gam,
+      _stats_in(stats), spec=spec, dx_dtype=jnp.dtype(dx_dtype),
+      dres_dtype=None if dres_dtype is None else jnp.dtype(dres_dtype))
+  dx = res[0].reshape(x.shape)
+  dres = res[1].reshape(x.shape) if dres_dtype is not None else None
+  dscale, dbias = res[-2], res[-1]
+  if dscale is not None:
+    dscale = dscale.reshape(scale.shape).astype(scale.dtype)
+  if dbias is not None:
+    dbias = dbias.reshape(cfg.bias_shape).astype(cfg.bias_dtype)
+  return dx, dres, dscale, dbias
+
+
+def _option_refusal(op, options: dict):
+  defaults = {o.name: o.default for o in op.options}
+  changed = [f"{name}={value!r}" for name, value in options.items() if value != defaults[name]]
+  if changed:
+    return f"the TPU kernels implement {op.name} without its options ({', '.join(changed)})"
+  return None
+
+
+def _under_non_manual_mesh() -> bool:
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh is None or mesh.empty:
+    return False
+  return any(t != jax.sharding.AxisType.Manual for t in mesh.axis_types)
+
+
+class TpuBackend(Backend):
+  """The Pallas TPU kernels behind :class:`~jaxnorm.backends.interface.Backend`'s methods,
+  called with ``cfg.impl == "tpu"`` inside :func:`jaxnorm.backends.tpu.tpu_call.tpu_call`."""
+
+  name = "tpu"
+  platforms = PLATFORMS
+  config_class = _config.TpuConfig
+  config_example = "jaxnorm.backends.tpu.TpuConfig(interpret=True)"
+  auto_on_tpu = AUTO_ON_TPU  # the switch, per instance (a test flips it)
+
+  @property
+  def auto_platforms(self) -> tuple[str, ...]:
+    """The platforms ``impl="auto"`` may run these kernels on: none until the switch is on."""
+    return self.platforms if self.auto_on_tpu else ()
+
+  def unavailable(self):
+    """Why this JAX cannot run the kernels (no Pallas TPU), or None."""
+    return _compat.missing()
+
+  def refusal(self, x2_shape, dtype, mask, axis_name, op, options=()):
+    """Why the kernels cannot take a plain call on ``x2: (rows, d)``, or None: an op without
+    entries in this backend's table first (by name, with :data:`NOT_WRITTEN`'s reason), then
+    the op's options, a mask, ``axis_name``, a non-manual mesh, the dtype and the shape."""
+    op_refusal = self.table.get((op.name, "refusal"))
+    if op_refusal is None:
+      return NOT_WRITTEN.get(op.name, f"the TPU kernels do not implement {op.name}")
+    why = op_refusal(op, dict(options))
+    if why is not None:
+      return why
+    if mask is not None:
+      return "the TPU kernels do not take a mask"
+    if axis_name is not None:
+      return "the TPU kernels do not take an axis_name (sharded feature axis)"
+    if _under_non_manual_mesh():
+      return ("the call is traced under a mesh with non-manual axes; a pallas_call runs per "
+              "device, inside shard_map only")
+    if len(tuple(x2_shape)) != 2:
+      return f"the kernels take a 2-D input (rows, d), got shape {tuple(x2_shape)}"
+    return _config.refusal_of_dtype("x", dtype) or _config.refusal_of_shape(x2_shape)
+
+  launch = staticmethod(tpu_call)
+
+  def add_refusal(self, dtypes):
+    """Why the fused kernels cannot take the residual add's ``(name, dtype)`` pairs, or None."""
+    return next(filter(None, (_config.refusal_of_dtype(n, dt) for n, dt in dtypes)), None)
+
+  def forward_only(self, cfg, x, scale, bias, mask):
+    """``y`` from the forward kernel."""
+    return self.forward(cfg, x, scale, bias, mask)[0]
+
+  def forward(self, cfg, x, scale, bias, mask):
+    """``(y, stats)`` from the forward kernel (no mask: refused before)."""
+    del mask
+    y, _, stats = over_heads(cfg, lambda c, x, s, b: _forward_one(c, x, None, s, b),
+                             "rpp", "rrr")(x, scale, bias)
+    return y, stats
+
+  def backward(self, cfg, x, scale, mask, stats, dy, dx_dtype=None):
+    """``(dx, dscale, dbias)`` from the backward kernel; ``dx`` in ``dx_dtype`` (None: x's)."""
+    del mask
+    fn = functools.partial(_backward_one, dh=None, dx_dtype=dx_dtype or x.dtype,
+                           dres_dtype=None)
+    dx, _, dscale, dbias = over_heads(cfg, lambda c, *a: fn(c, *a), "rprr", "rrpp")(
+        x, scale, stats, dy)
+    return dx, _sum_to(dscale, () if scale is None else scale.shape), _sum_bias(cfg, dbias)
+
+  def add_forward_only(self, cfg, x, residual, scale, bias, mask):
+    """``(y, h)`` from the fused forward kernel."""
+    y, h, _ = self.add_forward(cfg, x, residual, scale, bias, mask)
+    return y, h
+
+  def add_forward(self, cfg, x, residual, scale, bias, mask):
+    """``(y, h, stats)`` from the fused forward kernel."""
+    del mask
+    return over_heads(cfg, _forward_one, "rrpp", "rrr")(x, residual, scale, bias)
+
+  def add_backward(self, cfg, h, scale, mask, stats, dy, dh):
+    """``(dx, dresidual, dscale, dbias)`` from the fused backward kernel."""
+    del mask
+    add = cfg.add
+    split = cfg.residual_scale != 1.0 or add.x_dtype != add.residual_dtype
+    fn = functools.partial(_backward_one, dx_dtype=add.x_dtype,
+                           dres_dtype=add.residual_dtype if split else None)
+    dx, dres, dscale, dbias = over_heads(cfg, lambda c, *a: fn(c, *a), "rprrr", "rrpp")(
+        h, scale, stats, dy, dh)
+    return (dx, dx if not split else dres,
+            _sum_to(dscale, () if scale is None else scale.shape), _sum_bias(cfg, dbias))
+
+
+def _sum_bias(cfg: NormConfig, dbias):
+  return None if dbias is None else _sum_to(dbias, cfg.bias_shape)
+
+
+def _norm_refusal(op, options: dict):
+  return _option_refusal(op, options)
+
+
+TPU = TpuBackend()
+for _op in (LAYER_NORM, RMS_NORM):
+  TPU.register(_op.name, refusal=_norm_refusal, **TPU.norm_roles())

@@ -1,0 +1,128 @@
+"""Every Pallas TPU name the kernels use, fenced in one module, and whether this JAX has them.
+
+:func:`missing` says, without importing Pallas, why this JAX cannot run the TPU kernels (no
+``jax.experimental.pallas.tpu``, found absent or blocked: a ``None`` in ``sys.modules`` is
+Python's marker for a module ``import`` refuses), or None. The backend asks it when a call
+chooses it (:meth:`jaxnorm.backends.tpu.backend.TpuBackend.unavailable`). The names are looked
+up when a kernel first uses one: importing this module leaves ``jax.experimental.pallas``
+unimported, and a JAX that lacks a name fails with a ``RuntimeError`` naming it and the JAX
+version, not an ``AttributeError`` inside a kernel. Known to work: jax 0.8.1 (the floor) to
+0.10.2, in interpret mode and in the export for TPU (``docs/tpu.md``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.machinery
+import importlib.util
+import sys
+
+import jax
+
+__all__ = ["BlockSpec", "CompilerParams", "InterpretParams", "KNOWN", "Squeezed", "cdiv",
+           "missing", "pallas_call", "program_id"]
+
+#: The JAX releases the kernels were checked with (interpret mode and the TPU export).
+KNOWN = "jax 0.8.1 to 0.10.2"
+_PALLAS = "jax.experimental.pallas"
+_TPU = "jax.experimental.pallas.tpu"
+
+
+def _blocked_or_spec(name: str):
+  """``(True, None)`` if ``sys.modules`` blocks ``name``; ``(False, spec or None)`` otherwise,
+  the spec of a module already imported."""
+  if name in sys.modules:
+    mod = sys.modules[name]
+    return (True, None) if mod is None else (False, getattr(mod, "__spec__", None) or True)
+  return False, None
+
+
+def _find_tpu_module():
+  """The import spec of Pallas's TPU module, found without importing Pallas; None where it is
+  absent or blocked."""
+  for name in (_PALLAS, _TPU):
+    blocked, _ = _blocked_or_spec(name)
+    if blocked:
+      return None
+  blocked, spec = _blocked_or_spec(_TPU)
+  if spec is not None:
+    return spec
+  pallas = importlib.util.find_spec(_PALLAS)  # imports jax.experimental only
+  if pallas is None or not pallas.submodule_search_locations:
+    return None
+  return importlib.machinery.PathFinder.find_spec(_TPU, pallas.submodule_search_locations)
+
+
+@functools.cache
+def missing() -> str | None:
+  """Why this JAX cannot run the TPU kernels (a phrase naming its version), or None. Cached."""
+  if _find_tpu_module() is not None:
+    return None
+  return (f"jax {jax.__version__}'s Pallas has no TPU backend ({_TPU} is absent or blocked); "
+          f"the kernels were checked with {KNOWN}")
+
+
+def _find(module, names: tuple[str, ...], what: str):
+  for name in names:
+    if hasattr(module, name):
+      return getattr(module, name)
+  raise RuntimeError(
+      f"jaxnorm's TPU kernels do not know where jax {jax.__version__} keeps {what} (looked for "
+      f"{', '.join(f'{module.__name__}.{n}' for n in names)}); they were checked with {KNOWN}. "
+      f"Use impl='xla'.")
+
+
+@functools.cache
+def _api() -> dict:
+  """The Pallas names the kernels use, imported and looked up on first use."""
+  why = missing()
+  if why is not None:
+    raise RuntimeError(f"jaxnorm's TPU kernels cannot run: {why}. Use impl='xla'.")
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import tpu as pltpu
+  return {
+      "pallas_call": _find(pl, ("pallas_call",), "pallas_call"),
+      "BlockSpec": _find(pl, ("BlockSpec",), "BlockSpec"),
+      "Squeezed": _find(pl, ("Squeezed",), "Squeezed (a squeezed block dimension)"),
+      "program_id": _find(pl, ("program_id",), "program_id"),
+      "cdiv": _find(pl, ("cdiv",), "cdiv"),
+      "CompilerParams": _find(pltpu, ("CompilerParams", "TPUCompilerParams"),
+                              "the TPU compiler parameters"),
+      "InterpretParams": _find(pltpu, ("InterpretParams", "TPUInterpretParams"),
+                               "the TPU interpret mode's parameters"),
+  }
+
+
+def pallas_call(*args, **kwargs):
+  """``pl.pallas_call``."""
+  return _api()["pallas_call"](*args, **kwargs)
+
+
+def BlockSpec(*args, **kwargs):  # noqa: N802 (Pallas's name)
+  """``pl.BlockSpec``."""
+  return _api()["BlockSpec"](*args, **kwargs)
+
+
+def Squeezed():  # noqa: N802 (Pallas's name)
+  """``pl.Squeezed()``: a block dimension of size 1, dropped from the kernel's view."""
+  return _api()["Squeezed"]()
+
+
+def program_id(axis: int):
+  """``pl.program_id``."""
+  return _api()["program_id"](axis)
+
+
+def cdiv(a: int, b: int) -> int:
+  """``pl.cdiv``."""
+  return _api()["cdiv"](a, b)
+
+
+def CompilerParams(**kwargs):  # noqa: N802 (Pallas's name)
+  """``pltpu.CompilerParams``."""
+  return _api()["CompilerParams"](**kwargs)
+
+
+def InterpretParams(**kwargs):  # noqa: N802 (Pallas's name)
+  """``pltpu.InterpretParams``: TPU interpret mode."""
+  return _api()["InterpretParams"](**kwargs)

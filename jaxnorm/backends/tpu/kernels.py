@@ -1,0 +1,237 @@
+r"""Internal API: the Pallas TPU kernels, forward and backward, plain norm and residual add + norm.
+
+One program per block of ``block_rows`` whole rows (:mod:`jaxnorm.backends.tpu.config`: the
+TPU's tiling), the grid's one axis "parallel" (Mosaic may split it over a chip's TensorCores):
+
+* **forward** (:func:`forward_kernel`): one read of ``x`` (with the residual add, of ``x`` and
+  ``residual``: :math:`h = \mathrm{rd}_h(x + \alpha r)`, written beside ``y``), the row
+  statistics in float32 as the Triton kernels compute them (pivot :math:`K = x_0`,
+  :math:`\delta = \overline{x - K}`, :math:`v = \overline{(x - K - \delta)^2}`; RMSNorm:
+  :math:`v = \overline{x^2}`), ``y`` by the call's casting plan (:mod:`jaxnorm._casting`), the
+  statistics as ``(rows, 1)`` float32 columns (the XLA backend's layout);
+* **backward** (:func:`backward_kernel`): one read of ``x`` (or ``h``), ``dy`` (and ``dh``),
+  :math:`dx = r\,(g - \overline g - c\,\hat x\,\overline{g \hat x})` with
+  :math:`g = \gamma\, dy` rounded by each forward cast's transpose; each program writes its
+  block's column sums of ``dscale``'s and ``dbias``'s summands as one row of a
+  ``(blocks, 1, d)`` float32 array, which XLA sums (no atomics: deterministic run to run).
+
+The effective scale :math:`\gamma` (``scale`` or ``1 + scale``, formed as the plan forms it) and
+the bias come in as ``(1, d)`` float32 rows, formed in XLA by the launch (:func:`launch_forward`),
+so no kernel converts to float16. Rows of the last block past the array are masked out of the
+parameter sums (their values are undefined; their stores are dropped). With a padded width
+(``TpuConfig(pad_features=True)``) the padding lanes are zero in every operand and masked out
+of LayerNorm's centred sums. Everything here trusts its arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxnorm import _math
+from jaxnorm.backends.tpu import compat as pl
+from jaxnorm.backends.tpu.config import VMEM_LIMIT_BYTES
+
+__all__ = ["Spec", "backward_kernel", "forward_kernel", "launch_backward", "launch_forward"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """Static description of one launch (hashable)."""
+
+  rows: int
+  d: int  # the true feature width
+  width: int  # the block's width: d, or d padded to a multiple of 128
+  block_rows: int
+  center: bool  # LayerNorm (True) or RMSNorm (False)
+  has_gamma: bool
+  has_bias: bool  # forward: a bias is added; backward: dbias is produced
+  epsilon: float
+  outside: bool  # epsilon_placement == "outside"
+  plan: Any  # the call's jaxnorm._casting.CastPlan (float32 compute)
+  interpret: bool
+  op: str  # the op's name (the launches' names)
+  residual_scale: float = 1.0  # alpha of the residual add
+
+  @property
+  def padded(self) -> bool:
+    return self.width != self.d
+
+
+def _iota(shape, dim):
+  return lax.broadcasted_iota(jnp.int32, shape, dim)
+
+
+def _lane_ok(spec: Spec, shape):
+  """None, or the ``(br, width)`` mask of the true feature lanes (padded widths only)."""
+  return _iota(shape, 1) < spec.d if spec.padded else None
+
+
+def _masked(ok, a):
+  return a if ok is None else jnp.where(ok, a, 0.0)
+
+
+def _statistics(spec: Spec, x):
+  """``(shift, delta, rstd)`` of a float32 block, each ``(br, 1)`` (RMSNorm: only ``rstd``)."""
+  d = spec.d
+  if not spec.center:  # padding lanes are zeros: no mask needed
+    return None, None, _math.rstd(jnp.sum(x * x, axis=1, keepdims=True) / d, spec.epsilon,
+                                  spec.outside)
+  ok = _lane_ok(spec, x.shape)
+  shift = x[:, 0:1]  # the pivot: column 0 of the row
+  t = _masked(ok, x - shift)
+  delta = jnp.sum(t, axis=1, keepdims=True) / d
+  tc = _masked(ok, t - delta)
+  var = jnp.sum(tc * tc, axis=1, keepdims=True) / d
+  return shift, delta, _math.rstd(var, spec.epsilon, spec.outside)
+
+
+def _split(refs, counts):
+  """``refs`` cut into consecutive groups of the given sizes (a size 0 group: [])."""
+  refs, out = list(refs), []
+  for n in counts:
+    out.append(refs[:n])
+    refs = refs[n:]
+  return out
+
+
+def forward_kernel(spec: Spec, has_add: bool, *refs):
+  """Refs: ``x, [residual], [gamma], [bias], y, [h], *stats`` (stats ``(br, 1)`` blocks)."""
+  (x_ref, *res), gam, bias, (y_ref, *h), stat_refs = _split(
+      refs, (1 + has_add, spec.has_gamma, spec.has_bias, 1 + has_add, 3 if spec.center else 1))
+  x = x_ref[...].astype(jnp.float32)
+  if has_add:
+    r = res[0][...].astype(jnp.float32)
+    x = x + (r if spec.residual_scale == 1.0 else spec.residual_scale * r)
+    hv = x.astype(h[0].dtype)
+    h[0][...] = hv
+    x = hv.astype(jnp.float32)  # the statistics and y are those of the stored h
+  shift, delta, r = _statistics(spec, x)
+  xc = (x - shift) - delta if spec.center else x
+  g = gam[0][...] if gam else None
+  b = bias[0][...] if bias else None
+  y_ref[...] = spec.plan.normalized_affine(xc, r, g, b).astype(y_ref.dtype)
+  for ref, value in zip(stat_refs, (shift, delta, r) if spec.center else (r,)):
+    ref[...] = value
+
+
+def backward_kernel(spec: Spec, has_dh: bool, split: bool, *refs):
+  """Refs: ``x, dy, [dh], [gamma], *stats, dx, [dresidual], [dscale_part], [dbias_part]``;
+  ``dresidual = alpha dx`` written when ``split``."""
+  (x_ref, dy_ref, *dh), gam, stat_refs, (dx_ref, *dres), ds, db = _split(
+      refs, (2 + has_dh, spec.has_gamma, 3 if spec.center else 1, 1 + split, spec.has_gamma,
+             spec.has_bias))
+  x = x_ref[...].astype(jnp.float32)
+  dy = dy_ref[...].astype(jnp.float32)
+  stats = [ref[...] for ref in stat_refs]
+  r = stats[-1]
+  if spec.center:
+    xh = _masked(_lane_ok(spec, x.shape), ((x - stats[0]) - stats[1]) * r)
+  else:
+    xh = x * r
+  plan = spec.plan
+  dq, dz, g = plan.cotangents(dy, gam[0][...] if gam else None)
+  u, _ = plan.affine_of(xh, None, None)
+  coef = jnp.sum(g * xh, axis=1, keepdims=True) / spec.d
+  c = _math.variance_path_factor(r, spec.epsilon, spec.outside)
+  inner = xh * (coef if c is None else coef * c)
+  if spec.center:
+    inner = inner + jnp.sum(g, axis=1, keepdims=True) / spec.d
+  dx = r * (g - inner)
+  if has_dh:
+    dx = dx + dh[0][...].astype(jnp.float32)
+  dx_ref[...] = dx.astype(dx_ref.dtype)
+  if split:
+    alpha = spec.residual_scale
+    dres[0][...] = (dx if alpha == 1.0 else alpha * dx).astype(dres[0].dtype)
+  # Rows past the array in the last block hold undefined values: out of the parameter sums.
+  row_ok = pl.program_id(0) * spec.block_rows + _iota(x.shape, 0) < spec.rows
+  for refs_, term in ((ds, dz * u), (db, dq)):
+    if refs_:
+      refs_[0][...] = jnp.sum(jnp.where(row_ok, term, 0.0), axis=0, keepdims=True)
+
+
+def _call(kernel, spec: Spec, args, in_kinds, out_shapes, out_kinds, name: str):
+  """``pallas_call`` over the row blocks; kinds: "row" ``(rows, width)``, "param" ``(1, width)``,
+  "stat" ``(rows, 1)``, "part" ``(blocks, 1, width)``."""
+  br, w = spec.block_rows, spec.width
+  specs = {
+      "row": lambda: pl.BlockSpec((br, w), lambda i: (i, 0)),
+      "param": lambda: pl.BlockSpec((1, w), lambda i: (0, 0)),
+      "stat": lambda: pl.BlockSpec((br, 1), lambda i: (i, 0)),
+      "part": lambda: pl.BlockSpec((pl.Squeezed(), 1, w), lambda i: (i, 0, 0)),
+  }
+  return pl.pallas_call(
+      kernel,
+      out_shape=out_shapes,
+      grid=(pl.cdiv(spec.rows, br),),
+      in_specs=[specs[k]() for k in in_kinds],
+      out_specs=[specs[k]() for k in out_kinds],
+      compiler_params=pl.CompilerParams(dimension_semantics=("parallel",),
+                                        vmem_limit_bytes=VMEM_LIMIT_BYTES),
+      interpret=pl.InterpretParams() if spec.interpret else False,
+      name=name,
+  )(*args)
+
+
+def _pad(spec: Spec, a):
+  """``a`` (``(rows, d)`` or ``(1, d)``) with zero lanes up to the block's width."""
+  if a is None or not spec.padded:
+    return a
+  return jnp.pad(a, ((0, 0), (0, spec.width - spec.d)))
+
+
+def _unpad(spec: Spec, a):
+  return a if not spec.padded else a[..., :spec.d]
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "out_dtype", "h_dtype"))
+def launch_forward(x, residual, gamma, bias, *, spec: Spec, out_dtype, h_dtype=None):
+  """``(y, [h], *stats)`` of ``x: (rows, d)`` (``residual`` None: the plain op); ``gamma`` and
+  ``bias``: float32 ``(1, d)`` rows or None; stats ``(rows, 1)`` float32."""
+  has_add = residual is not None
+  rows = spec.rows
+  row_args = [x] + ([residual] if has_add else [])
+  params = [p for p in (gamma, bias) if p is not None]
+  args = [_pad(spec, a) for a in row_args + params]
+  kinds = ["row"] * len(row_args) + ["param"] * len(params)
+  outs = [jax.ShapeDtypeStruct((rows, spec.width), out_dtype)]
+  outs += [jax.ShapeDtypeStruct((rows, spec.width), h_dtype)] if has_add else []
+  n_stats = 3 if spec.center else 1
+  outs += [jax.ShapeDtypeStruct((rows, 1), jnp.float32)] * n_stats
+  out_kinds = ["row"] * (1 + has_add) + ["stat"] * n_stats
+  name = f"jaxnorm_tpu_{'add_' if has_add else ''}{spec.op}_fwd"
+  res = _call(functools.partial(forward_kernel, spec, has_add), spec, args, kinds, outs,
+              out_kinds, name)
+  return tuple(_unpad(spec, a) for a in res[:1 + has_add]) + tuple(res[1 + has_add:])
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "dx_dtype", "dres_dtype"))
+def launch_backward(x, dy, dh, gamma, stats, *, spec: Spec, dx_dtype, dres_dtype=None):
+  """``(dx, [dresidual], dscale, dbias)`` (float32 ``(d,)`` sums, None where absent) from ``x``
+  (or ``h``), ``dy`` (and ``dh``: the residual add, None for none or the plain op) and the
+  ``(rows, 1)`` float32 statistics; ``dres_dtype`` not None: write ``dresidual`` too."""
+  has_dh, split = dh is not None, dres_dtype is not None
+  rows, w = spec.rows, spec.width
+  nb = -(-rows // spec.block_rows)
+  row_args = [x, dy] + ([dh] if has_dh else [])
+  args = [_pad(spec, a) for a in row_args + ([gamma] if spec.has_gamma else [])] + list(stats)
+  kinds = ["row"] * len(row_args) + ["param"] * spec.has_gamma + ["stat"] * len(stats)
+  outs = [jax.ShapeDtypeStruct((rows, w), dx_dtype)]
+  outs += [jax.ShapeDtypeStruct((rows, w), dres_dtype)] if split else []
+  n_parts = spec.has_gamma + spec.has_bias
+  outs += [jax.ShapeDtypeStruct((nb, 1, w), jnp.float32)] * n_parts
+  out_kinds = ["row"] * (1 + split) + ["part"] * n_parts
+  name = f"jaxnorm_tpu_{'add_' if has_dh or split else ''}{spec.op}_bwd"
+  res = list(_call(functools.partial(backward_kernel, spec, has_dh, split), spec, args, kinds,
+                   outs, out_kinds, name))
+  cts = [_unpad(spec, a) for a in res[:1 + split]]
+  sums = [_unpad(spec, jnp.sum(p, axis=(0, 1))) for p in res[1 + split:]]
+  dscale = sums.pop(0) if spec.has_gamma else None
+  dbias = sums.pop(0) if spec.has_bias else None
+  return (*cts, dscale, dbias)
