@@ -10,12 +10,15 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["nonneg_float", "nonneg_int", "number", "positive_float", "positive_int"]
+import numpy as np
+
+__all__ = ["epsilon", "nonneg_float", "nonneg_int", "number", "positive_float", "positive_int"]
 
 
-def number(cast, lower: float, strict: bool, what: str):
+def number(cast, lower: float, strict: bool, what: str, upper: float | None = None):
   """An argparse ``type=`` that parses with ``cast`` and requires a finite value above ``lower``
-  (``> lower`` when ``strict``, else ``>=``), with an error that says what was expected."""
+  (``> lower`` when ``strict``, else ``>=``) and, where given, at most ``upper``, with an error
+  that says what was expected (argparse prefixes the flag as given: ``argument --epsilon: ...``)."""
 
   def parse(text: str):
     try:
@@ -26,6 +29,8 @@ def number(cast, lower: float, strict: bool, what: str):
     if not ok:
       raise argparse.ArgumentTypeError(
           f"expected {what} ({'>' if strict else '>='} {lower:g}), got {text}")
+    if upper is not None and value > upper:
+      raise argparse.ArgumentTypeError(f"expected {what} (<= {upper:.3g}), got {text}")
     return value
 
   return parse
@@ -35,3 +40,8 @@ positive_int = number(int, 0, True, "a positive integer")
 nonneg_int = number(int, 0, False, "a non-negative integer")
 positive_float = number(float, 0, True, "a positive number")
 nonneg_float = number(float, 0, False, "a non-negative number")
+
+# A norm epsilon: >= 0 and within the float32 statistics' range, the bound the library itself
+# checks (jaxnorm._validation.check_epsilon_range), refused here under the flag's own name.
+epsilon = number(float, 0, False, "a non-negative epsilon within float32's statistics",
+                 upper=0.5 / float(np.finfo(np.float32).tiny))

@@ -32,6 +32,7 @@ import numpy as np
 
 from jaxnorm._jax_compat import enable_x64
 
+from experiments.argtypes import positive_int
 from experiments.kit_survey_functions import Fn, _functions
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "kit-survey"
@@ -197,11 +198,11 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m experiments.kit_survey", description=__doc__.split("\n\n")[0])
   parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for survey.md and survey.json")
   parser.add_argument("--only", nargs="*", default=None, help="function names (substrings) to run")
-  parser.add_argument("--examples", type=int, default=3, help="hypothesis examples per function and dtype (>= 1)")
-  parser.add_argument("--max-checks", type=int, default=5, help="checks per function and dtype, shrinking included")
+  parser.add_argument("--examples", type=positive_int, default=3,
+                      help="hypothesis examples per function and dtype (>= 1)")
+  parser.add_argument("--max-checks", type=positive_int, default=5,
+                      help="checks per function and dtype, shrinking included")
   args = parser.parse_args(argv)
-  if args.examples < 1 or args.max_checks < 1:
-    parser.error(f"--examples and --max-checks must be >= 1, got {args.examples} and {args.max_checks}")
   fns = [f for f in _functions() if args.only is None or any(s in f.name for s in args.only)]
   if not fns:
     parser.error(f"--only {args.only} matches no function")

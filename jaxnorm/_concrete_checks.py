@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxnorm import _jax_compat
+from jaxnorm import _validation
 
 
 def concrete(a: Any):
@@ -104,6 +105,9 @@ def check_row_range(op_name: str, x: Any, epsilon: float, *, residual: Any = Non
   the host, so that a row of subnormals counts as below the range.
   ``x``: ``(..., d)``.
   """
+  # The static half, run traced too: epsilon itself within the statistics' range (it is always
+  # concrete; this is the one check every norm op, Jacobian and gated call runs with x's dtype).
+  _validation.check_epsilon_range(epsilon, x.dtype)
   if any(_jax_compat.is_tracer(a) for a in (x, residual)):
     return
   ct = jnp.float64 if x.dtype == jnp.float64 else jnp.float32

@@ -93,6 +93,29 @@ def check_epsilon(epsilon: Any) -> float:
   return epsilon
 
 
+def statistics_dtype(dtype: Any):
+  """The dtype the norm ops compute their statistics in for inputs of ``dtype``: float64 for
+  float64, float32 for every narrower float."""
+  return jnp.dtype(jnp.float64) if jnp.dtype(dtype) == jnp.float64 else jnp.dtype(jnp.float32)
+
+
+def check_epsilon_range(epsilon: float, dtype: Any) -> None:
+  """``ValueError`` naming ``epsilon=`` unless it is within the float range of the statistics
+  (:func:`statistics_dtype` of ``dtype``, the input's dtype): at most ``1 / (2 finfo.tiny)``
+  (4.3e37 for float32), so that ``1 / sqrt(var + epsilon)`` and ``1 / (sqrt(var) + epsilon)``
+  stay normal floats (never flushed to 0, which the ops read as a row past the float range) and
+  ``var + epsilon`` finite for every row inside the range (``var < finfo.max / 4``).
+  ``epsilon``: already checked by :func:`check_epsilon` (a finite float >= 0)."""
+  ct = statistics_dtype(dtype)
+  limit = 0.5 / float(jnp.finfo(ct).tiny)
+  if epsilon > limit:
+    raise ValueError(
+        f"epsilon={epsilon!r} is past the float range of the statistics ({ct.name}, for x of "
+        f"dtype {jnp.dtype(dtype).name}): epsilon must be at most {limit:.3g} = "
+        f"1 / (2 finfo.tiny), where 1 / (std + epsilon) stays a normal {ct.name} (every row would "
+        f"come back NaN). Use a smaller epsilon (1e-6 is usual), or float64 inputs.")
+
+
 def check_bool(name: str, value: Any) -> bool:
   """Raises ``TypeError`` unless ``value`` is a Python bool (e.g. ``zero_centered_scale``)."""
   if not isinstance(value, bool):
@@ -221,10 +244,17 @@ def normalized_axes(ndim: int, axis: Any) -> tuple[int, ...]:
 
 
 def check_out_dtype(name: str, dtype: Any):
-  """``dtype`` (None or a floating dtype) as a NumPy dtype or None; ``TypeError`` otherwise."""
+  """``dtype`` (None or a floating dtype) as a NumPy dtype or None; ``TypeError`` otherwise.
+
+  The one rule of every ``dtype=`` and ``param_dtype=`` (ops, layers): anything NumPy cannot read
+  as a dtype (``"float8"``, ``3``, a list) is refused here by name, as a non-floating one is."""
   if dtype is None:
     return None
-  dt = jnp.dtype(dtype)
+  try:
+    dt = jnp.dtype(dtype)
+  except (TypeError, ValueError):
+    raise TypeError(f"{name} must be a floating dtype (e.g. jnp.float32) or None, got "
+                    f"{type(dtype).__name__} {dtype!r}, which is not a dtype.") from None
   if not jnp.issubdtype(dt, jnp.floating):
     raise TypeError(f"{name} must be a floating dtype or None, got {dt}.")
   return dt

@@ -166,7 +166,8 @@ class LayerNorm(nn.Module):
   memory_efficient: bool = False
 
   def __post_init__(self):
-    common.check_layer_options("layer_norm", common.layer_options(self, "layer_norm"))
+    common.check_layer_options("layer_norm", dict(common.layer_options(self, "layer_norm"),
+                                              dtype=self.dtype, param_dtype=self.param_dtype))
     super().__post_init__()
 
   @nn.compact
@@ -256,7 +257,8 @@ class RMSNorm(nn.Module):
   memory_efficient: bool = False
 
   def __post_init__(self):
-    common.check_layer_options("rms_norm", common.layer_options(self, "rms_norm"))
+    common.check_layer_options("rms_norm", dict(common.layer_options(self, "rms_norm"),
+                                              dtype=self.dtype, param_dtype=self.param_dtype))
     super().__post_init__()
 
   @nn.compact

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 import jaxnorm
 from experiments.argtypes import positive_int
+from experiments.bench.cli import parse_dtypes, parse_shapes
 from experiments.bench.timing import time_interleaved
 from experiments.bench.output import add_run_args, bench_meta, write_outputs
 
@@ -102,9 +103,9 @@ def main(argv=None) -> int:
   """Parses the options, runs :func:`bench`, prints the table and writes JSON + markdown."""
   parser = argparse.ArgumentParser(prog="python -m experiments bench-gated",
                                    description=__doc__.splitlines()[0])
-  parser.add_argument("--shapes", default="4096x1024,2048x4096",
+  parser.add_argument("--shapes", type=parse_shapes, default="4096x1024,2048x4096",
                       help="ROWSxD,... (default: %(default)s)")
-  parser.add_argument("--dtypes", default="float32,bfloat16")
+  parser.add_argument("--dtypes", type=parse_dtypes, default="float32,bfloat16")
   parser.add_argument("--impls", default="auto",
                       help="jaxnorm impls, comma-separated: auto, xla, triton (GPU)")
   parser.add_argument("--orders", default="last,first",
@@ -112,10 +113,7 @@ def main(argv=None) -> int:
   parser.add_argument("--group-size", type=positive_int, default=None)
   add_run_args(parser)
   args = parser.parse_args(argv)
-  try:
-    shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
-  except ValueError:
-    parser.error(f"--shapes must be ROWSxD,..., got {args.shapes!r}")
+  shapes = args.shapes  # parse_shapes: ((rows, d), ...), checked by the parser
   orders = args.orders.split(",")
   if set(orders) - {"last", "first"}:
     parser.error(f"--orders takes last and/or first, got {args.orders!r}")
@@ -124,7 +122,7 @@ def main(argv=None) -> int:
     parser.error(f"--impls takes auto, xla, triton, got {args.impls!r}")
   if args.repeats < 3:
     parser.error(f"--repeats must be >= 3, got {args.repeats}")
-  rows = bench(shapes, args.dtypes.split(","), impls, [o == "last" for o in orders],
+  rows = bench(shapes, args.dtypes, impls, [o == "last" for o in orders],
                args.group_size, args.repeats, args.sample_ms)
   meta = bench_meta("python -m experiments bench-gated " + " ".join(argv or []), args.repeats,
                     group_size=args.group_size)

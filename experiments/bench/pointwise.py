@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxnorm
+from experiments.bench.cli import parse_dtypes, parse_shapes
 from experiments.bench.timing import time_interleaved
 from experiments.bench.output import add_run_args, bench_meta, write_outputs
 
@@ -107,21 +108,21 @@ def main(argv=None) -> int:
   """Parses the options, runs :func:`bench`, prints the table and writes JSON + markdown."""
   parser = argparse.ArgumentParser(prog="python -m experiments bench-pointwise",
                                    description=__doc__.splitlines()[0])
-  parser.add_argument("--shapes", default="1024x256,4096x1024,2048x4096",
+  parser.add_argument("--shapes", type=parse_shapes, default="1024x256,4096x1024,2048x4096",
                       help="ROWSxD,... (default: %(default)s)")
-  parser.add_argument("--dtypes", default="float32,bfloat16")
+  parser.add_argument("--dtypes", type=parse_dtypes, default="float32,bfloat16")
   parser.add_argument("--ops", default=",".join(pointwise_ops()),
                       help="pointwise ops of jaxnorm.OPS (default: all of them, %(default)s)")
   add_run_args(parser)
   args = parser.parse_args(argv)
-  shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
+  shapes = args.shapes  # parse_shapes: ((rows, d), ...), checked by the parser
   ops = args.ops.split(",")
   bad = [o for o in ops if o not in pointwise_ops()]
   if bad:
     parser.error(f"--ops: {bad} are not pointwise ops of jaxnorm.OPS")
   if args.repeats < 3:
     parser.error(f"--repeats must be >= 3, got {args.repeats}")
-  rows = bench(shapes, args.dtypes.split(","), ops, args.repeats, args.sample_ms)
+  rows = bench(shapes, args.dtypes, ops, args.repeats, args.sample_ms)
   meta = bench_meta("python -m experiments bench-pointwise " + " ".join(argv or []),
                     args.repeats)
   write_outputs(args.out, "pointwise", args.tag, meta, rows, _markdown(meta, rows))

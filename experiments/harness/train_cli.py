@@ -15,6 +15,7 @@ import pathlib
 
 import jax
 
+from experiments import argtypes
 from experiments.argtypes import nonneg_float, nonneg_int, positive_float, positive_int
 from experiments.harness import data as data_lib
 from experiments.harness import distributed
@@ -115,6 +116,7 @@ def _add_fields(group, cls) -> list[str]:
       group.add_argument(opt, type=nonneg_int if f.name in _NONNEG else positive_int, default=default, **kw)
     elif kind.startswith("float"):
       cast = _beta if f.name in _BETAS else (nonneg_float if f.name in _NONNEG else positive_float)
+      cast = argtypes.epsilon if f.name == "epsilon" else cast
       group.add_argument(opt, type=cast, default=default, **kw)
     else:
       group.add_argument(opt, default=default, **kw)

@@ -94,7 +94,8 @@ def check_layer_options(op_name: str, options: Mapping[str, Any]) -> float:
   """Validates the static options of a norm layer once, when it is built.
 
   ``options`` holds the family's options by name (``epsilon``, ``epsilon_placement``,
-  ``zero_centered_scale``, ``impl``, ``backend_config``, ``casting``) and the op's own
+  ``zero_centered_scale``, ``impl``, ``backend_config``, ``casting``; the layer's ``dtype`` and
+  ``param_dtype`` where given) and the op's own
   (:func:`op_options`, each a bool; an option the op does not declare, e.g. RMSNorm's
   ``use_fast_variance``, is not checked: it has no effect).
 
@@ -109,6 +110,9 @@ def check_layer_options(op_name: str, options: Mapping[str, Any]) -> float:
   v.check_choice("impl", options["impl"], _backends.IMPLS)
   _backends.check_config(options["backend_config"])
   v.check_choice("casting", options["casting"], CASTINGS)
+  for name in ("dtype", "param_dtype"):  # where the layer passes them (both layer kinds do)
+    if name in options:
+      v.check_out_dtype(name, options[name])
   return epsilon
 
 

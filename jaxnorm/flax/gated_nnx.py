@@ -77,6 +77,8 @@ class GatedRMSNorm(nnx.Module):
                                      norm_before_gate=norm_before_gate,
                                      casting=casting).items():
       setattr(self, name, value)
+    v.check_out_dtype("dtype", dtype)
+    v.check_out_dtype("param_dtype", param_dtype)
     self.dtype, self.param_dtype, self.impl = dtype, param_dtype, impl
     self.backend_config, self.pallas = backend_config, pallas
     self.scale = nnx.data(None)  # drawing a key only when used, as Flax's norms

@@ -19,7 +19,8 @@ from experiments.harness import train_cli
 _NUMBER_TYPES = {argtypes.positive_int: ("0", "-1", "nan", "1.5", "x"),
                  argtypes.nonneg_int: ("-1", "inf", "x"),
                  argtypes.positive_float: ("0", "-1", "nan", "inf", "x"),
-                 argtypes.nonneg_float: ("-1", "nan", "-inf", "x")}
+                 argtypes.nonneg_float: ("-1", "nan", "-inf", "x"),
+                 argtypes.epsilon: ("-1", "nan", "inf", "1e39", "3.5e38", "x")}
 
 
 def _train_rows():
@@ -62,6 +63,12 @@ def _bench_rows():
   rows += [(["bench", "--shapes", "abc"], "--shapes"), (["bench", "--clock", "sundial"], "--clock"),
            (["bench", "--ops", "batch_norm"], "--ops"), (["bench", "--dtypes", "int3"], "--dtypes"),
            (["bench-qk", "--dtype", "float8"], "--dtype"), (["bench-qk", "--heads", "x"], "--heads")]
+  for command in ("bench-gated", "bench-pointwise"):  # parsed by the flag's type, not NumPy's
+    rows += [([command, "--shapes", bad], "--shapes") for bad in ("abc", "4x", "0x8", "-4x8")]
+    rows += [([command, "--dtypes", bad], "--dtypes") for bad in ("foo", "float8", "int32")]
+  rows += [(["bench-gated", "--impls", "cuda"], "--impls"), (["bench-gated", "--orders", "mid"], "--orders"),
+           (["bench-ensemble", "--seeds", "x"], "--seeds"), (["bench-ensemble", "--seeds", "0"], "--seeds"),
+           (["bench-ensemble", "--preset", "bogus"], "--preset")]
   return rows
 
 
