@@ -85,12 +85,12 @@ def _spec(cfg: NormConfig, x, *, has_gamma: bool, has_bias: bool, dtypes=()):
 
 
 def _rows(cfg: NormConfig, x, scale, bias):
-  """``(gamma, bias)`` as float32 ``(1, d)`` rows (None where absent), formed in XLA as the
-  call's plan forms gamma (``scale`` or ``1 + scale``)."""
+  """``(gamma, bias)`` as float32 ``(1, 1, d)`` rows of one group (None where absent), formed
+  in XLA as the call's plan forms gamma (``scale`` or ``1 + scale``)."""
   d = x.shape[-1]
   gam = None if scale is None else cfg.plan(x.dtype).gamma_of(
-      scale.reshape(1, d), cfg.zero_centered_scale).astype(jnp.float32)
-  b = None if bias is None else bias.reshape(1, d).astype(jnp.float32)
+      scale.reshape(1, 1, d), cfg.zero_centered_scale).astype(jnp.float32)
+  b = None if bias is None else bias.reshape(1, 1, d).astype(jnp.float32)
   return gam, b
 
 
@@ -132,7 +132,7 @@ def _stats_out(cfg: NormConfig, row_shape, flat):
 
 
 def _stats_in(stats):
-  return [s.reshape(-1, 1).astype(jnp.float32) for s in stats if s is not None]
+  return [s.reshape(1, -1, 1).astype(jnp.float32) for s in stats if s is not None]
 
 
 def _forward_one(cfg: NormConfig, x, residual, scale, bias):
@@ -142,7 +142,7 @@ def _forward_one(cfg: NormConfig, x, residual, scale, bias):
   spec = _spec(cfg, x, has_gamma=scale is not None, has_bias=bias is not None, dtypes=dtypes)
   gam, b = _rows(cfg, x, scale, bias)
   res = kernels().launch_forward(
-      x.reshape(-1, d), None if residual is None else residual.reshape(-1, d), gam, b,
+      x.reshape(1, -1, d), None if residual is None else residual.reshape(1, -1, d), gam, b,
       spec=spec, out_dtype=jnp.dtype(cfg.out_dtype),
       h_dtype=None if residual is None else jnp.dtype(cfg.h_dtype))
   y, h = res[0].reshape(x.shape), None
@@ -157,7 +157,8 @@ def _backward_one(cfg: NormConfig, x, scale, stats, dy, dh, *, dx_dtype, dres_dt
   spec = _spec(cfg, x, has_gamma=scale is not None, has_bias=cfg.bias_dtype is not None)
   gam, _ = _rows(cfg, x, scale, None)
   res = kernels().launch_backward(
-      x.reshape(-1, d), dy.reshape(-1, d), None if dh is None else dh.reshape(-1, d), gam,
+      x.reshape(1, -1, d), dy.reshape(1, -1, d), None if dh is None else dh.reshape(1, -1, d),
+      gam,
       _stats_in(stats), spec=spec, dx_dtype=jnp.dtype(dx_dtype),
       dres_dtype=None if dres_dtype is None else jnp.dtype(dres_dtype))
   dx = res[0].reshape(x.shape)

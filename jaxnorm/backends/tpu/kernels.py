@@ -150,29 +150,31 @@ def backward_kernel(spec: Spec, has_dh: bool, split: bool, *refs):
     alpha = spec.residual_scale
     dres[0][...] = (dx if alpha == 1.0 else alpha * dx).astype(dres[0].dtype)
   # Rows past the array in the last block hold undefined values: out of the parameter sums.
-  row_ok = pl.program_id(0) * spec.block_rows + _iota(x.shape, 0) < spec.rows
+  row_ok = pl.program_id(1) * spec.block_rows + _iota(x.shape, 0) < spec.rows
   for refs_, term in ((ds, dz * u), (db, dq)):
     if refs_:
       refs_[0][...] = jnp.sum(jnp.where(row_ok, term, 0.0), axis=0, keepdims=True)
 
 
 def _call(kernel, spec: Spec, args, in_kinds, out_shapes, out_kinds, name: str):
-  """``pallas_call`` over the row blocks; kinds: "row" ``(rows, width)``, "param" ``(1, width)``,
-  "stat" ``(rows, 1)``, "part" ``(blocks, 1, width)``."""
-  br, w = spec.block_rows, spec.width
+  """``pallas_call`` over ``(groups, row blocks)``; every operand has a leading group axis
+  (squeezed out of the kernel's view). Kinds: "row" ``(G, rows, width)``, "param"
+  ``(G, 1, width)``, "stat" ``(G, rows, 1)``, "part" ``(G, blocks, 1, width)``."""
+  br, w, sq = spec.block_rows, spec.width, pl.Squeezed
   specs = {
-      "row": lambda: pl.BlockSpec((br, w), lambda i: (i, 0)),
-      "param": lambda: pl.BlockSpec((1, w), lambda i: (0, 0)),
-      "stat": lambda: pl.BlockSpec((br, 1), lambda i: (i, 0)),
-      "part": lambda: pl.BlockSpec((pl.Squeezed(), 1, w), lambda i: (i, 0, 0)),
+      "row": lambda: pl.BlockSpec((sq(), br, w), lambda g, i: (g, i, 0)),
+      "param": lambda: pl.BlockSpec((sq(), 1, w), lambda g, i: (g, 0, 0)),
+      "stat": lambda: pl.BlockSpec((sq(), br, 1), lambda g, i: (g, i, 0)),
+      "part": lambda: pl.BlockSpec((sq(), sq(), 1, w), lambda g, i: (g, i, 0, 0)),
   }
+  groups = args[0].shape[0]
   return pl.pallas_call(
       kernel,
       out_shape=out_shapes,
-      grid=(pl.cdiv(spec.rows, br),),
+      grid=(groups, pl.cdiv(spec.rows, br)),
       in_specs=[specs[k]() for k in in_kinds],
       out_specs=[specs[k]() for k in out_kinds],
-      compiler_params=pl.CompilerParams(dimension_semantics=("parallel",),
+      compiler_params=pl.CompilerParams(dimension_semantics=("parallel", "parallel"),
                                         vmem_limit_bytes=VMEM_LIMIT_BYTES),
       interpret=pl.InterpretParams() if spec.interpret else False,
       name=name,
@@ -180,30 +182,27 @@ def _call(kernel, spec: Spec, args, in_kinds, out_shapes, out_kinds, name: str):
 
 
 def _pad(spec: Spec, a):
-  """``a`` (``(rows, d)`` or ``(1, d)``) with zero lanes up to the block's width."""
+  """``a`` (``(G, rows, d)`` or ``(G, 1, d)``) with zero lanes up to the block's width."""
   if a is None or not spec.padded:
     return a
-  return jnp.pad(a, ((0, 0), (0, spec.width - spec.d)))
+  return jnp.pad(a, ((0, 0), (0, 0), (0, spec.width - spec.d)))
 
 
 def _unpad(spec: Spec, a):
   return a if not spec.padded else a[..., :spec.d]
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "out_dtype", "h_dtype"))
-def launch_forward(x, residual, gamma, bias, *, spec: Spec, out_dtype, h_dtype=None):
-  """``(y, [h], *stats)`` of ``x: (rows, d)`` (``residual`` None: the plain op); ``gamma`` and
-  ``bias``: float32 ``(1, d)`` rows or None; stats ``(rows, 1)`` float32."""
+def _forward(x, residual, gamma, bias, *, spec: Spec, out_dtype, h_dtype):
   has_add = residual is not None
-  rows = spec.rows
+  groups, rows = x.shape[0], spec.rows
   row_args = [x] + ([residual] if has_add else [])
   params = [p for p in (gamma, bias) if p is not None]
   args = [_pad(spec, a) for a in row_args + params]
   kinds = ["row"] * len(row_args) + ["param"] * len(params)
-  outs = [jax.ShapeDtypeStruct((rows, spec.width), out_dtype)]
-  outs += [jax.ShapeDtypeStruct((rows, spec.width), h_dtype)] if has_add else []
+  outs = [jax.ShapeDtypeStruct((groups, rows, spec.width), out_dtype)]
+  outs += [jax.ShapeDtypeStruct((groups, rows, spec.width), h_dtype)] if has_add else []
   n_stats = 3 if spec.center else 1
-  outs += [jax.ShapeDtypeStruct((rows, 1), jnp.float32)] * n_stats
+  outs += [jax.ShapeDtypeStruct((groups, rows, 1), jnp.float32)] * n_stats
   out_kinds = ["row"] * (1 + has_add) + ["stat"] * n_stats
   name = f"jaxnorm_tpu_{'add_' if has_add else ''}{spec.op}_fwd"
   res = _call(functools.partial(forward_kernel, spec, has_add), spec, args, kinds, outs,
@@ -211,27 +210,66 @@ def launch_forward(x, residual, gamma, bias, *, spec: Spec, out_dtype, h_dtype=N
   return tuple(_unpad(spec, a) for a in res[:1 + has_add]) + tuple(res[1 + has_add:])
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "dx_dtype", "dres_dtype"))
-def launch_backward(x, dy, dh, gamma, stats, *, spec: Spec, dx_dtype, dres_dtype=None):
-  """``(dx, [dresidual], dscale, dbias)`` (float32 ``(d,)`` sums, None where absent) from ``x``
-  (or ``h``), ``dy`` (and ``dh``: the residual add, None for none or the plain op) and the
-  ``(rows, 1)`` float32 statistics; ``dres_dtype`` not None: write ``dresidual`` too."""
+def _backward(x, dy, dh, gamma, stats, *, spec: Spec, dx_dtype, dres_dtype):
   has_dh, split = dh is not None, dres_dtype is not None
-  rows, w = spec.rows, spec.width
+  groups, rows, w = x.shape[0], spec.rows, spec.width
   nb = -(-rows // spec.block_rows)
   row_args = [x, dy] + ([dh] if has_dh else [])
   args = [_pad(spec, a) for a in row_args + ([gamma] if spec.has_gamma else [])] + list(stats)
   kinds = ["row"] * len(row_args) + ["param"] * spec.has_gamma + ["stat"] * len(stats)
-  outs = [jax.ShapeDtypeStruct((rows, w), dx_dtype)]
-  outs += [jax.ShapeDtypeStruct((rows, w), dres_dtype)] if split else []
+  outs = [jax.ShapeDtypeStruct((groups, rows, w), dx_dtype)]
+  outs += [jax.ShapeDtypeStruct((groups, rows, w), dres_dtype)] if split else []
   n_parts = spec.has_gamma + spec.has_bias
-  outs += [jax.ShapeDtypeStruct((nb, 1, w), jnp.float32)] * n_parts
+  outs += [jax.ShapeDtypeStruct((groups, nb, 1, w), jnp.float32)] * n_parts
   out_kinds = ["row"] * (1 + split) + ["part"] * n_parts
   name = f"jaxnorm_tpu_{'add_' if has_dh or split else ''}{spec.op}_bwd"
   res = list(_call(functools.partial(backward_kernel, spec, has_dh, split), spec, args, kinds,
                    outs, out_kinds, name))
   cts = [_unpad(spec, a) for a in res[:1 + split]]
-  sums = [_unpad(spec, jnp.sum(p, axis=(0, 1))) for p in res[1 + split:]]
+  sums = [_unpad(spec, jnp.sum(p, axis=(1, 2))) for p in res[1 + split:]]  # (G, d) each
   dscale = sums.pop(0) if spec.has_gamma else None
   dbias = sums.pop(0) if spec.has_bias else None
   return (*cts, dscale, dbias)
+
+
+def _grouped(launch, **static):
+  """``launch(*arrays, **static)`` whose ``jax.vmap`` is one launch with more groups: a batch
+  axis of any operand is merged into the leading group axis of all of them (unbatched ones
+  broadcast), so no ``pallas_call`` is ever batched by ``vmap`` (whose grid axis TPU interpret
+  mode's ``dimension_semantics`` do not follow in jax 0.10.2; Mosaic's own lowering does)."""
+
+  @jax.custom_batching.custom_vmap
+  def f(*args):
+    return launch(*args, **static)
+
+  @f.def_vmap
+  def rule(axis_size, in_batched, *args):
+    def merge(a, batched):
+      a = a if batched else jnp.broadcast_to(a, (axis_size,) + a.shape)
+      return a.reshape((axis_size * a.shape[1],) + a.shape[2:])
+
+    merged = jax.tree.map(merge, args, tuple(in_batched))
+    outs = f(*merged)
+    split = jax.tree.map(lambda o: o.reshape((axis_size, -1) + o.shape[1:]), outs)
+    return split, jax.tree.map(lambda _: True, outs)
+
+  return f
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "out_dtype", "h_dtype"))
+def launch_forward(x, residual, gamma, bias, *, spec: Spec, out_dtype, h_dtype=None):
+  """``(y, [h], *stats)`` of ``x: (G, rows, d)`` (``residual`` None: the plain op) for ``G``
+  groups (heads, or ``vmap``'s batch: one more grid axis); ``gamma`` and ``bias``: float32
+  ``(G, 1, d)`` rows or None; stats ``(G, rows, 1)`` float32."""
+  return _grouped(_forward, spec=spec, out_dtype=out_dtype, h_dtype=h_dtype)(
+      x, residual, gamma, bias)
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "dx_dtype", "dres_dtype"))
+def launch_backward(x, dy, dh, gamma, stats, *, spec: Spec, dx_dtype, dres_dtype=None):
+  """``(dx, [dresidual], dscale, dbias)`` (float32 ``(G, d)`` sums, None where absent) from
+  ``x: (G, rows, d)`` (or ``h``), ``dy`` (and ``dh``: the residual add, None for none or the
+  plain op) and the ``(G, rows, 1)`` float32 statistics; ``dres_dtype`` not None: write
+  ``dresidual`` too."""
+  return _grouped(_backward, spec=spec, dx_dtype=dx_dtype, dres_dtype=dres_dtype)(
+      x, dy, dh, gamma, tuple(stats))

@@ -22,6 +22,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxnorm import _jax_compat as jc
 from jaxnorm import _validation as v
@@ -52,15 +53,39 @@ def _xla(cfg):
 
 
 def _run(*leaves, cfg, fn, tree, groups, elsewhere):
-  """Lowering for a TPU: the kernels."""
+  """Lowering for a TPU: the kernels (interpret mode too where the config asks for it)."""
   del elsewhere
+  if cfg.backend_config.interpret:
+    return _interpreted(cfg, fn, tree, groups, leaves)
   return _flat_fn(cfg, fn, tree, groups)(*leaves)
+
+
+@functools.lru_cache(maxsize=256)
+def _interpreter(cfg, fn, tree, groups: int):
+  return jax.jit(_flat_fn(cfg, fn, tree, groups))
+
+
+def _interpreted(cfg, fn, tree, groups: int, leaves):
+  """The kernels in TPU interpret mode, each launch a program of its own run from a host
+  callback. Interpret mode (``pltpu.InterpretParams``) simulates the TPU's memory with ordered
+  host callbacks, effects which ``jax.checkpoint`` and a primitive's lowering cannot carry; run
+  as their own program, they leave the caller's program pure (``jax.pure_callback``), so every
+  transformation of the op works on the interpreted kernels as on the compiled ones."""
+  in_types = tuple((tuple(a.shape), a.dtype) for a in leaves)
+  _, outs = _out_types(cfg, fn, tree, groups, in_types)
+  structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in outs]
+  run = _interpreter(cfg, fn, tree, groups)
+
+  def host(*arrays):
+    return [np.asarray(o) for o in run(*arrays)]
+
+  return jax.pure_callback(host, structs, *leaves)
 
 
 def _run_elsewhere(*leaves, cfg, fn, tree, groups, elsewhere, platforms):
   """Lowering for another platform: interpret mode, the XLA path ("auto"), or the error."""
   if cfg.backend_config.interpret:
-    return _flat_fn(cfg, fn, tree, groups)(*leaves)
+    return _interpreted(cfg, fn, tree, groups, leaves)
   if elsewhere == "xla":
     return _flat_fn(_xla(cfg), fn, tree, groups)(*leaves)
   other = next(p for p in platforms if p not in PLATFORMS)
@@ -102,17 +127,6 @@ def _out_types(cfg, fn, tree, groups: int, in_types):
   return jax.tree.structure(outs), tuple((o.shape, o.dtype) for o in jax.tree.leaves(outs))
 
 
-@functools.lru_cache(maxsize=4096)
-def _effects(cfg, fn, tree, groups: int, in_types):
-  """The kernels' effects: TPU interpret mode's ordered callbacks (``pltpu.InterpretParams``
-  simulates the TPU's memory on the host, one kernel at a time), which the primitive declares
-  so that the program threads their tokens; none for compiled kernels."""
-  if not cfg.backend_config.interpret:
-    return frozenset()
-  structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in in_types]
-  return frozenset(jax.make_jaxpr(_flat_fn(cfg, fn, tree, groups))(*structs).effects)
-
-
 def _abstract_eval(*avals, cfg, fn, tree, groups, elsewhere):
   del elsewhere
   in_types = tuple((tuple(a.shape), a.dtype) for a in avals)
@@ -120,7 +134,7 @@ def _abstract_eval(*avals, cfg, fn, tree, groups, elsewhere):
   axes = frozenset().union(*(jc.aval_varying_axes(a) for a in avals))
   base = max(avals, key=lambda a: len(a.shape))
   return [jc.with_varying_axes(base.update(shape=shape, dtype=dtype, weak_type=False), axes)
-          for shape, dtype in outs], _effects(cfg, fn, tree, groups, in_types)
+          for shape, dtype in outs]
 
 
 def _jvp(primals, tangents, *, cfg, fn, tree, groups, elsewhere):
@@ -143,7 +157,7 @@ def _batch(args, dims, *, vmap_axis_name, vmap_axis_size, cfg, fn, tree, groups,
 
 
 tpu_call_p.def_impl(_impl)
-tpu_call_p.def_effectful_abstract_eval(_abstract_eval)
+tpu_call_p.def_abstract_eval(_abstract_eval)
 for _platform in PLATFORMS:
   jc.register_lowering(tpu_call_p, _run, platform=_platform)
 jc.register_lowering(tpu_call_p, _run_elsewhere, with_platforms=True)
