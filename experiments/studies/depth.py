@@ -36,7 +36,7 @@ from experiments.suite.study import Unit, train_unit
 from experiments.studies.flagship_answer import depth_answer as answer  # noqa: F401 (the study protocol's answer)
 from experiments.studies.summary_lines import depth_instabilities as instabilities  # noqa: F401 (the protocol's)
 
-TITLE = "Depth: Post-LN, Pre-LN, Sandwich, DeepNorm (Liu et al. 2020; Wang et al. 2022)"
+TITLE = "Depth: deep Post-LN against Pre-LN, and DeepNet's model update (Liu et al. 2020; Wang et al. 2022)"
 RAW_DATA = ('runs.json', 'final.csv', 'update.json')  # files the report links under the claims
 HEADLINE = ("depth_final.png", "update_vs_depth.png")
 
@@ -292,6 +292,13 @@ def _plot_update(ctx, update: dict, cfg: Config) -> str:
   return ctx.save_figure(fig, "update_vs_depth.png")
 
 
+_NAMES = {"post": "Post-LN", "pre": "Pre-LN", "sandwich": "Sandwich-LN", "deepnorm": "DeepNorm"}
+
+
+def _names(positions) -> str:
+  return ", ".join(_NAMES.get(p, p) for p in positions)
+
+
 def report_section(summary: dict, rel: str) -> str:
   """Markdown section of the depth experiment: setup (rate and its source, schedule, length
   rule), the plots and the per-point table.
@@ -301,7 +308,8 @@ def report_section(summary: dict, rel: str) -> str:
   cfg = summary["config"]
   lines = [
       f"Setup: LayerNorm byte-level LMs of width {summary['model']['d_model']}, depths {cfg['depths']}, seeds "
-      f"{cfg['seeds']}. Peak lr {summary['lr']:g} ({summary['lr_source']}). Schedule of every run: "
+      f"{cfg['seeds']}; trained: {_names(cfg.get('train_positions') or cfg['positions'])}; in the model-update "
+      f"probe: {_names(cfg['positions'])}. Peak lr {summary['lr']:g} ({summary['lr_source']}). Schedule of every run: "
       f"{summary['schedule']}. A depth is judged only where Pre-LN ends >= {PAST_PLATEAU} nats below the unigram "
       f"plateau of the validation batches ({summary['unigram_nats']:z.3f}) in every seed, and only if Post-LN trains "
       f"at "

@@ -12,6 +12,7 @@ same reading as ``warmup_rules.highest_trained``; a summary without a grid gives
 
 from __future__ import annotations
 
+from experiments.studies.seeds import span as _span
 from experiments.studies.warmup_rules import MARGIN
 
 __all__ = ["depth_answer", "warmup_answer"]
@@ -33,11 +34,6 @@ def best_rate(grid: dict, lrs, key) -> float | None:
 
 def _paired(grid: dict, a: str, b: str) -> list[float]:
   return [x - y for x, y in zip(grid[a]["values"], grid[b]["values"])]
-
-
-def _span(xs) -> str:
-  lo, hi = min(xs), max(xs)
-  return f"{lo:+z.2f}" if abs(hi - lo) < 5e-3 else f"{lo:+z.2f} to {hi:+z.2f}"
 
 
 def _per_seed(summary: dict, warmups: list[int]) -> dict:

@@ -26,12 +26,12 @@ ladder point (:mod:`experiments.studies.scale_rules`).
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 
 import numpy as np
 
 from experiments.studies import scale_rules as rules
 from experiments.studies.scale_answer import answer  # noqa: F401 (the study protocol's answer)
+from experiments.studies.summary_lines import scale_noise_line as noise_line  # noqa: F401 (the protocol's)
 from experiments.suite.runs import param_count
 from experiments.suite.study import Unit
 
@@ -174,87 +174,14 @@ def analyse(ctx, cfg: Config, rows: list[dict], *, unigram: dict, params: int) -
           "params": params, "tokens_per_step": tokens_per_step, "unigram": unigram,
           "tables": {str(t): v for t, v in tables.items()}, "per_seq": extra,
           "tpp": {str(t): {str(k): v for k, v in d.items()} for t, d in tpp.items()},
-          "model": dict(ctx.preset["model"], **({"max_len": cfg.max_len} if cfg.max_len else {})),
-          "gpu": gpu_reference(RESULTS / "gpu"),
-          "arm": arm_reference(RESULTS / "cpu-scale") if len(cfg.layouts) == 1 else None}
-
-
-RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
-
-
-def _rel(path: pathlib.Path) -> str:
-  return str(path.relative_to(RESULTS.parents[1]))
-
-
-def gpu_reference(root: pathlib.Path) -> dict | None:
-  """The committed gpu report's Pre-LN-without vs Post-LN-with-warm-up numbers, read from its warm-up grid
-  (``root/warmup/done.json``, ``root/suite.json``): the regime, each layout's best rate (lowest seed-mean
-  final loss), the paired difference there and over every rate where both train, and per seed the first
-  evaluation of its curves at those rates where Post-LN is ahead after Pre-LN was. None if not committed."""
-  from experiments.suite.registry import read_json
-  from jaxnorm.models import TransformerConfig
-  done, suite = root / "warmup" / "done.json", root / "suite.json"
-  if not (done.exists() and suite.exists()):
-    return None
-  d, st = read_json(done), read_json(suite)
-  grid, long_ = d["grid"], max(d["config"]["warmups"])
-  key = {"pre": lambda lr: f"pre|{lr}|0", "post": lambda lr: f"post|{lr}|{long_}"}
-  best = {p: min(d["lrs"], key=lambda lr: grid[key[p](lr)]["mean"]) for p in key}
-  pre, post = grid[key["pre"](best["pre"])], grid[key["post"](best["post"])]
-  diff_all = [a - b for lr in d["lrs"] if grid[key["pre"](lr)]["trains"] and grid[key["post"](lr)]["trains"]
-              for a, b in zip(grid[key["pre"](lr)]["values"], grid[key["post"](lr)]["values"])]
-  crossing = []
-  for ca, cb in zip(pre["curves"], post["curves"]):
-    a, b = dict(map(tuple, ca)), dict(map(tuple, cb))
-    neg, found = False, None
-    for k in sorted(k for k in a if k in b and k > 0):
-      if a[k] - b[k] < 0:
-        neg = True
-      elif neg and a[k] - b[k] > 0:
-        found = int(k)
-        break
-    crossing.append(found)
-  train = st["preset_config"]["train"]
-  params = param_count(TransformerConfig(**d["model"], n_layers=d["config"]["n_layers"]))
-  steps = d["config"]["steps"]
-  return {"source": _rel(done), "git": st.get("git", {}).get("commit", "?") if isinstance(st.get("git"), dict)
-          else str(st.get("git")), "device": _device(st), "model": d["model"], "batch": train["batch_size"],
-          "seq_len": train["seq_len"], "steps": steps, "warmup": long_, "tau": d["config"]["decay_timescale"],
-          "params": params, "tpp": steps * train["batch_size"] * train["seq_len"] / params, "best": best,
-          "diff_best": [a - b for a, b in zip(pre["values"], post["values"])], "diff_all": diff_all,
-          "crossing": crossing}
-
-
-def _device(suite: dict) -> str:
-  dev = suite.get("device")
-  return str(dev.get("device_kind") or dev.get("backend") or "?") if isinstance(dev, dict) else str(dev or "?")
-
-
-def arm_reference(root: pathlib.Path) -> str | None:
-  """One sentence from the committed ``cpu-scale`` run (the sequence-length arm), for the main job's answer:
-  per sequence length, the paired difference at the ladder point nearest 0.9 tokens per parameter. None if not
-  committed."""
-  from experiments.suite.registry import read_json
-  done = root / "scale" / "done.json"
-  if not done.exists():
-    return None
-  s = read_json(done)
-  suite = read_json(root / "suite.json") if (root / "suite.json").exists() else {}
-  git = (suite.get("git") or {}).get("commit", "?")[:7] if isinstance(suite.get("git"), dict) else "?"
-  parts, at = [], set()
-  for seq in sorted(s["tables"], key=int):
-    tpp = s["tpp"][seq]
-    r = min(s["tables"][seq], key=lambda r: abs(np.log(tpp[str(r["step"])] / 0.9)))
-    at.add(f"{tpp[str(r['step'])]:z.2f}")
-    parts.append(f"sequence {seq} {min(r['diff']):+z.2f} to {max(r['diff']):+z.2f}")
-  return (f"Sequence-length arm (`--preset cpu-scale`, git {git}), Pre - Post at T/P {', '.join(sorted(at))}: "
-          + "; ".join(parts) + ".")
+          "model": dict(ctx.preset["model"], **({"max_len": cfg.max_len} if cfg.max_len else {}))}
 
 
 def _still_falling(runs: dict, seq: int, last: dict, cfg: Config) -> dict:
-  """How much each best-rate layout's seed-mean loss fell over the last fifth of the run (nats; > 0:
-  still falling)."""
-  out = {}
+  """How much each best-rate layout's seed-mean loss fell over the end of the run (nats; > 0: still falling),
+  from the last evaluation at or before 4/5 of the run to the last step; the window is named by its steps
+  (``window``: ``[from, to]``; issue 63: with evaluations every ``eval_every`` steps it is longer than a fifth)."""
+  out, window = {}, None
   for pos in ("pre", "post"):
     drops = []
     for s in cfg.seeds:
@@ -263,14 +190,18 @@ def _still_falling(runs: dict, seq: int, last: dict, cfg: Config) -> dict:
       early = max((k for k in c if k <= cfg.steps * 4 // 5), default=None)
       if early is not None and cfg.steps in c:
         drops.append(c[early] - c[cfg.steps])
+        window = [early, cfg.steps]
     out[pos] = float(np.mean(drops)) if drops else None
+  out["window"] = window
   return out
 
 
 def plot(ctx, runs: dict, tables: dict, tpp: dict, cfg: Config, unigram: dict) -> list[str]:
   """``ladder.png``: the paired difference Pre - Post against tokens per parameter, one colour per
   sequence length, every seed drawn (thin: on the whole validation curves at the longest point's best
-  rates; markers: the ladder points at their best rates), the margin band shaded."""
+  rates; markers: the ladder points at each point's own best rates), the margin band shaded. The legend names
+  the rates of each (issue 63: where a point's best rates differ from the longest point's, its markers are
+  not on the curves' runs, and the caption of :func:`experiments.studies.scale_answer.section` says so)."""
   fig, ax = ctx.subplots(1, 1, figsize=(7, 4.2))
   for i, (t, table) in enumerate(tables.items()):
     last = table[-1]["lr"]
@@ -279,10 +210,13 @@ def plot(ctx, runs: dict, tables: dict, tpp: dict, cfg: Config, unigram: dict) -
       b = dict(map(tuple, runs[(t, "post", last["post"], s)].get("val_curve") or []))
       ks = sorted(k for k in a if k in b and k > 0)
       ax.plot([tpp[t][cfg.ladder[0]] * k / cfg.ladder[0] for k in ks], [float(a[k]) - float(b[k]) for k in ks],
-              "-", lw=0.8, alpha=0.6, color=f"C{i}", label=f"seq {t}: seeds (curves)" if j == 0 else None)
+              "-", lw=0.8, alpha=0.6, color=f"C{i}",
+              label=f"seq {t}: curves at Pre {last['pre']:g} / Post {last['post']:g}" if j == 0 else None)
+    rates = sorted({(r["lr"]["pre"], r["lr"]["post"]) for r in table})
     for r in table:
       ax.plot([tpp[t][r["step"]]] * len(r["diff"]), r["diff"], "o", ms=4, color=f"C{i}",
-              label=f"seq {t}: ladder points (best rates)" if r is table[0] else None)
+              label=(f"seq {t}: ladder points at each point's best rates ("
+                     + ", ".join(f"{a:g} / {b:g}" for a, b in rates) + ")") if r is table[0] else None)
   ax.axhline(0.0, color="k", lw=0.8)
   ax.axhspan(-rules.MARGIN, rules.MARGIN, color="0.85", alpha=0.5, lw=0)
   ax.set_xscale("log")

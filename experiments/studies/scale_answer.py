@@ -1,26 +1,24 @@
-"""The "What to use" sentences and the report section of the ``scale`` study (issues 50 and 55).
+"""The "What to use" sentences and the report section of the ``scale`` study (issues 50, 55 and 63).
 
-:func:`answer` states the regime first (parameters, tokens, tokens per parameter, steps, whether the loss
-still falls), then the ladder's paired difference per sequence length, then the committed gpu report's
-numbers (read from its ``done.json`` by :func:`experiments.studies.scale.gpu_reference` when the summary was
-made, never typed in) and what stays confounded between the two. A bold line only where every seed agrees at
-every ladder point at each layout's best measured rate, with at least two measured rates per layout; it judges
-nothing (the verdicts are :mod:`experiments.studies.scale_rules`').
+:func:`answer` states the regime first (parameters, layouts, tokens, tokens per parameter, steps, and how much
+the loss still falls, per sequence length, over a window named by its steps), then per sequence length the
+ladder's paired difference, each line opening with its layout, steps and tokens per parameter and saying in
+the same line where the committed gpu run disagrees, with its numbers; then what else differs between the two
+runs; then (the main job) the committed sequence-length arm. The gpu run's numbers are read from its files
+when the report is rendered (:mod:`experiments.studies.gpu_reference`), never typed in; so are the arm's
+(``experiments/results/cpu-scale``). A bold line only where every seed agrees at every ladder point at each
+layout's best measured rate, with at least two measured rates per layout; it judges nothing (the verdicts are
+:mod:`experiments.studies.scale_rules`').
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["CONFOUNDED", "answer", "section"]
+from experiments.studies import gpu_reference
+from experiments.studies.seeds import span as _span
 
-# What differs between the cpu presets and the committed gpu report besides training length and sequence length
-CONFOUNDED = "width, head size, batch, warm-up and decay, rate grid, corpus version"
-
-
-def _span(xs) -> str:
-  lo, hi = min(xs), max(xs)
-  return f"{lo:+z.2f}" if abs(hi - lo) < 5e-3 else f"{lo:+z.2f} to {hi:+z.2f}"
+__all__ = ["answer", "confounders", "section"]
 
 
 def _who(side: str) -> str:
@@ -31,7 +29,47 @@ def _tuned(table: list[dict]) -> bool:
   return all(min(r["n_rates"].values()) >= 2 for r in table)
 
 
-def _ladder_line(summary: dict, seq: str) -> str:
+def _ref(summary: dict) -> dict | None:
+  """The committed gpu run (None where there is none, or where this summary is its own)."""
+  ref = gpu_reference.load()
+  return None if ref is None or gpu_reference.is_self(ref, summary) else ref
+
+
+def _layout(summary: dict, seq: str) -> str:
+  return next(f"{b} x {t}" for b, t in summary["config"]["layouts"] if str(t) == seq)
+
+
+def _gpu_side(ref: dict) -> str:
+  d = ref["diff_best"]
+  return "post" if all(x > 0.05 for x in d) else ("pre" if all(x < -0.05 for x in d) else "neither")
+
+
+def _gpu_clause(summary: dict, seq: str, ref: dict | None) -> str:
+  """Where the gpu run stands beside this sequence length's ladder: its side at its best rates against ours at
+  the ladder point nearest its tokens per parameter, with its numbers."""
+  if ref is None:
+    return ""
+  tpp = summary["tpp"][seq]
+  r = min(summary["tables"][seq], key=lambda r: abs(np.log(tpp[str(r["step"])] / ref["tpp"])))
+  side = _gpu_side(ref)
+  cross = [c * ref["tokens_per_step"] / ref["params"] for c in ref["crossing"] if c is not None]
+  over = (f", Post-LN overtaking on its curves at T/P {min(cross):z.2f}-{max(cross):z.2f}" if cross else "")
+  verb = "agrees" if side == r["ahead"] else "disagrees"
+  return f"; the {gpu_reference.short(ref)} {verb}: {_who(side)} by {_span(ref['diff_best'])} at its best rates{over}"
+
+
+def _fall(summary: dict, seq: str) -> str:
+  fall = summary["per_seq"][seq]["still_falling"]
+  w = fall.get("window")
+  where = f"steps {w[0]}->{w[1]}" if w else "its last evaluations"
+  vals = {p: fall.get(p) for p in ("pre", "post")}
+  if all(v is not None and v > 0.01 for v in vals.values()):
+    return (f"still falling over {where} (Pre-LN -{vals['pre']:z.2f}, Post-LN -{vals['post']:z.2f} nats, seed "
+            "means)")
+  return f"flat over {where} (< 0.01 nats)"
+
+
+def _ladder_line(summary: dict, seq: str, ref: dict | None) -> str:
   table, tpp, extra = summary["tables"][seq], summary["tpp"][seq], summary["per_seq"][seq]
   pts = "; ".join(f"{_span(r['diff'])} at T/P {tpp[str(r['step'])]:z.2f}" for r in table)
   cross = [c for c in extra["crossing"] if c is not None]
@@ -48,60 +86,85 @@ def _ladder_line(summary: dict, seq: str) -> str:
   elif _tuned(table) and table[-1]["ahead"] == "post" and all(r["ahead"] == "post" for r in table[1:]):
     lead = f"**Post-LN with warm-up** leads from T/P {tpp[str(table[1]['step'])]:z.2f}: "
   tuned = "" if _tuned(table) else ", pilot-tuned"
-  return f"{lead}Sequence {seq}, Pre-LN minus Post-LN per seed (best rates{tuned}): {pts}; {move}."
+  regime = (f"{_layout(summary, seq)}, {table[0]['step']}-{table[-1]['step']} steps (T/P "
+            f"{tpp[str(table[0]['step'])]:z.2f}-{tpp[str(table[-1]['step'])]:z.2f})")
+  return (f"{regime}: {lead}Pre-LN minus Post-LN per seed (best rates{tuned}): {pts}; {move}"
+          f"{_gpu_clause(summary, seq, ref)}.")
 
 
 def _regime_line(summary: dict) -> str:
-  seq = str(min(int(s) for s in summary["tables"]))
-  table = summary["tables"][seq]
-  steps = table[-1]["step"]
+  seqs = sorted(summary["tables"], key=int)
+  steps = summary["tables"][seqs[0]][-1]["step"]
   tokens = steps * summary["tokens_per_step"]
-  fall = summary["per_seq"][seq]["still_falling"]
-  falls = ("loss still falling (last fifth: " + ", ".join(
-      f"{'Pre' if p == 'pre' else 'Post'}-LN -{v:z.2f}" for p, v in fall.items() if v is not None)
-           + " nats)" if all(v is not None and v > 0.01 for v in fall.values())
-           else "loss flat at the end (< 0.01 nats over the last fifth)")
-  return (f"Regime: {summary['params']:,} parameters, {summary['tokens_per_step']} tokens a step, {steps} steps = "
-          f"{tokens:,} tokens = {tokens / summary['params']:z.2f} tokens per parameter; {falls}.")
+  lay = " and ".join(_layout(summary, s) for s in seqs)
+  falls = ("loss " + _fall(summary, seqs[0]) if len(seqs) == 1 else
+           "loss " + "; ".join(f"at sequence {s} {_fall(summary, s)}" for s in seqs))
+  return (f"Regime: {summary['params']:,} parameters, {lay} = {summary['tokens_per_step']} tokens a step, {steps} "
+          f"steps = {tokens:,} tokens = {tokens / summary['params']:z.2f} tokens per parameter; {falls}.")
 
 
-def _gpu_line(summary: dict) -> str | None:
-  g = summary.get("gpu")
-  if not g:
+def confounders(summary: dict, ref: dict) -> list[str]:
+  """What differs between this study's runs and the committed gpu run besides training length (and sequence
+  length where the study varies it), each with both sides' values (:func:`gpu_reference.confounders`)."""
+  cfg, model, prov = summary["config"], summary["model"], summary.get("provenance") or {}
+  b, t = cfg["layouts"][0]
+  width = int(model["d_model"])
+  lrs = sorted({float(x) for _, _, *xs in cfg["rates"] for x in xs})
+  return gpu_reference.confounders(
+      ref, width=width, heads=int(model["n_heads"]), batch=int(b), seq_len=int(t),
+      eval_bytes=f"{cfg['eval_bytes']:,}", corpus=(prov.get("corpus") or {}).get("name"),
+      jax_version=(prov.get("versions") or {}).get("jax"), warmup=cfg["warmup"], tau=cfg["decay_timescale"],
+      lrs_c=[lr * width for lr in lrs])
+
+
+def _confounder_line(summary: dict, ref: dict | None) -> str | None:
+  if ref is None:
     return None
-  near = {}
-  for seq, table in summary["tables"].items():
-    tpp = summary["tpp"][seq]
-    r = min(table, key=lambda r: abs(np.log(tpp[str(r["step"])] / g["tpp"])))
-    near[seq] = (r["ahead"], tpp[str(r["step"])])
-  gpu_side = "post" if all(x > 0.05 for x in g["diff_best"]) else ("pre" if all(x < -0.05 for x in g["diff_best"])
-                                                                  else "neither")
-  same = [s for s, (side, _) in near.items() if side == gpu_side]
-  if not same:
-    which = "nothing here reproduces its sign near its T/P"
-  elif len(near) == 1:
-    which = f"the ladder reproduces its sign at T/P {near[same[0]][1]:z.2f}"
-  elif len(same) == len(near):
-    which = "the ladder reproduces its sign at every sequence length"
-  else:
-    which = "near its T/P only sequence " + ", ".join(same) + " has its sign"
-  return (f"The gpu report ({g['device']}, width {g['model']['d_model']}, {g['batch']} x {g['seq_len']}, "
-          f"T/P {g['tpp']:z.2f}): {_who(gpu_side)}, {_span(g['diff_best'])} at the best rates; {which}. "
-          f"Confounded: {CONFOUNDED}.")
+  also = "" if len(summary["tables"]) > 1 else " and sequence length"
+  short = ["code and jax version", "width", "head size", f"tokens per step ({ref['tokens_per_step']:,} vs "
+           f"{summary['tokens_per_step']:,})", "windows per step", "warm-up and decay", "Pre-LN's warm-up (none)",
+           "rate grid", f"evaluation sets ({ref['eval_bytes']:,} vs {summary['config']['eval_bytes']:,} bytes)",
+           "corpus version", "seeds", "GPU matrix-multiply precision (unrecorded)"]
+  return (f"The {gpu_reference.regime(ref)} differs from these runs besides length{also} in: " + ", ".join(short)
+          + " (both sides' values in the study's section).")
+
+
+def _arm_line(summary: dict) -> str | None:
+  """The committed ``cpu-scale`` run (the sequence-length arm), read from its files when the report is rendered,
+  for the main job's answer (one sequence length there): per sequence length, the paired difference at the
+  ladder point nearest 0.9 tokens per parameter."""
+  from experiments.suite.registry import read_json
+  if len(summary["tables"]) > 1:
+    return None
+  root = gpu_reference.RESULTS / "cpu-scale"
+  done = root / "scale" / "done.json"
+  if not done.exists():
+    return None
+  s = read_json(done)
+  suite = read_json(root / "suite.json") if (root / "suite.json").exists() else {}
+  git = str((suite.get("git") or {}).get("commit", "?"))[:7]
+  parts, at, steps = [], set(), set()
+  for seq in sorted(s["tables"], key=int):
+    tpp = s["tpp"][seq]
+    r = min(s["tables"][seq], key=lambda r: abs(np.log(tpp[str(r["step"])] / 0.9)))
+    at.add(f"{tpp[str(r['step'])]:z.2f}")
+    steps.add(r["step"])
+    parts.append(f"sequence {seq} {_span(r['diff'])}")
+  lay = " and ".join(f"{b} x {t}" for b, t in s["config"]["layouts"])
+  return (f"{lay}, {', '.join(map(str, sorted(steps)))} steps (T/P {', '.join(sorted(at))}; the sequence-length arm, "
+          f"`--preset cpu-scale`, git {git}): Pre - Post per seed " + "; ".join(parts) + ".")
 
 
 def answer(summary: dict) -> list[str]:
   """The study's "What to use" sentences (see the module docstring)."""
   if not summary.get("tables"):
     return []
+  ref = _ref(summary)
   out = [_regime_line(summary)]
-  out += [_ladder_line(summary, seq) for seq in sorted(summary["tables"], key=int)]
-  gpu = _gpu_line(summary)
-  if gpu:
-    out.append(gpu)
-  arm = summary.get("arm")
-  if arm:
-    out.append(arm)
+  out += [_ladder_line(summary, seq, ref) for seq in sorted(summary["tables"], key=int)]
+  for line in (_confounder_line(summary, ref), _arm_line(summary)):
+    if line:
+      out.append(line)
   return out
 
 
@@ -117,6 +180,24 @@ def _table_lines(summary: dict, seq: str) -> list[str]:
                  f"{fmt(r['values']['pre'], r['failures']['pre'])} | {fmt(r['values']['post'], r['failures']['post'])}"
                  f" | {', '.join(f'{x:+z.3f}' for x in r['diff'])} | {alt} | {r['ahead']} |")
   return lines
+
+
+def _caption(summary: dict) -> str:
+  """The figure's caption, tied to the rates it plots: the thin curves at the longest point's best rates, the
+  dots at each point's own; where they differ, a dot is not on its seed's curve (issue 63)."""
+  parts = []
+  for seq in sorted(summary["tables"], key=int):
+    table = summary["tables"][seq]
+    last = table[-1]["lr"]
+    off = [r["step"] for r in table if r["lr"] != last]
+    parts.append(f"sequence {seq}: curves at Pre-LN {last['pre']:g} / Post-LN {last['post']:g}"
+                 + ("" if not off else "; the dots at step " + ", ".join(map(str, off)) + " at "
+                    + ", ".join(sorted({f"{r['lr']['pre']:g} / {r['lr']['post']:g}" for r in table
+                                        if r["step"] in off}))
+                    + ", so they need not lie on the curves"))
+  return ("*Pre-LN minus Post-LN per seed against tokens per parameter. Thin lines: the paired difference along "
+          "the validation curves of the runs at the longest ladder point's best rates; dots: each ladder point at "
+          "that point's own best rates (" + "; ".join(parts) + "). Shaded: the rules' 0.05-nat margin.*")
 
 
 def section(summary: dict, rel: str) -> str:
@@ -138,7 +219,7 @@ def section(summary: dict, rel: str) -> str:
       f"{cfg['eval_bytes']:,} bytes of held-out windows per evaluation, a second set at each ladder point. Absolute "
       "losses at different sequence lengths are not comparable (other windows, longer contexts); only the paired "
       "differences are compared across them.", "",
-      f"![paired difference against tokens per parameter]({rel}/ladder.png)", ""]
+      f"![paired difference against tokens per parameter]({rel}/ladder.png)", "", _caption(summary), ""]
   for seq in sorted(summary["tables"], key=int):
     ex = summary["per_seq"][seq]
     nz = ex.get("noise")
@@ -151,16 +232,19 @@ def section(summary: dict, rel: str) -> str:
               + ", ".join("none" if c is None else f"step {c}" for c in ex["crossing"])
               + f"; slope of the seed-mean difference: {ex['slope_per_doubling']:+z.3f} nats per doubling of length.",
               ""]
-  g = summary.get("gpu")
+  g = _ref(summary)
   if g:
-    lines += [f"The committed gpu report (`{g['source']}`, git {g['git'][:10]}, {g['device']}): width "
-              f"{g['model']['d_model']}, {g['batch']} x {g['seq_len']} bytes a step, {g['steps']} steps, warm-up "
+    lines += [f"The committed gpu report (`{g['source']}`; git {g['git'][:10]}, about the code of that commit and the "
+              f"design before issue 50: 500-step grid of three rates, seeds 0-2; {g['device']}): width "
+              f"{g['width']}, {g['batch']} x {g['seq_len']} bytes a step, {g['steps']} steps, warm-up "
               f"{g['warmup']}, tau {g['tau']}, {g['params']:,} parameters, T/P {g['tpp']:z.2f}; best rates Pre-LN "
               f"{g['best']['pre']:g}, Post-LN {g['best']['post']:g}: Pre - Post "
               + ", ".join(f"{x:+z.3f}" for x in g["diff_best"])
               + f" per seed (over every rate where both train: {_span(g['diff_all'])}); on its own curves at those "
               "rates Post-LN overtakes at step " + ", ".join("never" if c is None else str(c) for c in g["crossing"])
-              + " (T/P " + ", ".join("-" if c is None else f"{c * g['batch'] * g['seq_len'] / g['params']:z.2f}"
-                                       for c in g["crossing"]) + f"). Confounded with length there: {CONFOUNDED}"
-              + ("." if len(summary["tables"]) > 1 else ", and sequence length (the `cpu-scale` preset's arm)."), ""]
+              + " (T/P " + ", ".join("-" if c is None else f"{c * g['tokens_per_step'] / g['params']:z.2f}"
+                                       for c in g["crossing"]) + ").", "",
+              "What differs between the gpu run and these runs besides training length"
+              + ("" if len(summary["tables"]) > 1 else " and sequence length (the `cpu-scale` preset's arm)")
+              + ", gpu against here: " + "; ".join(confounders(summary, g)) + ".", ""]
   return "\n".join(lines)

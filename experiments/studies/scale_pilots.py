@@ -12,6 +12,7 @@ Command line::
     python -m experiments.studies.scale_pilots --stage ladder --out experiments/results/pilots/scale/ladder.jsonl
     python -m experiments.studies.scale_pilots --stage seq256 --out experiments/results/pilots/scale/seq.jsonl
     python -m experiments.studies.scale_pilots --stage seq128 --out experiments/results/pilots/scale/seq.jsonl
+    python -m experiments.studies.scale_pilots --stage seq256-both --out experiments/results/pilots/scale/seq-both.jsonl
     python -m experiments.studies.scale_pilots --stage timing --out experiments/results/pilots/scale/timing.jsonl
     XLA_FLAGS=--xla_cpu_max_isa=AVX2 python -m experiments.studies.scale_pilots --stage timing --out ...
     python -m experiments.studies.scale_pilots --summarise --out experiments/results/pilots/scale/ladder.jsonl
@@ -46,7 +47,19 @@ SEQ_RATES = {"pre": (0.003125, 0.005558, 0.009875), "post": (0.0009875, 0.001756
 # stage -> (max_len, batch, seq_len, steps, candidate ladder points)
 STAGES = {"ladder": (64, 16, 32, 1200, (200, 400, 600, 800, 1200)),
           "seq256": (256, 2, 256, 600, (200, 400, 600)),
-          "seq128": (256, 4, 128, 600, (200, 400, 600))}
+          "seq128": (256, 4, 128, 600, (200, 400, 600)),
+          "seq256-both": (256, 2, 256, 640, (200, 400, 600, 640))}
+# Issue 63: the 2 x 256 arm tuned from both sides, as (position, lr, warm-up, tau), in the order they run (the
+# most needed first, so that a stage cut by the time budget keeps the answers that matter most): Post-LN's rate
+# bracketed from above at the study's schedule (warm-up 40, tau 40); the gpu preset's schedule (warm-up 100,
+# tau 160) for Post-LN; Pre-LN's warm-up (40 at tau 40; 0 and 100 at tau 160); then the schedule level's
+# bracket. The 600-step ``seq256`` runs hold the same curves to step 600 (the schedule does not depend on the
+# run's length, each batch only on (seed, step)), so they are the rates below 0.003125 at tau 40.
+BOTH_SIDES = (("post", 0.003125, 40, 40), ("post", 0.005558, 40, 40),
+              ("post", 0.001756, 100, 160), ("post", 0.003125, 100, 160),
+              ("pre", 0.005558, 40, 40),
+              ("pre", 0.005558, 0, 160), ("pre", 0.005558, 100, 160),
+              ("post", 0.0009875, 100, 160), ("post", 0.005558, 100, 160))
 
 
 def stage_runs(stage: str) -> list[dict]:
@@ -59,8 +72,19 @@ def stage_runs(stage: str) -> list[dict]:
   if stage not in STAGES:
     raise ValueError(f"stage must be one of {sorted(STAGES)}, got {stage!r}.")
   max_len, batch, seq, steps, _ = STAGES[stage]
+  if stage == "seq256-both":
+    return [dict(stage=stage, position=pos, lr=lr, warmup=w, tau=tau, seed=s, batch=batch, seq_len=seq,
+                 max_len=max_len, steps=steps) for pos, lr, w, tau in BOTH_SIDES for s in PILOT_SEEDS]
   return [dict(stage=stage, position=pos, lr=lr, seed=s, batch=batch, seq_len=seq, max_len=max_len, steps=steps)
           for pos in ("pre", "post") for lr in (RATES if stage == "ladder" else SEQ_RATES)[pos] for s in PILOT_SEEDS]
+
+
+def schedule(spec: dict) -> tuple[int, int]:
+  """``(warm-up, tau)`` of a pilot spec or record: its own where it names them (stage ``seq256-both``), else the
+  first stages' (warm-up 40 for Post-LN, none for Pre-LN; tau 40)."""
+  if "warmup" in spec:
+    return int(spec["warmup"]), int(spec["tau"])
+  return (WARMUP_POST if spec["position"] == "post" else 0), TAU
 
 
 def run_one(spec: dict, corpus) -> dict:
@@ -68,11 +92,12 @@ def run_one(spec: dict, corpus) -> dict:
   from experiments.harness import train as train_lib
   from experiments.harness.train_config import TrainConfig
   from experiments.studies.dyt_recipe import param_count
+  from experiments.suite.spikes import largest_rise
   from jaxnorm.models import TransformerConfig
   mc = TransformerConfig(**WIDTH, max_len=spec["max_len"], n_layers=N_LAYERS, norm_position=spec["position"])
   points = STAGES[spec["stage"]][4]
   tc = TrainConfig(model=mc, batch_size=spec["batch"], seq_len=spec["seq_len"], steps=spec["steps"], lr=spec["lr"],
-                   warmup=WARMUP_POST if spec["position"] == "post" else 0, decay_timescale=TAU, seed=spec["seed"],
+                   warmup=schedule(spec)[0], decay_timescale=schedule(spec)[1], seed=spec["seed"],
                    eval_every=100, eval_batches=EVAL_BYTES // (spec["batch"] * spec["seq_len"]),
                    alt_eval_steps=points)
   t0 = time.perf_counter()
@@ -82,6 +107,7 @@ def run_one(spec: dict, corpus) -> dict:
   return {**spec, "params_all": n_all, "params_without_positions": param_count(mc),
           "unigram": train_lib.eval_unigram_nats(tc, corpus), "final_val_loss": s["final_val_loss"],
           "diverged_at": s["diverged_at"], "val_curve": s["val_curve"], "val_curve_alt": s["val_curve_alt"],
+          "rise": largest_rise(s.get("train_curve")),
           "wall_s": time.perf_counter() - t0}
 
 
@@ -188,9 +214,12 @@ def main(argv=None) -> int:
     print(json.dumps(rec["factor"]), flush=True)
     return 0
   from experiments.studies.pilots import append_pending
-  append_pending(out, stage_runs(a.stage), ("stage", "position", "lr", "seed"),
+  keys = ("stage", "position", "lr", "warmup", "tau", "seed") if a.stage == "seq256-both" else (
+      "stage", "position", "lr", "seed")
+  append_pending(out, stage_runs(a.stage), keys,
                  lambda spec: {**run_one(spec, corpus), "load": os.getloadavg()[0]},
-                 lambda r: f"{r['stage']} {r['position']} lr={r['lr']} seed={r['seed']} val={r['final_val_loss']} "
+                 lambda r: f"{r['stage']} {r['position']} lr={r['lr']} w/tau={schedule(r)} seed={r['seed']} "
+                           f"val={r['final_val_loss']} "
                            f"diverged_at={r['diverged_at']} wall={r['wall_s']:z.0f}s load={r['load']:z.1f}")
   return 0
 

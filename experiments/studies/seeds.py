@@ -182,6 +182,22 @@ def format_finals(p: dict) -> str:
   return ", ".join(_seed_text(p, i) for i in range(len(p["values"])))
 
 
+def signed(x: float) -> str:
+  """``x`` with its sign to two decimals, the sign kept where it rounds to zero: ``-0.004`` reads ``"-0.004"``
+  (never ``"+0.00"``, which would say a loss went up), an exact zero ``"0.00"`` (issue 63)."""
+  x = float(x)
+  if x == 0:
+    return "0.00"
+  return f"{x:+.3f}" if round(abs(x), 2) == 0 else f"{x:+z.2f}"
+
+
+def span(xs) -> str:
+  """The range of per-seed numbers, ``"-0.52 to -0.42"`` (one number where they agree to 0.005), each end
+  by :func:`signed`."""
+  lo, hi = min(xs), max(xs)
+  return signed(lo) if abs(hi - lo) < 5e-3 else f"{signed(lo)} to {signed(hi)}"
+
+
 def format_rises(p: dict) -> str:
   """Each seed's largest training-loss rise of a :func:`point` with the loss it peaked at and its step
   (``"+0.12 to 3.05 at step 37"``; ``"**spike** ..."`` beyond :data:`SPIKE_NATS`); ``"-"`` where

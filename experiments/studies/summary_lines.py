@@ -8,10 +8,9 @@ eval_bytes)`` (:mod:`experiments.suite.study`); each study module re-exports its
 from __future__ import annotations
 
 from experiments.studies.seeds import SPIKE_NATS
-from experiments.suite.report_summary import noise_estimate
 
 __all__ = ["depth_instabilities", "dyt_noise_line", "point_instabilities", "qk_norm_instabilities",
-           "warmup_instabilities", "warmup_noise_line"]
+           "scale_noise_line", "warmup_instabilities", "warmup_noise_line"]
 
 
 def point_instabilities(where: str, points: list[tuple[str, dict]], seeds: list, steps: int,
@@ -63,30 +62,43 @@ def qk_norm_instabilities(summary: dict, scanned: bool) -> list[str]:
 
 
 def warmup_noise_line(summary: dict, eval_bytes: int) -> str | None:
-  """The limitation line on evaluation noise as the warm-up grid measured it (its ``eval_noise``: the same
+  """The warm-up grid's limitation line on evaluation noise as it measured it (its ``eval_noise``: the same
   final model on a second set of validation windows, per run and for the paired differences the rules
-  read); None where it did not."""
+  read), at its own evaluation size ``eval_bytes``; None where it did not."""
   noise = summary.get("eval_noise")
   if not (noise and noise.get("single")):
     return None
   s, p = noise["single"], noise.get("paired")
-  return (f"- Evaluation on {eval_bytes:,} bytes per point. Measured noise (the same final model on a second set of "
-          f"validation windows): median {s['median']:z.3f}, at most {s['max']:z.3f} nats over {s['n']} runs"
+  return (f"- Evaluation noise of warmup ({eval_bytes:,} bytes per point), measured (the same final model on a second "
+          f"set of validation windows): median {s['median']:z.3f}, at most {s['max']:z.3f} nats over {s['n']} runs"
           + (f"; a paired warm-up gain moves by median {p['median']:z.3f}, at most {p['max']:z.3f}" if p else "")
           + (f"; a paired Pre-LN minus Post-LN difference by median {q['median']:z.3f}, at most {q['max']:z.3f}"
              if (q := noise.get("pre_post")) else "")
           + "; the rules' paired margin is 0.05 nats.")
 
 
+def scale_noise_line(summary: dict, eval_bytes: int) -> str | None:
+  """The scale study's limitation line on evaluation noise (issue 63): per sequence length, the noise of a
+  paired Pre-LN minus Post-LN difference it measured (the same models on a second set of windows at each
+  ladder point, ``per_seq[seq]["noise"]``), at its own evaluation size ``eval_bytes``; None where it did not."""
+  per = summary.get("per_seq") or {}
+  parts = [f"sequence {seq}: median {nz['median']:z.3f}, at most {nz['max']:z.3f} nats over {nz['n']} (seed, point) "
+           "pairs" for seq in sorted(per, key=int) if (nz := per[seq].get("noise"))]
+  if not parts:
+    return None
+  return (f"- Evaluation noise of scale ({eval_bytes:,} bytes per point at every layout), measured (the same models "
+          f"on a second set of windows at each ladder point), of a paired Pre-LN minus Post-LN difference: "
+          + "; ".join(parts) + "; the rules' paired margin is 0.05 nats.")
+
+
 def dyt_noise_line(summary: dict, eval_bytes: int) -> str | None:
-  """The limitation line on evaluation noise as the dyt study measured it (its ``eval_noise``: per run,
+  """The dyt study's limitation line on evaluation noise as it measured it (its ``eval_noise``: per run,
   |val - val_alt|, the same final model on two disjoint sets of validation windows; only per-run
-  differences, never a summary's seed mean, min and max paired across window sets); None where it did not."""
+  differences, never a summary's seed mean, min and max paired across window sets), at its own evaluation size
+  ``eval_bytes``; None where it did not."""
   d = (summary.get("eval_noise") or {}).get("single")
   if not d:
     return None
-  return (f"- Evaluation noise, measured by the dyt study (the same final model on a second, disjoint set of "
-          f"held-out windows): |difference| median {d['median']:z.3f}, at most {d['max']:z.3f} nats over {d['n']} "
-          f"runs (it includes what differs between the two window sets). The other studies' evaluations of "
-          f"{eval_bytes:,} bytes per point are not measured twice: with a per-byte loss s.d. of about 2 nats, about "
-          f"{noise_estimate(eval_bytes):z.2f} nat (an estimate).")
+  return (f"- Evaluation noise of dyt ({eval_bytes:,} bytes per point), measured (the same final model on a second, "
+          f"disjoint set of held-out windows): |difference| median {d['median']:z.3f}, at most {d['max']:z.3f} nats "
+          f"over {d['n']} runs (it includes what differs between the two window sets).")

@@ -12,6 +12,11 @@ lists it as re-judged, with its commit and whether the tree was dirty) and
 
 This is how a rule change is seen on data already committed (the training runs are not exported,
 so ``--force NAME`` would train again); it never replaces a run on fresh seeds.
+
+With ``--figures`` (issue 63) a study's optional ``redraw(ctx, cfg, summary) -> list[str]`` draws again the
+figures its summary holds the data of (the warm-up grid's, for a folder whose run did not write them);
+``done.json`` keeps its claims and gains the files, the invocation is recorded with ``redrawn`` (the report's
+provenance: "figures redrawn from the raw data, verdicts kept").
 """
 
 from __future__ import annotations
@@ -29,11 +34,12 @@ from experiments.suite.registry import EXPERIMENTS, read_json, write_json
 __all__ = ["main", "reanalyse"]
 
 
-def reanalyse(root: str | pathlib.Path, names: list[str]) -> pathlib.Path:
-  """Re-judges the experiments ``names`` of the results folder ``root``; returns the report's path.
+def reanalyse(root: str | pathlib.Path, names: list[str], figures: bool = False) -> pathlib.Path:
+  """Re-judges the experiments ``names`` of the results folder ``root`` (with ``figures``: only draws their
+  figures again, claims kept); returns the report's path.
 
   Raises:
-    ValueError: a name is not an experiment of the folder, or its study has no ``reanalyse``.
+    ValueError: a name is not an experiment of the folder, or its study has no ``reanalyse`` (``redraw``).
   """
   root = pathlib.Path(root)
   state = read_json(root / "suite.json")
@@ -44,19 +50,25 @@ def reanalyse(root: str | pathlib.Path, names: list[str]) -> pathlib.Path:
     if name not in EXPERIMENTS or not done.exists():
       raise ValueError(f"{root} has no finished experiment {name!r}.")
     module = study.load(EXPERIMENTS[name])
-    if not hasattr(module, "reanalyse"):
-      raise ValueError(f"study {name!r} cannot be re-judged from its raw data (no reanalyse()).")
+    hook = "redraw" if figures else "reanalyse"
+    if not hasattr(module, hook):
+      raise ValueError(f"study {name!r} cannot be {'redrawn' if figures else 're-judged'} from its raw data "
+                       f"(no {hook}()).")
     old = read_json(done)
     ctx.exp_dir, ctx.exp_name = root / name, name
     cfg = module.Config(**{k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
                            for k, v in old["config"].items()})
-    new = dict(module.reanalyse(ctx, cfg, old))
+    if figures:
+      drawn = module.redraw(ctx, cfg, old)
+      new = {**old, "files": list(old.get("files") or []) + [f for f in drawn if f not in (old.get("files") or [])]}
+    else:
+      new = dict(module.reanalyse(ctx, cfg, old))
     new["config"], new["wall_s"] = old["config"], old.get("wall_s")
     write_json(done, new)
   prov = provenance(preset, None)
   inv = {k: prov[k] for k in ("created", "git", "device", "versions")}
-  inv["command"] = f"python -m experiments.suite.reanalyse {root} {' '.join(names)}"
-  inv["rejudged"] = names
+  inv["command"] = f"python -m experiments.suite.reanalyse {'--figures ' if figures else ''}{root} {' '.join(names)}"
+  inv["redrawn" if figures else "rejudged"] = names
   state.setdefault("invocations", []).append(inv)
   write_json(root / "suite.json", state)
   return report.render(root)
@@ -66,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m experiments.suite.reanalyse", description=__doc__.split("\n\n")[0])
   parser.add_argument("out", help="the results folder")
   parser.add_argument("names", nargs="+", help="experiments to re-judge")
+  parser.add_argument("--figures", action="store_true", help="only draw the figures again (claims kept)")
   args = parser.parse_args(argv)
   try:
-    print(reanalyse(args.out, args.names))
+    print(reanalyse(args.out, args.names, figures=args.figures))
   except ValueError as e:
     parser.error(str(e))
   return 0

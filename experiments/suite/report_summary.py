@@ -13,7 +13,7 @@ from experiments.suite import study
 from experiments.suite.registry import EXPERIMENTS
 from experiments.suite.spikes import SPIKE_NATS
 
-__all__ = ["instabilities", "noise_estimate", "tally"]
+__all__ = ["instabilities", "noise_estimate", "study_eval_bytes", "study_layouts", "tally"]
 
 _VERDICT_TEXT = {"yes": "yes", "no": "**no**", "partly": "partly", "n/a": "n/a", "obs": "(observation)",
                  claims_lib.NOT_TESTABLE: "not testable at this scale", "not run": "not run by this preset"}
@@ -98,32 +98,72 @@ def noise_estimate(eval_bytes: int) -> float:
   return 2 / max(eval_bytes, 1) ** 0.5
 
 
-def _noise_line(eval_bytes: int, summaries: dict) -> str:
-  """The limitation line on evaluation noise: the first study's, in the report's order, whose optional
-  ``noise_line(summary, eval_bytes)`` gives one (a study that measured it: the same final model on a
-  second set of validation windows, per-run differences only), else an estimate."""
-  for name, hook in _hooks(summaries, "noise_line"):
-    line = hook(summaries[name], eval_bytes)
+def study_layouts(pc: dict, name: str) -> list[tuple[int, int]]:
+  """The ``(batch, seq_len)`` layouts the study ``name`` trains on: its preset entry's ``layouts`` where it
+  names several (the scale study), else its own ``batch_size``/``seq_len``, else the preset's ``train``
+  entry's (issue 63: the limitations state each study's own layout, not the preset's global one)."""
+  tr, c = pc.get("train", {}), pc.get(name, {})
+  if c.get("layouts"):
+    return [(int(b), int(t)) for b, t in c["layouts"]]
+  batch, seq = c.get("batch_size", tr.get("batch_size")), c.get("seq_len", tr.get("seq_len"))
+  return [(int(batch), int(seq))] if batch and seq else []
+
+
+def study_eval_bytes(pc: dict, name: str) -> int:
+  """Bytes of validation windows per evaluation of the study ``name``: its preset entry's ``eval_bytes`` where
+  it sets its own, else the preset's ``eval_batches`` batches of the study's first layout."""
+  c = pc.get(name, {})
+  if c.get("eval_bytes"):
+    return int(c["eval_bytes"])
+  lay = study_layouts(pc, name)
+  return (pc.get("train", {}).get("eval_batches") or 0) * (lay[0][0] * lay[0][1] if lay else 0)
+
+
+def _trains(pc: dict, name: str) -> bool:
+  c = pc.get(name, {})
+  return bool(c.get("steps", c.get("train_steps"))) and not getattr(study.load(EXPERIMENTS[name]), "TIMED_STEPS",
+                                                                      False)
+
+
+def _noise_lines(pc: dict, summaries: dict) -> list[str]:
+  """The limitation lines on evaluation noise, one per study that measured its own (its optional
+  ``noise_line(summary, eval_bytes)``, given the study's own evaluation size), then one line for the studies
+  that train without measuring it: an estimate at each one's evaluation size."""
+  lines, unmeasured = [], []
+  for name in EXPERIMENTS:
+    if name not in summaries:
+      continue
+    hook = getattr(study.load(EXPERIMENTS[name]), "noise_line", None)
+    line = hook(summaries[name], study_eval_bytes(pc, name)) if hook else None
     if line:
-      return line
-  return (f"- Evaluation on {eval_bytes:,} bytes per point: with a per-byte loss s.d. of about 2 nats, about "
-          f"{noise_estimate(eval_bytes):z.2f} nat of noise per evaluation (an estimate: not measured in this run).")
+      lines.append(line)
+    elif _trains(pc, name):
+      unmeasured.append(name)
+  by_size: dict[int, list[str]] = {}
+  for name in unmeasured:
+    by_size.setdefault(study_eval_bytes(pc, name), []).append(name)
+  for size, names in by_size.items():
+    lines.append(f"- Evaluation noise of {', '.join(names)} ({size:,} bytes per point): not measured twice; with a "
+                 f"per-byte loss s.d. of about 2 nats, about {noise_estimate(size):z.2f} nat per evaluation (an "
+                 "estimate).")
+  return lines
 
 
 def _run_lengths(pc: dict, names: list[str]) -> str:
   """The training-run lengths of the studies ``names`` that train (``steps`` or ``train_steps`` in
-  their preset entry, unless the study declares ``TIMED_STEPS``: steps timed, not a run's length), with
-  their batch where it differs from the preset's."""
+  their preset entry, unless the study declares ``TIMED_STEPS``: steps timed, not a run's length), with their
+  own layouts (:func:`study_layouts`) where they differ from the preset's, and tokens per run."""
   tr = pc.get("train", {})
+  default = [(tr.get("batch_size"), tr.get("seq_len"))]
   parts = []
   for name in names:
+    if not _trains(pc, name):
+      continue
     c = pc.get(name, {})
     steps = c.get("steps", c.get("train_steps"))
-    if not steps or getattr(study.load(EXPERIMENTS[name]), "TIMED_STEPS", False):
-      continue
-    batch, seq = c.get("batch_size", tr.get("batch_size")), c.get("seq_len", tr.get("seq_len"))
-    tokens = f", {batch * seq * steps:,} tokens" if batch and seq else ""
-    shape = "" if (batch, seq) == (tr.get("batch_size"), tr.get("seq_len")) else f" of {batch} x {seq}"
+    lay = study_layouts(pc, name)
+    shape = "" if lay == default else " of " + " and ".join(f"{b} x {t}" for b, t in lay)
+    tokens = f", {lay[0][0] * lay[0][1] * steps:,} tokens" if lay else ""
     parts.append(f"{name} {steps} steps{shape}{tokens}")
   return "; ".join(parts) if parts else "none"
 
@@ -134,8 +174,6 @@ def _limitations(state: dict, summaries: dict | None = None) -> list[str]:
   summaries = summaries or {}
   pc = state.get("preset_config", {})
   m, tr = pc.get("model", {}), pc.get("train", {})
-  batch, seq = tr.get("batch_size"), tr.get("seq_len")
-  eval_bytes = (tr.get("eval_batches") or 0) * (batch or 0) * (seq or 0)
   wd = tr.get("weight_decay")
   if wd is None:
     from experiments.harness.train_config import TrainConfig
@@ -146,12 +184,13 @@ def _limitations(state: dict, summaries: dict | None = None) -> list[str]:
   ran = [n for n in EXPERIMENTS if n in summaries]
   seeds = "; ".join(f"{n} {summaries[n]['seeds']}" for n in ran if summaries[n].get("seeds") is not None)
   return ["## Limitations", "",
-          f"- Scale: width {m.get('d_model')}, {m.get('n_heads')} heads, d_ff {m.get('d_ff')}; batch {batch} x "
-          f"sequence {seq} bytes; training runs: {_run_lengths(pc, ran)}. The papers train translation, BERT and "
+          f"- Scale: width {m.get('d_model')}, {m.get('n_heads')} heads, d_ff {m.get('d_ff')}; training runs "
+          f"(batch {tr.get('batch_size')} x sequence {tr.get('seq_len')} bytes where no other is named): "
+          f"{_run_lengths(pc, ran)}. The papers train translation, BERT and "
           "language models for 10^4-10^6 steps; a claim that needs their regime is marked not testable here rather "
           "than judged.",
           f"- Data: a byte-level corpus ({corpus}), not IWSLT/WMT/BERT text; losses are nats per byte.",
-          _noise_line(eval_bytes, summaries),
+          *_noise_lines(pc, summaries),
           f"- Optimizer: AdamW(0.9, 0.98), {wd_text} (a study states its own recipe where it differs); DeepNet's "
           "constants and bound are derived for SGD-like updates, Xiong et al.'s theory for Xavier init with "
           "W^Q = W^K = 0.",

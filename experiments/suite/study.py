@@ -18,8 +18,9 @@ Optionally (:data:`OPTIONAL`; the report reads them through the registry and nam
 * ``instabilities(summary, scanned) -> list[str]``: its lines of the report's list of instabilities
   (``scanned``: the suite scanned every cached run for divergences and spikes, so list only what the
   scan cannot see);
-* ``noise_line(summary, eval_bytes) -> str | None``: the limitations' line on evaluation noise where the
-  study measured it (the first study in the report's order that gives one is used);
+* ``noise_line(summary, eval_bytes) -> str | None``: the limitations' line on the study's own evaluation noise
+  where it measured it, given its own evaluation size (every study that gives one has its line; the studies
+  that train without one share a line with the estimate at their own sizes, issue 63);
 * ``TIMED_STEPS = True``: its preset entry's ``steps`` are timed steps, not a training run's length.
 
 A new study (for example a QK-norm learning-rate study) adds its module with these six names,

@@ -125,13 +125,15 @@ def test_dyt_noise_line_uses_per_run_differences():
   per_run = sorted(abs(v - a) for runs in vals.values() for v, a in runs)
   noise = {"single": {"median": statistics.median(per_run), "max": max(per_run), "n": len(per_run)}}
   summary = {"table": dyt._table(cells, cfg), "eval_noise": noise}
-  line = report._noise_line(4096, {"dyt": summary})
+  pc = {"dyt": {"eval_bytes": 4096}}
+  (line,) = report._noise_lines(pc, {"dyt": summary})
   median, most = _numbers(line)[:2]
   assert median == pytest.approx(statistics.median(per_run), abs=5e-4)
   assert most == pytest.approx(max(per_run), abs=5e-4)
   assert f"over {len(per_run)} runs" in line
   # Without per-run values (an older summary) the line is the estimate, never a pairing of summaries.
-  assert "an estimate" in report._noise_line(4096, {"dyt": {"table": summary["table"]}})
+  pc["dyt"]["steps"] = 240
+  assert "an estimate" in report._noise_lines(pc, {"dyt": {"table": summary["table"]}})[0]
   assert dyt.eval_noise(list(cells.values()))["single"] == pytest.approx(noise["single"])
 
 
@@ -163,15 +165,16 @@ def test_reanalyse_rejudges_committed_runs_without_training(tmp_path):
   assert "| op [10, 11, 12]; model at init and in training [0] only |" in text
   rows = json.loads((root / "dyt" / "cells.json").read_text())
   per_run = [abs(r["val"] - r["val_alt"]) for r in rows]
-  line = next(x for x in text.splitlines() if x.startswith("- Evaluation noise, measured by the dyt study"))
-  assert _numbers(line)[:2] == pytest.approx([statistics.median(per_run), max(per_run)], abs=5e-4)
+  line = next(x for x in text.splitlines() if x.startswith("- Evaluation noise of dyt "))
+  numbers = _numbers(line.split("measured")[1])
+  assert numbers[:2] == pytest.approx([statistics.median(per_run), max(per_run)], abs=5e-4)
   with pytest.raises(ValueError, match="no reanalyse"):
     reanalyse.reanalyse(root, ["speed"])
 
 
 def test_committed_reports_open_with_the_answer_within_25_kb():
   """Issue 44: each committed preset's report.md opens with "What to use" (at most 150 words) and is at most
-  25 KB; the criteria and rule history are in its appendix.md."""
+  REPORT_BYTES (25 KB until issue 63); the criteria and rule history are in its appendix.md."""
   import pathlib
   results = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "results"
   for preset in ("cpu", "cpu-extra", "gpu"):
@@ -207,12 +210,13 @@ def test_warmup_answer_reads_a_summary_without_the_per_seed_field():
   assert flagship_answer.warmup_answer({"config": {"warmups": [0, 40]}}) == []
 
 
-def test_answer_refuses_more_than_250_words(monkeypatch):
+def test_answer_refuses_more_than_its_words(monkeypatch):
   from experiments.studies import flagship_answer
-  monkeypatch.setattr(flagship_answer, "depth_answer", lambda s: ["word " * 300])
+  too_many = ["word " * (report.ANSWER_WORDS + 1)]
+  monkeypatch.setattr(flagship_answer, "depth_answer", lambda s: too_many)
   from experiments.studies import depth
-  monkeypatch.setattr(depth, "answer", lambda s: ["word " * 300])
-  with pytest.raises(ValueError, match="at most 250 words"):
+  monkeypatch.setattr(depth, "answer", lambda s: too_many)
+  with pytest.raises(ValueError, match=f"at most {report.ANSWER_WORDS} words"):
     report.answer({"depth": {}})
 
 

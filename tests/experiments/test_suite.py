@@ -77,7 +77,7 @@ def check_report_renders_with_plots_and_claims_table(smoke):
   for name, mod in runner.EXPERIMENTS.items():
     title = __import__(mod, fromlist=["TITLE"]).TITLE
     assert title in text, name
-  appendix = (root / "appendix.md").read_text()   # sections moved there keep the report under 25 KB
+  appendix = (root / "appendix.md").read_text()   # sections moved there keep the report under REPORT_BYTES
   images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text + appendix)
   assert len(images) >= len(runner.EXPERIMENTS)
   for rel in images:
@@ -149,7 +149,7 @@ def check_grid_depth_and_first_screen(smoke):
     assert len(u["mean"]) == dcfg["update_steps"] and all(v > 0 for v in u["mean"])
   text = (root / "report.md").read_text()
   # issue 44: the answer first, then the verdicts, summary, limitations, provenance, the studies; the criteria,
-  # rule changes and instabilities in the appendix; the report at most 25 KB
+  # rule changes and instabilities in the appendix; the report at most REPORT_BYTES
   assert text.index("## What to use") < text.index("## Verdicts") < text.index("## Summary") < \
       text.index("## Limitations") < text.index("## Provenance") < text.index("## 1. ")
   assert len(text.encode()) <= report.REPORT_BYTES
