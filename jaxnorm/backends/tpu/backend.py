@@ -70,6 +70,17 @@ def _check_dtypes(cfg: NormConfig, x_dtype):
       _refuse(why)
 
 
+def check_call(cfg: NormConfig, x, *args):
+  """A ``ValueError`` (as :func:`_spec` would raise it inside the kernels' trace) where a dtype
+  of the call or the config's ``block_rows`` is one the kernels cannot take; ``x`` (or ``h``)
+  is the role's first argument."""
+  del args
+  d = x.shape[-1]
+  dtypes = (cfg.h_dtype, cfg.add.residual_dtype) if cfg.has_add else ()
+  _check_dtypes(cfg, x.dtype)
+  _config.block_rows(max(x.size // max(d, 1), 1), d, (x.dtype,) + dtypes, cfg.backend_config)
+
+
 def _spec(cfg: NormConfig, x, *, has_gamma: bool, has_bias: bool, dtypes=()):
   d = x.shape[-1]
   rows = x.size // d
@@ -81,7 +92,7 @@ def _spec(cfg: NormConfig, x, *, has_gamma: bool, has_bias: bool, dtypes=()):
       center=cfg.op.mean_path, has_gamma=has_gamma, has_bias=has_bias, epsilon=cfg.epsilon,
       outside=cfg.epsilon_placement == "outside", plan=cfg.plan(x.dtype),
       interpret=tcfg.interpret, op=cfg.op.name,
-      residual_scale=cfg.residual_scale if cfg.has_add else 1.0)
+      residual_scale=cfg.residual_scale if cfg.has_add else 1.0, add=cfg.has_add)
 
 
 def _rows(cfg: NormConfig, x, scale, bias):
@@ -226,7 +237,10 @@ class TpuBackend(Backend):
       return f"the kernels take a 2-D input (rows, d), got shape {tuple(x2_shape)}"
     return _config.refusal_of_dtype("x", dtype) or _config.refusal_of_shape(x2_shape)
 
-  launch = staticmethod(tpu_call)
+  def launch(self, cfg, fn, *args, elsewhere: str = "raise"):
+    """``fn(cfg, *args)`` on the kernels behind :func:`~jaxnorm.backends.tpu.tpu_call.tpu_call`
+    (lowered per platform), after :func:`check_call` where the call is traced."""
+    return tpu_call(cfg, fn, *args, elsewhere=elsewhere, check=check_call)
 
   def add_refusal(self, dtypes):
     """Why the fused kernels cannot take the residual add's ``(name, dtype)`` pairs, or None."""

@@ -57,6 +57,7 @@ class Spec:
   interpret: bool
   op: str  # the op's name (the launches' names)
   residual_scale: float = 1.0  # alpha of the residual add
+  add: bool = False  # a residual add + norm call (the launches' names)
 
   @property
   def padded(self) -> bool:
@@ -204,7 +205,7 @@ def _forward(x, residual, gamma, bias, *, spec: Spec, out_dtype, h_dtype):
   n_stats = 3 if spec.center else 1
   outs += [jax.ShapeDtypeStruct((groups, rows, 1), jnp.float32)] * n_stats
   out_kinds = ["row"] * (1 + has_add) + ["stat"] * n_stats
-  name = f"jaxnorm_tpu_{'add_' if has_add else ''}{spec.op}_fwd"
+  name = f"jaxnorm_tpu_{'add_' if spec.add else ''}{spec.op}_fwd"
   res = _call(functools.partial(forward_kernel, spec, has_add), spec, args, kinds, outs,
               out_kinds, name)
   return tuple(_unpad(spec, a) for a in res[:1 + has_add]) + tuple(res[1 + has_add:])
@@ -222,7 +223,7 @@ def _backward(x, dy, dh, gamma, stats, *, spec: Spec, dx_dtype, dres_dtype):
   n_parts = spec.has_gamma + spec.has_bias
   outs += [jax.ShapeDtypeStruct((groups, nb, 1, w), jnp.float32)] * n_parts
   out_kinds = ["row"] * (1 + split) + ["part"] * n_parts
-  name = f"jaxnorm_tpu_{'add_' if has_dh or split else ''}{spec.op}_bwd"
+  name = f"jaxnorm_tpu_{'add_' if spec.add else ''}{spec.op}_bwd"
   res = list(_call(functools.partial(backward_kernel, spec, has_dh, split), spec, args, kinds,
                    outs, out_kinds, name))
   cts = [_unpad(spec, a) for a in res[:1 + split]]

@@ -61,8 +61,11 @@ def _run(*leaves, cfg, fn, tree, groups, elsewhere):
 
 
 @functools.lru_cache(maxsize=256)
-def _interpreter(cfg, fn, tree, groups: int):
-  return jax.jit(_flat_fn(cfg, fn, tree, groups))
+def _interpreter(cfg, fn, tree, groups: int, in_types):
+  """The interpret-mode program of the kernels, compiled for the host (once per signature;
+  compiled here, where the caller's program is lowered, so a kernel's error is raised there)."""
+  structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in in_types]
+  return jax.jit(_flat_fn(cfg, fn, tree, groups)).lower(*structs).compile()
 
 
 def _interpreted(cfg, fn, tree, groups: int, leaves):
@@ -74,7 +77,7 @@ def _interpreted(cfg, fn, tree, groups: int, leaves):
   in_types = tuple((tuple(a.shape), a.dtype) for a in leaves)
   _, outs = _out_types(cfg, fn, tree, groups, in_types)
   structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in outs]
-  run = _interpreter(cfg, fn, tree, groups)
+  run = _interpreter(cfg, fn, tree, groups, in_types)
 
   def host(*arrays):
     return [np.asarray(o) for o in run(*arrays)]
@@ -165,11 +168,14 @@ jc.register_jvp(tpu_call_p, _jvp)
 jc.register_batching(tpu_call_p, _batch)
 
 
-def tpu_call(cfg, fn, *args, elsewhere: str = "raise"):
+def tpu_call(cfg, fn, *args, elsewhere: str = "raise", check=lambda cfg, *args: None):
   """``fn(cfg, *args)`` on the TPU kernels (``cfg.impl == "tpu"``), behind ``tpu_call_p``: the
   TPU backend's ``launch``. ``fn``: hashable, the config first (the dispatcher's
   :class:`~jaxnorm.backends.interface.Entry`); ``args`` may hold None. ``elsewhere``: what
-  lowering for a platform other than a TPU gives (interpret mode aside), "raise" or "xla"."""
+  lowering for a platform other than a TPU gives (interpret mode aside), "raise" or "xla".
+  ``check(cfg, *args)``: raises, where the call is traced, what the kernels cannot take (their
+  own trace runs where the program is lowered)."""
+  check(cfg, *args)
   leaves, tree = jax.tree.flatten(args)
   in_types = tuple((tuple(jnp.shape(a)), jnp.result_type(a)) for a in leaves)
   out_tree, _ = _out_types(cfg, fn, tree, 0, in_types)
