@@ -72,6 +72,13 @@ class _Problem:
       raise ValueError("args hold no floating array to differentiate (all leaves are "
                        "non-float or in nondiff_argnums).")
     self.x64 = any(_is_float(v) and jnp.dtype(v.dtype) == jnp.float64 for v in self.fixed)
+    # The held leaves that are arrays (a mask, an integer array, a nondiff float): a cached
+    # program takes them as arguments (:meth:`program`), so another call with other values and
+    # the same signature runs it without tracing or compiling.
+    self.held = [i for i, v in enumerate(self.fixed)
+                 if i not in self.diff and hasattr(v, "dtype")]
+    self._slot = None  # the held leaves (tracers) while a cached program traces
+    self.signature = self._signature(rule)
     self.z0 = [self.fixed[i] for i in self.diff]
     names = []
 
@@ -105,6 +112,47 @@ class _Problem:
         return f"{name}: shape {a.shape}, the reference's {b.shape}"
     return ""
 
+  def _signature(self, rule):
+    """What the rule's programs depend on besides the values of the arrays: the rule, the
+    keyword arguments, the tree, each leaf's shape and dtype (a non-array leaf's value), which
+    leaves are differentiated and whether float64 is on. None where something is unhashable
+    (the programs are then not cached)."""
+    leaves = tuple((tuple(np.shape(v)), np.dtype(v.dtype).name) if hasattr(v, "dtype")
+                   else ("value", type(v), v) for v in self.fixed)
+    key = (rule, tuple(sorted(self.kwargs.items())), self.treedef, leaves, tuple(self.diff),
+           self.x64, bool(jax.config.jax_enable_x64))
+    try:
+      hash(key)
+    except TypeError:
+      return None
+    return key
+
+  def program(self, key, fn):
+    """``jax.jit(fn)``, cached across calls by :attr:`signature` and ``key`` (what ``fn`` is,
+    given the signature: the check's name and its arguments' shapes and dtypes): the held
+    leaves are arguments of the program, not constants, so a call with the same signature and
+    other values reuses the compiled program (``jax.jit``'s own cache sees the same function)."""
+    if self.signature is None:
+      return jax.jit(fn)
+    full = (self.signature, key)
+    prog = _PROGRAMS.get(full)
+    if prog is None:
+      owner = self
+
+      def with_held(held, *z):
+        prev, owner._slot = owner._slot, list(held)
+        try:
+          return fn(*z)
+        finally:
+          owner._slot = prev
+
+      prog = _PROGRAMS[full] = jax.jit(with_held)
+      while len(_PROGRAMS) > _PROGRAMS_MAX:
+        _PROGRAMS.popitem(last=False)
+    _PROGRAMS.move_to_end(full)
+    held = [jnp.asarray(self.fixed[i]) for i in self.held]
+    return lambda *z: prog(held, *z)
+
   # ------------------------------------------------------------------ building functions
 
   def context(self):
@@ -113,6 +161,9 @@ class _Problem:
 
   def _outputs(self, f, z, f64, subset):
     leaves = list(self.fixed)
+    if not f64 and self._slot is not None:  # tracing a cached program: the held leaves' args
+      for i, v in zip(self.held, self._slot):
+        leaves[i] = v
     positions = range(len(self.diff)) if subset is None else subset
     for pos, v in zip(positions, z):
       leaves[self.diff[pos]] = v
@@ -222,7 +273,9 @@ class _Problem:
     oracle of each ``(key, names)`` of ``parts``: ``{key: (outcome, got, budgets)}``."""
     try:
       with self.context():
-        got = [np.asarray(a) for a in wrap(rule_fn)(*[jnp.asarray(a) for a in z])]
+        call = (self.program(("split", mode, tuple((k, tuple(n)) for k, n in parts),
+                              _avals(z)), rule_fn) if wrap is jax.jit else wrap(rule_fn))
+        got = [np.asarray(a) for a in call(*[jnp.asarray(a) for a in z])]
     except Exception as exc:  # noqa: BLE001 (reported as unsupported, with the exception)
       return {key: (_raised(key + mode, exc), None, None) for key, _ in parts}
     out, i = {}, 0
@@ -247,7 +300,9 @@ class _Problem:
     """
     try:
       with self.context():
-        got = [np.asarray(a) for a in wrap(rule_fn)(*[jnp.asarray(a) for a in z])]
+        call = (self.program(("run", check, repr(in_axes), tuple(names), _avals(z)), rule_fn)
+                if wrap is jax.jit else wrap(rule_fn))
+        got = [np.asarray(a) for a in call(*[jnp.asarray(a) for a in z])]
     except Exception as exc:  # noqa: BLE001 (reported as unsupported, with the exception)
       return _raised(check, exc), None, None
     if key is None or key not in self.cache:
@@ -264,6 +319,31 @@ class _Problem:
       return jnp.dtype(self.tol.compute_dtype)
     floats = [jnp.dtype(a.dtype) for a in z if _is_float(a)]
     return jnp.dtype(jnp.promote_types(jnp.result_type(*floats), jnp.float32))
+
+
+def _avals(z) -> tuple:
+  """The shapes and dtypes of a check's arguments (part of its program's cache key)."""
+  return tuple((tuple(np.shape(a)), np.dtype(a.dtype).name) for a in z)
+
+
+# The rule's compiled programs by signature and check (:meth:`_Problem.program`), most recent
+# last, bounded in entries (the least recently used go first).
+_PROGRAMS = collections.OrderedDict()
+_PROGRAMS_MAX = 256
+
+
+def clear_cache() -> None:
+  """Forgets every program :func:`jaxnorm.testing.check_rule` compiled for a rule.
+
+  ``check_rule`` keeps the rule's compiled programs by the rule (the function object), its
+  keyword arguments and the shapes and dtypes of its arguments, so that checking the same rule
+  on new values of the same shapes compiles nothing. Call this after changing what the same
+  function object computes (registering another JVP or batching rule for a primitive it uses,
+  rebinding a global it reads), as ``jax.clear_caches()`` is needed for a ``jax.jit`` function
+  then. The float64 oracle's programs are keyed by the reference's traced graph and need no
+  clearing.
+  """
+  _PROGRAMS.clear()
 
 
 def _raised(check, exc) -> Outcome:
