@@ -180,6 +180,18 @@ def vmap_ignores_batched_parameters():
     jt.clear_cache()
 
 
+def log_softmax_plain(x):
+  """log_softmax with no shift: its float64 Hessian is exactly 0 at d = 1 (f = 0 there) and
+  its graph makes those zeros products of two cancelling factors (first-order condition 0)."""
+  return x - jnp.log(jnp.sum(jnp.exp(x), -1, keepdims=True))
+
+
+def curved(f, by=1e-3):
+  """``f`` plus ``by / 2 * (x - stop_gradient(x))**2``: the same value and first derivative,
+  the second derivative wrong by ``by`` on the diagonal."""
+  return lambda x: f(x) + 0.5 * by * (x - jax.lax.stop_gradient(x)) ** 2
+
+
 # ------------------------------------------------------------------------------ the cases
 
 
@@ -195,6 +207,12 @@ def norm_args(draw, dtype="float32", bias=False):
   if bias:
     params.append(draw(jt.arrays(dtype, (d,), kinds=("normal",))))
   return (x, *params)
+
+
+@st.composite
+def single_feature_args(draw, dtype="float32"):
+  """Rows of one feature (where log_softmax is 0 and its Hessian exactly 0)."""
+  return (draw(jt.arrays(dtype, jt.shapes(min_rank=1, max_rank=3, max_side=3, last=(1,)))),)
 
 
 @st.composite
@@ -236,6 +254,8 @@ CASES = [
          norm_args(bias=True), False, transforms=("vmap",), forward=True),
     Case("gelu (custom_vjp)", gelu_vjp(), gelu_plain, vector_args(), False),
     Case("softplus (custom_vjp)", softplus_vjp(), softplus_plain, vector_args(), False),
+    Case("log_softmax, zero Hessian", jax.nn.log_softmax, log_softmax_plain,
+         single_feature_args(), False, transforms=("grad2",), forward=True),
     Case("ln_no_mean_path", norm_vjp(True, mean_path=False), LN_REF, norm_args(), True,
          "LayerNorm backward without the mean path"),
     Case("ln_no_variance_path", norm_vjp(True, var_path=False), LN_REF, norm_args(), True,
@@ -252,6 +272,10 @@ CASES = [
          context=vmap_ignores_batched_parameters, transforms=("vmap",), forward=True),
     Case("gelu_erf_backward", gelu_vjp(erf_derivative=True), gelu_plain, vector_args(), True,
          "tanh-GELU whose backward is the exact (erf) GELU's derivative"),
+    Case("hessian_off_at_zero", curved(jax.nn.log_softmax), log_softmax_plain,
+         single_feature_args(), True, "log_softmax whose second derivative is off by 1e-3 "
+         "where the true Hessian is exactly 0 (one feature)", transforms=("grad2",),
+         forward=True),
     Case("softplus_naive_sigmoid", softplus_vjp(naive_sigmoid=True), softplus_plain,
          vector_args(), True, "softplus backward exp(x) / (1 + exp(x)) (NaN above x = 88)"),
 ]

@@ -26,7 +26,7 @@ import numpy as np
 
 from jaxnorm._jax_compat import Literal
 
-__all__ = ["magnitude", "multipliers", "sites"]
+__all__ = ["magnitude", "multipliers", "scale", "sites"]
 
 # Operations whose operands are perturbed too: sums (each term is rounded once) and additions
 # and subtractions (a difference of two computed values is as uncertain as they are, however
@@ -179,3 +179,83 @@ def magnitude(fn, z, mults):
   values, tangents = jax.vmap(lambda m: jax.jvp(lambda e: run(e, m), (zero,), (one,)),
                               out_axes=(None, 0), axis_size=directions)(list(mults))
   return list(values), [jnp.max(jnp.abs(t), axis=0) for t in tangents]
+
+
+# The scale A (:func:`scale`): operations whose result's scale is the same operation of their
+# operands' scales (linear in each floating operand, or a rearrangement of it), all >= 0.
+_SCALE_SAME = frozenset({
+    "reduce_sum", "cumsum", "dot_general", "mul", "integer_pow", "square", "reshape",
+    "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice", "dynamic_slice", "rev",
+    "copy", "copy_p", "concatenate", "pad", "select_n", "gather", "convert_element_type",
+    "reduce_max", "reduce_min", "max", "min", "dynamic_update_slice", "reduce_precision",
+    "scatter-add", "scatter_add", "cumlogsumexp", "cummax", "cummin"})
+# Sums and differences: the scale of a + b and of a - b is A(a) + A(b).
+_SCALE_ADD = frozenset({"add", "sub", "add_any"})
+_SCALE_ABS = frozenset({"neg", "abs", "sign", "stop_gradient"})
+
+
+def _eval_scale(jaxpr, consts, args, scales):
+  """Values and scales of ``jaxpr`` (:func:`scale`); ``scales[i]`` is None for a non-float."""
+  env = {}
+
+  def read(v):
+    if isinstance(v, Literal):
+      return v.val, (jnp.abs(v.val) if _is_float(v.val) else None)
+    return env[v]
+
+  for v, a in zip(jaxpr.constvars, consts):
+    env[v] = (a, jnp.abs(a) if _is_float(a) else None)
+  for v, a, sc in zip(jaxpr.invars, args, scales):
+    env[v] = (a, sc)
+  for eqn in jaxpr.eqns:
+    ins = [read(v) for v in eqn.invars]
+    vals = [a for a, _ in ins]
+    name = eqn.primitive.name
+    if name in _CALLS and "jaxpr" in eqn.params and hasattr(eqn.params["jaxpr"], "jaxpr"):
+      sub = eqn.params["jaxpr"]
+      pairs = _eval_scale(sub.jaxpr, sub.consts, vals, [s for _, s in ins])
+      for v, pr in zip(eqn.outvars, pairs):
+        env[v] = pr
+      continue
+    subfuns, params = _bind_params(eqn)
+    outs = eqn.primitive.bind(*subfuns, *vals, **params)
+    outs = list(outs) if eqn.primitive.multiple_results else [outs]
+    floats = [s for _, s in ins if s is not None]
+    if name in _SCALE_ADD and len(floats) == 2:
+      out_scales = [floats[0] + floats[1]]
+    elif name == "div" and ins[0][1] is not None:
+      out_scales = [ins[0][1] / jnp.abs(vals[1])]
+    elif name in _SCALE_ABS and ins[0][1] is not None:
+      out_scales = [ins[0][1]]
+    elif name in _SCALE_SAME and floats:
+      try:
+        sc = eqn.primitive.bind(*subfuns, *[a if s is None else s for a, s in ins], **params)
+        out_scales = list(sc) if eqn.primitive.multiple_results else [sc]
+      except Exception:  # noqa: BLE001 (an operand the rule cannot take as a scale)
+        out_scales = [jnp.abs(o) for o in outs]
+    else:  # a nonlinear function (exp, log, tanh, a custom rule...): its value's own magnitude
+      out_scales = [jnp.abs(o) for o in outs]
+    for v, o, sc in zip(eqn.outvars, outs, out_scales):
+      env[v] = (o, jnp.maximum(jnp.abs(sc), jnp.abs(o)) if _is_float(o) else None)
+  return [read(v) for v in jaxpr.outvars]
+
+
+def scale(fn, z) -> list:
+  r"""The scale :math:`A` of each element of ``fn(*z)``: the quantities it is built from
+  evaluated with absolute values (traced: call it inside ``jax.jit``).
+
+  Every floating input and constant counts as its magnitude; a sum or a difference as the sum
+  of its operands' scales (``a - b`` is as large as ``|a| + |b|`` for rounding, however exactly
+  it cancels), a product, a dot product and every rearrangement (reshape, broadcast, slice,
+  select, ...) as the same operation of the scales, a quotient as the numerator's scale over
+  the denominator's magnitude, and any other function (``exp``, ``log``, a custom rule) as the
+  magnitude of its value. ``A >= |fn(*z)|`` elementwise. Where an exact result is 0 (or far
+  below :math:`\varepsilon_C A`) the first-order magnitude :math:`M` can be 0 too (a product
+  of two factors that both cancel is second order in the roundings), while a rule computing
+  the same value along another path errs by a rounding of its building blocks:
+  :math:`\varepsilon_C A` is that scale (``jaxnorm.testing.Tolerance``).
+  """
+  closed = jax.make_jaxpr(fn)(*z)
+  pairs = _eval_scale(closed.jaxpr, closed.consts, list(z),
+                      [jnp.abs(a) if _is_float(a) else None for a in z])
+  return [sc for _, sc in pairs]
