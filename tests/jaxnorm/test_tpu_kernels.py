@@ -337,11 +337,18 @@ def test_auto_on_tpu_stays_xla_until_the_switch(monkeypatch):
   from jaxnorm.backends.tpu import AUTO_ON_TPU
   assert AUTO_ON_TPU is False and TPU.auto_platforms == ()
   x, s = jnp.ones((16, 256), jnp.bfloat16), jnp.ones(256, jnp.bfloat16)
-  loss = lambda x, s: jnp.sum(jaxnorm.rms_norm(x, s, impl="auto").astype(jnp.float32))  # noqa
+
+  # A TPU host, as the table's tests stand for a GPU host (auto gives a kernel backend a
+  # platform only on a host whose default platform has one).
+  monkeypatch.setattr(table, "host_platform", lambda: "tpu", raising=False)
 
   def auto_text(on):
     monkeypatch.setattr(TPU, "auto_on_tpu", on)
     monkeypatch.setattr(table, "PLATFORM_BACKENDS", {p: TPU.name for p in TPU.auto_platforms})
+
+    def loss(x, s):  # a new function each time: no trace cached under the other switch
+      return jnp.sum(jaxnorm.rms_norm(x, s, impl="auto").astype(jnp.float32))
+
     return _tpu_text(jax.grad(loss, argnums=(0, 1)), x, s)
 
   assert "tpu_custom_call" not in auto_text(False)

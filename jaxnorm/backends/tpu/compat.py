@@ -20,7 +20,7 @@ import sys
 import jax
 
 __all__ = ["BlockSpec", "CompilerParams", "InterpretParams", "KNOWN", "Squeezed", "cdiv",
-           "missing", "pallas_call", "program_id"]
+           "interpret_mode", "missing", "pallas_call", "program_id"]
 
 #: The JAX releases the kernels were checked with (interpret mode and the TPU export).
 KNOWN = "jax 0.8.1 to 0.10.2"
@@ -126,3 +126,30 @@ def CompilerParams(**kwargs):  # noqa: N802 (Pallas's name)
 def InterpretParams(**kwargs):  # noqa: N802 (Pallas's name)
   """``pltpu.InterpretParams``: TPU interpret mode."""
   return _api()["InterpretParams"](**kwargs)
+
+
+@functools.cache
+def _custom_vmap_keeps_ordered_effects() -> bool:
+  """Whether ``jax.custom_batching.custom_vmap`` lowers a function with an ordered effect (jax
+  0.10.2 does; jax 0.8.1 drops the effect's token: ``KeyError: OrderedIOEffect``). Asked by
+  lowering (not running) a one-element ordered ``io_callback`` under it, once per process."""
+  from jax.experimental import io_callback
+
+  def f(x):
+    return io_callback(lambda a: a, jax.ShapeDtypeStruct((), "float32"), x, ordered=True)
+
+  g = jax.custom_batching.custom_vmap(f)
+  g.def_vmap(lambda n, batched, x: (f(x), batched[0]))
+  try:
+    jax.jit(g).lower(jax.ShapeDtypeStruct((), "float32"))
+  except KeyError:
+    return False
+  return True
+
+
+def interpret_mode():
+  """The ``interpret=`` of an interpreted kernel: TPU interpret mode (``InterpretParams()``,
+  the TPU's memory and grid simulated) where this JAX can carry its ordered effects through the
+  kernels' ``custom_vmap``, else Pallas's generic interpreter (``True``: the same kernel bodies
+  and blocks, evaluated as plain JAX ops, without the TPU memory model; jax 0.8.1)."""
+  return InterpretParams() if _custom_vmap_keeps_ordered_effects() else True

@@ -177,7 +177,7 @@ def _call(kernel, spec: Spec, args, in_kinds, out_shapes, out_kinds, name: str):
       out_specs=[specs[k]() for k in out_kinds],
       compiler_params=pl.CompilerParams(dimension_semantics=("parallel", "parallel"),
                                         vmem_limit_bytes=VMEM_LIMIT_BYTES),
-      interpret=pl.InterpretParams() if spec.interpret else False,
+      interpret=pl.interpret_mode() if spec.interpret else False,
       name=name,
   )(*args)
 

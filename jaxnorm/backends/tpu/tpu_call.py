@@ -62,8 +62,9 @@ def _run(*leaves, cfg, fn, tree, groups, elsewhere):
 
 @functools.lru_cache(maxsize=256)
 def _interpreter(cfg, fn, tree, groups: int, in_types):
-  """The interpret-mode program of the kernels, compiled for the host (once per signature;
-  compiled here, where the caller's program is lowered, so a kernel's error is raised there)."""
+  """The interpret-mode program of the kernels, compiled for the host once per signature, on
+  its first run (lowering it inside the caller's lowering fails on jax 0.8.1: the interpreter's
+  ordered effects meet the caller's lowering context)."""
   structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in in_types]
   return jax.jit(_flat_fn(cfg, fn, tree, groups)).lower(*structs).compile()
 
@@ -77,10 +78,9 @@ def _interpreted(cfg, fn, tree, groups: int, leaves):
   in_types = tuple((tuple(a.shape), a.dtype) for a in leaves)
   _, outs = _out_types(cfg, fn, tree, groups, in_types)
   structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in outs]
-  run = _interpreter(cfg, fn, tree, groups, in_types)
 
   def host(*arrays):
-    return [np.asarray(o) for o in run(*arrays)]
+    return [np.asarray(o) for o in _interpreter(cfg, fn, tree, groups, in_types)(*arrays)]
 
   return jax.pure_callback(host, structs, *leaves)
 
