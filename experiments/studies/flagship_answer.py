@@ -1,8 +1,11 @@
-"""The "What to use" sentences of the flagship studies (issue 44): effect sizes a user can act on.
+"""The "What to use" sentences of the flagship studies (issues 44 and 63): effect sizes a user can act on.
 
 :func:`warmup_answer` and :func:`depth_answer` read a study's summary (its ``done.json``) and return
 short sentences with numbers: the highest rate each layout trains at, per seed (">=" at the grid's top); Pre-LN
-minus Post-LN, paired; the warm-up gain; deep Post-LN against Pre-LN. They judge nothing: the verdicts are the
+minus Post-LN, paired; the warm-up gain; deep Post-LN against Pre-LN. Each sentence opens with its regime (layers,
+batch x sequence, steps, tokens per parameter; issue 63) and, where the committed gpu run is not the summary's own,
+says in the same line what that run found, with its numbers read from its files when the report is rendered
+(:mod:`experiments.studies.gpu_reference`) and whether it agrees. They judge nothing: the verdicts are the
 rules'. A line is bold only where every seed agrees beyond the rules' margin at each compared layout's
 best-tuned rate (:func:`best_rate`: lowest seed-mean final loss where it trains in every seed), issue 50.
 Summaries written before the issue-44 field ``highest_trained_per_seed`` (the gpu report's, at 20ad8f4) get
@@ -12,6 +15,7 @@ same reading as ``warmup_rules.highest_trained``; a summary without a grid gives
 
 from __future__ import annotations
 
+from experiments.studies import gpu_reference
 from experiments.studies.seeds import span as _span
 from experiments.studies.warmup_rules import MARGIN
 
@@ -52,8 +56,53 @@ def _per_seed(summary: dict, warmups: list[int]) -> dict:
   return out
 
 
+def _regime(summary: dict, n_layers: int, steps: int) -> str:
+  """``"6 layers, 16 x 32, 200 steps (T/P 0.30)"``: the regime a line is about, from the summary's model and the
+  run's batch layout (its ``provenance``, attached by the report); tokens per parameter count every parameter."""
+  from experiments.suite.runs import param_count
+  from jaxnorm.models import TransformerConfig
+  train = (summary.get("provenance") or {}).get("train") or {}
+  b, t = train.get("batch_size"), train.get("seq_len")
+  if not (b and t and summary.get("model")):
+    return f"{n_layers} layers, {steps} steps"
+  tpp = steps * b * t / param_count(TransformerConfig(**summary["model"], n_layers=n_layers))
+  return f"{n_layers} layers, {b} x {t}, {steps} steps (T/P {tpp:z.2f})"
+
+
+def _ref(summary: dict) -> dict | None:
+  """The committed gpu run, or None (none committed, or this summary is its own)."""
+  ref = gpu_reference.load()
+  return None if ref is None or gpu_reference.is_self(ref, summary) else ref
+
+
+def _c(lrs, width: int) -> str:
+  """Rates as c = lr x width, a range over seeds (``>=`` kept)."""
+  cs = sorted({lr * width for lr in lrs if lr is not None})
+  return "none" if not cs else (f"{cs[0]:z.2g}" if len(cs) == 1 else f"{cs[0]:z.2g}-{cs[-1]:z.2g}")
+
+
+def _side(xs) -> str:
+  return "pre" if all(x < -MARGIN for x in xs) else ("post" if all(x > MARGIN for x in xs) else "neither")
+
+
+def _gpu_best(ref: dict | None, d: list[float], bp: float, bq: float) -> str:
+  """The gpu run's Pre-LN minus Post-LN at its best rates beside ours (``d`` at ``bp``/``bq``), and whether its best
+  rates are in the other order; empty without a reference."""
+  if ref is None:
+    return ""
+  gp, gq = ref["best"]["pre"], ref["best"]["post"]
+  verb = "agrees" if _side(ref["diff_best"]) == _side(d) else "disagrees"
+  out = (f"; the {gpu_reference.short(ref)} {verb}: Pre-LN ({gp:z.2g}) minus Post-LN with warm-up ({gq:z.2g}) "
+         f"{_span(ref['diff_best'])}")
+  if (gq > gp) != (bq > bp):
+    out += (f", and its best rates are in the other order (Post-LN's {gq / gp:z.2g}x Pre-LN's; here Pre-LN's "
+            f"{bp / bq:z.2g}x Post-LN's)")
+  return out
+
+
 def warmup_answer(summary: dict) -> list[str]:
-  """Sentences from the warm-up grid's summary (see the module docstring)."""
+  """Sentences from the warm-up grid's summary (see the module docstring); each opens with its regime and, where
+  the committed gpu run disagrees, says so with its numbers (issue 63)."""
   grid = summary.get("grid") or {}
   warmups = (summary.get("config") or {}).get("warmups")
   if not grid or not warmups:
@@ -65,32 +114,53 @@ def warmup_answer(summary: dict) -> list[str]:
   n = len(summary.get("seeds", []))
   lrs = summary.get("lrs", [])
   top = max(lrs) if lrs else None
-  steps = (summary.get("config") or {}).get("steps")
+  cfg = summary.get("config") or {}
+  steps = cfg.get("steps")
+  regime = _regime(summary, cfg.get("n_layers", 6), steps) if steps else f"{n} seeds"
+  ref = _ref(summary)
+  width = int((summary.get("model") or {}).get("d_model", 0)) or None
   pre_r, post_r = per.get("pre|0", []), per.get(f"post|{long_}", [])
-  run = f", {steps} steps" if steps else ""
-  out = [f"Highest peak rate each layout trained at, per seed ({n} seed{'s' if n != 1 else ''}{run}): "
+  tops = ""
+  if ref is not None and width:
+    h, gw = ref["highest"], ref["width"]
+    ge = ">= " if max((x for x in pre_r if x is not None), default=0) == top else ""
+    tops = (f"; the {gpu_reference.short(ref)}, in c = lr x width (here Pre-LN {ge}{_c(pre_r, width)}, Post-LN "
+            f"with warm-up {_c(post_r, width)}): Pre-LN {_c(h['pre'], gw)}, Post-LN without warm-up "
+            f"{_c(h['post0'], gw)}, with warm-up {ref['warmup']} {_c(h['post'], gw)} (the top of its grid: "
+            f"{max(ref['c']):z.2g})")
+  out = [f"{regime}: highest peak rate each layout trained at, per seed ({n} seed{'s' if n != 1 else ''}): "
          f"Pre-LN without warm-up {_rates(pre_r, top)}; Post-LN without warm-up {_rates(per.get('post|0', []), top)}, "
-         f"with warm-up {long_} {_rates(post_r, top)}."]
+         f"with warm-up {long_} {_rates(post_r, top)}{tops}."]
   # A bold recommendation only where every seed agrees, at each layout's best-tuned rate (issue 50).
   higher = pre_r and all(a is not None and (b is None or a >= b) for a, b in zip(pre_r, post_r))
   bp, bq = best_rate(grid, lrs, lambda lr: f"pre|{lr}|0"), best_rate(grid, lrs, lambda lr: f"post|{lr}|{long_}")
   if bp is not None and bq is not None:
     d = _paired(grid, f"pre|{bp}|0", f"post|{bq}|{long_}")
     lead = ("**Pre-LN** trained at higher rates and, at each one's best rate, to a lower loss than Post-LN in every "
-            f"seed{run.replace(',', ' after')}: " if higher and all(x < -MARGIN for x in d)
-            else "At each one's best rate: ")
-    out.insert(0, f"{lead}Pre-LN ({bp:z.2g}) minus Post-LN with warm-up ({bq:z.2g}) {_span(d)} nats per seed.")
+            "seed: " if higher and all(x < -MARGIN for x in d) else "at each one's best rate: ")
+    gpu = _gpu_best(ref, d, bp, bq)
+    out.insert(0, f"{regime}: {lead}Pre-LN ({bp:z.2g}) minus Post-LN with warm-up ({bq:z.2g}) {_span(d)} nats per "
+                  f"seed{gpu}.")
   b0 = best_rate(grid, lrs, lambda lr: f"post|{lr}|0")
   if b0 is not None and bq is not None:
     g = _paired(grid, f"post|{b0}|0", f"post|{bq}|{long_}")
-    lead = ("**With Post-LN, use warm-up**:" if all(x > MARGIN for x in g)
-            else "Warm-up for Post-LN (no rule: the seeds disagree):")
-    out.append(f"{lead} at each one's best rate ({b0:z.2g} without, {bq:z.2g} with) it gains {_span(g)} nats per seed.")
+    lead = ("**With Post-LN, use warm-up**:" if all(x > MARGIN for x in g) else
+            f"warm-up {long_} for Post-LN gains no seed more than the {MARGIN} margin:" if all(x <= MARGIN for x in g)
+            else "warm-up for Post-LN (no rule: the seeds disagree):")
+    gpu = ""
+    if ref is not None and ref.get("warmup_gain"):
+      gg = ref["warmup_gain"]
+      verb = "agrees" if (all(x > MARGIN for x in gg) == all(x > MARGIN for x in g)) else "disagrees"
+      gpu = (f"; the {gpu_reference.short(ref)} {verb}: warm-up {ref['warmup']} gains {_span(gg)} at each one's best "
+             f"rate ({ref['best']['post0']:z.2g} without, {ref['best']['post']:z.2g} with)")
+    out.append(f"{regime}: {lead} at each one's best rate ({b0:z.2g} without, {bq:z.2g} with) it gains {_span(g)} "
+               f"nats per seed{gpu}.")
   return out
 
 
 def depth_answer(summary: dict) -> list[str]:
-  """Sentences from the depth study's summary (see the module docstring)."""
+  """Sentences from the depth study's summary (see the module docstring): the deepest Post-LN against Pre-LN, its
+  regime first, and the committed gpu run's where it disagrees (issue 63)."""
   points = summary.get("points") or {}
   deep = sorted((int(k.split("/L")[1]) for k in points if k.startswith("post/L")), reverse=True)
   if not deep or f"pre/L{deep[0]}" not in points:
@@ -98,6 +168,19 @@ def depth_answer(summary: dict) -> list[str]:
   L = deep[0]
   post, pre = points[f"post/L{L}"], points[f"pre/L{L}"]
   fails = sum(1 for f in post["failures"] if f)
-  return [f"At {L} layers Post-LN failed in {fails}/{len(post['failures'])} seeds (final "
+  cfg = summary.get("config") or {}
+  width = int((summary.get("model") or {}).get("d_model", 0))
+  rate = f", lr {summary['lr']:g} (c = lr x width {summary['lr'] * width:z.2g})" if summary.get("lr") and width else ""
+  regime = _regime(summary, L, cfg.get("steps")) if cfg.get("steps") else f"{L} layers"
+  gpu = ""
+  ref = _ref(summary)
+  g = (ref or {}).get("depth")
+  if g and g["layers"] == L:
+    verb = "agrees" if (g["post_fails"] == g["n"]) == (fails == len(post["failures"])) else "disagrees"
+    gpu = (f"; the {gpu_reference.short(ref)} {verb}: at {g['layers']} layers, c {g['c']:z.2g}, {g['steps']} steps "
+           f"(T/P {g['tpp']:z.2f}) Post-LN failed in {g['post_fails']}/{g['n']} seeds (final "
+           + ", ".join(f"{v:z.2f}" for v in g["post"]) + ")"
+           + (", Pre-LN " + ", ".join(f"{v:z.2f}" for v in g["pre"]) if g.get("pre") else ""))
+  return [f"{regime}{rate}: Post-LN failed in {fails}/{len(post['failures'])} seeds (final "
           + ", ".join(f"{v:z.2f}" for v in post["values"]) + "), Pre-LN reached "
-          + ", ".join(f"{v:z.2f}" for v in pre["values"]) + "."]
+          + ", ".join(f"{v:z.2f}" for v in pre["values"]) + f"{gpu}."]

@@ -128,9 +128,9 @@ def regime(ref: dict) -> str:
 
 
 def short(ref: dict) -> str:
-  """``"gpu run (git 20ad8f4, older design; T/P 0.83)"``: the reference in a line that already names it in full
-  elsewhere (:func:`regime`)."""
-  return f"gpu run (git {ref['git'][:7]}, older design; T/P {ref['tpp']:z.2f})"
+  """``"gpu run (git 20ad8f4, older code and design; H200, T/P 0.83)"``: the reference in a line of a report that
+  names it in full elsewhere (:func:`regime`)."""
+  return f"gpu run ({ref['git'][:7]}: older code and design; T/P {ref['tpp']:z.2f})"
 
 
 def confounders(ref: dict, *, width: int, heads: int, batch: int, seq_len: int, eval_bytes: str, corpus: str | None,

@@ -36,7 +36,9 @@ def _ref(summary: dict) -> dict | None:
 
 
 def _layout(summary: dict, seq: str) -> str:
-  return next(f"{b} x {t}" for b, t in summary["config"]["layouts"] if str(t) == seq)
+  """``"16 x 32"``: the layout of sequence length ``seq`` (``"sequence 32"`` for a summary without its config)."""
+  lays = (summary.get("config") or {}).get("layouts") or []
+  return next((f"{b} x {t}" for b, t in lays if str(t) == seq), f"sequence {seq}")
 
 
 def _gpu_side(ref: dict) -> str:
@@ -53,7 +55,8 @@ def _gpu_clause(summary: dict, seq: str, ref: dict | None) -> str:
   r = min(summary["tables"][seq], key=lambda r: abs(np.log(tpp[str(r["step"])] / ref["tpp"])))
   side = _gpu_side(ref)
   cross = [c * ref["tokens_per_step"] / ref["params"] for c in ref["crossing"] if c is not None]
-  over = (f", Post-LN overtaking on its curves at T/P {min(cross):z.2f}-{max(cross):z.2f}" if cross else "")
+  over = (f" (on its curves Pre-LN is ahead until T/P {min(cross):z.2f}-{max(cross):z.2f}, then Post-LN)"
+          if cross else "")
   verb = "agrees" if side == r["ahead"] else "disagrees"
   return f"; the {gpu_reference.short(ref)} {verb}: {_who(side)} by {_span(ref['diff_best'])} at its best rates{over}"
 
@@ -118,7 +121,7 @@ def confounders(summary: dict, ref: dict) -> list[str]:
 
 
 def _confounder_line(summary: dict, ref: dict | None) -> str | None:
-  if ref is None:
+  if ref is None or not summary.get("config") or not summary.get("model"):
     return None
   also = "" if len(summary["tables"]) > 1 else " and sequence length"
   short = ["code and jax version", "width", "head size", f"tokens per step ({ref['tokens_per_step']:,} vs "

@@ -58,6 +58,7 @@ from experiments.suite.study import train_unit
 from experiments.studies.flagship_answer import warmup_answer as answer  # noqa: F401 (the study protocol's answer)
 from experiments.studies.summary_lines import warmup_instabilities as instabilities  # noqa: F401 (the protocol's)
 from experiments.studies.summary_lines import warmup_noise_line as noise_line  # noqa: F401 (the protocol's)
+from experiments.studies.warmup_figures import redraw  # noqa: F401 (reanalyse --figures)
 
 TITLE = "Warm-up x learning-rate grid (Xiong et al. 2020, Sec. 3.2 / Fig. 2)"
 RAW_DATA = ('runs.json', 'final.csv')  # files the report links under the claims
@@ -320,20 +321,6 @@ def run(ctx, cfg: Config) -> dict:
           "model": dict(ctx.preset["model"])}
 
 
-def redraw(ctx, cfg: Config, summary: dict) -> list[str]:
-  """Draws again, from the summary's grid (its per-seed finals, failures and curves), the figures that need
-  nothing else: ``final_vs_rate.png`` and ``curves_grid.png`` (issue 63: the committed gpu report's run did
-  not write them); returns their file names. No verdict is recomputed (:mod:`experiments.suite.reanalyse`,
-  ``--figures``)."""
-  grid = {}
-  for k, v in summary["grid"].items():
-    key = GridKey.parse(k)
-    grid[(key.position, key.lr, key.warmup)] = v
-  lrs, unigram = summary["lrs"], summary["unigram_nats"]
-  return [warmup_figures.plot_final_vs_rate(ctx, grid, lrs, cfg, unigram),
-          warmup_figures.plot_curves_grid(ctx, grid, lrs, cfg, unigram)]
-
-
 def _shared_text(shared: dict | None) -> str:
   if not shared:
     return "not computed"
@@ -351,30 +338,6 @@ def _noise_text(noise: dict | None) -> str:
           + (f"; a paired Pre-LN minus Post-LN difference by median {q['median']:z.3f}, at most {q['max']:z.3f} "
              f"over {q['n']} pairs" if (q := noise.get("pre_post")) else "")
           + f" (the rules' paired margin: {MARGIN} nats).")
-
-
-_FIGURES = (
-    ("heatmap.png", "heat maps", "Heat maps: final validation loss (seed mean; colour bar in nats/byte) of every grid "
-     "point, one panel per layout; a failed point is written in bold white with its failure and how many seeds "
-     "failed."),
-    ("final_vs_rate.png", "final loss against the peak rate, every seed", "Final validation loss against the peak "
-     "rate, one panel per layout, every seed its own marker (open: the run failed)."),
-    ("curves_grid.png", "validation curves of every seed at every grid point", "Validation curves of every seed at "
-     "every grid point (rows: layouts; columns: rates)."),
-    ("curves_telling_rate.png", "curves at the telling rate", "Validation curves at the telling rate: seed mean "
-     "(line) and min-max band over seeds, per layout and warm-up; a value above the axis is marked by a triangle at "
-     "the top edge with its value written."))
-
-
-def _figures(summary: dict, rel: str) -> list[str]:
-  """The section's figures with their captions: those the summary lists in ``files`` (issue 63: a figure the
-  run did not write, or the folder does not hold, is not linked)."""
-  files = set(summary.get("files") or ())
-  out = []
-  for name, alt, caption in _FIGURES:
-    if name in files:
-      out += [f"![{alt}]({rel}/{name})", "", f"*{caption}*", ""]
-  return out
 
 
 def report_section(summary: dict, rel: str) -> str:
@@ -405,7 +368,7 @@ def report_section(summary: dict, rel: str) -> str:
       f"Range check: every layout trains at the bottom rate: {'yes' if rc['bottom_every_layout_trains'] else 'no'}; "
       f"Pre-LN (no warm-up) degrades at the top rate: {'yes' if rc['top_pre_ln_degrades'] else 'no'} "
       f"({rc['pre_ln_top']:z.3f} vs its best {rc['pre_ln_best']:z.3f}).", "",
-      *_figures(summary, rel),
+      *warmup_figures.section_figures(summary, rel),
       "Mean ± half-range over seeds (a stalled run keeps its own loss, a diverged one counts at the unigram "
       "plateau); per seed: each run's own final val loss (marked stalled) or the step where it diverged; "
       "largest rise: each seed's largest training-loss rise above its running minimum over every step, the "

@@ -18,7 +18,7 @@ import numpy as np
 
 from experiments.studies.seeds import STALL_NATS
 
-__all__ = ["plot", "plot_curves_grid", "plot_final_vs_rate"]
+__all__ = ["plot", "plot_curves_grid", "plot_final_vs_rate", "redraw", "section_figures"]
 
 _MARKERS = ("o", "s", "^", "D", "v", "P")
 
@@ -198,3 +198,40 @@ def _plot_curves(ctx, runs: dict, grid: dict, cfg, unigram: float, telling: floa
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7)
   return ctx.save_figure(fig, "curves_telling_rate.png")
+
+
+_FIGURES = (
+    ("heatmap.png", "heat maps", "Heat maps: final validation loss (seed mean; colour bar in nats/byte) of every grid "
+     "point, one panel per layout; a failed point is written in bold white with its failure and how many seeds "
+     "failed."),
+    ("final_vs_rate.png", "final loss against the peak rate, every seed", "Final validation loss against the peak "
+     "rate, one panel per layout, every seed its own marker (open: the run failed)."),
+    ("curves_grid.png", "validation curves of every seed at every grid point", "Validation curves of every seed at "
+     "every grid point (rows: layouts; columns: rates)."),
+    ("curves_telling_rate.png", "curves at the telling rate", "Validation curves at the telling rate: seed mean "
+     "(line) and min-max band over seeds, per layout and warm-up; a value above the axis is marked by a triangle at "
+     "the top edge with its value written."))
+
+
+def section_figures(summary: dict, rel: str) -> list[str]:
+  """The section's figures with their captions: those the summary lists in ``files`` (issue 63: a figure the
+  run did not write, or the folder does not hold, is not linked)."""
+  files = set(summary.get("files") or ())
+  out = []
+  for name, alt, caption in _FIGURES:
+    if name in files:
+      out += [f"![{alt}]({rel}/{name})", "", f"*{caption}*", ""]
+  return out
+
+
+def redraw(ctx, cfg, summary: dict) -> list[str]:
+  """Draws again, from the summary's grid (its per-seed finals, failures and curves), the figures that need
+  nothing else: ``final_vs_rate.png`` and ``curves_grid.png`` (issue 63: the committed gpu report's run did
+  not write them); returns their file names. No verdict is recomputed (:mod:`experiments.suite.reanalyse`,
+  ``--figures``); a failure is the one the summary recorded, by the rules of the run's commit."""
+  grid = {}
+  for k, v in summary["grid"].items():
+    pos, lr, w = k.split("|")[:3]
+    grid[(pos, float(lr), int(w))] = v
+  lrs, unigram = summary["lrs"], summary["unigram_nats"]
+  return [plot_final_vs_rate(ctx, grid, lrs, cfg, unigram), plot_curves_grid(ctx, grid, lrs, cfg, unigram)]

@@ -28,10 +28,11 @@ import pathlib
 from typing import Any
 
 from experiments.suite import claims as claims_lib
-from experiments.suite import presets as presets_lib
 from experiments.suite import rule_changes, study
 from experiments.suite.registry import EXPERIMENTS, read_json
 from experiments.suite.spikes import SPIKE_NATS
+from experiments.suite.report_provenance import pilot_verdicts, provenance_lines
+from experiments.suite.report_provenance import provenance_lines as _provenance_lines  # noqa: F401 (tests)
 from experiments.suite.report_summary import (  # noqa: F401 (re-exported: the report's summary block)
     _VERDICT_TEXT, _limitations, _noise_lines, _run_lengths, _summary, _tally_text, instabilities, tally)
 
@@ -85,61 +86,6 @@ def _claims_and_raw_data(summary: dict, rel: str, raw_data: tuple[str, ...]) -> 
   return lines + ["", "Raw data: " + ", ".join(f"`{rel}/{f}`" for f in raw_data) + "."]
 
 
-def _provenance_lines(state: dict) -> list[str]:
-  dev = state.get("device", {})
-  ver = state.get("versions", {})
-  corpus = state.get("corpus") or {}
-  git = state.get("git") or {}
-  lines = [
-      "| | |",
-      "|---|---|",
-      f"| preset | {_preset_text(state)} |",
-      f"| command | `{state.get('command', '').strip()}` |",
-      f"| date (UTC) | {state.get('created')} |",
-      f"| device | {dev.get('backend')} / {dev.get('device_kind')} x{dev.get('n_devices')}; "
-      f"CPU {dev.get('cpu')} ({dev.get('cpu_count')} cores); {dev.get('platform')}"
-      + (f"; load average {dev['load_avg_1m']:z.1f} at the start" if dev.get("load_avg_1m") is not None else "")
-      + " |",
-      "| versions | " + ", ".join(f"{k} {v}" for k, v in ver.items() if v) + " |",
-      f"| corpus | {corpus.get('name')} ({corpus.get('n_bytes')} bytes, {corpus.get('n_files')} files), "
-      f"sha256 `{corpus.get('sha256')}` |",
-      f"| git | `{git.get('commit')}`{' (with uncommitted changes)' if git.get('dirty') else ''} |",
-  ]
-  for inv in state.get("invocations", [])[1:]:
-    what = ("re-rendered (no unit recomputed)" if inv.get("report_only") else
-            f"re-judged from the raw data ({', '.join(inv['rejudged'])}; no unit recomputed)" if inv.get("rejudged")
-            else f"figures redrawn from the raw data ({', '.join(inv['redrawn'])}; verdicts kept, no unit recomputed)"
-            if inv.get("redrawn") else "later invocation")
-    g = inv.get("git") or {}
-    lines.append(f"| {what} | {inv.get('created')}: `{inv.get('command', '').strip()}` "
-                 f"(git `{g.get('commit')}`{', dirty: with uncommitted changes' if g.get('dirty') else ''}) |")
-  return lines
-
-
-def _preset_text(state: dict) -> str:
-  """The preset's name and description: its description as the run recorded it where the preset's sizes are
-  still the same, else only the name and the commit of its design (issue 63: a description of a design since
-  changed, e.g. "on one H100" of a run on an H200, is not the run's)."""
-  name, pc = state.get("preset"), state.get("preset_config") or {}
-  now = presets_lib.PRESETS.get(name)
-  ignore = ("description", "pilot_results", "name")
-  if now is not None and {k: v for k, v in pc.items() if k not in ignore} == {
-      k: v for k, v in _as_lists(now).items() if k not in ignore}:
-    return f"`{name}`: {pc.get('description', '')}"
-  git = str((state.get("git") or {}).get("commit", "?"))[:7]
-  return (f"`{name}` as it was at git `{git}` (its sizes since changed; the sizes of this run are in the limitations "
-          "and the sections)")
-
-
-def _as_lists(value):
-  """A preset (tuples from TOML) as JSON reads it back (lists), to compare with a recorded one."""
-  if isinstance(value, dict):
-    return {k: _as_lists(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [_as_lists(v) for v in value]
-  return value
-
-
 def _first_screen(summaries: dict, rows: list[dict], counts: dict) -> list[str]:
   """The appendix's verdict tables: each verdict's testability conditions and criterion before its
   numbers (a claim's ``short`` text if it has one, else its ``ours`` cut at
@@ -164,7 +110,7 @@ def _first_screen(summaries: dict, rows: list[dict], counts: dict) -> list[str]:
   return out
 
 
-ANSWER_WORDS = 450        # "What to use" is at most this many words (issue 44: 150; issue 50: the regime line,
+ANSWER_WORDS = 560        # "What to use" is at most this many words (issue 44: 150; issue 50: the regime line,
 #                           the ladder per sequence length and the gpu report's numbers need 100 more; issue 63:
 #                           every line opens with its regime and names the gpu run's numbers where it disagrees)
 REPORT_BYTES = 28_000     # the main report.md is at most this many bytes (issue 44: 25 KB; issue 63: every answer
@@ -183,7 +129,8 @@ def _load(root: pathlib.Path):
     if done.exists():
       # Each summary carries its run's provenance, for the studies' answers and sections that compare a run with
       # another (its code, versions and corpus; issue 63): read here, never written into done.json.
-      summaries[name] = {**read_json(done), "provenance": {k: state.get(k) for k in ("git", "versions", "corpus")}}
+      summaries[name] = {**read_json(done), "provenance": {**{k: state.get(k) for k in ("git", "versions", "corpus")},
+                                                           "train": (state.get("preset_config") or {}).get("train")}}
     elif err.exists():
       failed[name] = read_json(err)["error"]
     else:
@@ -207,34 +154,6 @@ def answer(summaries: dict) -> list[str]:
   words = sum(len(x.split()) for x in out)
   if words > ANSWER_WORDS:
     raise ValueError(f"the studies' answers must be at most {ANSWER_WORDS} words, got {words}: {out}")
-  return out
-
-
-def _pilot_folders(state: dict) -> list[str]:
-  """The pilot folders of the preset's ``pilot_results`` (one path or a list), as the run recorded them and as
-  the preset names them now (issue 63: a study's pilots added later are read too), without repeats."""
-  out: list[str] = []
-  for value in ((state.get("preset_config") or {}).get("pilot_results"),
-                presets_lib.PRESETS.get(state.get("preset"), {}).get("pilot_results")):
-    for rel in ([value] if isinstance(value, str) else list(value or [])):
-      if rel not in out:
-        out.append(rel)
-  return out
-
-
-def _pilot_verdicts(state: dict) -> dict[str, str]:
-  """``{claim id: verdict}`` the pilots predicted, from each folder of :func:`_pilot_folders` (a folder of the
-  repository): the claims of its ``<study>/done.json`` (a pilot run of the suite), and its ``predicted.json``
-  (``{preset: {claim id: verdict}}``, the verdicts a pilots README predicted in words, with the README's
-  section named in its ``"source"``); empty without any."""
-  out = {}
-  repo = pathlib.Path(__file__).resolve().parents[2]
-  for rel in _pilot_folders(state):
-    root = repo / rel
-    for done in sorted(root.glob("*/done.json")):
-      out.update({c["id"]: c["holds"] for c in read_json(done).get("claims", []) if c.get("holds") != "obs"})
-    if (root / "predicted.json").exists():
-      out.update(read_json(root / "predicted.json").get(state.get("preset"), {}))
   return out
 
 
@@ -300,11 +219,11 @@ def _head(state: dict, summaries: dict, failed: dict) -> list[str]:
   out += [f"- {x}" for x in answer(summaries)] or ["No study of this preset states an answer."]
   out += ["", "The appendix ([appendix.md](appendix.md)) holds each claim's testability conditions, criterion and "
           "full numbers, the rule history and every instability.", ""]
-  out += _verdict_table(summaries, rows, _pilot_verdicts(state))
+  out += _verdict_table(summaries, rows, pilot_verdicts(state))
   out += _figures(summaries)
   out += _summary(state, rows, summaries)
   out += _limitations(state, summaries)
-  out += ["## Provenance", ""] + _provenance_lines(state) + [""]
+  out += ["## Provenance", ""] + provenance_lines(state) + [""]
   exps = state.get("experiments", {})
   out += ["| experiment | status | wall time (s) | seeds |", "|---|---|---|---|"]
   for name in EXPERIMENTS:

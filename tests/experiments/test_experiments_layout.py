@@ -28,7 +28,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("experiments", "experiments.__main__", "experiments.demo", "experiments.kit_survey",
      "experiments.kit_survey_functions"),   # the entry point, the tour and the kit survey
 )
-REPORT_MODULES = ("suite/report.py", "suite/report_summary.py")   # the report: it names no study
+# the report: it names no study
+REPORT_MODULES = ("suite/report.py", "suite/report_summary.py", "suite/report_provenance.py")
 
 
 def _size_checker():
@@ -135,7 +136,7 @@ def test_the_checkers_see_an_import_back_up_and_a_named_study(tmp_path):
       "suite/__init__.py": "", "studies/__init__.py": "", "studies/a.py": "import experiments.suite.report\n",
       "suite/report.py": '"""warmup"""\nfrom experiments.studies import a\n\ndef f():\n  import experiments.studies.a\n'
                          '  return "warmup"\n',
-      "suite/report_summary.py": "from experiments.suite import report\n"}.items():
+      "suite/report_summary.py": "from experiments.suite import report\n", "suite/report_provenance.py": ""}.items():
     (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
     (pkg / rel).write_text(text)
   layers = (("experiments.suite",), ("experiments.studies",), ("experiments",))

@@ -127,7 +127,7 @@ def test_answer_bold_only_with_two_measured_rates_per_layout():
   assert "**" not in one[1] and "pilot-tuned" in one[1]
   pre2 = {**PRE, 3e-3: lambda t, s: 2.1}
   two = scale_answer.answer(_summary({1e-3: lead(lambda t: 0.2), 3e-3: lead(lambda t: 0.3)}, pre2))
-  assert two[1].startswith("**Pre-LN** leads at every length")
+  assert two[1].startswith("sequence 32, 100-400 steps") and "): **Pre-LN** leads at every length" in two[1]
   mixed = scale_answer.answer(_summary({1e-3: lead(lambda t: 0.0 if t >= 400 else 0.2),
                                         3e-3: lead(lambda t: 0.3)}, pre2))
   assert "**" not in mixed[1]
