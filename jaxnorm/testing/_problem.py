@@ -72,11 +72,11 @@ class _Problem:
       raise ValueError("args hold no floating array to differentiate (all leaves are "
                        "non-float or in nondiff_argnums).")
     self.x64 = any(_is_float(v) and jnp.dtype(v.dtype) == jnp.float64 for v in self.fixed)
-    # The held leaves that are arrays (a mask, an integer array, a nondiff float): a cached
-    # program takes them as arguments (:meth:`program`), so another call with other values and
-    # the same signature runs it without tracing or compiling.
-    self.held = [i for i, v in enumerate(self.fixed)
-                 if i not in self.diff and hasattr(v, "dtype")]
+    # Every array leaf at its value (a mask, an integer array, a nondiff float, and the
+    # differentiable leaves a check holds fixed: the others' when one argument is differentiated
+    # alone): a cached program takes them as arguments (:meth:`program`), never as constants, so
+    # another call with other values and the same signature runs it without tracing or compiling.
+    self.held = [i for i, v in enumerate(self.fixed) if hasattr(v, "dtype")]
     self._slot = None  # the held leaves (tracers) while a cached program traces
     self.signature = self._signature(rule)
     self.z0 = [self.fixed[i] for i in self.diff]

@@ -364,3 +364,25 @@ def test_an_output_unlike_the_references_is_reported_in_every_mode(modes, rule, 
 def test_allow_is_checked(allow, error):
   with pytest.raises(error, match="allow"):
     jt.check_rule(jnp.sin, jnp.sin, (jnp.ones(3),), allow=allow)
+
+
+def _product(x, y):
+  return x * jnp.sin(y)
+
+
+def test_a_later_call_reuses_the_programs_with_its_own_values():
+  """check_rule keeps the rule's programs by signature: a second call on other values of the
+  same shapes builds no program, and every check sees its own values (a program that had kept
+  the first call's held arguments as constants fails the one-argument-at-a-time checks)."""
+  from jaxnorm.testing import _problem
+
+  rng = np.random.default_rng(5)
+  draw = lambda: jnp.asarray(rng.standard_normal((2, 3)), jnp.float32)  # noqa: E731
+  mask = jnp.asarray([[True, False, True]] * 2)
+  rule = lambda x, y, m: jnp.where(m, _product(x, y), 0.0)  # noqa: E731
+  jt.check_rule(rule, rule, (draw(), draw(), mask), transforms=("zeros", "vmap"))
+  before = len(_problem._PROGRAMS)
+  report = jt.check_rule(rule, rule, (draw(), draw(), ~mask), transforms=("zeros", "vmap"))
+  assert report.ok and len(_problem._PROGRAMS) == before, str(report)
+  jt.clear_cache()
+  assert not _problem._PROGRAMS
