@@ -213,3 +213,43 @@ def format_rises(p: dict) -> str:
     else:
       out.append(f"+{r['rise']:z.2f} to {r['peak']:z.2f} at step {r['step']}")
   return ", ".join(out) or "-"
+
+
+def eval_noise(runs: dict, lrs: list[float], long_w: int, grid: dict | None = None) -> dict:
+  r"""The evaluation noise of a warm-up grid, measured: each finished run's final model evaluated on a second set
+  of validation windows (``final_val_loss_alt``); ``runs`` maps ``(position, lr, warm-up)`` to the seeds' runs.
+
+  ``single``: :math:`|L_1 - L_2|` per run, with ``offset``, the mean of :math:`L_2 - L_1` (issue 63: a second set
+  uniformly harder makes ``single`` mostly a fixed offset, which a paired difference cancels); ``paired``: per
+  (rate, seed), how much the warm-up gain :math:`\Delta = L_\text{Post, 0} - L_\text{Post, long}` moves between
+  the two sets, :math:`|\Delta_1 - \Delta_2|` (what the rules' paired margin must exceed); ``pre_post``: the same
+  for Pre-LN without minus Post-LN with the long warm-up (issue 50), and ``pre_post_trained`` over the pairs where
+  both runs trained (``grid``'s points, :func:`point`, have no failure in that seed; issue 63: a stalled run's
+  loss moves more between window sets). Each as ``{"n", "median", "max"}`` (None without data).
+  """
+  def stats(v):
+    return {"n": len(v), "median": float(np.median(v)), "max": float(np.max(v))} if v else None
+  done = [r for rs in runs.values() for r in rs
+          if r.get("final_val_loss") is not None and r.get("final_val_loss_alt") is not None]
+  single = stats([abs(r["final_val_loss"] - r["final_val_loss_alt"]) for r in done])
+  if single:
+    single["offset"] = float(np.mean([r["final_val_loss_alt"] - r["final_val_loss"] for r in done]))
+  def trained(key, i):
+    return grid is None or (key in grid and not grid[key]["failures"][i])
+  def pairs(ka, kb, both_trained=False):
+    out = []
+    for lr in lrs:
+      a_key, b_key = (ka[0], lr, ka[1]), (kb[0], lr, kb[1])
+      for i, (a, b) in enumerate(zip(runs.get(a_key, []), runs.get(b_key, []))):
+        if both_trained and not (trained(a_key, i) and trained(b_key, i)):
+          continue
+        if None not in (a.get("final_val_loss"), a.get("final_val_loss_alt"), b.get("final_val_loss"),
+                        b.get("final_val_loss_alt")):
+          out.append(abs((a["final_val_loss"] - b["final_val_loss"])
+                         - (a["final_val_loss_alt"] - b["final_val_loss_alt"])))
+    return out
+  out = {"single": single, "paired": stats(pairs(("post", 0), ("post", long_w))),
+         "pre_post": stats(pairs(("pre", 0), ("post", long_w)))}
+  if grid is not None:
+    out["pre_post_trained"] = stats(pairs(("pre", 0), ("post", long_w), both_trained=True))
+  return out

@@ -69,11 +69,15 @@ def warmup_noise_line(summary: dict, eval_bytes: int) -> str | None:
   if not (noise and noise.get("single")):
     return None
   s, p = noise["single"], noise.get("paired")
+  t = noise.get("pre_post_trained")
   return (f"- Evaluation noise of warmup ({eval_bytes:,} bytes per point), measured (the same final model on a second "
           f"set of validation windows): median {s['median']:z.3f}, at most {s['max']:z.3f} nats over {s['n']} runs"
+          + (f" (the second set reads {abs(s['offset']):z.3f} {'higher' if s['offset'] > 0 else 'lower'} on average: "
+             "mostly a fixed offset, which a paired difference cancels)" if s.get("offset") is not None else "")
           + (f"; a paired warm-up gain moves by median {p['median']:z.3f}, at most {p['max']:z.3f}" if p else "")
           + (f"; a paired Pre-LN minus Post-LN difference by median {q['median']:z.3f}, at most {q['max']:z.3f}"
              if (q := noise.get("pre_post")) else "")
+          + (f" ({t['median']:z.3f} and {t['max']:z.3f} over the {t['n']} pairs where both runs trained)" if t else "")
           + "; the rules' paired margin is 0.05 nats.")
 
 

@@ -50,15 +50,14 @@ from typing import NamedTuple
 import numpy as np
 
 from experiments.studies import warmup_figures
-from experiments.studies.seeds import (STALL_NATS, format_finals, format_rises, late_counts_as_stalled, point,
-                                      set_rises)
+from experiments.studies.seeds import (STALL_NATS, eval_noise, format_finals, format_rises, late_counts_as_stalled,
+                                      point, set_rises)
 from experiments.studies.warmup_rules import MARGIN, describe, verdicts
 from experiments.suite.runs import regime_tag, train_run
 from experiments.suite.study import train_unit
 from experiments.studies.flagship_answer import warmup_answer as answer  # noqa: F401 (the study protocol's answer)
 from experiments.studies.summary_lines import warmup_instabilities as instabilities  # noqa: F401 (the protocol's)
 from experiments.studies.summary_lines import warmup_noise_line as noise_line  # noqa: F401 (the protocol's)
-from experiments.studies.warmup_figures import redraw  # noqa: F401 (reanalyse --figures)
 
 TITLE = "Warm-up x learning-rate grid (Xiong et al. 2020, Sec. 3.2 / Fig. 2)"
 RAW_DATA = ('runs.json', 'final.csv')  # files the report links under the claims
@@ -134,33 +133,6 @@ def grid_layouts(cfg: Config) -> list[tuple[str, int]]:
 
 def _spec(pos, lr, w, norm="layer_norm", init="xavier"):
   return {"norm_position": pos, "norm_type": norm, "init": init, "lr": lr, "warmup": w}
-
-
-def eval_noise(runs: dict, lrs: list[float], long_w: int) -> dict:
-  r"""The evaluation noise, measured: each finished run's final model evaluated on a second set of
-  validation windows (``final_val_loss_alt``).
-
-  ``single``: :math:`|L_1 - L_2|` per run; ``paired``: per (rate, seed), how much the warm-up gain
-  :math:`\Delta = L_\text{Post, 0} - L_\text{Post, long}` moves between the two sets,
-  :math:`|\Delta_1 - \Delta_2|` (what the rules' paired margin must exceed); ``pre_post``: the same for the
-  paired difference Pre-LN without minus Post-LN with the long warm-up (issue 50). Each as
-  ``{"n", "median", "max"}`` (None without data).
-  """
-  def stats(v):
-    return {"n": len(v), "median": float(np.median(v)), "max": float(np.max(v))} if v else None
-  single = [abs(r["final_val_loss"] - r["final_val_loss_alt"]) for rs in runs.values() for r in rs
-            if r.get("final_val_loss") is not None and r.get("final_val_loss_alt") is not None]
-  def pairs(ka, kb):
-    out = []
-    for lr in lrs:
-      for a, b in zip(runs.get((ka[0], lr, ka[1]), []), runs.get((kb[0], lr, kb[1]), [])):
-        if None not in (a.get("final_val_loss"), a.get("final_val_loss_alt"), b.get("final_val_loss"),
-                        b.get("final_val_loss_alt")):
-          out.append(abs((a["final_val_loss"] - b["final_val_loss"])
-                         - (a["final_val_loss_alt"] - b["final_val_loss_alt"])))
-    return out
-  return {"single": stats(single), "paired": stats(pairs(("post", 0), ("post", long_w))),
-          "pre_post": stats(pairs(("pre", 0), ("post", long_w)))}
 
 
 def telling_rate(grid: dict, lrs: list[float], long_w: int) -> float:
@@ -290,7 +262,7 @@ def run(ctx, cfg: Config) -> dict:
   claims, extra = verdicts(grid, lrs, cfg, unigram, ctx.preset["train"]["eval_every"])
   tag = regime_tag(ctx, cfg.n_layers, cfg.steps)
   claims = [{**c, "ours": f"{tag} {c['ours']}"} if c.get("holds") != "obs" else c for c in claims]
-  noise = eval_noise(runs, lrs, cfg.warmups[-1])
+  noise = eval_noise(runs, lrs, cfg.warmups[-1], grid)
   lo, hi = lrs[0], lrs[-1]
   bottom_ok = all(grid[(p, lo, w)]["trains"] for p, w in grid_layouts(cfg))
   best_pre = min(grid[("pre", lr, 0)]["mean"] for lr in lrs)
@@ -319,6 +291,22 @@ def run(ctx, cfg: Config) -> dict:
           **extra, "range_check": range_check, "eval_noise": noise,
           "shared_rise_steps": {str(k): v for k, v in shared.items()}, "schedule": schedule, "unigram_nats": unigram,
           "model": dict(ctx.preset["model"])}
+
+
+def redraw(ctx, cfg: Config, summary: dict) -> dict:
+  """What the summary holds beyond its verdicts, from the raw data again (``reanalyse --figures``, issue 63): the
+  figures its grid holds the data of (:func:`warmup_figures.redraw`) and the measured noise from ``runs.json``
+  (:func:`experiments.studies.seeds.eval_noise`, with the pairs where both runs trained). No verdict changes."""
+  from experiments.suite.registry import read_json
+  runs = {}
+  for k, rs in read_json(ctx.exp_dir / "runs.json").items():   # "post|0.001|40|layer_norm|xavier"
+    pos, lr, w, *rest = k.split("|")
+    if rest == ["layer_norm", "xavier"]:
+      runs[(pos, float(lr), int(w))] = rs
+  grid = {(GridKey.parse(k).position, GridKey.parse(k).lr, GridKey.parse(k).warmup): v
+          for k, v in summary["grid"].items()}
+  return {"files": warmup_figures.redraw(ctx, cfg, summary),
+          "eval_noise": eval_noise(runs, summary["lrs"], max(cfg.warmups), grid)}
 
 
 def _shared_text(shared: dict | None) -> str:

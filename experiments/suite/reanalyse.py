@@ -13,10 +13,11 @@ lists it as re-judged, with its commit and whether the tree was dirty) and
 This is how a rule change is seen on data already committed (the training runs are not exported,
 so ``--force NAME`` would train again); it never replaces a run on fresh seeds.
 
-With ``--figures`` (issue 63) a study's optional ``redraw(ctx, cfg, summary) -> list[str]`` draws again the
-figures its summary holds the data of (the warm-up grid's, for a folder whose run did not write them);
-``done.json`` keeps its claims and gains the files, the invocation is recorded with ``redrawn`` (the report's
-provenance: "figures redrawn from the raw data, verdicts kept").
+With ``--figures`` (issue 63) a study's optional ``redraw(ctx, cfg, summary) -> dict`` recomputes from the raw
+data what its summary holds beyond its verdicts (the warm-up grid: the figures its run did not write, the
+measured noise) and returns the fields to replace (``files`` are added to the summary's); ``done.json`` keeps its
+claims, the invocation is recorded with ``redrawn`` (the names) and ``what`` (the fields; the report's
+provenance: "... recomputed from the raw data, verdicts kept").
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from experiments.suite.registry import EXPERIMENTS, read_json, write_json
 
 __all__ = ["main", "reanalyse"]
 
+_WHAT = {"eval_noise": "measured noise"}   # a summary field recomputed by --figures, as the provenance names it
+
 
 def reanalyse(root: str | pathlib.Path, names: list[str], figures: bool = False) -> pathlib.Path:
   """Re-judges the experiments ``names`` of the results folder ``root`` (with ``figures``: only draws their
@@ -45,6 +48,7 @@ def reanalyse(root: str | pathlib.Path, names: list[str], figures: bool = False)
   state = read_json(root / "suite.json")
   preset = presets_lib.get_preset(state["preset"])
   ctx = Context(root, preset, progress=False)
+  what: list[str] = []
   for name in names:
     done = root / name / "done.json"
     if name not in EXPERIMENTS or not done.exists():
@@ -59,8 +63,10 @@ def reanalyse(root: str | pathlib.Path, names: list[str], figures: bool = False)
     cfg = module.Config(**{k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
                            for k, v in old["config"].items()})
     if figures:
-      drawn = module.redraw(ctx, cfg, old)
-      new = {**old, "files": list(old.get("files") or []) + [f for f in drawn if f not in (old.get("files") or [])]}
+      upd = dict(module.redraw(ctx, cfg, old))
+      drawn, files = upd.pop("files", []), list(old.get("files") or [])
+      new = {**old, **upd, "files": files + [f for f in drawn if f not in files]}
+      what += [k for k in ["figures" if drawn else None, *(_WHAT.get(k, k) for k in upd)] if k and k not in what]
     else:
       new = dict(module.reanalyse(ctx, cfg, old))
     new["config"], new["wall_s"] = old["config"], old.get("wall_s")
@@ -69,6 +75,8 @@ def reanalyse(root: str | pathlib.Path, names: list[str], figures: bool = False)
   inv = {k: prov[k] for k in ("created", "git", "device", "versions")}
   inv["command"] = f"python -m experiments.suite.reanalyse {'--figures ' if figures else ''}{root} {' '.join(names)}"
   inv["redrawn" if figures else "rejudged"] = names
+  if figures:
+    inv["what"] = what
   state.setdefault("invocations", []).append(inv)
   write_json(root / "suite.json", state)
   return report.render(root)

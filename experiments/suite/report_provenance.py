@@ -37,8 +37,9 @@ def provenance_lines(state: dict) -> list[str]:
   for inv in state.get("invocations", [])[1:]:
     what = ("re-rendered (no unit recomputed)" if inv.get("report_only") else
             f"re-judged from the raw data ({', '.join(inv['rejudged'])}; no unit recomputed)" if inv.get("rejudged")
-            else f"figures redrawn from the raw data ({', '.join(inv['redrawn'])}; verdicts kept, no unit recomputed)"
-            if inv.get("redrawn") else "later invocation")
+            else f"{' and '.join(inv.get('what') or ['figures'])} recomputed from the raw data "
+            f"({', '.join(inv['redrawn'])}; verdicts kept, no unit recomputed)" if inv.get("redrawn")
+            else "later invocation")
     g = inv.get("git") or {}
     lines.append(f"| {what} | {inv.get('created')}: `{inv.get('command', '').strip()}` "
                  f"(git `{g.get('commit')}`{', dirty: with uncommitted changes' if g.get('dirty') else ''}) |")

@@ -238,3 +238,25 @@ def test_what_to_use_sections_move_last():
   assert report._moved_sections(10_000, sections) == {"speed"}
   assert report._moved_sections(16_000, sections) == {"speed", "dyt"}
   assert report._moved_sections(1_000, sections) == set()
+
+
+def test_warmup_noise_counts_the_trained_pairs_and_the_offset():
+  """Issue 63: the paired Pre - Post noise where both runs trained, beside the one over every pair, and the mean
+  offset of the second windows (a uniformly harder set is a fixed offset that a paired difference cancels)."""
+  from experiments.studies.seeds import eval_noise
+  def r(v, alt):
+    return {"final_val_loss": v, "final_val_loss_alt": alt}
+  runs = {("pre", 1e-3, 0): [r(2.0, 2.05), r(2.1, 2.15)], ("post", 1e-3, 40): [r(2.3, 2.36), r(2.96, 2.86)],
+          ("post", 1e-3, 0): [r(2.4, 2.45), r(2.9, 2.95)]}
+  grid = {("pre", 1e-3, 0): {"failures": [None, None]}, ("post", 1e-3, 40): {"failures": [None, "stalled"]}}
+  noise = eval_noise(runs, [1e-3], 40, grid)
+  assert noise["pre_post"]["n"] == 2 and noise["pre_post"]["max"] == pytest.approx(0.15)
+  assert noise["pre_post_trained"] == pytest.approx({"n": 1, "median": 0.01, "max": 0.01})
+  assert noise["single"]["offset"] == pytest.approx((0.05 * 4 + 0.06 - 0.10) / 6)
+  line = report_summary_line({"eval_noise": noise}, 2048)
+  assert "0.010 and 0.010 over the 1 pairs where both runs trained" in line and "higher on average" in line
+
+
+def report_summary_line(summary, eval_bytes):
+  from experiments.studies.summary_lines import warmup_noise_line
+  return warmup_noise_line(summary, eval_bytes)
