@@ -191,6 +191,61 @@ def summarise(path: pathlib.Path) -> str:
   return "\n".join(out)
 
 
+def summarise_both(paths) -> str:
+  """Markdown tables of the 2 x 256 arm from both sides (issue 63): the records of ``paths`` (``seq.jsonl``'s
+  600-step ``seq256`` runs and ``seq-both.jsonl``'s 640-step runs) grouped by (position, rate, warm-up, tau), the
+  seed-mean loss at 200, 400, 600 and 640 steps (min-max over seeds), each seed's largest training-loss rise
+  (spikes above 1 nat marked), then per schedule (tau) and ladder point each position's best rate and warm-up,
+  Pre-LN minus Post-LN per seed there, and the same on the second windows."""
+  import numpy as np
+  from experiments.suite.spikes import SPIKE_NATS
+  recs = [r for path in paths for r in (json.loads(x) for x in pathlib.Path(path).read_text().splitlines() if x.strip())
+          if r.get("seq_len") == 256 and r["stage"] in STAGES]
+  points = (200, 400, 600, 640)
+  cells: dict = {}
+  for r in recs:
+    w, tau = schedule(r)
+    cells.setdefault((tau, r["position"], r["lr"], w), {})[r["seed"]] = r
+  out = ["| tau | layout, rate, warm-up | " + " | ".join(f"step {t}" for t in points) + " | largest rise per seed |",
+         "|---|---|" + "---|" * len(points) + "---|"]
+  mean = {}
+  for key in sorted(cells):
+    tau, pos, lr, w = key
+    by = cells[key]
+    row = []
+    for t in points:
+      v = [dict((int(k), x) for k, x in by[s]["val_curve"]).get(t) for s in sorted(by)]
+      v = [x for x in v if x is not None]
+      if len(v) == len(PILOT_SEEDS):
+        mean[(key, t)] = float(np.mean(v))
+      row.append(f"{np.mean(v):z.3f} [{min(v):z.3f}, {max(v):z.3f}]" if v else "-")
+    rises = ", ".join("-" if not by[s].get("rise") else
+                      ("**" if by[s]["rise"]["rise"] > SPIKE_NATS else "") + f"+{by[s]['rise']['rise']:z.2f}"
+                      f"@{by[s]['rise']['step']}" + ("**" if by[s]["rise"]["rise"] > SPIKE_NATS else "")
+                      for s in sorted(by))
+    out.append(f"| {tau} | {pos} {lr:g} w{w} | " + " | ".join(row) + f" | {rises} |")
+  out += ["", "Best (lowest seed mean) per tau and point; Pre - Post per seed there (main / second windows):", ""]
+  for tau in sorted({k[0] for k in cells}):
+    for t in points:
+      best = {}
+      for pos in ("pre", "post"):
+        c = [(mean[(k, t)], k) for k in cells if k[0] == tau and k[1] == pos and (k, t) in mean]
+        if c:
+          best[pos] = min(c)[1]
+      if len(best) < 2:
+        continue
+      a, b = cells[best["pre"]], cells[best["post"]]
+      def at(r, t, alt=False):
+        return dict((int(k), x) for k, x in r["val_curve_alt" if alt else "val_curve"]).get(t)
+      d = [at(a[s], t) - at(b[s], t) for s in PILOT_SEEDS]
+      da = [x - y if None not in (x, y) else None for x, y in ((at(a[s], t, True), at(b[s], t, True))
+                                                              for s in PILOT_SEEDS)]
+      out.append(f"- tau {tau}, step {t}: Pre {best['pre'][2]:g} w{best['pre'][3]}, Post {best['post'][2]:g} "
+                 f"w{best['post'][3]}: " + ", ".join(f"{x:+z.3f}" for x in d) + " / "
+                 + ", ".join("-" if x is None else f"{x:+z.3f}" for x in da))
+  return "\n".join(out)
+
+
 def main(argv=None) -> int:
   """Runs a stage's pilots that ``--out`` does not hold yet; prints one line per run."""
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -199,7 +254,7 @@ def main(argv=None) -> int:
   p.add_argument("--summarise", action="store_true", help="print the tables of --out and exit")
   a = p.parse_args(argv)
   if a.summarise:
-    print(summarise(pathlib.Path(a.out)))
+    print(summarise_both(a.out.split(",")) if a.stage == "seq256-both" else summarise(pathlib.Path(a.out)))
     return 0
   if a.stage is None:
     p.error("--stage is required unless --summarise")
