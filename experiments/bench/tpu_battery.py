@@ -4,8 +4,8 @@ the float64 oracle, in TPU interpret mode on any host (or compiled, on a TPU).
 ``python -m experiments.bench.tpu_battery [--out FILE]`` runs, for each width of ``--widths``
 (multiples of 128 and not), each dtype (float32, bfloat16) and each op (LayerNorm, RMSNorm and
 their residual add + norm), the kernels' value and every cotangent (random cotangents, one
-``jax.vjp`` under ``jax.jit``) on ``--rows`` rows (not a multiple of the row block, so the last
-block is ragged), once with a full-width block and once with ``pad_features`` where the width
+``jax.vjp`` under ``jax.jit``) on ``--rows`` rows in blocks of ``--block-rows`` (37 in blocks of 16: the last
+block ragged), once with a full-width block and once with ``pad_features`` where the width
 is not a multiple of 128, and compares them with:
 
 * the plain ops: ``jax.vjp`` of :mod:`jaxnorm.reference` in float64;
@@ -96,6 +96,8 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="python -m experiments.bench.tpu_battery", description=__doc__)
   p.add_argument("--widths", default=",".join(map(str, WIDTHS)))
   p.add_argument("--rows", type=int, default=37)
+  p.add_argument("--block-rows", type=int, default=16,
+                 help="TpuConfig.block_rows (16: 37 rows are three blocks, the last ragged)")
   p.add_argument("--dtypes", default="float32,bfloat16")
   p.add_argument("--ops", default=",".join(OPS))
   p.add_argument("--compiled", action="store_true", help="compiled kernels (on a TPU)")
@@ -107,7 +109,7 @@ def main(argv=None) -> int:
   for d in map(int, args.widths.split(",")):
     pads = (False, True) if d % 128 else (False,)
     for pad in pads:
-      cfg = TpuConfig(interpret=not args.compiled, pad_features=pad)
+      cfg = TpuConfig(interpret=not args.compiled, pad_features=pad, block_rows=args.block_rows)
       for dtype in args.dtypes.split(","):
         for op in args.ops.split(","):
           try:

@@ -46,9 +46,14 @@ INTERP = TpuConfig(interpret=True)
 
 @pytest.fixture(scope="module", autouse=True)
 def _tpu_registered():
-  table.register_backend(TPU)
+  """The public registration, undone after this file (a no-op once the table holds the backend
+  itself, issue 66 goal 3)."""
+  own = TPU.name not in table.BACKENDS
+  if own:
+    table.register_backend(TPU)
   yield
-  table.unregister_backend(TPU.name)
+  if own:
+    table.unregister_backend(TPU.name)
 
 
 def _data(rows, d, dtype, seed=0, res_dtype=None):

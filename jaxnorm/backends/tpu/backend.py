@@ -76,19 +76,26 @@ def check_call(cfg: NormConfig, x, *args):
   is the role's first argument."""
   del args
   d = x.shape[-1]
-  dtypes = (cfg.h_dtype, cfg.add.residual_dtype) if cfg.has_add else ()
   _check_dtypes(cfg, x.dtype)
-  _config.block_rows(max(x.size // max(d, 1), 1), d, (x.dtype,) + dtypes, cfg.backend_config)
+  _config.block_rows(max(x.size // max(d, 1), 1), d, _row_dtypes(cfg, x), cfg.backend_config)
 
 
-def _spec(cfg: NormConfig, x, *, has_gamma: bool, has_bias: bool, dtypes=()):
+def _row_dtypes(cfg: NormConfig, x):
+  """The dtypes of every ``(rows, d)`` operand and result of the call's kernels (``x``, ``y``
+  and its cotangent, and with the residual add ``h``, ``x``'s and the residual's): the row block
+  is a multiple of the largest sublane count among them."""
+  add = (cfg.h_dtype, cfg.add.x_dtype, cfg.add.residual_dtype) if cfg.has_add else ()
+  return (x.dtype, cfg.out_dtype) + add
+
+
+def _spec(cfg: NormConfig, x, *, has_gamma: bool, has_bias: bool):
   d = x.shape[-1]
   rows = x.size // d
   tcfg = cfg.backend_config
   _check_dtypes(cfg, x.dtype)
   return kernels().Spec(
       rows=rows, d=d, width=_config.padded_width(d, tcfg.pad_features),
-      block_rows=_config.block_rows(rows, d, (x.dtype,) + tuple(dtypes), tcfg),
+      block_rows=_config.block_rows(rows, d, _row_dtypes(cfg, x), tcfg),
       center=cfg.op.mean_path, has_gamma=has_gamma, has_bias=has_bias, epsilon=cfg.epsilon,
       outside=cfg.epsilon_placement == "outside", plan=cfg.plan(x.dtype),
       interpret=tcfg.interpret, op=cfg.op.name,
@@ -149,8 +156,7 @@ def _stats_in(stats):
 def _forward_one(cfg: NormConfig, x, residual, scale, bias):
   """``(y, h, stats)`` of one head (``h`` None for the plain op)."""
   d = x.shape[-1]
-  dtypes = () if residual is None else (residual.dtype, cfg.h_dtype)
-  spec = _spec(cfg, x, has_gamma=scale is not None, has_bias=bias is not None, dtypes=dtypes)
+  spec = _spec(cfg, x, has_gamma=scale is not None, has_bias=bias is not None)
   gam, b = _rows(cfg, x, scale, bias)
   res = kernels().launch_forward(
       x.reshape(1, -1, d), None if residual is None else residual.reshape(1, -1, d), gam, b,
