@@ -184,11 +184,12 @@ def format_finals(p: dict) -> str:
 
 def signed(x: float) -> str:
   """``x`` with its sign to two decimals, the sign kept where it rounds to zero: ``-0.004`` reads ``"-0.004"``
-  (never ``"+0.00"``, which would say a loss went up), an exact zero ``"0.00"`` (issue 63)."""
+  (never ``"+0.00"``, which would say a loss went up; issue 63); below 0.0005 in size (a zero up to the float
+  trajectory, issue 44) ``"0.00"``, whatever its sign."""
   x = float(x)
-  if x == 0:
+  if abs(x) < 5e-4:
     return "0.00"
-  return f"{x:+.3f}" if round(abs(x), 2) == 0 else f"{x:+z.2f}"
+  return f"{x:+z.3f}" if round(abs(x), 2) == 0 else f"{x:+z.2f}"
 
 
 def span(xs) -> str:

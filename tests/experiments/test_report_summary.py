@@ -260,3 +260,11 @@ def test_warmup_noise_counts_the_trained_pairs_and_the_offset():
 def report_summary_line(summary, eval_bytes):
   from experiments.studies.summary_lines import warmup_noise_line
   return warmup_noise_line(summary, eval_bytes)
+
+
+def test_a_span_keeps_its_sign_where_it_rounds_to_zero():
+  """Issue 63: "-0.03 to +0.00" said a loss went up where every seed's went down; a float-trajectory zero
+  (issue 44) still prints as 0.00."""
+  from experiments.studies.seeds import signed, span
+  assert span([-0.034, -0.0011, -0.010]) == "-0.03 to -0.001"
+  assert signed(-1e-17) == signed(1e-17) == "0.00" and signed(0.004) == "+0.004" and signed(0.3) == "+0.30"
