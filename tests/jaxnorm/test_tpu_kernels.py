@@ -390,3 +390,22 @@ def test_measuring_script_in_interpret_mode(tmp_path):
   assert len(by) == 2 * 3
   for r in report["results"]:
     assert r["status"] == "ok" and r["median_s"] > 0 and r["max_abs_err_vs_xla"] < 1e-4, r
+
+
+@pytest.mark.parametrize("d", [1, 7, 128, 300, 1024, 4096, 8192, tpu_config.MAX_D])
+@pytest.mark.parametrize("rows", [1, 37, 100000])
+def test_block_rules(rows, d):
+  """The row block: a multiple of the largest sublane count among the operands (8 for float32,
+  16 for bfloat16), or all the rows; about TARGET_TILE elements; the VMEM asked for only where
+  the estimate passes the smallest default, never past the cap."""
+  for dtypes, sub in (((jnp.float32,), 8), ((jnp.float32, jnp.bfloat16), 16)):
+    br = tpu_config.block_rows(rows, d, dtypes, TpuConfig())
+    if br == rows:
+      assert rows <= max(sub, tpu_config.TARGET_TILE // tpu_config.padded_width(d, True))
+    else:
+      assert br % sub == 0 and br < rows
+      assert br == sub or br * tpu_config.padded_width(d, True) <= tpu_config.TARGET_TILE
+    limit = tpu_config.vmem_limit_bytes(br, d, [2, 2, 2])
+    assert limit is None or limit <= tpu_config.MAX_VMEM_LIMIT_BYTES
+  assert tpu_config.vmem_limit_bytes(16, tpu_config.MAX_D, [2] * 4) is not None
+  assert tpu_config.padded_width(300, True) == 384 and tpu_config.padded_width(300, False) == 300

@@ -19,7 +19,7 @@ import dataclasses
 import jax.numpy as jnp
 
 __all__ = ["DTYPES", "LANES", "MAX_D", "SUBLANES", "TARGET_TILE", "TpuConfig", "block_rows",
-           "padded_width", "refusal_of_dtype", "refusal_of_shape"]
+           "padded_width", "refusal_of_dtype", "refusal_of_shape", "vmem_limit_bytes"]
 
 LANES = 128
 #: Rows of one vector register tile by dtype size: (8, 128) for 32-bit, (16, 128) for 16-bit.
@@ -33,8 +33,26 @@ TARGET_TILE = 128 * 1024
 #: The widest row one block holds: at the minimum of 16 bfloat16 rows a 32768-wide block is
 #: 2 MiB of float32 per temporary. Wider rows are refused (XLA runs them).
 MAX_D = 32768
-#: The scoped VMEM the kernels ask Mosaic for (below every TPU generation's physical VMEM).
-VMEM_LIMIT_BYTES = 48 * 1024 * 1024
+#: The scoped VMEM Mosaic gives a kernel unless asked for more (the smallest default among TPU
+#: generations, v5e's 16 MiB), and the most the kernels ask for (below the physical VMEM of
+#: every generation since v5e; v4 has 16 MiB in all).
+DEFAULT_SCOPED_VMEM = 16 * 1024 * 1024
+MAX_VMEM_LIMIT_BYTES = 48 * 1024 * 1024
+#: float32 temporaries of a block the kernels hold at once (the backward: x, dy, x_hat, g, dx and
+#: a product), an estimate from the kernels' code, not a measurement of Mosaic's allocation.
+F32_TEMPORARIES = 6
+
+
+def vmem_limit_bytes(block_rows: int, width: int, row_itemsizes) -> int | None:
+  """The ``vmem_limit_bytes`` to ask Mosaic for, or None (its default) where the estimate fits
+  in 3/4 of :data:`DEFAULT_SCOPED_VMEM`: every ``(block_rows, width)`` operand and result
+  double-buffered (``row_itemsizes``: their itemsizes) plus :data:`F32_TEMPORARIES` float32
+  blocks, times 1.5, capped at :data:`MAX_VMEM_LIMIT_BYTES`."""
+  block = block_rows * width
+  need = sum(2 * block * n for n in row_itemsizes) + F32_TEMPORARIES * 4 * block
+  if need <= DEFAULT_SCOPED_VMEM * 3 // 4:
+    return None
+  return min(MAX_VMEM_LIMIT_BYTES, need * 3 // 2)
 
 
 @dataclasses.dataclass(frozen=True)

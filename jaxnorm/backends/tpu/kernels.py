@@ -35,7 +35,7 @@ from jax import lax
 
 from jaxnorm import _math
 from jaxnorm.backends.tpu import compat as pl
-from jaxnorm.backends.tpu.config import VMEM_LIMIT_BYTES
+from jaxnorm.backends.tpu.config import vmem_limit_bytes
 
 __all__ = ["Spec", "backward_kernel", "forward_kernel", "launch_backward", "launch_forward"]
 
@@ -169,14 +169,19 @@ def _call(kernel, spec: Spec, args, in_kinds, out_shapes, out_kinds, name: str):
       "part": lambda: pl.BlockSpec((sq(), sq(), 1, w), lambda g, i: (g, i, 0, 0)),
   }
   groups = args[0].shape[0]
+  rows_io = [a.dtype.itemsize for a, k in zip(args, in_kinds) if k == "row"]
+  rows_io += [o.dtype.itemsize for o, k in zip(out_shapes, out_kinds) if k == "row"]
+  params = dict(dimension_semantics=("parallel", "parallel"))
+  limit = vmem_limit_bytes(br, w, rows_io)
+  if limit is not None:
+    params["vmem_limit_bytes"] = limit
   return pl.pallas_call(
       kernel,
       out_shape=out_shapes,
       grid=(groups, pl.cdiv(spec.rows, br)),
       in_specs=[specs[k]() for k in in_kinds],
       out_specs=[specs[k]() for k in out_kinds],
-      compiler_params=pl.CompilerParams(dimension_semantics=("parallel", "parallel"),
-                                        vmem_limit_bytes=VMEM_LIMIT_BYTES),
+      compiler_params=pl.CompilerParams(**params),
       interpret=pl.interpret_mode() if spec.interpret else False,
       name=name,
   )(*args)
