@@ -38,7 +38,8 @@ except ImportError:  # pragma: no cover - depends on the installed JAX
 
 __all__ = [
     "Literal", "Primitive", "Zero", "aval_varying_axes", "enable_x64", "eval_jaxpr",
-    "is_symbolic_zero", "is_tracer", "is_undefined_primal",
+    "default_platform", "is_symbolic_zero", "is_tracer", "is_undefined_primal",
+    "lowering_for_export",
     "register_batching", "register_jvp", "register_lowering", "register_transpose",
     "shaped_array", "varying_axes", "with_varying_axes",
 ]
@@ -148,26 +149,46 @@ def register_batching(prim: Primitive, rule) -> None:
 
 
 def register_lowering(prim: Primitive, fn, *, platform: str | None = None,
-                      with_platforms: bool = False) -> None:
+                      with_platforms: bool = False, with_export: bool = False) -> None:
   """Lowers ``prim`` (multiple results) by tracing ``fn(*args, **params)``, plain JAX ops.
 
   ``platform``: register the rule for that platform only (JAX then lowers a program for
   several platforms with a switch over them); None: for every platform without a rule of its
   own. ``with_platforms``: also pass ``platforms=``, the tuple of platforms ("cpu", "cuda",
-  "rocm", "tpu") the rule is lowering for.
+  "rocm", "tpu") the rule is lowering for. ``with_export``: also pass ``for_export=``, whether
+  the program is being lowered by ``jax.export`` (:func:`lowering_for_export`).
   """
-  if not with_platforms:
+  if not (with_platforms or with_export):
     _mlir.register_lowering(prim, _mlir.lower_fun(fn, multiple_results=True), platform=platform)
     return
 
   def rule(ctx, *args, **params):
-    platforms = tuple(ctx.module_context.platforms)
-    if ctx.platforms is not None:  # inside a per-platform branch: the platforms it serves
-      platforms = tuple(ctx.platforms)
-    f = functools.partial(fn, platforms=platforms)
+    f = fn
+    if with_platforms:
+      platforms = tuple(ctx.module_context.platforms)
+      if ctx.platforms is not None:  # inside a per-platform branch: the platforms it serves
+        platforms = tuple(ctx.platforms)
+      f = functools.partial(f, platforms=platforms)
+    if with_export:
+      f = functools.partial(f, for_export=lowering_for_export(ctx))
     return _mlir.lower_fun(f, multiple_results=True)(ctx, *args, **params)
 
   _mlir.register_lowering(prim, rule, platform=platform)
+
+
+def default_platform() -> str:
+  """The platform of JAX's default backend as a lowering platform names it (``"cpu"``,
+  ``"cuda"``, ``"rocm"``, ``"tpu"``): the host a program is traced on, for the choices made when
+  tracing (``impl="auto"``'s backend, the XLA backend's per-platform tuning)."""
+  platform = jax.default_backend()
+  return {"gpu": "cuda"}.get(platform, platform)
+
+
+def lowering_for_export(ctx) -> bool:
+  """Whether the lowering rule's ``ctx`` belongs to a program ``jax.export`` is lowering (JAX's
+  ``LoweringParameters.for_export``; False where a JAX has no such field)."""
+  params = getattr(ctx.module_context, "lowering_parameters", None)
+  return bool(getattr(params, "for_export", False))
 
 
 def with_varying_axes(aval, axes: frozenset):

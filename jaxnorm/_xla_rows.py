@@ -81,6 +81,8 @@ def count(cfg, mask, x_shape, dtype):
       # batch over a vmap axis inside shard_map: a bare AssertionError; the row sums' psum
       # then raises JAX's own message). Not with groups, which may differ in size.
       return jnp.full((1,) * len(x_shape), size * lax.axis_size(cfg.axis_name), dtype)
+    if cfg.axis_name is None:  # a constant, not a traced op: nothing to trace
+      return np.full((1,) * len(x_shape), size, dtype)
     n = jnp.full((1,) * len(x_shape), size, dtype)
   else:
     n = jnp.sum(mask, axis=-1, keepdims=True, dtype=dtype)

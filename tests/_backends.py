@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jaxnorm
 import pytest
 from hypothesis import given, settings
@@ -101,3 +102,13 @@ def grid_transforms(op_name: str, dtype: str, placement: str, zero_centered: boo
   if dtype != "float32":
     return ()
   return (GRID_TRANSFORMS[op_name, placement, zero_centered],)
+
+
+def lowered_for(f, platforms, *args) -> str:
+  """The StableHLO text of ``jax.jit(f)`` at ``args`` lowered for ``platforms`` (a tuple) from this
+  host: what ``impl="auto"`` runs where the program is compiled for those platforms. (An export,
+  ``jax.export``, takes the XLA path for ``impl="auto"`` on every platform:
+  ``tests/jaxnorm/test_export.py``.)"""
+  # A new function each time: jit's trace cache is per function, and would not see that a test
+  # stands for another host (the gpu_host fixture of conftest.py).
+  return jax.jit(lambda *a: f(*a)).trace(*args).lower(lowering_platforms=tuple(platforms)).as_text()

@@ -182,11 +182,12 @@ def assert_ulp_close(actual, expected, max_ulp, *, of=None, what=""):
   return worst
 
 
-def compiled(f, *args, options=None):
+def compiled(f, *args, options=None, keep_unused=False):
   """``(outputs, program)``: ``jax.jit(f)`` run on ``args`` and its optimized XLA program as
   text without metadata and names (:func:`hlo_text`), from one compilation (with the XLA
-  compiler ``options``, e.g. ``{"xla_allow_excess_precision": False}``)."""
-  exe = jax.jit(f).lower(*args).compile(options)
+  compiler ``options``, e.g. ``{"xla_allow_excess_precision": False}``; ``keep_unused``: keep
+  every argument as a parameter of the program, as ``jax.jit``'s option of that name)."""
+  exe = jax.jit(f, keep_unused=keep_unused).lower(*args).compile(options)
   return exe(*args), hlo_text(exe.as_text())
 
 

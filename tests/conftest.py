@@ -102,3 +102,13 @@ def pytest_collection_modifyitems(config, items):
   longest tests start first and the rest is spread over the other workers, instead of one of
   them running alone at the end of the session."""
   items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture
+def gpu_host(monkeypatch):
+  """``impl="auto"`` chooses as it does on a host whose default backend is a GPU (a per-platform
+  switch: the kernels where the program is lowered for cuda or rocm, XLA elsewhere), while the
+  programs are traced on this CPU: on a CPU host "auto" is XLA when traced
+  (``jaxnorm.backends.table.resolve_impl``)."""
+  from jaxnorm.backends import table
+  monkeypatch.setattr(table, "host_platform", lambda: "cuda")

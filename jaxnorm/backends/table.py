@@ -44,7 +44,7 @@ from jaxnorm.backends.xla.backend import XLA
 __all__ = ["ALIASES", "BACKENDS", "IMPLS", "PER_PLATFORM", "PLATFORM_BACKENDS", "PREFERENCE",
            "add_backward", "add_forward", "add_forward_only", "backward", "formula", "forward",
            "forward_only", "param_cotangents", "resolve_add_impl", "resolve_impl",
-           "run", "call_config", "check_config", "register_backend",
+           "run", "call_config", "check_config", "host_platform", "register_backend",
            "unregister_backend"]
 
 _BACKENDS = {XLA.name: XLA, TRITON.name: TRITON}
@@ -92,10 +92,13 @@ def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()) ->
   """Resolves ``impl`` (:data:`IMPLS`) to a backend's name or
   :data:`PER_PLATFORM`.
 
-  "auto" on a call that every platform's backend of :data:`PLATFORM_BACKENDS` supports (their
+  "auto" on a host whose default platform (:func:`host_platform`) no kernel backend of
+  :data:`PLATFORM_BACKENDS` runs on (a CPU or TPU host today) is "xla": nothing else could run
+  there, and a program ``jax.export`` lowers takes the XLA path anyway. On a host where one
+  does (a GPU), "auto" on a call that every platform's backend supports (their
   :meth:`~jaxnorm.backends.interface.Backend.refusal` has no objection) is "per_platform":
   each backend where the program is lowered for its platform and XLA elsewhere, decided per
-  lowering platform (:func:`run`), not from the default backend at trace time; any other call
+  lowering platform (:func:`run`); any other call
   is "xla", as is every call where this JAX cannot run one of those backends
   (:meth:`~jaxnorm.backends.interface.Backend.unavailable`, e.g. a JAX whose Pallas has no
   Triton backend; a ``RuntimeWarning`` says so once). It never fails where "xla" works. A
@@ -109,6 +112,10 @@ def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()) ->
   v.check_choice("impl", impl, IMPLS)
   call = (x2_shape, dtype, mask, axis_name, op, options)
   if impl == "auto":
+    if host_platform() not in PLATFORM_BACKENDS:
+      # No kernel backend runs on this host's default platform: its programs take the XLA
+      # path (so does any export, kernel_call), and tracing pays for one branch, not a switch.
+      return _FALLBACK
     # Every platform's backend must take the call (one config serves every branch of run()).
     kernels = set(PLATFORM_BACKENDS.values())
     takes = kernels and not any([_absent(n) for n in sorted(kernels)]) and all(
@@ -119,6 +126,13 @@ def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()) ->
   if why_not is not None:
     raise ValueError(v.backend_refusal(impl, why_not))
   return name
+
+
+def host_platform() -> str:
+  """The platform of JAX's default backend (``"cpu"``, ``"cuda"``, ``"rocm"``, ``"tpu"``): where
+  ``impl="auto"`` decides whether a kernel backend may run at all (:func:`resolve_impl`). The
+  tests replace it to stand for a GPU host."""
+  return _jax_compat.default_platform()
 
 
 def check_config(backend_config, pallas=None):

@@ -18,6 +18,7 @@ from jaxnorm.backends.triton import backend as triton_backend
 from jaxnorm.backends.xla.backend import register_norm_op
 from jaxnorm.backends.xla.formulas import FORWARD_VIEWS
 from jaxnorm.backends.xla.statistics import STATISTICS
+from _backends import lowered_for
 
 TRITON_CALL = "__gpu$xla.gpu.triton"
 # An op of the norm family that the kernels do not implement: RMSNorm's statistics under another
@@ -38,8 +39,9 @@ def _op(decl, impl):
 
 
 def _exported(f, platform, *args):
-  checks = [jax.export.DisabledSafetyCheck.custom_call(TRITON_CALL)]
-  return jax.export.export(jax.jit(f), platforms=[platform], disabled_checks=checks)(*args).mlir_module()
+  """The program lowered for ``platform`` (a jit's lowering: an export of impl="auto" takes the
+  XLA path everywhere, tests/jaxnorm/test_export.py)."""
+  return lowered_for(f, (platform,), *args)
 
 
 def _args():
@@ -67,7 +69,7 @@ def test_backends_declare_platforms_config_and_allow_list():
 
 
 @pytest.mark.parametrize("mode", ["forward", "grad"])
-def test_an_op_without_a_kernel_exported_for_cuda_carries_no_kernel(mode):
+def test_an_op_without_a_kernel_lowered_for_cuda_carries_no_kernel(mode, gpu_host):
   x, s = _args()
   wrap = (lambda f: f) if mode == "forward" else _grad
   assert _exported(wrap(_op(RMS_NORM, "auto")), "cuda", x, s).count(TRITON_CALL) >= 1  # control

@@ -14,6 +14,7 @@ from jaxnorm import linen as jln
 from jaxnorm import nnx as jnn
 from jaxnorm import reference
 from jaxnorm.testing import TRANSFORMS, Tolerance, check_rule
+from _backends import lowered_for
 
 OP = jaxnorm.OPS["gated_rms_norm"]
 TRITON_CALL = "__gpu$xla.gpu.triton"
@@ -94,12 +95,10 @@ def test_the_kernels_run_the_same_rules(norm_before_gate, dtype):
 
 
 def _cuda_text(f, *args):
-  checks = [jax.export.DisabledSafetyCheck.custom_call(TRITON_CALL)]
-  return jax.export.export(jax.jit(f), platforms=["cuda"], disabled_checks=checks)(
-      *args).mlir_module()
+  return lowered_for(f, ("cuda",), *args)
 
 
-def test_auto_exported_for_cuda_runs_the_kernels_and_xla_does_not():
+def test_auto_lowered_for_cuda_runs_the_kernels_and_xla_does_not(gpu_host):
   x, z, s = _args((16, 128))
 
   def loss(impl):

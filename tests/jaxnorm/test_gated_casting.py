@@ -28,6 +28,7 @@ from jaxnorm import linen as jln
 from jaxnorm import nnx as jnn
 from jaxnorm import reference
 from _numerics import ulp_distance
+from _backends import lowered_for
 
 BF16 = jnp.bfloat16
 
@@ -174,7 +175,7 @@ def test_the_layers_and_the_function_take_the_declared_options():
 
 @pytest.mark.parametrize("casting", ["llama", "t5"])
 @pytest.mark.parametrize("norm_before_gate", [True, False])
-def test_the_kernels_run_the_casting_modes(casting, norm_before_gate):
+def test_the_kernels_run_the_casting_modes(casting, norm_before_gate, gpu_host):
   """impl="triton" (interpreted) rounds where the XLA path does: value within one bfloat16 ulp
   (the kernels sum a group's squares in their own order; interpreted on this CPU, every element
   was equal), VJP to bfloat16's tolerance; impl="auto" exported for cuda runs the kernels."""
@@ -196,9 +197,7 @@ def test_the_kernels_run_the_casting_modes(casting, norm_before_gate):
     np.testing.assert_allclose(g, r, rtol=2 ** -7, atol=2 ** -7 * np.abs(r).max())
   loss = jax.grad(lambda x, z, w: jnp.sum(f("auto")(x, z, w).astype(jnp.float32) ** 2),
                   argnums=(0, 1, 2))
-  checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
-  text = jax.export.export(jax.jit(loss), platforms=["cuda"], disabled_checks=checks)(
-      x, z, w).mlir_module()
+  text = lowered_for(loss, ("cuda",), x, z, w)
   assert text.count("__gpu$xla.gpu.triton") >= 2  # forward and backward
 
 

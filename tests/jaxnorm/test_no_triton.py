@@ -45,7 +45,7 @@ def test_the_probe_agrees_with_an_import():
   assert (compat.missing() is None) == present
 
 
-def test_auto_runs_xla_and_warns_once(no_triton):
+def test_auto_runs_xla_and_warns_once(no_triton, gpu_host):
   x, scale, bias = _inputs()
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")

@@ -36,6 +36,7 @@ from jaxnorm import reference
 from jaxnorm.models import TransformerConfig, TransformerLM
 from _kernels import count_pallas_calls
 from _numerics import assert_bitwise, compiled
+from _backends import lowered_for
 
 INTERPRET = jaxnorm.PallasConfig(interpret=True)
 IMPLS = {"xla": dict(impl="xla"), "pallas": dict(impl="pallas", pallas=INTERPRET)}
@@ -89,8 +90,11 @@ def _fused_vjp_op(cfg):
 
 
 def _optimized(f, *args):
-  """The optimized program of ``jit(f)`` without metadata and names (``_numerics.hlo_text``)."""
-  return compiled(f, *args)[1]
+  """The optimized program of ``jit(f, keep_unused=True)`` without metadata and names
+  (``_numerics.hlo_text``): every argument a parameter, whether or not JAX's dead-code
+  elimination found it unused (the custom_jvp's jaxpr keeps a bias the gradient does not read,
+  which XLA then drops: the computations are the same)."""
+  return compiled(f, *args, keep_unused=True)[1]
 
 
 def _prepare(center, x, scale, bias, impl, **variant):
@@ -307,9 +311,9 @@ TRITON = "__gpu$xla.gpu.triton"
 
 
 def _export(f, platform, *args):
-  checks = [jax.export.DisabledSafetyCheck.custom_call(TRITON)]
-  return jax.export.export(jax.jit(f), platforms=[platform], disabled_checks=checks)(
-      *args).mlir_module()
+  """The program lowered for ``platform`` (a jit's lowering: an export of impl="auto" takes the
+  XLA path everywhere, tests/jaxnorm/test_export.py)."""
+  return lowered_for(f, (platform,), *args)
 
 
 def _op_step(x, r, s, b):
@@ -322,13 +326,22 @@ def _op_step(x, r, s, b):
 
 
 @pytest.mark.parametrize("platform,kernels", [("cuda", True), ("cpu", False), ("tpu", False)])
-def test_auto_is_decided_per_lowering_platform(platform, kernels):
+def test_auto_is_decided_per_lowering_platform(platform, kernels, gpu_host):
   x, r = _rand(0, (64, 256)), _rand(1, (64, 256))
   s, b = _rand(2, (256,), loc=1.0), _rand(3, (256,))
   text = _export(_op_step, platform, x, r, s, b)
   assert (TRITON in text) == kernels
   if kernels:  # the forward, dx and dscale/dbias kernels of each op
     assert text.count(TRITON) >= 6
+
+
+def test_auto_on_a_cpu_host_is_xla_when_traced():
+  """On a host whose default backend no kernel backend runs on, "auto" is XLA when the call is
+  traced (no per-platform switch to trace): lowered for cuda from here, no kernels."""
+  x, r = _rand(0, (64, 256)), _rand(1, (64, 256))
+  s, b = _rand(2, (256,), loc=1.0), _rand(3, (256,))
+  assert TRITON not in _export(_op_step, "cuda", x, r, s, b)
+  assert "platform_index" not in jax.jit(_op_step).lower(x, r, s, b).as_text()
 
 
 def _train_step_fn():
@@ -350,7 +363,7 @@ def _train_step_fn():
 
 
 @pytest.mark.parametrize("platform,kernels", [("cuda", True), ("cpu", False), ("tpu", False)])
-def test_model_train_step_exports_per_platform(platform, kernels):
+def test_model_train_step_lowers_per_platform(platform, kernels, gpu_host):
   step, params, opt_state = _train_step_fn()
   tokens = jnp.zeros((2, 17), jnp.int32)
   text = _export(step, platform, params, opt_state, tokens)
@@ -388,16 +401,16 @@ def test_explicit_pallas_is_checked_where_it_is_lowered():
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
-def test_auto_exports_for_several_platforms_at_once():
-  """One artifact for cpu and cuda: JAX lowers every branch of the platform switch for each
+def test_auto_lowers_for_several_platforms_at_once_and_exports_without_kernels(gpu_host):
+  """Lowered for cpu and cuda at once, JAX lowers every branch of the platform switch for each
   platform, so impl="auto"'s kernel branch lowers to the XLA path for cpu (it never runs there)
-  and to the kernels for cuda; run here, the artifact gives the XLA path's gradients."""
+  and to the kernels for cuda. An export for both takes the XLA path on both (the kernels'
+  custom call is not export-stable); run here, it gives the XLA path's gradients."""
   x, r = _rand(0, (64, 256)), _rand(1, (64, 256))
   s, b = _rand(2, (256,), loc=1.0), _rand(3, (256,))
-  checks = [jax.export.DisabledSafetyCheck.custom_call(TRITON)]
-  exp = jax.export.export(jax.jit(_op_step), platforms=["cpu", "cuda"],
-                          disabled_checks=checks)(x, r, s, b)
-  assert exp.mlir_module().count(TRITON) >= 6
+  assert lowered_for(_op_step, ("cpu", "cuda"), x, r, s, b).count(TRITON) >= 6
+  exp = jax.export.export(jax.jit(_op_step), platforms=["cpu", "cuda"])(x, r, s, b)
+  assert TRITON not in exp.mlir_module()
   want = jax.jit(_op_step)(x, r, s, b)
   for g, w in zip(exp.call(x, r, s, b), want):
     np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)

@@ -9,7 +9,9 @@ evaluation inlines a ``custom_jvp`` whose inputs are known, so after one lineari
 bare ``pallas_call`` is left. ``kernel_call_p`` is never inlined:
 
 * value and lowering: ``fn`` on the kernels (``cfg.impl == "triton"``), lowered per platform:
-  the Triton kernels for cuda/rocm; elsewhere the kernels in interpret mode, or the op's
+  the Triton kernels for cuda/rocm (but for ``impl="auto"`` in a program ``jax.export``
+  lowers, which takes the XLA path there too: the kernels' custom call is not
+  export-stable); elsewhere the kernels in interpret mode, or the op's
   ``impl='pallas'`` error (raised where the program is lowered, so a program traced on a CPU
   host lowers for a GPU), or, in ``impl="auto"``'s GPU branch, the XLA path (a program lowered
   for several platforms lowers that branch for all of them);
@@ -51,9 +53,14 @@ def _flat_fn(cfg: NormConfig, fn, tree, groups: int):
   return f
 
 
-def _run(*leaves, cfg, fn, tree, groups, elsewhere):
-  """What the primitive lowers to for a GPU: ``fn`` on the kernels, on flat leaves."""
-  del elsewhere
+def _run(*leaves, cfg, fn, tree, groups, elsewhere, for_export=False):
+  """What the primitive lowers to for a GPU: ``fn`` on the kernels, on flat leaves; in
+  ``impl="auto"``'s GPU branch (``elsewhere="xla"``) of a program ``jax.export`` lowers, the
+  XLA path instead: the Triton kernels' custom call has no compatibility guarantee, so JAX
+  refuses to serialize it, and ``auto`` exports wherever the XLA path does (a call that names
+  ``impl="triton"`` exports its kernels, with the safety check disabled by the caller)."""
+  if for_export and elsewhere == "xla":
+    return _flat_fn(dataclasses.replace(cfg, impl="xla"), fn, tree, groups)(*leaves)
   return _flat_fn(cfg, fn, tree, groups)(*leaves)
 
 
@@ -145,7 +152,7 @@ def _batch(args, dims, *, vmap_axis_name, vmap_axis_size, cfg, fn, tree, groups,
 kernel_call_p.def_impl(_impl)
 kernel_call_p.def_abstract_eval(_abstract_eval)
 for _platform in PLATFORMS:
-  jc.register_lowering(kernel_call_p, _run, platform=_platform)
+  jc.register_lowering(kernel_call_p, _run, platform=_platform, with_export=True)
 jc.register_lowering(kernel_call_p, _run_elsewhere, with_platforms=True)
 jc.register_jvp(kernel_call_p, _jvp)
 jc.register_batching(kernel_call_p, _batch)

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 
 import jax.numpy as jnp
-from jax import lax
 
+from jaxnorm._jax_compat import default_platform
 from jaxnorm._norm_config import NormConfig
 from jaxnorm._xla_rows import as_row, compute_dtype, count, cse_barrier, gamma, on_ynn_rows
 from jaxnorm._xla_rows import param_row, psum, row_sums, variance_path_factor
@@ -55,7 +55,7 @@ def forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True):
   if decouple:
     # y's map sees its own view of x and of the statistics (see cse_barrier), so that XLA does not
     # share x's float32 copy or x - shift between the statistics' fusions and this one.
-    x, stats, scale, bias = cse_barrier(x, stats, scale, bias)
+    x, stats = cse_barrier(x, stats)
   shift, delta, rstd = stats
   xc = centered(cfg, x.astype(rstd.dtype), shift, delta)
   plan = cfg.plan(x.dtype)  # the order of casts of the affine stage (jaxnorm._casting)
@@ -104,9 +104,11 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask):
   LayerNorm's fast variance (its option ``use_fast_variance``) follows the same rule.
 
   The rows counted are those of the traced ``x``: under ``jax.vmap`` the per-example rows (a
-  vmap of many short sequences takes the views, whatever the batch). The choice is made per
-  lowering platform (``lax.platform_dependent``): XLA on other platforms, whose fusions were
-  not measured, always gets the shared form.
+  vmap of many short sequences takes the views, whatever the batch). XLA on other platforms,
+  whose fusions were not measured, gets the shared form. The choice is the tracing host's
+  (:func:`jaxnorm._jax_compat.default_platform`), not a per-platform switch, which would trace
+  both forms (issue 62: tracing time); a program traced on a CPU and exported for another
+  platform carries the views, whose barriers change no value.
 
   Returned in ``cfg.out_dtype``. The JVP rule, which reverse mode linearizes, calls
   :func:`forward` instead.
@@ -119,8 +121,9 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask):
 
   if cfg.op.name not in FORWARD_VIEWS or (on_ynn_rows(x) and x.dtype == compute_dtype(x.dtype)):
     return shared(x, scale, bias, mask)
-  # YNNPACK is XLA:CPU's: a program lowered for another platform keeps the shared form.
-  return lax.platform_dependent(x, scale, bias, mask, cpu=views, default=shared)
+  # YNNPACK is XLA:CPU's: a program traced on another host keeps the shared form. Decided by
+  # the host when tracing, not per lowering platform: a switch would trace both forms.
+  return (views if default_platform() == "cpu" else shared)(x, scale, bias, mask)
 
 
 def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None, c=None):
@@ -162,14 +165,14 @@ def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None, c=None):
     dbias = jnp.sum(dq, axis=lead).reshape(cfg.bias_shape).astype(cfg.bias_dtype)
 
   n = count(cfg, mask, x.shape, ct)  # (..., 1)
-  xv, dyv, statsv, scalev = cse_barrier(x, dy, stats, scale)
+  xv, dyv, statsv = cse_barrier(x, dy, stats)
   rstd = statsv[2]  # (..., 1)
   if c is None:
     c = variance_path_factor(cfg, rstd)  # (..., 1) or None
-  (sum_gxc,) = row_sums(g_of(dyv, scalev) * centered_of(xv, statsv))  # (..., 1)
+  (sum_gxc,) = row_sums(g_of(dyv, scale) * centered_of(xv, statsv))  # (..., 1)
   if cfg.op.mean_path:
-    dyv, _, scalev = cse_barrier(dy, rstd, scale)
-    (sum_g,) = row_sums(g_of(dyv, scalev))  # (..., 1)
+    dyv, _ = cse_barrier(dy, rstd)
+    (sum_g,) = row_sums(g_of(dyv, scale))  # (..., 1)
     if cfg.axis_name is not None:
       sum_g, sum_gxc = psum(cfg, jnp.stack([sum_g, sum_gxc]))
   else:
@@ -179,9 +182,9 @@ def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None, c=None):
     coef = coef * c
   mean_g = rstd * (sum_g / n) if cfg.op.mean_path else None  # mean path, per row
 
-  dyv, xv, statsv, scalev, maskv = cse_barrier(dy, x, stats, scale, mask)
+  dyv, xv, statsv, maskv = cse_barrier(dy, x, stats, mask)
   xc = centered_of(xv, statsv)  # (..., d)
-  g = g_of(dyv, scalev)  # (..., d)
+  g = g_of(dyv, scale)  # (..., d)
   if maskv is not None:
     m = maskv.astype(ct)
     var_term = (coef * m) * xc
@@ -239,8 +242,7 @@ def tangent(cfg: NormConfig, x, scale, mask, stats, tx, tscale, tbias):
     if c is not None:
       coef = coef * c
   # The final map: its own view of the inputs and of every per-row value it broadcasts.
-  txv, statsv, xv, scalev, tscalev, tbiasv, coefv, mean_tv = cse_barrier(
-      tx, stats, x, scale, tscale, tbias, coef, mean_t)
+  txv, statsv, xv, coefv, mean_tv = cse_barrier(tx, stats, x, coef, mean_t)
   shiftv, deltav, rstdv = statsv
   xf = xv.astype(ct)
   xc = centered(cfg, xf, shiftv, deltav)  # (..., d)
@@ -250,11 +252,11 @@ def tangent(cfg: NormConfig, x, scale, mask, stats, tx, tscale, tbias):
     if mean_tv is not None:
       txf = txf - mean_tv
     ty = rstdv * txf + coefv * xc
-    gam = gamma(cfg, scalev, x.ndim, x.dtype)
+    gam = gamma(cfg, scale, x.ndim, x.dtype)
     if gam is not None:
       ty = ty * gam
-  if tscalev is not None:
-    ty = ty + (xc * rstdv) * as_row(tscalev, x.ndim, ct)
-  if tbiasv is not None:
-    ty = ty + as_row(tbiasv, x.ndim, ct)
+  if tscale is not None:
+    ty = ty + (xc * rstdv) * as_row(tscale, x.ndim, ct)
+  if tbias is not None:
+    ty = ty + as_row(tbias, x.ndim, ct)
   return ty.astype(cfg.out_dtype)
