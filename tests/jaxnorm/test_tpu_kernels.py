@@ -211,6 +211,25 @@ def test_kit_per_head_parameters():
                          _normal((4, 40), "float32", 0.0, 1.0, 5)], dict(epsilon=1e-5))
 
 
+@pytest.mark.parametrize("shape,kw,cfg", [
+    ((37, 96), dict(group_size=32, norm_before_gate=False), TpuConfig(interpret=True,
+                                                                        block_rows=24)),
+    ((3, 5, 100), dict(group_size=50, casting="llama"), TpuConfig(interpret=True,
+                                                                  pad_features=True)),
+], ids=["3-groups-gate-first-ragged", "2-groups-llama-padded"])
+def test_gated_rms_norm_kit(shape, kw, cfg):
+  """Gated RMSNorm's kernels (each group a row of the grouped view; 37 rows of 3 groups in
+  blocks of 24: the last ragged), value, VJP, JVP and adjoint against the float64 oracle, with
+  ``vmap`` (one launch per member in the backward) in the second case."""
+  x = _normal(shape, "float32", 0.5, 1.0, 7)
+  z = _normal(shape, "float32", 0.0, 1.5, 8)
+  s = _normal(shape[-1:], "float32", 1.0, 0.3, 9)
+  kw = dict(kw, epsilon=1e-5)
+  rule = functools.partial(jaxnorm.gated_rms_norm, impl="tpu", backend_config=cfg, **kw)
+  plain = functools.partial(reference.gated_rms_norm, **kw)
+  jt.check_rule(rule, plain, (x, z, s), transforms=("vmap",) if len(shape) == 3 else ())
+
+
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
 def test_non_finite_and_past_range_rows_stay_in_their_row(op):
   """A NaN row, an inf row and a row past float32's range (its statistic overflows: NaN, not
@@ -239,6 +258,16 @@ def test_non_finite_and_past_range_rows_stay_in_their_row(op):
 
 def _tpu_text(fn, *args):
   return jax.export.export(jax.jit(fn), platforms=["tpu"])(*args).mlir_module()
+
+
+def test_gated_export_for_tpu_carries_the_kernels():
+  x, z, s, _, _, _ = _data(40, 256, jnp.bfloat16)
+  f = lambda x, z, s: jaxnorm.gated_rms_norm(  # noqa: E731
+      x, z, s, group_size=128, impl="tpu", backend_config=TpuConfig())
+  assert _tpu_text(f, x, z, s).count("tpu_custom_call") == 1
+  loss = lambda *a: jnp.sum(f(*a).astype(jnp.float32) ** 2)  # noqa: E731
+  grad = _tpu_text(jax.grad(loss, argnums=(0, 1, 2)), x, z, s)
+  assert grad.count("tpu_custom_call") == 2 and "jaxnorm_tpu_gated_rms_norm_bwd" in grad
 
 
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
@@ -276,9 +305,12 @@ def test_refusals_by_name():
   x = jnp.ones((8, 128))
   z, s = jnp.ones((8, 128)), jnp.ones(128)
   cases = [
-      (lambda: jaxnorm.gated_rms_norm(x, z, s, impl="tpu", backend_config=INTERP),
-       "the TPU kernels do not implement gated_rms_norm (its grouped statistics and SiLU gate "
-       "have no Mosaic kernel yet"),
+      (lambda: jaxnorm.gated_rms_norm(x, z, s, impl="tpu", backend_config=INTERP,
+                                      casting="t5", dtype=jnp.float16),
+       "the TPU kernels take float32 or bfloat16 y (dtype=), got float16"),
+      (lambda: jaxnorm.gated_rms_norm(x, z, s, group_size=4, impl="tpu",
+                                      backend_config=TpuConfig(interpret=True, block_rows=16)),
+       None),
       (lambda: jaxnorm.rms_norm(x, s, impl="tpu", backend_config=INTERP, memory_efficient=True),
        "the TPU kernels implement rms_norm without its options (memory_efficient=True)"),
       (lambda: jaxnorm.layer_norm(x, s, impl="tpu", backend_config=INTERP,
@@ -300,8 +332,18 @@ def test_refusals_by_name():
        "the TPU kernels take float32 or bfloat16 residual, got float16"),
   ]
   for call, words in cases:
+    if words is None:  # not a refusal: a config error of the gated view's block
+      with pytest.raises(ValueError, match=r"^TpuConfig.block_rows must be a multiple of 32 for "
+                                           r"gated RMSNorm in 32 groups, got 16"):
+        call()
+      continue
     with pytest.raises(ValueError, match="^" + re.escape(f"impl='tpu' cannot run this call: {words}")):
       call()
+  # An op without entries in the backend's table is refused by name.
+  from jaxnorm.backends.tpu.backend import TpuBackend
+  bare = TpuBackend()
+  assert bare.refusal((8, 128), jnp.float32, None, None, jaxnorm.OPS["rms_norm"].decl) == (
+      "the TPU kernels do not implement rms_norm")
   with pytest.raises(TypeError, match=r"^backend_config= is a PallasConfig, which does not "
                                       r"configure the 'tpu' backend"):
     jaxnorm.rms_norm(x, impl="tpu", backend_config=jaxnorm.PallasConfig())

@@ -3,13 +3,13 @@
 :class:`TpuBackend` declares what it runs: its lowering platform (``tpu``), its config class
 (:class:`~jaxnorm.backends.tpu.config.TpuConfig`), whether this JAX has Pallas TPU
 (:meth:`~TpuBackend.unavailable`), and its table: LayerNorm's and RMSNorm's six roles (the plain
-op and the fused residual add + norm, forward alone, forward with statistics, derived backward),
-each op with a ``"refusal"`` entry. Its :meth:`~TpuBackend.refusal` starts from that table, so an
-op without entries is refused by name, with the reason where one is known (:data:`NOT_WRITTEN`:
-gated RMSNorm). The kernels implement no option of the ops (LayerNorm's fast variance, the
-memory-saving backward) and no mask or ``axis_name``; per-head parameters are one more grid
-axis (``jax.vmap`` over the kernels); the casting modes are the call's plan, applied in the
-kernels, except a plan that rounds to float16 (a ``ValueError``: TPUs have no float16).
+op and the fused residual add + norm, forward alone, forward with statistics, derived backward)
+and gated RMSNorm's three (:mod:`jaxnorm.backends.tpu.gated`), each op with a ``"refusal"``
+entry. Its :meth:`~TpuBackend.refusal` starts from that table, so an op without entries is
+refused by name. The norm kernels implement no option of the ops (LayerNorm's fast variance,
+the memory-saving backward) and no mask or ``axis_name``; per-head parameters are one more grid
+axis; the casting modes are the call's plan, applied in the kernels, except a plan that rounds
+to float16 (a ``ValueError``: TPUs have no float16).
 
 :data:`AUTO_ON_TPU` is the one-line switch of issue 66's goal 4: ``impl="auto"`` on a TPU runs
 XLA until the kernels have been measured there (``docs/tpu.md``). The backend declares the
@@ -27,24 +27,21 @@ import jax
 import jax.numpy as jnp
 
 from jaxnorm import _validation as v
+from jaxnorm._gated_op import GATED_RMS_NORM
 from jaxnorm._norm_config import NormConfig
 from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 from jaxnorm.backends.interface import Backend
 from jaxnorm.backends.tpu import compat as _compat
 from jaxnorm.backends.tpu import config as _config
+from jaxnorm.backends.tpu import gated as _gated
 from jaxnorm.backends.tpu.tpu_call import PLATFORMS, tpu_call
 
-__all__ = ["AUTO_ON_TPU", "NOT_WRITTEN", "TPU", "TpuBackend"]
+__all__ = ["AUTO_ON_TPU", "TPU", "TpuBackend"]
 
 #: Whether ``impl="auto"`` may run these kernels on a TPU. Off until a TPU has measured them
 #: (``docs/tpu.md``, "Measuring").
 AUTO_ON_TPU = False
 
-#: The ops of the family the kernels do not implement, with why.
-NOT_WRITTEN = {
-    "gated_rms_norm": ("the TPU kernels do not implement gated_rms_norm (its grouped statistics "
-                       "and SiLU gate have no Mosaic kernel yet; XLA runs it on a TPU)"),
-}
 
 
 def kernels():
@@ -70,11 +67,22 @@ def _check_dtypes(cfg: NormConfig, x_dtype):
       _refuse(why)
 
 
-def check_call(cfg: NormConfig, x, *args):
+def check_call(cfg, x, *args):
   """A ``ValueError`` (as :func:`_spec` would raise it inside the kernels' trace) where a dtype
   of the call or the config's ``block_rows`` is one the kernels cannot take; ``x`` (or ``h``)
-  is the role's first argument."""
+  is the role's first argument. ``cfg``: a norm call's :class:`NormConfig` or gated RMSNorm's
+  config."""
   del args
+  if not isinstance(cfg, NormConfig):
+    plan = cfg.cast
+    named = [("y (dtype=)", cfg.out_dtype)] + ([] if plan is None else [
+        ("casting= rounding", plan.xhat), ("casting= rounding", plan.product)])
+    for name, dtype in named:
+      why = _config.refusal_of_dtype(name, dtype)
+      if why is not None:
+        _refuse(why)
+    _gated._spec(cfg, x)  # block_rows
+    return
   d = x.shape[-1]
   _check_dtypes(cfg, x.dtype)
   _config.block_rows(max(x.size // max(d, 1), 1), d, _row_dtypes(cfg, x), cfg.backend_config)
@@ -224,12 +232,12 @@ class TpuBackend(Backend):
 
   def refusal(self, x2_shape, dtype, mask, axis_name, op, options=()):
     """Why the kernels cannot take a plain call on ``x2: (rows, d)``, or None: an op without
-    entries in this backend's table first (by name, with :data:`NOT_WRITTEN`'s reason), then
-    the op's options, a mask, ``axis_name``, a non-manual mesh, the dtype and the shape."""
+    entries in this backend's table first (by name), then the op's own ``"refusal"`` entry
+    (its options), a mask, ``axis_name``, a non-manual mesh, the dtype and the shape."""
     op_refusal = self.table.get((op.name, "refusal"))
     if op_refusal is None:
-      return NOT_WRITTEN.get(op.name, f"the TPU kernels do not implement {op.name}")
-    why = op_refusal(op, dict(options))
+      return f"the TPU kernels do not implement {op.name}"
+    why = op_refusal(op, x2_shape, dtype, dict(options))
     if why is not None:
       return why
     if mask is not None:
@@ -299,10 +307,13 @@ def _sum_bias(cfg: NormConfig, dbias):
   return None if dbias is None else _sum_to(dbias, cfg.bias_shape)
 
 
-def _norm_refusal(op, options: dict):
+def _norm_refusal(op, x2_shape, dtype, options: dict):
+  """The norm ops' entry: any option away from its default (the kernels implement none)."""
+  del x2_shape, dtype
   return _option_refusal(op, options)
 
 
 TPU = TpuBackend()
 for _op in (LAYER_NORM, RMS_NORM):
   TPU.register(_op.name, refusal=_norm_refusal, **TPU.norm_roles())
+TPU.register(GATED_RMS_NORM.name, **_gated.ROLES)
