@@ -2,13 +2,14 @@
 the float64 oracle, in TPU interpret mode on any host (or compiled, on a TPU).
 
 ``python -m experiments.bench.tpu_battery [--out FILE]`` runs, for each width of ``--widths``
-(multiples of 128 and not), each dtype (float32, bfloat16) and each op (LayerNorm, RMSNorm and
-their residual add + norm), the kernels' value and every cotangent (random cotangents, one
-``jax.vjp`` under ``jax.jit``) on ``--rows`` rows in blocks of ``--block-rows`` (37 in blocks of 16: the last
-block ragged), once with a full-width block and once with ``pad_features`` where the width
-is not a multiple of 128, and compares them with:
+(multiples of 128 and not), each dtype (float32, bfloat16) and each op (LayerNorm, RMSNorm,
+their residual add + norm, gated RMSNorm in four groups, gate first), the kernels' value and
+every cotangent (random cotangents, one ``jax.vjp`` under ``jax.jit``) on ``--rows`` rows in
+blocks of ``--block-rows`` (37 in blocks of 16: the last block ragged), once with a full-width
+block and once with ``pad_features`` where the width is not a multiple of 128, and compares
+them with:
 
-* the plain ops: ``jax.vjp`` of :mod:`jaxnorm.reference` in float64;
+* the plain ops and gated RMSNorm: ``jax.vjp`` of :mod:`jaxnorm.reference` in float64;
 * the residual add + norm: the XLA path (``impl="xla"``), whose add rounds ``h`` the same way.
 
 The error of each result is ``max|got - want| / max(max|want|, 1)``, against the tolerance of
@@ -37,7 +38,7 @@ from jaxnorm.backends.tpu import TPU, TpuConfig
 
 WIDTHS = (128, 300, 1000, 1024, 2048, 3000, 4096, 5000, 8192)
 TOL = {"float32": 2e-5, "bfloat16": 2e-2}
-OPS = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm")
+OPS = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "gated_rms_norm")
 
 
 def _data(rows, d, dtype, seed):
@@ -75,7 +76,14 @@ def _entry(op, rows, d, dtype, cfg):
   kw = dict(impl="tpu", backend_config=cfg, epsilon=1e-5)
   fn = getattr(jaxnorm, op)
   centred = op.endswith("layer_norm")
-  if op.startswith("add_"):
+  if op == "gated_rms_norm":  # four groups where d allows, gate first (u = x silu(z))
+    gkw = dict(group_size=d // 4 if d % 4 == 0 else d, norm_before_gate=False, epsilon=1e-5)
+    got = _vjp_all(lambda x, z, s: fn(x, z, s, impl="tpu", backend_config=cfg, **gkw),
+                   (x, r, s), dy)
+    with jax.enable_x64(True):
+      f64 = [jnp.asarray(np.asarray(a, np.float64)) for a in (x, r, s, dy)]
+      want = _vjp_all(lambda x, z, s: reference.gated_rms_norm(x, z, s, **gkw), f64[:3], f64[3])
+  elif op.startswith("add_"):
     params = (s, b) if centred else (s,)
     got = _vjp_all(lambda x, r, *p: fn(x, r, *p, **kw), (x, r, *params), (dy, dh))
     want = _vjp_all(lambda x, r, *p: fn(x, r, *p, impl="xla", epsilon=1e-5), (x, r, *params),

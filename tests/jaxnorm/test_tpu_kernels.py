@@ -260,6 +260,22 @@ def _tpu_text(fn, *args):
   return jax.export.export(jax.jit(fn), platforms=["tpu"])(*args).mlir_module()
 
 
+def test_gated_casting_mode_in_bfloat16_matches_xla():
+  """``casting="llama"`` on bfloat16 inputs (the plan rounds ``u_hat`` and the product to
+  bfloat16 in the kernels): value and VJP within bfloat16's tolerance of the XLA path."""
+  x, z, s, _, dy, _ = _data(12, 64, jnp.bfloat16, seed=4)
+  kw = dict(group_size=16, norm_before_gate=True, casting="llama")
+
+  def run(impl, **cfg):
+    f = lambda x, z, s: jaxnorm.gated_rms_norm(x, z, s, impl=impl, **kw, **cfg)  # noqa: E731
+    y, vjp = jax.vjp(f, x, z, s)
+    return (y, *vjp(dy))
+
+  for got, want in zip(run("tpu", backend_config=INTERP), run("xla")):
+    assert got.dtype == want.dtype
+    assert_allclose(got, want, jnp.bfloat16)
+
+
 def test_gated_export_for_tpu_carries_the_kernels():
   x, z, s, _, _, _ = _data(40, 256, jnp.bfloat16)
   f = lambda x, z, s: jaxnorm.gated_rms_norm(  # noqa: E731
