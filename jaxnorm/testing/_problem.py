@@ -78,7 +78,9 @@ class _Problem:
     # another call with other values and the same signature runs it without tracing or compiling.
     self.held = [i for i, v in enumerate(self.fixed) if hasattr(v, "dtype")]
     self._slot = None  # the held leaves (tracers) while a cached program traces
+    self._slot64 = None  # the same, in float64, while the oracle's graph is traced
     self.signature = self._signature(rule)
+    self.ref_signature = self._signature(reference)
     self.z0 = [self.fixed[i] for i in self.diff]
     names = []
 
@@ -161,8 +163,9 @@ class _Problem:
 
   def _outputs(self, f, z, f64, subset):
     leaves = list(self.fixed)
-    if not f64 and self._slot is not None:  # tracing a cached program: the held leaves' args
-      for i, v in zip(self.held, self._slot):
+    slot = self._slot64 if f64 else self._slot
+    if slot is not None:  # tracing a cached program or oracle graph: the held leaves' arguments
+      for i, v in zip(self.held, slot):
         leaves[i] = v
     positions = range(len(self.diff)) if subset is None else subset
     for pos, v in zip(positions, z):
@@ -193,19 +196,58 @@ class _Problem:
 
   # ------------------------------------------------------------------ the comparison
 
-  def oracle(self, ref_fn, z, in_axes=None, seed=None):
+  def oracle(self, ref_fn, z, in_axes=None, seed=None, key=None):
     """``(expected, magnitude)``: ``ref_fn`` at ``z`` in float64 and its condition magnitude
     (:mod:`jaxnorm.testing._condition`), both lists of float64 NumPy arrays. The magnitude's
-    seed follows ``seed`` and the order of the checks, never the shapes drawn before."""
+    seed follows ``seed`` and the order of the checks, never the shapes drawn before.
+
+    ``key`` (what ``ref_fn`` is, given the problem's signature: the check's name) keeps the
+    traced graph and its compiled programs across calls (:data:`_TRACED`): the array leaves are
+    constants of the graph passed at each call (never perturbed as inputs, as the values baked
+    in a graph traced per call were not), so a later call traces nothing."""
     if seed is None:
       seed, self.n_oracles = (self.seed * 7919 + self.n_oracles) % 2 ** 16, self.n_oracles + 1
     self.last_seed = seed
     with _enable_x64():
       fn = ref_fn if in_axes is None else jax.vmap(ref_fn, in_axes=in_axes)
       z64 = [np.asarray(a).astype(np.float64) for a in z]
-      closed = jax.make_jaxpr(fn)(*z64)
-      run, tree = _compiled_oracle(closed, z64, seed)
-      e, m, a = jax.tree_util.tree_unflatten(tree, run(list(closed.consts), *z64))
+      held = [np.asarray(self.fixed[i]).astype(np.float64) if _is_float(self.fixed[i]) else
+              np.asarray(self.fixed[i]) for i in self.held]
+      full = None
+      if key is not None and self.ref_signature is not None and self.native is None:
+        full = (self.ref_signature, key, repr(in_axes), _avals(z))
+      hit = _TRACED.get(full) if full is not None else None
+      if hit is None:
+        def with_held(held_, *zz):
+          prev, self._slot64 = self._slot64, list(held_)
+          try:
+            return fn(*zz)
+          finally:
+            self._slot64 = prev
+
+        closed = jax.make_jaxpr(with_held)(held, *z64)
+        n_held = len(jax.tree_util.tree_leaves(held))
+        jaxpr = closed.jaxpr.replace(
+            constvars=list(closed.jaxpr.constvars) + list(closed.jaxpr.invars[:n_held]),
+            invars=list(closed.jaxpr.invars[n_held:]))
+        graph = _Graph(jaxpr, list(closed.consts) + held)
+        text = str(jaxpr)
+        # Not kept by text where the text may not say everything: a function's repr (an
+        # address), or a custom rule or callback, whose Python function the text names at most.
+        opaque = any(w in text for w in (" at 0x", "custom_jvp_call", "custom_vjp_call",
+                                         "callback"))
+        hit = (graph, _oracle_entry(graph, z64, None if opaque else (text, _DIRECTIONS)),
+               len(closed.consts))
+        if full is not None:
+          _TRACED[full] = hit
+          while len(_TRACED) > _PROGRAMS_MAX:
+            _TRACED.popitem(last=False)
+      if full is not None:
+        _TRACED.move_to_end(full)
+      graph, entry, n_consts = hit
+      consts = graph.consts[:n_consts] + held
+      run, tree = _runner(entry, seed)
+      e, m, a = jax.tree_util.tree_unflatten(tree, run(consts, *z64))
       e = [np.asarray(v, np.float64) for v in e]
       m = [np.asarray(v, np.float64) for v in m]
       a = [np.asarray(v, np.float64) for v in a]
@@ -270,7 +312,7 @@ class _Problem:
   def split_oracle(self, ref_fn, z, counts: dict):
     """Computes one oracle whose outputs are several checks' (``counts``: key -> how many
     outputs, in order) and caches each check's part under its key."""
-    expected, magnitude = self.oracle(ref_fn, z)
+    expected, magnitude = self.oracle(ref_fn, z, key=("split", tuple(counts.items())))
     i = 0
     for key, k in counts.items():
       self.cache[key] = (expected[i:i + k], magnitude[i:i + k],
@@ -315,7 +357,8 @@ class _Problem:
     except Exception as exc:  # noqa: BLE001 (reported as unsupported, with the exception)
       return _raised(check, exc), None, None
     if key is None or key not in self.cache:
-      self.cache[key] = (*self.oracle(ref_fn, z, in_axes), (ref_fn, z, in_axes, self.last_seed, 0))
+      self.cache[key] = (*self.oracle(ref_fn, z, in_axes, key=("run", check, key)),
+                         (ref_fn, z, in_axes, self.last_seed, 0))
     entry = self.cache[key]
     outcome, budgets, bads = self.compare(check, got, *entry[:2], names)
     if outcome.status == "fail" and bads is not None:
@@ -335,10 +378,19 @@ def _avals(z) -> tuple:
   return tuple((tuple(np.shape(a)), np.dtype(a.dtype).name) for a in z)
 
 
-# The rule's compiled programs by signature and check (:meth:`_Problem.program`), most recent
-# last, bounded in entries (the least recently used go first).
+# The rule's compiled programs by signature and check (:meth:`_Problem.program`), and the
+# oracle's traced graphs with their compiled programs by the reference's signature and check
+# (:meth:`_Problem.oracle`), most recent last, bounded in entries (least recently used first).
 _PROGRAMS = collections.OrderedDict()
+_TRACED = collections.OrderedDict()
 _PROGRAMS_MAX = 256
+
+
+class _Graph:
+  """A jaxpr and its constants (what :func:`_oracle_entry` reads of a closed jaxpr)."""
+
+  def __init__(self, jaxpr, consts):
+    self.jaxpr, self.consts = jaxpr, list(consts)
 
 
 def clear_cache() -> None:
@@ -350,9 +402,10 @@ def clear_cache() -> None:
   function object computes (registering another JVP or batching rule for a primitive it uses,
   rebinding a global it reads), as ``jax.clear_caches()`` is needed for a ``jax.jit`` function
   then. The float64 oracle's programs are keyed by the reference's traced graph and need no
-  clearing.
+  clearing; the reference's traced graphs, kept by the reference function alike, go too.
   """
   _PROGRAMS.clear()
+  _TRACED.clear()
 
 
 def _raised(check, exc) -> Outcome:
@@ -369,9 +422,11 @@ _ORACLES = collections.OrderedDict()
 _ORACLES_MAX = 64
 
 
-def _compiled_oracle(closed, z64, seed):
-  """``(run, tree)``: ``run(consts, *z64)`` is the float64 reference ``closed`` (a closed jaxpr)
-  at ``z64`` and its condition magnitude, flattened (``tree`` unflattens them).
+def _oracle_entry(closed, z64, key):
+  """``(site_fn, mag_fn, tree)`` of the float64 reference ``closed`` (a jaxpr and its
+  constants), kept in :data:`_ORACLES` under ``key`` (its text; None: built afresh, not kept);
+  :func:`_runner` makes of it ``run(consts, *z64)``: the reference at ``z64``, its condition
+  magnitude and its scale, flattened (``tree`` unflattens them).
 
   Two programs, each traced once: the values of the reference's rounding sites, from which
   NumPy hashes their multipliers (:func:`~jaxnorm.testing._condition.multipliers`), and the
@@ -379,11 +434,6 @@ def _compiled_oracle(closed, z64, seed):
   rather than literals (compiling a 12 x 8200 LayerNorm's oracle took 4.1 s with its random
   signs inside, 1.4 s as arguments; the same graph with other constants is the same program).
   """
-  text = str(closed.jaxpr)
-  # Not memoized where the text may not say everything: a function's repr (an address), or a
-  # custom rule or callback, whose Python function the text names at most.
-  opaque = any(w in text for w in (" at 0x", "custom_jvp_call", "custom_vjp_call", "callback"))
-  key = None if opaque else (text, _DIRECTIONS)
   if key is None or key not in _ORACLES:
     ref = lambda consts, *b: eval_jaxpr(closed.jaxpr, consts, *b)  # noqa: E731
     site_fn = jax.jit(lambda consts, *a: sites(lambda *b: ref(consts, *b), a))
@@ -392,12 +442,12 @@ def _compiled_oracle(closed, z64, seed):
     shape = jax.eval_shape(lambda *a: ref(list(closed.consts), *a), *z64)
     entry = (site_fn, mag_fn, jax.tree_util.tree_structure((shape, shape, shape)))
     if key is None:
-      return _runner(entry, seed)
+      return entry
     _ORACLES[key] = entry
     while len(_ORACLES) > _ORACLES_MAX:
       _ORACLES.popitem(last=False)
   _ORACLES.move_to_end(key)
-  return _runner(_ORACLES[key], seed)
+  return _ORACLES[key]
 
 
 def _runner(entry, seed):

@@ -371,9 +371,10 @@ def _product(x, y):
 
 
 def test_a_later_call_reuses_the_programs_with_its_own_values():
-  """check_rule keeps the rule's programs by signature: a second call on other values of the
-  same shapes builds no program, and every check sees its own values (a program that had kept
-  the first call's held arguments as constants fails the one-argument-at-a-time checks)."""
+  """check_rule keeps the rule's programs and the oracle's traced graphs by signature: a second
+  call on other values of the same shapes builds and traces nothing, and every check sees its
+  own values (a program that had kept the first call's held arguments as constants fails the
+  one-argument-at-a-time checks)."""
   from jaxnorm.testing import _problem
 
   rng = np.random.default_rng(5)
@@ -381,8 +382,9 @@ def test_a_later_call_reuses_the_programs_with_its_own_values():
   mask = jnp.asarray([[True, False, True]] * 2)
   rule = lambda x, y, m: jnp.where(m, _product(x, y), 0.0)  # noqa: E731
   jt.check_rule(rule, rule, (draw(), draw(), mask), transforms=("zeros", "vmap"))
-  before = len(_problem._PROGRAMS)
+  before = len(_problem._PROGRAMS), len(_problem._TRACED)
   report = jt.check_rule(rule, rule, (draw(), draw(), ~mask), transforms=("zeros", "vmap"))
-  assert report.ok and len(_problem._PROGRAMS) == before, str(report)
+  assert report.ok, str(report)
+  assert (len(_problem._PROGRAMS), len(_problem._TRACED)) == before
   jt.clear_cache()
-  assert not _problem._PROGRAMS
+  assert not _problem._PROGRAMS and not _problem._TRACED
