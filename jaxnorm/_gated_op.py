@@ -65,8 +65,9 @@ class GatedConfig:
   out_dtype: Any
   compute_dtype: Any
   impl: str  # a backend's name or "per_platform" (jaxnorm.backends.table.resolve_impl)
-  # The config of the backend it runs on (jaxnorm.backends.table.call_config).
-  backend_config: Any = None
+  # One config per backend it runs on besides XLA, as sorted (name, config) pairs
+  # (jaxnorm.backends.table.call_config); each backend reads its own as backend_config.
+  backend_config: Any = ()
   # Where the affine stage rounds (casting=, jaxnorm._casting), in the compute dtype; None where
   # nothing rounds before y ("float32", or a mode whose dtypes are all the compute dtype).
   cast: CastPlan | None = None

@@ -46,14 +46,16 @@ class NormConfig:
   bias_dtype: Any  # NumPy dtype of bias (for its cotangent), or None when there is no bias.
   bias_shape: Any  # Shape of the prepared bias, (heads..., d) (for its cotangent), or None.
   bias_vma: frozenset  # Mesh axes bias varies over inside shard_map (empty outside).
-  # A backend's name ("xla", "triton"), or "per_platform": each platform's backend of
-  # jaxnorm.backends.table.PLATFORM_BACKENDS where the program is lowered for it, XLA elsewhere
-  # (impl="auto" on a call those backends support; decided per lowering platform).
+  # A backend's name ("xla", "triton", "tpu"), or "per_platform": each platform's backend of
+  # jaxnorm.backends.table.PLATFORM_BACKENDS that takes the call where the program is lowered
+  # for it, XLA elsewhere (impl="auto"; decided per lowering platform).
   impl: str
-  # The config of the backend the call runs on (the public backend_config=, an instance of that
-  # backend's config_class: the Triton backend's PallasConfig, with interpret and block), set by
-  # jaxnorm.ops.norm.args.prepare on every call (jaxnorm.backends.table.call_config).
-  backend_config: Any = None
+  # One config per backend the call runs on besides XLA, as sorted (name, config) pairs (the
+  # public backend_config=, routed by config class, or the class's default: the Triton
+  # backend's PallasConfig, the TPU backend's TpuConfig), set by jaxnorm.ops.norm.args.prepare
+  # on every call (jaxnorm.backends.table.call_config); () for XLA. The dispatch hands each
+  # backend its own config alone as backend_config (jaxnorm.backends.table.run).
+  backend_config: Any = ()
   cast: CastPlan | None = None  # The affine stage's dtypes (casting=); None: "float32".
   add: AddConfig | None = None  # The residual add of add_layer_norm/add_rms_norm, or None.
   # Sizes of the per-head axes of scale/bias (x's axes just before the normalized ones that the

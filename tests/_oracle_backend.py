@@ -2,9 +2,11 @@
 backend (LayerNorm, RMSNorm, their residual add + norm, gated RMSNorm) as a host callback into
 the float64 oracle, :mod:`jaxnorm.reference`, differentiated by ``jax.vjp`` in float64.
 
-It is the proof of issue 51's goal 4 that a backend is its own file plus one call
-(:func:`jaxnorm.backends.table.register_backend`): its own config class (:class:`OracleConfig`,
-passed as ``pallas=``), its own table, nothing of the library edited. It implements the ops
+It is the proof of issue 51's goal 4 and issue 66's goal 3 that a backend is its own file plus
+one call (:func:`jaxnorm.backends.table.register_backend`, with ``auto=True``): its own config
+class (:class:`OracleConfig`, passed as ``backend_config=`` beside the library's backends'
+configs), its own table, and its platform (``cpu``) in ``impl="auto"``'s per-platform choice
+next to the library's two kernel backends, nothing of the library edited. It implements the ops
 with shared parameters and the default options only (it refuses masks, ``axis_name`` and any
 option; per-head parameters and ``casting=`` other than "float32" are not implemented: its roles
 raise ``NotImplementedError`` on them). :data:`ENTRIES` records each table entry the dispatcher
@@ -85,15 +87,17 @@ class OracleBackend(Backend):
 
   name = "oracle64"
   platforms = None
+  auto_platforms = ("cpu",)  # what impl="auto" gives it (registered with auto=True)
   config_class = OracleConfig
   config_example = "OracleConfig()"
 
   def refusal(self, x2_shape, dtype, mask, axis_name, op, options=()):
-    """Masks, ``axis_name`` and options away from their defaults (but gated RMSNorm's
-    ``group_size`` and ``norm_before_gate``) are not implemented."""
-    del x2_shape, dtype
-    if (op.name, "forward") not in self.table:
-      return f"the oracle backend does not implement {op.name}"
+    """An op without entries in its table (the default refusal, by name); masks, ``axis_name``
+    and options away from their defaults (but gated RMSNorm's ``group_size`` and
+    ``norm_before_gate``) are not implemented."""
+    why = super().refusal(x2_shape, dtype, mask, axis_name, op, options)
+    if why is not None:
+      return why
     defaults = {o.name: o.default for o in op.options}
     # Gated RMSNorm's groups and both orders are implemented; its casting modes are not.
     free = ("group_size", "norm_before_gate") if op.name == "gated_rms_norm" else ()
@@ -208,14 +212,15 @@ ORACLE.register("gated_rms_norm", **_recorded("gated_rms_norm", dict(
 
 def registered():
   """The one call that makes :data:`ORACLE` a backend of the library
-  (:func:`jaxnorm.backends.table.register_backend`), undone on exit: a context manager, so that
-  the other tests see the library's own backends."""
+  (:func:`jaxnorm.backends.table.register_backend`, in ``impl="auto"``'s choice for its
+  ``auto_platforms``), undone on exit: a context manager, so that the other tests see the
+  library's own backends."""
   return _Registered()
 
 
 class _Registered:
   def __enter__(self):
-    table.register_backend(ORACLE)
+    table.register_backend(ORACLE, auto=True)
     return ORACLE
 
   def __exit__(self, *exc):

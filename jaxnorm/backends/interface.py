@@ -82,15 +82,32 @@ class Backend:
   platforms: tuple[str, ...] | None = None  # None: every lowering platform
   config_class: type | None = None
   config_example: str = ""  # a config of config_class, as the error messages suggest it
+  #: The refusal of an op without entries in :attr:`table` (``{name}``: the backend's,
+  #: ``{op}``: the op's).
+  not_implemented = "the {name} backend does not implement {op}"
+
+  @property
+  def auto_platforms(self) -> tuple[str, ...] | None:
+    """The lowering platforms ``impl="auto"`` may give this backend where it is in
+    :data:`jaxnorm.backends.table.PREFERENCE` (the per-platform choice,
+    :data:`jaxnorm.backends.table.PLATFORM_BACKENDS`): its :attr:`platforms` unless it declares
+    fewer (a backend whose kernels are not yet measured on a platform declares none there)."""
+    return self.platforms
 
   def refusal(self, x2_shape, dtype, mask, axis_name, op, options=()) -> str | None:
     """Why this backend cannot take a plain call on ``x2: (rows, d)`` of ``dtype``, or None.
 
     ``op``: the call's :class:`~jaxnorm._norm_ops.NormOp`; ``options``: its ``(name, value)``
-    pairs. The default takes every call.
+    pairs. The default reads the backend's own :attr:`table`: an op without a ``(op,
+    "forward")`` entry is refused by name (:attr:`not_implemented`), then the op's ``(op,
+    "refusal")`` entry, if it has one, is asked (``entry(op, x2_shape, dtype, options)``, a
+    reason or None). A backend adds its own rules (masks, shapes) after this.
     """
-    del x2_shape, dtype, mask, axis_name, op, options
-    return None
+    del mask, axis_name
+    if (op.name, "forward") not in self.table:
+      return self.not_implemented.format(name=self.name, op=op.name)
+    op_refusal = self.table.get((op.name, "refusal"))
+    return None if op_refusal is None else op_refusal(op, x2_shape, dtype, dict(options))
 
   def unavailable(self) -> str | None:
     """Why this JAX cannot run this backend at all (a phrase naming the JAX version), or None.

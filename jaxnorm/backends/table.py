@@ -25,6 +25,7 @@ functions below are what the differentiation layers (:mod:`jaxnorm.ops.norm.rule
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import functools
 import types
@@ -38,76 +39,125 @@ from jaxnorm import _validation as v
 from jaxnorm._xla_rows import match_vma
 from jaxnorm._norm_config import NormConfig
 from jaxnorm.backends.interface import Entry
+from jaxnorm.backends.tpu.backend import TPU
 from jaxnorm.backends.triton.backend import TRITON
 from jaxnorm.backends.xla.backend import XLA
 
 __all__ = ["ALIASES", "BACKENDS", "IMPLS", "PER_PLATFORM", "PLATFORM_BACKENDS", "PREFERENCE",
            "add_backward", "add_forward", "add_forward_only", "backward", "formula", "forward",
-           "forward_only", "param_cotangents", "resolve_add_impl", "resolve_impl",
-           "run", "call_config", "check_config", "host_platform", "register_backend",
-           "unregister_backend"]
+           "forward_only", "impl_choices", "param_cotangents", "resolve_add_impl",
+           "resolve_impl", "run", "call_config", "check_config", "host_platform",
+           "register_backend", "unregister_backend"]
 
-_BACKENDS = {XLA.name: XLA, TRITON.name: TRITON}
+_BACKENDS = {XLA.name: XLA, TRITON.name: TRITON, TPU.name: TPU}
 BACKENDS = types.MappingProxyType(_BACKENDS)  # register_backend adds to it
 ALIASES = types.MappingProxyType({"pallas": "triton"})  # accepted names of a backend
+# The library's own order; register_backend(..., auto=True) puts a backend before its last.
+_LIBRARY = ("triton", "tpu", "xla")
 # impl="auto": the backends in the order tried; the last runs every call on every platform.
-PREFERENCE = ("triton", "xla")
-# The per-platform choice: each platform's first backend in PREFERENCE that lowers for it (a
-# backend with platforms=None, XLA, is the default branch of every platform not listed).
-PLATFORM_BACKENDS = types.MappingProxyType({
-    platform: name for name in reversed(PREFERENCE)
-    for platform in (BACKENDS[name].platforms or ())})
+PREFERENCE = _LIBRARY
+
+
+class _PlatformBackends(collections.abc.Mapping):
+  """The per-platform choice of ``impl="auto"``, ``{platform: backend name}``: each platform's
+  first backend in :data:`PREFERENCE` whose ``auto_platforms`` hold it (a backend with None,
+  XLA, is the default branch of every platform not listed). Read from the backends'
+  declarations each time it is asked, so a declaration's switch (the TPU backend's
+  ``auto_on_tpu``) and :func:`register_backend` take effect at once."""
+
+  def _map(self) -> dict:
+    out = {}
+    for name in reversed(PREFERENCE):
+      for platform in BACKENDS[name].auto_platforms or ():
+        out[platform] = name
+    return out
+
+  def __getitem__(self, platform):
+    return self._map()[platform]
+
+  def __iter__(self):
+    return iter(self._map())
+
+  def __len__(self):
+    return len(self._map())
+
+  def __repr__(self):
+    return f"PLATFORM_BACKENDS({self._map()!r})"
+
+
+PLATFORM_BACKENDS = _PlatformBackends()
 # The accepted values of ``impl=``: "auto", every backend's name and every alias.
 IMPLS = ("auto",) + tuple(BACKENDS) + tuple(ALIASES)
 
 
-def register_backend(backend) -> None:
+def impl_choices(impls=None) -> str:
+  """The accepted values of ``impl=`` (default :data:`IMPLS`, the library's at import) as the
+  docstrings list them: ``"auto"``, ``"xla"``, ``"triton"``, ``"tpu"`` or ``"pallas"`` (the alias
+  of ``"triton"``). The ops' and layers' docstrings are formatted with it, so
+  their lists are the table's."""
+  impls = IMPLS if impls is None else impls
+  words = [f'``"{i}"``' + (f' (the alias of ``"{ALIASES[i]}"``)' if i in ALIASES else "")
+           for i in impls]
+  return ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def register_backend(backend, *, auto: bool = False) -> None:
   """Adds ``backend`` (a :class:`~jaxnorm.backends.interface.Backend` with its table filled) to
   :data:`BACKENDS`: a call reaches it with ``impl=backend.name`` and its config (an instance of
-  ``backend.config_class``) as ``backend_config=``. ``impl="auto"`` keeps :data:`PREFERENCE`, the
-  library's own order. A name already taken is a ``ValueError``."""
-  global IMPLS
+  ``backend.config_class``) as ``backend_config=``. With ``auto``, ``impl="auto"`` gives it the
+  platforms of its ``auto_platforms`` that no backend before it in :data:`PREFERENCE` holds (it
+  goes in just before XLA); without, "auto" keeps its order. A name already taken is a
+  ``ValueError``, as is ``auto`` for a backend without ``auto_platforms``."""
+  global IMPLS, PREFERENCE
   if backend.name in IMPLS:
     raise ValueError(f"impl={backend.name!r} is taken: {IMPLS}")
+  if auto and backend.auto_platforms is None:
+    raise ValueError(f"register_backend(auto=True) needs the platforms impl='auto' may give "
+                     f"the {backend.name!r} backend (its auto_platforms), got None")
   _BACKENDS[backend.name] = backend
   IMPLS = IMPLS + (backend.name,)
+  if auto:
+    PREFERENCE = PREFERENCE[:-1] + (backend.name, PREFERENCE[-1])
 
 
 def unregister_backend(name: str) -> None:
   """Removes a backend :func:`register_backend` added (the library's own stay)."""
-  global IMPLS
-  if name in PREFERENCE or name not in BACKENDS:
+  global IMPLS, PREFERENCE
+  if name in _LIBRARY or name not in BACKENDS:
     raise ValueError(f"{name!r} is not a registered backend of its own")
   del _BACKENDS[name]
   IMPLS = tuple(n for n in IMPLS if n != name)
+  PREFERENCE = tuple(n for n in PREFERENCE if n != name)
+
+
 PER_PLATFORM = "per_platform"  # cfg.impl of impl="auto" where a platform's backend takes it
-_FALLBACK = PREFERENCE[-1]
+_FALLBACK = _LIBRARY[-1]
 
 
 # ---------------------------------------------------------------------------------------------
 # Choosing a backend (once, when a call is prepared).
 
 
-def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()) -> str:
-  """Resolves ``impl`` (:data:`IMPLS`) to a backend's name or
-  :data:`PER_PLATFORM`.
+def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()):
+  """``(resolved, names)``: ``impl`` (:data:`IMPLS`) resolved to a backend's name or
+  :data:`PER_PLATFORM`, and the backends the call runs on besides XLA (sorted; ``()`` for
+  XLA).
 
   "auto" on a host whose default platform (:func:`host_platform`) no kernel backend of
-  :data:`PLATFORM_BACKENDS` runs on (a CPU or TPU host today) is "xla": nothing else could run
-  there, and a program ``jax.export`` lowers takes the XLA path anyway. On a host where one
-  does (a GPU), "auto" on a call that every platform's backend supports (their
-  :meth:`~jaxnorm.backends.interface.Backend.refusal` has no objection) is "per_platform":
-  each backend where the program is lowered for its platform and XLA elsewhere, decided per
-  lowering platform (:func:`run`); any other call
-  is "xla", as is every call where this JAX cannot run one of those backends
-  (:meth:`~jaxnorm.backends.interface.Backend.unavailable`, e.g. a JAX whose Pallas has no
-  Triton backend; a ``RuntimeWarning`` says so once). It never fails where "xla" works. A
-  backend named (or its alias) raises a ``ValueError`` saying why when this JAX cannot run it
-  or it cannot take the call (``op``, a
+  :data:`PLATFORM_BACKENDS` runs on (a CPU host, or a TPU host while the TPU backend's
+  ``auto_on_tpu`` switch is off) is "xla": nothing else could run there, and a program
+  ``jax.export`` lowers takes the XLA path anyway. Elsewhere "auto" decides per platform: each
+  backend of :data:`PLATFORM_BACKENDS` that takes the call (its
+  :meth:`~jaxnorm.backends.interface.Backend.refusal` has no objection) and that this JAX can
+  run (:meth:`~jaxnorm.backends.interface.Backend.unavailable`; a ``RuntimeWarning`` says so
+  once where it cannot) keeps its platforms; the others' platforms run XLA. The result is
+  "per_platform" with those backends (each where the program is lowered for its platform, XLA
+  elsewhere: :func:`run`) when the host's own platform's backend is among them, else "xla". It
+  never fails where "xla" works. A backend named (or its alias) raises a ``ValueError`` saying
+  why when this JAX cannot run it or it cannot take the call (``op``, a
   :class:`~jaxnorm._norm_ops.NormOp`, with its ``options``, the ``(name, value)`` pairs of
   :attr:`NormConfig.options`); whether the platform can compile the kernels is asked where the
-  program is lowered (:mod:`jaxnorm.backends.triton.kernel_call`), for each platform it is lowered
-  for.
+  program is lowered (the backend's ``launch``), for each platform it is lowered for.
   """
   v.check_choice("impl", impl, IMPLS)
   call = (x2_shape, dtype, mask, axis_name, op, options)
@@ -115,17 +165,23 @@ def resolve_impl(impl: str, x2_shape, dtype, mask, axis_name, op, options=()) ->
     if host_platform() not in PLATFORM_BACKENDS:
       # No kernel backend runs on this host's default platform: its programs take the XLA
       # path (so does any export, kernel_call), and tracing pays for one branch, not a switch.
-      return _FALLBACK
-    # Every platform's backend must take the call (one config serves every branch of run()).
-    kernels = set(PLATFORM_BACKENDS.values())
-    takes = kernels and not any([_absent(n) for n in sorted(kernels)]) and all(
-        BACKENDS[n].refusal(*call) is None for n in kernels)
-    return PER_PLATFORM if takes else _FALLBACK
+      return _FALLBACK, ()
+    kernels = sorted(set(PLATFORM_BACKENDS.values()))
+    present = [n for n in kernels if not _absent(n)]
+    return _per_platform(tuple(n for n in present if BACKENDS[n].refusal(*call) is None))
   name = ALIASES.get(impl, impl)
   why_not = BACKENDS[name].unavailable() or BACKENDS[name].refusal(*call)
   if why_not is not None:
     raise ValueError(v.backend_refusal(impl, why_not))
-  return name
+  return name, (() if name == _FALLBACK else (name,))
+
+
+def _per_platform(names):
+  """``(PER_PLATFORM, names)`` where the host's own platform runs one of ``names`` (the kernel
+  backends that take an "auto" call), ``("xla", ())`` otherwise."""
+  if PLATFORM_BACKENDS.get(host_platform()) in names:
+    return PER_PLATFORM, tuple(names)
+  return _FALLBACK, ()
 
 
 def host_platform() -> str:
@@ -135,54 +191,98 @@ def host_platform() -> str:
   return _jax_compat.default_platform()
 
 
+def _owner(config):
+  """The backend whose ``config_class`` ``config`` is an instance of (those of
+  :data:`PREFERENCE` first), or None."""
+  names = list(PREFERENCE) + [n for n in BACKENDS if n not in PREFERENCE]
+  return next((BACKENDS[n] for n in names if BACKENDS[n].config_class is not None
+               and isinstance(config, BACKENDS[n].config_class)), None)
+
+
 def check_config(backend_config, pallas=None):
-  """``(config, argument)``: the call's backend config and the name it was passed under, from its
-  public ``backend_config=`` and the documented alias ``pallas=`` (at most one; ``(None,
-  "backend_config")`` when neither is given). Both given is a ``ValueError`` naming both; a
-  config that is no backend's ``config_class`` a ``TypeError`` naming the argument as spelled
-  (checked before the backend is chosen, so a wrong type is refused whatever ``impl`` is)."""
-  config, argument = backend_config, "backend_config"
+  """``(configs, argument)``: the call's backend configs, a tuple, and the name they were
+  passed under, from its public ``backend_config=`` and the documented alias ``pallas=`` (at
+  most one of them; ``((), "backend_config")`` when neither is given).
+
+  ``backend_config=`` is one backend's config (an instance of a backend's ``config_class``) or
+  a tuple or list of configs of distinct backends (one per backend: the call carries each to
+  its backend, :func:`call_config`); ``pallas=`` is the Triton backend's config only. Both
+  given is a ``ValueError`` naming both, two configs of one backend a ``ValueError``; a value
+  that is no backend's config a ``TypeError`` naming the argument as spelled (checked before
+  the backend is chosen, so a wrong type is refused whatever ``impl`` is)."""
   if pallas is not None:
     if backend_config is not None:
       raise ValueError(f"backend_config= and its alias pallas= were both given "
                        f"({type(backend_config).__name__} and {type(pallas).__name__}); pass "
                        f"the backend config once, as backend_config=.")
-    config, argument = pallas, "pallas"
-  if config is not None:
-    owners = _configured()
-    if not isinstance(config, tuple(b.config_class for b in owners)):
-      v.check_instance(argument, config, owners[0].config_class, owners[0].config_example)
-  return config, argument
+    return (v.check_instance("pallas", pallas, TRITON.config_class, TRITON.config_example),
+            ), "pallas"
+  if backend_config is None:
+    return (), "backend_config"
+  several = isinstance(backend_config, (tuple, list))
+  configs = tuple(backend_config) if several else (backend_config,)
+  seen = {}
+  for config in configs:
+    owner = _owner(config)
+    if owner is None:
+      classes = ", ".join(dict.fromkeys(b.config_class.__name__ for b in BACKENDS.values()
+                                        if b.config_class is not None))
+      got = f"{type(config).__name__} {config!r}" + (" in a tuple" if several else "")
+      raise TypeError(f"backend_config must be a backend's config ({classes}), a tuple of "
+                      f"configs of distinct backends, or None, got {got}; e.g. "
+                      f"backend_config={TRITON.config_example}.")
+    if owner.name in seen:
+      raise ValueError(f"backend_config= holds two configs of the {owner.name!r} backend "
+                       f"({type(seen[owner.name]).__name__} and {type(config).__name__}); "
+                       f"pass one config per backend.")
+    seen[owner.name] = config
+  return configs, "backend_config"
 
 
-def call_config(config, impl: str, impl_arg: str, argument: str = "backend_config"):
-  """The backend config the call carries (its config's ``backend_config`` field), for the
-  resolved ``impl`` (``impl_arg`` and ``argument``: the call's own spellings of ``impl`` and of
-  the config's argument, for the message).
+def call_config(configs, names, impl_arg: str, argument: str = "backend_config"):
+  """The backend configs the call carries (its config's ``backend_config`` field): sorted
+  ``(name, config)`` pairs, one for each backend of ``names`` (what :func:`resolve_impl`
+  resolved the call's ``impl_arg`` to run besides XLA), each the given config of that backend
+  (``configs``, from :func:`check_config`) or its class's default (None for a backend without
+  a config class). Hashable: part of the op's static configuration; the dispatch gives each
+  backend its own (:func:`run`).
 
-  A backend's config applies where that backend runs: a call resolved to a backend with a
-  config class (or to :data:`PER_PLATFORM`, for its platforms' backends) carries ``config``,
-  which must be that class's (a ``TypeError`` otherwise), or that class's default for None. A
-  call resolved to XLA, which has none, carries the first configured backend's default, so that
-  its static configuration does not depend on an argument it does not use.
+  A config is not dropped silently: under a named ``impl_arg`` a config of another backend is a
+  ``TypeError`` naming the backend ``impl_arg`` runs (``argument``: the config's argument as
+  spelled); under "auto", one of a backend that "auto" never runs (not in
+  :data:`PREFERENCE`). A config of a backend in :data:`PREFERENCE` is carried where that
+  backend runs; on a host where "auto" runs XLA (:func:`resolve_impl`) it is unused, as that
+  rule says.
   """
-  if impl == _FALLBACK:
-    return _configured()[0].config_class()
-  names = sorted(set(PLATFORM_BACKENDS.values())) if impl == PER_PLATFORM else [impl]
-  (owner,) = [BACKENDS[n] for n in names if BACKENDS[n].config_class is not None]
-  if config is None:
-    return owner.config_class()
-  if not isinstance(config, owner.config_class):
-    raise TypeError(f"{argument}= is a {type(config).__name__}, which does not configure the "
-                    f"{owner.name!r} backend that impl={impl_arg!r} runs; pass a "
-                    f"{owner.config_class.__name__} or None.")
-  return config
+  configs = tuple(configs)
+  if impl_arg == "auto":
+    for config in configs:
+      owner = _owner(config)
+      if owner.name not in PREFERENCE:
+        raise TypeError(f"{argument}= holds a {type(config).__name__}, which configures the "
+                        f"{owner.name!r} backend, which impl='auto' does not run (it chooses "
+                        f"among {PREFERENCE}); pass impl={owner.name!r} to run it, or leave "
+                        f"its config out.")
+  else:
+    backend = BACKENDS[ALIASES.get(impl_arg, impl_arg)]
+    for config in configs:
+      if backend.config_class is None or not isinstance(config, backend.config_class):
+        takes = ("it takes no config: pass None" if backend.config_class is None else
+                 f"pass a {backend.config_class.__name__} or None")
+        raise TypeError(f"{argument}= is a {type(config).__name__}, which does not configure "
+                        f"the {backend.name!r} backend that impl={impl_arg!r} runs ("
+                        f"{type(config).__name__} configures the {_owner(config).name!r} "
+                        f"backend); {takes}.")
+  return tuple((name, _own_config(configs, name)) for name in sorted(names))
 
 
-def _configured():
-  """The backends with a config class, those of :data:`PREFERENCE` first, in its order."""
-  names = list(PREFERENCE) + [n for n in BACKENDS if n not in PREFERENCE]
-  return [BACKENDS[n] for n in names if BACKENDS[n].config_class is not None]
+def _own_config(configs, name: str):
+  """The config of ``configs`` that configures the backend ``name``, or its class's default."""
+  cls = BACKENDS[name].config_class
+  if cls is None:
+    return None
+  given = next((c for c in configs if isinstance(c, cls)), None)
+  return cls() if given is None else given
 
 
 _WARNED: set[str] = set()  # the backends impl="auto" has warned it runs without
@@ -200,17 +300,22 @@ def _absent(name: str) -> bool:
 
 
 def resolve_add_impl(cfg: NormConfig, dtypes, impl: str) -> NormConfig:
-  """``cfg`` with impl="xla" where the add + norm kernels cannot take one of ``dtypes`` ("auto");
-  a ``ValueError`` where the backend was named."""
+  """``cfg`` without the backends whose add + norm code cannot take one of ``dtypes`` (the
+  residual add's ``(name, dtype)`` pairs; their platforms then run XLA) for "auto", "xla"
+  where none is left that runs on the host (:func:`resolve_impl`'s rule); a ``ValueError``
+  where the backend was named."""
   if cfg.impl == _FALLBACK:
     return cfg
-  names = set(PLATFORM_BACKENDS.values()) if cfg.impl == PER_PLATFORM else {cfg.impl}
-  reason = next(filter(None, (BACKENDS[n].add_refusal(dtypes) for n in sorted(names))), None)
-  if reason is None:
+  why = {n: BACKENDS[n].add_refusal(dtypes) for n, _ in cfg.backend_config}
+  if cfg.impl != PER_PLATFORM:
+    if why[cfg.impl] is None:
+      return cfg
+    raise ValueError(v.backend_refusal(impl, why[cfg.impl]))
+  kept = tuple((n, c) for n, c in cfg.backend_config if why[n] is None)
+  if kept == cfg.backend_config:
     return cfg
-  if impl == "auto":
-    return dataclasses.replace(cfg, impl=_FALLBACK)
-  raise ValueError(v.backend_refusal(impl, reason))
+  resolved, names = _per_platform(tuple(n for n, _ in kept))
+  return dataclasses.replace(cfg, impl=resolved, backend_config=kept if names else ())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,17 +325,20 @@ def resolve_add_impl(cfg: NormConfig, dtypes, impl: str) -> NormConfig:
 def run(cfg, name: str, *args, **static):
   """The role ``name`` of the call's op (``cfg.op``) on the resolved ``cfg.impl``: the entry
   ``(cfg.op.name, name)`` of that backend's table, on ``args``. ``cfg`` is the op's config (a
-  :class:`NormConfig`, or another op's with ``op``, ``impl`` and ``backend_config`` fields).
+  :class:`NormConfig`, or another op's with ``op``, ``impl`` and ``backend_config`` fields; the
+  latter the ``(name, config)`` pairs of :func:`call_config`).
 
   :data:`PER_PLATFORM` is decided per lowering platform: a ``lax.platform_dependent`` with one
-  branch per platform of :data:`PLATFORM_BACKENDS` (the Triton kernels for cuda and rocm) and
-  XLA as the default branch. Only the branch of the platform a program
-  is lowered for is compiled, so ``jax.export(..., platforms=["cuda"])`` from a CPU host carries
-  the kernels and ``["tpu"]`` the XLA formulas; both branches return the same shapes and
-  dtypes. A kernel backend runs its kernels through its own ``launch`` (the Triton backend's
-  kernel-call primitive), so every branch can be differentiated again.
+  branch per platform of :data:`PLATFORM_BACKENDS` whose backend takes the call (those of
+  ``cfg.backend_config``: the Triton kernels for cuda and rocm) and XLA as the default branch.
+  Only the branch of the platform a program is lowered for is compiled, so ``jax.export(...,
+  platforms=["cuda"])`` from a GPU host carries the kernels and ``["tpu"]`` the XLA formulas
+  (while the TPU backend's switch is off); every branch returns the same shapes and dtypes. A
+  kernel backend runs its kernels through its own ``launch`` (the Triton backend's kernel-call
+  primitive), so every branch can be differentiated again. Each backend sees its own config as
+  ``cfg.backend_config``.
   """
-  names = sorted(set(PLATFORM_BACKENDS.values())) if cfg.impl == PER_PLATFORM else [cfg.impl]
+  names = [n for n, _ in cfg.backend_config] if cfg.impl == PER_PLATFORM else [cfg.impl]
   # Every entry also carries the fallback's function: a kernel backend's primitive types,
   # differentiates and (elsewhere="xla") lowers the call with it.
   key = (cfg.op.name, name)
@@ -239,20 +347,24 @@ def run(cfg, name: str, *args, **static):
 
 
 def _dispatch(cfg, fn, *args):
-  """``fn(cfg, *args)`` on ``cfg.impl``, through the backend's ``launch`` (the fallback runs it
-  directly); per lowering platform for :data:`PER_PLATFORM`."""
+  """``fn(cfg, *args)`` on ``cfg.impl``, through the backend's ``launch`` with its own config
+  as ``backend_config`` (the fallback runs it directly); per lowering platform for
+  :data:`PER_PLATFORM`."""
   if cfg.impl == _FALLBACK:
     return fn(cfg, *args)
+  configs = dict(cfg.backend_config)
   if cfg.impl != PER_PLATFORM:
-    return BACKENDS[cfg.impl].launch(cfg, fn, *args)
+    own = dataclasses.replace(cfg, backend_config=configs[cfg.impl])
+    return BACKENDS[cfg.impl].launch(own, fn, *args)
   fallback = dataclasses.replace(cfg, impl=_FALLBACK)
   # A program lowered for several platforms lowers every branch for each of them: a kernels'
   # branch then lowers to the XLA path where the kernels do not compile (elsewhere="xla").
   # One branch per backend, shared by its platforms (platform_dependent merges equal branches).
-  per_backend = {name: functools.partial(BACKENDS[name].launch, dataclasses.replace(cfg, impl=name),
-                                         fn, elsewhere="xla")
-                 for name in set(PLATFORM_BACKENDS.values())}
-  branches = {platform: per_backend[name] for platform, name in PLATFORM_BACKENDS.items()}
+  per_backend = {name: functools.partial(
+      BACKENDS[name].launch, dataclasses.replace(cfg, impl=name, backend_config=config), fn,
+      elsewhere="xla") for name, config in configs.items()}
+  branches = {platform: per_backend[name] for platform, name in PLATFORM_BACKENDS.items()
+              if name in per_backend}
   return lax.platform_dependent(*args, default=functools.partial(fn, fallback), **branches)
 
 

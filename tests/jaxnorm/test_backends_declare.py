@@ -15,6 +15,7 @@ from jaxnorm.backends import table as _backends
 from jaxnorm.ops.norm import args as _norm_args
 from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 from jaxnorm.backends.triton import backend as triton_backend
+from jaxnorm.backends.tpu import TpuConfig
 from jaxnorm.backends.xla.backend import register_norm_op
 from jaxnorm.backends.xla.formulas import FORWARD_VIEWS
 from jaxnorm.backends.xla.statistics import STATISTICS
@@ -53,13 +54,16 @@ def _grad(f):
 
 
 def test_backends_declare_platforms_config_and_allow_list():
-  xla, triton = _backends.BACKENDS["xla"], _backends.BACKENDS["triton"]
+  xla, triton, tpu = (_backends.BACKENDS[n] for n in ("xla", "triton", "tpu"))
   assert xla.platforms is None and xla.config_class is None
   assert triton.platforms == ("cuda", "rocm") and triton.config_class is jaxnorm.PallasConfig
+  assert triton.auto_platforms == triton.platforms  # the default: its platforms
+  # The TPU backend is in auto's order, its platforms held back by its switch (goal 4).
+  assert tpu.platforms == ("tpu",) and tpu.config_class is TpuConfig and tpu.auto_platforms == ()
   kernel_ops = {op for op, role in triton_backend.TRITON.table if role == "forward"}
   assert kernel_ops == {LAYER_NORM.name, RMS_NORM.name, "gated_rms_norm"}
   assert dict(_backends.PLATFORM_BACKENDS) == {"cuda": "triton", "rocm": "triton"}
-  assert _backends.PREFERENCE[-1] == "xla" and _backends.ALIASES["pallas"] == "triton"
+  assert _backends.PREFERENCE == ("triton", "tpu", "xla") and _backends.ALIASES["pallas"] == "triton"
   call = ((16, 128), jnp.float32)
   assert triton.supports(RMS_NORM, *call) and xla.supports(NO_KERNEL, *call)
   assert not triton.supports(NO_KERNEL, *call)
@@ -97,22 +101,77 @@ def test_triton_and_its_alias_pallas_export_the_same_kernels():
 
 
 def test_an_unknown_impl_names_the_choices():
-  with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'xla', 'triton', 'pallas'\), got 'mosaic'"):
+  assert _backends.IMPLS == ("auto", "xla", "triton", "tpu", "pallas")
+  with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'xla', 'triton', 'tpu', "
+                                       r"'pallas'\), got 'mosaic'"):
     jaxnorm.rms_norm(jnp.ones((2, 8)), impl="mosaic")
 
 
 def test_a_backend_config_is_checked_against_the_backends_config_classes():
-  """``pallas=`` is checked against the backends' ``config_class`` (no op names one), and carried
-  where its backend runs: an XLA call carries the default, whatever was passed."""
+  """``backend_config=`` is checked against the backends' ``config_class`` (no op names one),
+  ``pallas=`` against the Triton backend's only, and each config carried to its backend, one per
+  backend the call runs on (sorted ``(name, config)`` pairs); none is dropped silently."""
   x = jnp.ones((4, 8))
   with pytest.raises(TypeError, match=r"pallas must be a jaxnorm.PallasConfig or None, got str"):
     jaxnorm.layer_norm(x, pallas="fast")
   with pytest.raises(TypeError, match=r"pallas must be a jaxnorm.PallasConfig or None"):
     jaxnorm.gated_rms_norm(x, x, pallas=3)
-  given = jaxnorm.PallasConfig(interpret=True)
-  assert _backends.call_config(given, "xla", "xla") == jaxnorm.PallasConfig()
-  assert _backends.call_config(given, _backends.PER_PLATFORM, "auto") is given
-  assert _backends.call_config(None, "triton", "pallas") == jaxnorm.PallasConfig()
-  with pytest.raises(TypeError, match=r"does not configure the 'triton' backend that "
-                                      r"impl='pallas' runs"):
-    _backends.call_config(object(), "triton", "pallas")
+  with pytest.raises(TypeError, match=r"^pallas must be a jaxnorm.PallasConfig or None, got "
+                                      r"TpuConfig"):  # the alias is the Triton config's only
+    jaxnorm.rms_norm(x, impl="tpu", pallas=TpuConfig(interpret=True))
+  with pytest.raises(TypeError, match=r"^backend_config must be a backend's config \(PallasConfig, "
+                                      r"TpuConfig\), a tuple of configs of distinct backends"):
+    jaxnorm.rms_norm(x, backend_config=(TpuConfig(), "fast"))
+  with pytest.raises(ValueError, match=r"^backend_config= holds two configs of the 'triton' "
+                                       r"backend"):
+    jaxnorm.rms_norm(x, backend_config=(jaxnorm.PallasConfig(), jaxnorm.PallasConfig()))
+  given, tpu = jaxnorm.PallasConfig(interpret=True), TpuConfig(interpret=True)
+  configs, argument = _backends.check_config([tpu, given])
+  assert configs == (tpu, given) and argument == "backend_config"
+  assert _backends.check_config(None, given) == ((given,), "pallas")
+  # Each backend the call runs on gets its own, or its default; XLA carries none.
+  assert _backends.call_config(configs, (), "auto") == ()
+  assert _backends.call_config(configs, ("tpu", "triton"), "auto") == (
+      ("tpu", tpu), ("triton", given))
+  assert _backends.call_config((given,), ("tpu", "triton"), "auto") == (
+      ("tpu", TpuConfig()), ("triton", given))
+  assert _backends.call_config((), ("triton",), "pallas") == (("triton", jaxnorm.PallasConfig()),)
+  # A config of the wrong type names the backend impl resolved to.
+  with pytest.raises(TypeError, match=r"^backend_config= is a TpuConfig, which does not configure "
+                                      r"the 'triton' backend that impl='pallas' runs \(TpuConfig "
+                                      r"configures the 'tpu' backend\); pass a PallasConfig"):
+    jaxnorm.rms_norm(x, impl="pallas", backend_config=tpu)
+  with pytest.raises(TypeError, match=r"^backend_config= is a PallasConfig, which does not "
+                                      r"configure the 'tpu' backend that impl='tpu' runs"):
+    jaxnorm.rms_norm(x, impl="tpu", backend_config=(tpu, given))
+  # impl="xla" runs no backend config: one given is refused, not dropped.
+  with pytest.raises(TypeError, match=r"^pallas= is a PallasConfig, which does not configure the "
+                                      r"'xla' backend that impl='xla' runs \(PallasConfig "
+                                      r"configures the 'triton' backend\); it takes no config"):
+    jaxnorm.rms_norm(x, impl="xla", pallas=given)
+  # "auto" carries a config of any backend of PREFERENCE where that backend runs; on this CPU
+  # host it runs XLA (the documented rule), so the call carries none.
+  cfg = _norm_args.prepare(
+      x, None, None, op=RMS_NORM, epsilon=1e-6, axis=-1, mask=None, epsilon_placement="inside",
+      zero_centered_scale=False, axis_name=None, axis_index_groups=None, dtype=None,
+      impl="auto", backend_config=(tpu, given))[0]
+  assert cfg.impl == "xla" and cfg.backend_config == ()
+
+
+def test_the_default_refusal_reads_the_backends_own_table():
+  """A backend's default refusal: an op without entries in its table refused by name, then the
+  op's own ``"refusal"`` entry asked; a backend with an entry but no refusal takes the call."""
+  from jaxnorm.backends.interface import Backend
+
+  class Partial(Backend):
+    name = "partial"
+
+  b = Partial()
+  b.register(RMS_NORM.name, forward=lambda *a: None)
+  b.register(LAYER_NORM.name, forward=lambda *a: None,
+             refusal=lambda op, shape, dtype, options: f"no {op.name} at {shape}")
+  call = ((16, 128), jnp.float32, None, None)
+  assert b.refusal(*call, RMS_NORM) is None
+  assert b.refusal(*call, LAYER_NORM) == "no layer_norm at (16, 128)"
+  assert b.refusal(*call, NO_KERNEL) == "the partial backend does not implement " + NO_KERNEL.name
+  assert not b.supports(NO_KERNEL, (16, 128), jnp.float32)

@@ -338,10 +338,12 @@ def test_fused_kernels_match_add_then_plain_kernels():
         epsilon=1e-5, axis=-1, mask=None, epsilon_placement="outside", zero_centered_scale=True,
         axis_name=None, axis_index_groups=None, dtype=None, impl="pallas",
         pallas=PALLAS.pallas)
-    assert not isinstance(cfg.backend_config, DecomposedAddConfig)
+    ((_, pallas),) = cfg.backend_config  # ("triton", its config)
+    assert not isinstance(pallas, DecomposedAddConfig)
     outs = []
-    unfused = dataclasses.replace(cfg, backend_config=DecomposedAddConfig.of(cfg.backend_config))
-    assert unfused.backend_config.interpret == cfg.backend_config.interpret and unfused != cfg
+    unfused = dataclasses.replace(
+        cfg, backend_config=(("triton", DecomposedAddConfig.of(pallas)),))
+    assert unfused.backend_config[0][1].interpret == pallas.interpret and unfused != cfg
     for c in (cfg, unfused):
       fused = c is cfg
       f = lambda x, r, s, b, c=c: _ad.add_norm(c, x, r, s, b, None)  # noqa: E731

@@ -1,9 +1,12 @@
-"""After Triton (issue 51): on a JAX whose Pallas has no Triton backend (simulated by replacing the
-probe of :mod:`jaxnorm.backends.triton.compat`), ``impl="auto"`` runs XLA and warns once, and
-``impl="triton"``/``"pallas"`` raise a ``ValueError`` naming the JAX version and the alternatives.
+"""After Triton (issue 51): on a JAX whose Pallas has no Triton backend (the module really
+blocked: ``None`` in ``sys.modules``, Python's marker for a module ``import`` refuses, for
+Pallas's Triton module or for Pallas itself; the probe of :mod:`jaxnorm.backends.triton.compat`
+runs as it is), ``impl="auto"`` runs XLA and warns once, and ``impl="triton"``/``"pallas"`` raise
+a ``ValueError`` naming the JAX version and the alternatives.
 """
 
 import importlib
+import sys
 import warnings
 
 import jax
@@ -18,16 +21,27 @@ from jaxnorm.backends.triton import compat
 KERNELS = "jaxnorm_kernels"  # the kernel-call primitive's name in a jaxpr
 
 
-@pytest.fixture
-def no_triton(monkeypatch):
-  """This process's JAX as one without ``jax.experimental.pallas.triton``."""
-  monkeypatch.setattr(compat, "_find_triton_module", lambda: None)
+@pytest.fixture(params=["jax.experimental.pallas.triton", "jax.experimental.pallas"])
+def no_triton(monkeypatch, request):
+  """This process's JAX as one without ``jax.experimental.pallas.triton``: the module (or
+  Pallas) blocked in ``sys.modules``, the probe itself asked."""
+  monkeypatch.setitem(sys.modules, request.param, None)
   monkeypatch.setattr(table, "_WARNED", set())
   compat.missing.cache_clear()
   compat._api.cache_clear()
   yield
+  monkeypatch.undo()
   compat.missing.cache_clear()
   compat._api.cache_clear()
+  assert compat.missing() is None or not _importable()
+
+
+def _importable() -> bool:
+  try:
+    importlib.import_module("jax.experimental.pallas.triton")
+    return True
+  except ImportError:
+    return False
 
 
 def _inputs():
@@ -37,12 +51,7 @@ def _inputs():
 
 def test_the_probe_agrees_with_an_import():
   """The probe (no import) says the module is there exactly when importing it works."""
-  try:
-    importlib.import_module("jax.experimental.pallas.triton")
-    present = True
-  except ImportError:
-    present = False
-  assert (compat.missing() is None) == present
+  assert (compat.missing() is None) == _importable()
 
 
 def test_auto_runs_xla_and_warns_once(no_triton, gpu_host):

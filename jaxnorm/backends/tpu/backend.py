@@ -219,6 +219,7 @@ class TpuBackend(Backend):
   platforms = PLATFORMS
   config_class = _config.TpuConfig
   config_example = "jaxnorm.backends.tpu.TpuConfig(interpret=True)"
+  not_implemented = "the TPU kernels do not implement {op}"
   auto_on_tpu = AUTO_ON_TPU  # the switch, per instance (a test flips it)
 
   @property
@@ -234,10 +235,7 @@ class TpuBackend(Backend):
     """Why the kernels cannot take a plain call on ``x2: (rows, d)``, or None: an op without
     entries in this backend's table first (by name), then the op's own ``"refusal"`` entry
     (its options), a mask, ``axis_name``, a non-manual mesh, the dtype and the shape."""
-    op_refusal = self.table.get((op.name, "refusal"))
-    if op_refusal is None:
-      return f"the TPU kernels do not implement {op.name}"
-    why = op_refusal(op, x2_shape, dtype, dict(options))
+    why = super().refusal(x2_shape, dtype, mask, axis_name, op, options)  # the table's
     if why is not None:
       return why
     if mask is not None:

@@ -217,6 +217,7 @@ class TritonBackend(Backend):
   platforms = PLATFORMS
   config_class = _config.PallasConfig
   config_example = "jaxnorm.PallasConfig(interpret=True)"
+  not_implemented = "the Pallas kernels do not implement {op}"
 
   def unavailable(self):
     """Why this JAX cannot run the kernels (its Pallas has no Triton backend), or None
@@ -228,12 +229,10 @@ class TritonBackend(Backend):
 
     ``op``: the op's declaration; ``options``: its ``(name, value)`` pairs. The kernels
     implement the ops of the backend's table, with what the op's ``"refusal"`` entry there
-    allows (the norm ops: no option away from its default); no other op.
+    allows (the norm ops: no option away from its default); no other op (the default
+    :meth:`~jaxnorm.backends.interface.Backend.refusal` says both).
     """
-    op_refusal = self.table.get((op.name, "refusal"))
-    if op_refusal is None:
-      return f"the Pallas kernels do not implement {op.name}"
-    why = op_refusal(op, x2_shape, dtype, dict(options))
+    why = super().refusal(x2_shape, dtype, mask, axis_name, op, options)  # the table's
     if why is not None:
       return why
     if mask is not None:

@@ -37,15 +37,16 @@ _TRITON = "jax.experimental.pallas.triton"
 
 
 def _find_triton_module():
-  """The import spec of Pallas's Triton module, found without importing Pallas (None: absent).
-
-  The probe :func:`missing` asks (a test replaces it to simulate a JAX without the module).
-  """
-  pallas = importlib.util.find_spec("jax.experimental.pallas")  # imports jax.experimental only
+  """The import spec of Pallas's Triton module, found without importing Pallas; None where it
+  is absent or blocked (a ``None`` in ``sys.modules``, Python's marker for a module ``import``
+  refuses, for it or for Pallas). The probe :func:`missing` asks."""
+  # find_spec answers None for a blocked Pallas (and imports jax.experimental only).
+  pallas = importlib.util.find_spec("jax.experimental.pallas")
   if pallas is None or not pallas.submodule_search_locations:
     return None
   if _TRITON in sys.modules:
-    return sys.modules[_TRITON].__spec__
+    module = sys.modules[_TRITON]
+    return None if module is None else (getattr(module, "__spec__", None) or module)
   return importlib.machinery.PathFinder.find_spec(_TRITON, pallas.submodule_search_locations)
 
 

@@ -193,16 +193,17 @@ def _prepare(x, z, scale, *, epsilon, dtype, impl, backend_config=None, pallas=N
     raise ValueError(f"group_size must divide x's last axis ({d}), got {k}; Mamba2's "
                      f"group_size is d // ngroups.")
   out_dtype = v.check_out_dtype("dtype", dtype)
-  config, config_arg = _backends.check_config(backend_config, pallas)
+  configs, config_arg = _backends.check_config(backend_config, pallas)
   dtypes = [a.dtype for a in (x, z, scale) if a is not None]
   ct = jnp.dtype(jnp.promote_types(jnp.result_type(*dtypes), jnp.float32))
   v.check_epsilon_range(epsilon, ct)  # traced calls too (the range check runs eagerly only)
   rows = int(x.size // d) if d else 0
-  resolved = _backends.resolve_impl(impl, (rows, d), jnp.result_type(*dtypes), None, None,
-                                    GATED_RMS_NORM, tuple(dict(opts, group_size=k).items()))
+  resolved, names = _backends.resolve_impl(
+      impl, (rows, d), jnp.result_type(*dtypes), None, None, GATED_RMS_NORM,
+      tuple(dict(opts, group_size=k).items()))
   return GatedConfig(GATED_RMS_NORM, k, epsilon, opts["norm_before_gate"],
                      jnp.dtype(out_dtype or x.dtype), ct, resolved,
-                     _backends.call_config(config, resolved, impl, config_arg),
+                     _backends.call_config(configs, names, impl, config_arg),
                      _plan(opts["casting"], x, scale, ct))
 
 

@@ -70,10 +70,10 @@ def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
         shapes=(scale_heads + (d,), bias_heads + (d,)), out_dtype=dtype or x.dtype)
   lead = tuple(x.shape[:axes[0]])
   x2 = x.reshape(lead + (d,))
-  config, config_arg = _backends.check_config(backend_config, pallas)
+  configs, config_arg = _backends.check_config(backend_config, pallas)
   impl_arg = impl
-  impl = _backends.resolve_impl(impl, (int(np.prod(lead)), d), x.dtype, mask, axis_name,
-                                op, options)
+  impl, names = _backends.resolve_impl(impl, (int(np.prod(lead)), d), x.dtype, mask,
+                                       axis_name, op, options)
   mask2 = None
   if mask is not None:
     mask2 = jnp.broadcast_to(mask, x.shape).reshape(lead + (d,))
@@ -89,7 +89,7 @@ def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
       bias_shape=None if bias is None else bias_heads + (d,),
       bias_vma=frozenset() if bias is None else _jax_compat.varying_axes(bias),
       impl=impl,
-      backend_config=_backends.call_config(config, impl, impl_arg, config_arg),
+      backend_config=_backends.call_config(configs, names, impl_arg, config_arg),
       cast=cast_plan(casting, x.dtype, None if scale is None else scale.dtype,
                      None if bias is None else bias.dtype),
       heads=max(scale_heads, bias_heads, key=len),
