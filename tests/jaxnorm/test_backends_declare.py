@@ -175,3 +175,43 @@ def test_the_default_refusal_reads_the_backends_own_table():
   assert b.refusal(*call, LAYER_NORM) == "no layer_norm at (16, 128)"
   assert b.refusal(*call, NO_KERNEL) == "the partial backend does not implement " + NO_KERNEL.name
   assert not b.supports(NO_KERNEL, (16, 128), jnp.float32)
+
+
+def test_two_kernel_backends_auto_decides_per_platform(monkeypatch, gpu_host):
+  """With the TPU backend's switch on, "auto" holds both kernel backends, each with its own
+  config: a program lowered for cuda and tpu carries the Triton kernels in one branch and the
+  TPU kernels in the other; a call the TPU kernels refuse (float16) keeps the Triton branch,
+  and the tpu platform runs XLA."""
+  from jaxnorm.backends.tpu import TPU
+  monkeypatch.setattr(TPU, "auto_on_tpu", True)
+  assert dict(_backends.PLATFORM_BACKENDS) == {"cuda": "triton", "rocm": "triton", "tpu": "tpu"}
+  x, s = _args()
+
+  def grad(dtype, **kw):
+    return _grad(lambda x, s: jaxnorm.rms_norm(x.astype(dtype), s, **kw).astype(jnp.float32))
+
+  cfg = (TpuConfig(block_rows=8), jaxnorm.PallasConfig())
+  both = lowered_for(grad(jnp.float32, backend_config=cfg), ("cuda", "tpu"), x, s)
+  assert both.count(TRITON_CALL) >= 2 and both.count("tpu_custom_call") == 2
+  half = lowered_for(grad(jnp.float16), ("cuda", "tpu"), x, s)
+  assert half.count(TRITON_CALL) >= 2 and "tpu_custom_call" not in half
+  # A JAX without Pallas's Triton module (blocked; the probe asked): on a GPU host, whose own
+  # backend cannot run, "auto" is XLA everywhere (trace-time rule, issue 62); on a TPU host the
+  # TPU branch stays.
+  import sys
+  import warnings
+  from jaxnorm.backends.triton import compat
+  monkeypatch.setitem(sys.modules, "jax.experimental.pallas.triton", None)
+  monkeypatch.setattr(_backends, "_WARNED", {"triton"})  # warned already: no warning here
+  compat.missing.cache_clear()
+  try:
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")
+      on_gpu = lowered_for(grad(jnp.float32), ("cuda", "tpu"), x, s)
+      monkeypatch.setattr(_backends, "host_platform", lambda: "tpu")
+      on_tpu = lowered_for(grad(jnp.float32), ("cuda", "tpu"), x, s)
+  finally:
+    monkeypatch.delitem(sys.modules, "jax.experimental.pallas.triton", raising=False)
+    compat.missing.cache_clear()
+  assert TRITON_CALL not in on_gpu and "tpu_custom_call" not in on_gpu
+  assert TRITON_CALL not in on_tpu and on_tpu.count("tpu_custom_call") == 2
