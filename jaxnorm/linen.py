@@ -41,8 +41,8 @@ Deliberate differences from Flax:
 Extra trailing fields (their defaults reproduce Flax): ``epsilon_placement`` (``"inside"``:
 :math:`\sqrt{\sigma^2 + \epsilon}`, ``"outside"``: :math:`\sqrt{\sigma^2} + \epsilon`),
 ``zero_centered_scale`` (multiply by :math:`1 + \gamma`; pair it with
-``scale_init=nn.initializers.zeros`` to start at the identity) and ``impl`` (``"auto"``,
-``"xla"``, ``"pallas"``).
+``scale_init=nn.initializers.zeros`` to start at the identity) and ``impl``
+(IMPL_CHOICES).
 """
 
 from __future__ import annotations
@@ -57,8 +57,11 @@ from jax.nn import initializers
 
 from jaxnorm.flax import common as common
 from jaxnorm import _validation as v
+from jaxnorm.backends import table as _backends
 from jaxnorm.flax import linen_pointwise as _pointwise
 from jaxnorm.flax.gated_linen import GatedRMSNorm as GatedRMSNorm
+
+__doc__ = _backends.documented(__doc__)  # the impl= choices of the table
 
 # One layer per pointwise op of jaxnorm.OPS (DyT, Derf), built from its entry (exported by name).
 # The layer of a pointwise op added to jaxnorm.OPS after import (register) is found by
@@ -97,6 +100,7 @@ def _call(mdl: nn.Module, op_name: str, x: Any, mask: Any, use_scale: bool, use_
                           residual_scale=residual_scale, **common.layer_options(mdl, op_name))
 
 
+@_backends.documented
 class LayerNorm(nn.Module):
   r"""Layer normalization (https://arxiv.org/abs/1607.06450) with a custom VJP.
 
@@ -138,7 +142,7 @@ class LayerNorm(nn.Module):
       in at least float32.
     epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
-    impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
+    impl: IMPL_CHOICES.
     backend_config: the config of the backend ``impl`` runs, or None (a
       :class:`jaxnorm.PallasConfig` for the kernels; :func:`jaxnorm.layer_norm`).
     casting: ``"float32"``, ``"llama"`` or ``"t5"``: where the affine stage rounds.
@@ -193,6 +197,7 @@ class LayerNorm(nn.Module):
                  residual_scale)
 
 
+@_backends.documented
 class RMSNorm(nn.Module):
   r"""RMS normalization (https://arxiv.org/abs/1910.07467) with a custom VJP.
 
@@ -231,7 +236,7 @@ class RMSNorm(nn.Module):
       in at least float32.
     epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
-    impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
+    impl: IMPL_CHOICES.
     backend_config: the config of the backend ``impl`` runs, or None (a
       :class:`jaxnorm.PallasConfig` for the kernels; :func:`jaxnorm.layer_norm`).
     casting: ``"float32"``, ``"llama"`` or ``"t5"``: where the affine stage rounds.

@@ -40,7 +40,7 @@ Extra trailing keyword arguments (their defaults reproduce Flax):
 * ``zero_centered_scale``: ``True`` multiplies by :math:`1 + \gamma` (Gemma style). The
   default ``scale_init`` (ones) then starts at an effective scale of 2; pass
   ``scale_init=nnx.initializers.zeros_init()`` to start at the identity.
-* ``impl``: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``, the kernel of the op.
+* ``impl``: IMPL_CHOICES, the kernel of the op.
 * ``casting``: ``"float32"`` (default), ``"llama"`` or ``"t5"``, the order of casts of the
   affine stage (``docs/modules.md``, "Casting modes").
 """
@@ -58,12 +58,15 @@ from flax.nnx.nn import dtypes, initializers
 from flax.typing import Axes, Dtype, Initializer, PromoteDtypeFn
 
 from jaxnorm import _validation as v
+from jaxnorm.backends import table as _backends
 from jaxnorm.flax import common as common
 from jaxnorm.flax.gated_nnx import GatedRMSNorm as GatedRMSNorm
 from jaxnorm.flax import nnx_pointwise as _pointwise
 from jaxnorm.flax.nnx_pointwise import param as _param
 from jaxnorm.flax.nnx_pointwise import value as _value
 from jaxnorm.ops.table import OPS
+
+__doc__ = _backends.documented(__doc__)  # the impl= choices of the table
 
 # One layer per pointwise op of jaxnorm.OPS (DyT, Derf), built from its entry by
 # jaxnorm.flax.nnx_pointwise (their __module__ is this one), exported by name.
@@ -100,6 +103,7 @@ def _init_norm(layer: nnx.Module, name: str, op_name: str, args: dict[str, tp.An
     setattr(layer, k, a)
 
 
+@_backends.documented
 class LayerNorm(nnx.Module):
   r"""Layer normalization (https://arxiv.org/abs/1607.06450) with a custom VJP.
 
@@ -148,7 +152,7 @@ class LayerNorm(nnx.Module):
     scale_metadata: metadata for the scale ``nnx.Param``.
     epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
-    impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
+    impl: IMPL_CHOICES.
     backend_config: the config of the backend ``impl`` runs, or None (a
       :class:`jaxnorm.PallasConfig` for the kernels; :func:`jaxnorm.layer_norm`).
     casting: ``"float32"``, ``"llama"`` or ``"t5"``: where the affine stage rounds.
@@ -214,6 +218,7 @@ class LayerNorm(nnx.Module):
                  residual_scale)
 
 
+@_backends.documented
 class RMSNorm(nnx.Module):
   r"""RMS normalization (https://arxiv.org/abs/1910.07467) with a custom VJP.
 
@@ -257,7 +262,7 @@ class RMSNorm(nnx.Module):
       ``sharding_names`` before Flax 0.12.4).
     epsilon_placement: ``"inside"`` (Flax) or ``"outside"`` the square root.
     zero_centered_scale: if True, multiply by ``1 + scale`` instead of ``scale``.
-    impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
+    impl: IMPL_CHOICES.
     backend_config: the config of the backend ``impl`` runs, or None (a
       :class:`jaxnorm.PallasConfig` for the kernels; :func:`jaxnorm.layer_norm`).
     casting: ``"float32"``, ``"llama"`` or ``"t5"``: where the affine stage rounds.

@@ -2,25 +2,32 @@
 
 :data:`BACKENDS` maps a name to an object with the methods of
 :class:`jaxnorm.backends.interface.Backend`: ``"xla"`` (:mod:`jaxnorm.backends.xla.backend`, runs
-everywhere) and ``"triton"`` (:mod:`jaxnorm.backends.triton.backend`, the Triton kernels written in
-Pallas; ``impl="pallas"`` is its alias, :data:`ALIASES`). Each backend declares its lowering
-platforms, its config class (what the call's ``backend_config=`` must be, checked by
-:func:`check_config` and :func:`call_config`) and what it supports. :data:`PREFERENCE` is the
-order ``impl="auto"`` tries them in; :data:`PLATFORM_BACKENDS`, the ``{platform: backend}`` map
-the per-platform choice is built from, is derived from it and the backends' platforms. Adding a
-backend is its own subpackage implementing the interface, plus its entry in :data:`BACKENDS` and
-its place in :data:`PREFERENCE` (``docs/ops.md``), or :func:`register_backend`.
+everywhere), ``"triton"`` (:mod:`jaxnorm.backends.triton.backend`, the Triton kernels written in
+Pallas, for GPUs; ``impl="pallas"`` is its alias, :data:`ALIASES`) and ``"tpu"``
+(:mod:`jaxnorm.backends.tpu.backend`, the Pallas TPU kernels). Each backend declares its lowering
+platforms, the platforms ``impl="auto"`` may give it (``auto_platforms``: its platforms, or fewer;
+the TPU backend's none until its ``AUTO_ON_TPU`` switch), its config class (what the call's
+``backend_config=`` holds for it, checked by :func:`check_config` and :func:`call_config`) and
+what it supports. :data:`PREFERENCE` is the order ``impl="auto"`` tries them in;
+:data:`PLATFORM_BACKENDS`, the ``{platform: backend}`` map the per-platform choice is built
+from, is read from it and the backends' ``auto_platforms``. Adding a backend is its own
+subpackage implementing the interface, plus its entry in :data:`BACKENDS` and its place in
+:data:`PREFERENCE` (``docs/ops.md``), or :func:`register_backend` (``auto=True`` for a place in
+"auto"'s choice).
 
 A call's ``impl`` is resolved once, when it is prepared (:func:`resolve_impl`): a backend's
-name, or "per_platform" (``impl="auto"`` on a call a platform's preferred backend takes: that
-backend where the program is lowered for its platform, XLA elsewhere). :func:`run` then looks
-the call's ``(op, role)`` up in the tables of the backends it may run on (the one dispatch, for
-every op), binds them into one :class:`~jaxnorm.backends.interface.Entry` and runs it: XLA's
-directly, a kernel backend's through its ``launch`` (the Triton backend's is the primitive that
-lowers the kernels per platform, :func:`jaxnorm.backends.triton.kernel_call.kernel_call`).
-:func:`formula` gives the XLA formulas the differentiation layer runs whatever the backend. The
-functions below are what the differentiation layers (:mod:`jaxnorm.ops.norm.rules`,
-:mod:`jaxnorm.ops.gated.rules`) and the tests call.
+name, or "per_platform" (``impl="auto"``: each platform's backend that takes the call where the
+program is lowered for its platform, XLA elsewhere). The call carries one config per backend it
+runs on (:func:`call_config`: sorted ``(name, config)`` pairs). :func:`run` then looks the call's
+``(op, role)`` up in the tables of the backends it may run on (the one dispatch, for every op),
+binds them into one :class:`~jaxnorm.backends.interface.Entry` and runs it: XLA's directly, a
+kernel backend's through its ``launch`` with its own config (the Triton backend's is the
+primitive that lowers the kernels per platform,
+:func:`jaxnorm.backends.triton.kernel_call.kernel_call`). :func:`formula` gives the XLA formulas
+the differentiation layer runs whatever the backend. The ops' and layers' docstrings list the
+``impl=`` choices of this table (:func:`documented`). The functions below are what the
+differentiation layers (:mod:`jaxnorm.ops.norm.rules`, :mod:`jaxnorm.ops.gated.rules`) and the
+tests call.
 """
 
 from __future__ import annotations
@@ -43,11 +50,11 @@ from jaxnorm.backends.tpu.backend import TPU
 from jaxnorm.backends.triton.backend import TRITON
 from jaxnorm.backends.xla.backend import XLA
 
-__all__ = ["ALIASES", "BACKENDS", "IMPLS", "PER_PLATFORM", "PLATFORM_BACKENDS", "PREFERENCE",
-           "add_backward", "add_forward", "add_forward_only", "backward", "formula", "forward",
-           "forward_only", "impl_choices", "param_cotangents", "resolve_add_impl",
-           "resolve_impl", "run", "call_config", "check_config", "host_platform",
-           "register_backend", "unregister_backend"]
+__all__ = ["ALIASES", "BACKENDS", "IMPLS", "IMPL_TOKEN", "PER_PLATFORM", "PLATFORM_BACKENDS",
+           "PREFERENCE", "add_backward", "add_forward", "add_forward_only", "backward",
+           "call_config", "check_config", "documented", "formula", "forward", "forward_only",
+           "host_platform", "impl_choices", "param_cotangents", "register_backend",
+           "resolve_add_impl", "resolve_impl", "run", "unregister_backend"]
 
 _BACKENDS = {XLA.name: XLA, TRITON.name: TRITON, TPU.name: TPU}
 BACKENDS = types.MappingProxyType(_BACKENDS)  # register_backend adds to it
@@ -99,6 +106,21 @@ def impl_choices(impls=None) -> str:
   words = [f'``"{i}"``' + (f' (the alias of ``"{ALIASES[i]}"``)' if i in ALIASES else "")
            for i in impls]
   return ", ".join(words[:-1]) + " or " + words[-1]
+
+
+#: The token a docstring writes where :func:`documented` puts :func:`impl_choices`.
+IMPL_TOKEN = "IMPL_CHOICES"
+
+
+def documented(obj):
+  """``obj`` (a function or class; or a module's docstring, a ``str``) with :data:`IMPL_TOKEN`
+  in its docstring replaced by :func:`impl_choices`: the ops and layers list the ``impl=``
+  values of this table, not a copy of them. Returns ``obj`` (or the new string)."""
+  if isinstance(obj, str) or obj is None:
+    return None if obj is None else obj.replace(IMPL_TOKEN, impl_choices())
+  if obj.__doc__:
+    obj.__doc__ = obj.__doc__.replace(IMPL_TOKEN, impl_choices())
+  return obj
 
 
 def register_backend(backend, *, auto: bool = False) -> None:

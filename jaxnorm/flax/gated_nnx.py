@@ -16,12 +16,14 @@ from flax.linen import dtypes
 from flax.nnx.nn import initializers
 
 from jaxnorm import _validation as v
+from jaxnorm.backends import table as _backends
 from jaxnorm.ops.gated.rules import check_layer_features, check_options, gated_rms_norm
 from jaxnorm.ops.gated.rules import layer_options
 
 __all__ = ["GatedRMSNorm"]
 
 
+@_backends.documented
 class GatedRMSNorm(nnx.Module):
   r"""Gated RMSNorm (Mamba2's ``RMSNormGated``, Qwen3-Next's gated norm) as an NNX layer.
 
@@ -53,7 +55,7 @@ class GatedRMSNorm(nnx.Module):
     scale_init: the scale's initializer (ones).
     rngs: the random number generators for the initializer.
     scale_metadata: metadata for the scale ``nnx.Param``.
-    impl: ``"auto"``, ``"xla"``, ``"triton"`` or its alias ``"pallas"``.
+    impl: IMPL_CHOICES.
     backend_config: the config of the backend ``impl`` runs, or None (a
       :class:`jaxnorm.PallasConfig` for the kernels; :func:`jaxnorm.gated_rms_norm`).
     pallas: the documented alias of ``backend_config``.

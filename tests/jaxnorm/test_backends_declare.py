@@ -215,3 +215,20 @@ def test_two_kernel_backends_auto_decides_per_platform(monkeypatch, gpu_host):
     compat.missing.cache_clear()
   assert TRITON_CALL not in on_gpu and "tpu_custom_call" not in on_gpu
   assert TRITON_CALL not in on_tpu and on_tpu.count("tpu_custom_call") == 2
+
+
+def test_the_impl_choices_of_the_docstrings_come_from_the_table():
+  """Every public op and layer that documents ``impl=`` lists the table's choices, formatted
+  from :data:`IMPLS` when imported (``table.documented``), and no docstring keeps the token."""
+  import jaxnorm.linen as jln
+  import jaxnorm.nnx as jnn
+  choices = _backends.impl_choices()
+  assert all(f'``"{name}"``' in choices for name in _backends.IMPLS)
+  documented = [jaxnorm.layer_norm, jaxnorm.rms_norm, jaxnorm.add_layer_norm,
+                jaxnorm.gated_rms_norm, jnn, jln, jnn.LayerNorm, jnn.RMSNorm, jnn.GatedRMSNorm,
+                jln.LayerNorm, jln.RMSNorm]
+  for obj in documented:
+    assert choices in obj.__doc__, obj
+  publics = [getattr(m, n) for m in (jaxnorm, jnn, jln) for n in dir(m) if not n.startswith("_")]
+  for obj in publics + [jaxnorm, jnn, jln]:
+    assert _backends.IMPL_TOKEN not in (getattr(obj, "__doc__", None) or ""), obj

@@ -207,6 +207,7 @@ def _prepare(x, z, scale, *, epsilon, dtype, impl, backend_config=None, pallas=N
                      _plan(opts["casting"], x, scale, ct))
 
 
+@_backends.documented
 def gated_rms_norm(x, z, scale=None, *, epsilon=1e-6, group_size=None, norm_before_gate=True,
                    casting="float32", dtype=None, impl="auto", backend_config=None,
                    pallas=None):
@@ -242,9 +243,10 @@ def gated_rms_norm(x, z, scale=None, *, epsilon=1e-6, group_size=None, norm_befo
       False gates first and normalizes ``x * silu(z)``.
     casting: "float32" (default), "llama" or "t5": where the affine stage rounds (above).
     dtype: dtype of ``y``; default ``x.dtype``.
-    impl: "auto", "xla", "triton" or its alias "pallas" (see :func:`jaxnorm.layer_norm`).
-    backend_config: the config of the backend ``impl`` runs, or None (a
-      :class:`jaxnorm.PallasConfig` for the kernels; see :func:`jaxnorm.layer_norm`).
+    impl: IMPL_CHOICES (see :func:`jaxnorm.layer_norm`).
+    backend_config: the config of the backend ``impl`` runs (a :class:`jaxnorm.PallasConfig`
+      for the Triton kernels, a :class:`jaxnorm.backends.tpu.TpuConfig` for the TPU kernels),
+      several of distinct backends as a tuple, or None; see :func:`jaxnorm.layer_norm`.
     pallas: the documented alias of ``backend_config``.
 
   Returns:

@@ -11,6 +11,7 @@ and the derived backward are in :mod:`jaxnorm.backends.table`.
 
 from __future__ import annotations
 
+from jaxnorm.backends import table as _backends
 from jaxnorm.ops.norm import rules as _ad
 from jaxnorm.ops.norm import args as _norm_args
 from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
@@ -18,6 +19,7 @@ from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 __all__ = ["add_layer_norm", "add_rms_norm"]
 
 
+@_backends.documented
 def add_layer_norm(x, residual, scale=None, bias=None, *, residual_scale=1.0, residual_dtype=None,
                    epsilon=1e-6, axis=-1, mask=None, epsilon_placement="inside",
                    zero_centered_scale=False, axis_name=None, axis_index_groups=None, dtype=None,
@@ -62,9 +64,10 @@ def add_layer_norm(x, residual, scale=None, bias=None, *, residual_scale=1.0, re
     epsilon, axis, mask, epsilon_placement, zero_centered_scale, axis_name, axis_index_groups,
       use_fast_variance: as :func:`jaxnorm.layer_norm` (the statistics are those of ``h``).
     dtype: dtype of ``y``; default ``x.dtype`` (the activations' dtype, not the stream's).
-    impl: "xla", "triton" or its alias "pallas" (the fused kernels: one read of ``x`` and
-      ``residual``, one write of ``h`` and ``y``) or "auto": the fused kernels on a GPU where
-      the plain op's kernels apply (compiled and tested on an H100), "xla" otherwise.
+    impl: IMPL_CHOICES. "triton" (alias "pallas") and "tpu" run fused
+      kernels (one read of ``x`` and ``residual``, one write of ``h`` and ``y``); "auto": the
+      fused Triton kernels on a GPU where the plain op's kernels apply (compiled and tested on
+      an H100), "xla" otherwise (see :func:`jaxnorm.layer_norm`).
     backend_config: the config of the backend ``impl`` runs, or None, as
       :func:`jaxnorm.layer_norm`; ``pallas``: its documented alias.
     casting: the order of casts of the norm's affine stage, as :func:`jaxnorm.layer_norm`

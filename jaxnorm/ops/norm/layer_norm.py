@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from jaxnorm.backends import table as _backends
 from jaxnorm.ops.norm import args as _norm_args
 from jaxnorm.ops.norm import rules as _ad
 from jaxnorm._norm_ops import LAYER_NORM
 
 
+@_backends.documented
 def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
                epsilon_placement="inside", zero_centered_scale=False, axis_name=None,
                axis_index_groups=None, dtype=None, impl="auto", backend_config=None,
@@ -47,18 +49,23 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
       statistics and the backward's two row reductions are summed over it with ``psum``.
     axis_index_groups: optional groups of indices of ``axis_name`` (as in ``lax.psum``).
     dtype: dtype of ``y``; default ``x.dtype``.
-    impl: "auto", "xla", or "triton" (the Triton kernels of :mod:`jaxnorm.backends.triton`;
-    "pallas" is
-      its alias, the same behaviour).
-      "auto" takes the kernels on a GPU where they apply (no mask, no axis_name, not traced
-      under a mesh with non-manual axes, a supported dtype) and XLA otherwise; it never fails
-      where "xla" works.
+    impl: IMPL_CHOICES. "xla": XLA ops, on every platform; "triton": the
+      Triton kernels of :mod:`jaxnorm.backends.triton`, for GPUs ("pallas" is its alias, the
+      same behaviour); "tpu": the Pallas TPU kernels of :mod:`jaxnorm.backends.tpu`
+      (``docs/tpu.md``). "auto" takes the Triton kernels on a GPU where they apply (no mask,
+      no axis_name, not traced under a mesh with non-manual axes, a supported dtype) and XLA
+      otherwise (on a TPU too, until the TPU kernels are measured there); it never fails where
+      "xla" works.
     backend_config: the config of the backend ``impl`` runs, an instance of that backend's
       config class (the Triton kernels': a :class:`jaxnorm.PallasConfig` saying how they run,
-      interpret mode and a block configuration); None for its default (compiled, the
-      heuristic's blocks). Checked against the backend the call resolves to (a ``TypeError``
-      names the argument); under "auto" it applies where that backend runs, and XLA has none.
-    pallas: the documented alias of ``backend_config`` (give one of them, not both).
+      interpret mode and a block configuration; the TPU kernels': a
+      :class:`jaxnorm.backends.tpu.TpuConfig`), or a tuple of configs of distinct backends;
+      None for the defaults (compiled, the heuristic's blocks). Checked against the backend
+      the call resolves to (a ``TypeError`` names the argument and that backend: a config of
+      a backend the call cannot run is refused, not dropped); under "auto" each applies where
+      its backend runs, and XLA has none.
+    pallas: the documented alias of ``backend_config`` for the Triton kernels' config only
+      (give one of them, not both).
     casting: where the affine stage rounds: "float32" (default; one cast at the end),
       "llama" (HF ``LlamaRMSNorm``) or "t5" (HF ``T5LayerNorm``); the order of casts of each
       mode and its backward: ``docs/modules.md`` and ``docs/derivations.md``.

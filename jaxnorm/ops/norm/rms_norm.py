@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from jaxnorm.backends import table as _backends
 from jaxnorm.ops.norm import args as _norm_args
 from jaxnorm.ops.norm import rules as _ad
 from jaxnorm._norm_ops import RMS_NORM
 
 
+@_backends.documented
 def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None, epsilon_placement="inside",
              zero_centered_scale=False, axis_name=None, axis_index_groups=None, dtype=None,
              impl="auto", backend_config=None, pallas=None, casting="float32",
@@ -49,9 +51,10 @@ def rms_norm(x, scale=None, *, epsilon=1e-6, axis=-1, mask=None, epsilon_placeme
       ``shard_map``, or a named ``jax.vmap`` axis (derivatives included).
     axis_index_groups: optional groups of indices of ``axis_name``.
     dtype: dtype of ``y``; default ``x.dtype``.
-    impl: "auto", "xla", "triton" or its alias "pallas" (see :func:`jaxnorm.layer_norm`).
-    backend_config: the config of the backend ``impl`` runs, or None (a
-      :class:`jaxnorm.PallasConfig` for the kernels; see :func:`jaxnorm.layer_norm`).
+    impl: IMPL_CHOICES (see :func:`jaxnorm.layer_norm`).
+    backend_config: the config of the backend ``impl`` runs (a :class:`jaxnorm.PallasConfig`
+      for the Triton kernels, a :class:`jaxnorm.backends.tpu.TpuConfig` for the TPU kernels),
+      several of distinct backends as a tuple, or None; see :func:`jaxnorm.layer_norm`.
     pallas: the documented alias of ``backend_config``.
     casting: the order of casts of the affine stage (see :func:`jaxnorm.layer_norm`):
       "float32" (default), "llama" (HF ``LlamaRMSNorm``) or "t5" (HF ``T5LayerNorm``).
