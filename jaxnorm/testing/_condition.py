@@ -65,25 +65,25 @@ def _mix(h: np.ndarray) -> np.ndarray:
   return h ^ (h >> np.uint32(16))
 
 
-def multipliers(values, seed: int, directions: int) -> list:
+def multipliers(values, seed, directions: int) -> list:
   """Per rounding site (``values``: each site's float64 value, in site order) the
   ``(directions, *shape)`` multipliers ``+-[0.5, 1)``: hashes of the element's value (read in
   float32, its last 4 bits dropped), the site's index, the seed and the direction. The same
   value at the same site gets the same multipliers wherever it sits and whatever surrounds it,
-  so an elementwise function's budget never depends on the element's neighbours."""
+  so an elementwise function's budget never depends on the element's neighbours.
+  Traced or eager (``seed`` a uint32 scalar, an argument of the oracle's program): the hashes
+  run on the device, no round trip to NumPy; a float32 subnormal value may read as 0 where the
+  device flushes subnormals (its multiplier then another value's, as valid)."""
+  seed = jnp.asarray(seed, jnp.uint32)
+  steps = np.asarray([(0x9E3779B9 * (k + 1)) % 2 ** 32 for k in range(directions)], np.uint32)
   out = []
-  with np.errstate(over="ignore", invalid="ignore"):
-    for n, v in enumerate(values):
-      v = np.asarray(v)
-      bits = np.asarray(v, np.float32).view(np.uint32) >> np.uint32(4)
-      key = np.uint32((n * 0x27D4EB2F + seed * 0x165667B1 + 1) % 2 ** 32)
-      h0 = _mix(bits ^ key)
-      # Every direction at once (one NumPy call per step, not per direction): the same values.
-      steps = np.asarray([(0x9E3779B9 * (k + 1)) % 2 ** 32 for k in range(directions)],
-                         np.uint32).reshape((directions,) + (1,) * h0.ndim)
-      h = _mix(h0[None] + steps)
-      size = 0.5 + (h & np.uint32(0xFFFFFF)).astype(v.dtype) * (0.5 / 2 ** 24)
-      out.append(np.where((h >> np.uint32(31)) == 1, -size, size).astype(v.dtype))
+  for n, v in enumerate(values):
+    bits = jax.lax.bitcast_convert_type(v.astype(jnp.float32), jnp.uint32) >> np.uint32(4)
+    key = np.uint32((n * 0x27D4EB2F + 1) % 2 ** 32) + seed * np.uint32(0x165667B1)
+    h0 = _mix(bits ^ key)
+    h = _mix(h0[None] + jnp.asarray(steps).reshape((directions,) + (1,) * h0.ndim))
+    size = 0.5 + (h & np.uint32(0xFFFFFF)).astype(v.dtype) * (0.5 / 2 ** 24)
+    out.append(jnp.where((h >> np.uint32(31)) == 1, -size, size).astype(v.dtype))
   return out
 
 

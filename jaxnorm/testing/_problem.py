@@ -423,24 +423,29 @@ _ORACLES_MAX = 64
 
 
 def _oracle_entry(closed, z64, key):
-  """``(site_fn, mag_fn, tree)`` of the float64 reference ``closed`` (a jaxpr and its
-  constants), kept in :data:`_ORACLES` under ``key`` (its text; None: built afresh, not kept);
+  """``(oracle_fn, tree)`` of the float64 reference ``closed`` (a jaxpr and its constants),
+  kept in :data:`_ORACLES` under ``key`` (its text; None: built afresh, not kept);
   :func:`_runner` makes of it ``run(consts, *z64)``: the reference at ``z64``, its condition
   magnitude and its scale, flattened (``tree`` unflattens them).
 
-  Two programs, each traced once: the values of the reference's rounding sites, from which
-  NumPy hashes their multipliers (:func:`~jaxnorm.testing._condition.multipliers`), and the
-  magnitude, compiled with the multipliers and the reference's own constants as arguments
-  rather than literals (compiling a 12 x 8200 LayerNorm's oracle took 4.1 s with its random
-  signs inside, 1.4 s as arguments; the same graph with other constants is the same program).
+  One program, traced once: the values of the reference's rounding sites, their multipliers
+  hashed on the device (:func:`~jaxnorm.testing._condition.multipliers`; the seed an
+  argument), the magnitude and the scale, compiled with the reference's own constants as
+  arguments rather than literals (compiling a 12 x 8200 LayerNorm's oracle took 4.1 s with its
+  random signs inside, 1.4 s as arguments; the same graph with other constants is the same
+  program). Two programs with the multipliers hashed by NumPy in between cost a later call of
+  a small function a third of its time (docs/perf-notes.md, issue 65).
   """
   if key is None or key not in _ORACLES:
     ref = lambda consts, *b: eval_jaxpr(closed.jaxpr, consts, *b)  # noqa: E731
-    site_fn = jax.jit(lambda consts, *a: sites(lambda *b: ref(consts, *b), a))
-    mag_fn = jax.jit(lambda mults, consts, *a: (
-        *magnitude(lambda *b: ref(consts, *b), a, mults), scale(lambda *b: ref(consts, *b), a)))
+
+    def oracle_fn(consts, seed, *a):
+      f = lambda *b: ref(consts, *b)  # noqa: E731
+      mults = multipliers(sites(f, a), seed, _DIRECTIONS)
+      return (*magnitude(f, a, mults), scale(f, a))
+
     shape = jax.eval_shape(lambda *a: ref(list(closed.consts), *a), *z64)
-    entry = (site_fn, mag_fn, jax.tree_util.tree_structure((shape, shape, shape)))
+    entry = (jax.jit(oracle_fn), jax.tree_util.tree_structure((shape, shape, shape)))
     if key is None:
       return entry
     _ORACLES[key] = entry
@@ -451,11 +456,10 @@ def _oracle_entry(closed, z64, key):
 
 
 def _runner(entry, seed):
-  site_fn, mag_fn, tree = entry
+  oracle_fn, tree = entry
 
   def run(consts, *z64):
-    mults = multipliers([np.asarray(v) for v in site_fn(consts, *z64)], seed, _DIRECTIONS)
-    values, m, a = mag_fn(mults, consts, *z64)
+    values, m, a = oracle_fn(consts, np.uint32(seed), *z64)
     return jax.tree_util.tree_leaves((values, m, a))
 
   return run, tree
