@@ -19,10 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 
 EPSILON_PLACEMENTS = ("inside", "outside")
-# What the Pallas (Triton) kernels take: the input/parameter dtypes and the backends they
-# compile for (interpret mode runs them anywhere).
-KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-GPU_BACKENDS = ("gpu", "cuda", "rocm")
 
 
 def check_floating(name: str, x: Any) -> None:
@@ -310,34 +306,6 @@ def check_residual_shape(residual_shape: Any, x_shape: Any) -> None:
   if tuple(residual_shape) != tuple(x_shape):
     raise ValueError(f"residual must have the shape of x {tuple(x_shape)} (h = x + residual is "
                      f"not broadcast), got shape {tuple(residual_shape)}.")
-
-
-def kernel_problem(*, dtypes: Sequence[tuple[str, Any]] = (), backend: str | None = None
-                   ) -> str | None:
-  """Why the Pallas kernels cannot take these dtypes or run on ``backend``; None if they can.
-
-  The one statement of what the kernels support, read by every caller that decides or checks
-  ``impl="pallas"`` (the ops' ``impl`` resolution, the fused ops,
-  :func:`jaxnorm.backends.triton.config. supported`, the checked kernel API), which wrap the reason
-  in their own error.
-
-  Args:
-    dtypes: ``(argument name, dtype)`` pairs; each must be one of :data:`KERNEL_DTYPES`.
-    backend: a JAX backend name, or None not to check it (interpret mode runs anywhere).
-
-  Returns:
-    The reason (a phrase without a final period), or None.
-  """
-  for name, dtype in dtypes:
-    dt = jnp.dtype(dtype)
-    if dt not in KERNEL_DTYPES:
-      return f"the Pallas kernels take float32, bfloat16 or float16 {name}, got {dt.name}"
-  if backend is not None and backend not in GPU_BACKENDS:
-    return (f"the Pallas kernels need a GPU (Triton backend) and the backend is {backend!r}; "
-            f"run them in interpret mode elsewhere (slowly, for testing): "
-            f"pallas=jaxnorm.PallasConfig(interpret=True) for the ops and layers, "
-            f"interpret=True for the kernel functions")
-  return None
 
 
 def backend_refusal(impl: str, why: str) -> str:

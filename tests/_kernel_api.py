@@ -28,6 +28,8 @@ interpret mode (``interpret=True``; the public ops take it as
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 
 from jaxnorm.ops.norm import args as _norm_args
@@ -35,7 +37,7 @@ from jaxnorm import _validation as v
 from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
 from jaxnorm.backends.triton.backend import kernel_spec
 from jaxnorm.backends.triton.backward import add_norm_backward, norm_backward
-from jaxnorm.backends.triton.config import supported
+from jaxnorm.backends.triton.config import PallasConfig, kernel_problem, supported
 from jaxnorm.backends.triton.forward import add_norm_forward, norm_forward
 
 __all__ = [
@@ -83,6 +85,8 @@ def _spec(x, scale, bias, *, op, epsilon, epsilon_placement, zero_centered_scale
                      f"(one row shared by every row of {x_name}), got "
                      f"{[None if p is None else tuple(p.shape) for p in (scale, bias)]}; map "
                      f"the kernels over the heads for per-head parameters.")
+  # The Triton backend's own view of the call: its config alone (as the dispatch hands it over).
+  cfg = dataclasses.replace(cfg, backend_config=PallasConfig())
   return kernel_spec(cfg, x, scale, has_bias=bias is not None if has_bias is None
                      else v.check_bool("has_bias", has_bias),
                      residual_scale=residual_scale)
@@ -241,7 +245,7 @@ def rms_norm_bwd(x, scale, rstd, dy, *, epsilon, epsilon_placement="inside",
 
 def _check_dtype(name: str, dtype) -> jnp.dtype:
   """A dtype the kernels store (``h_dtype``, the cotangents' dtypes)."""
-  reason = v.kernel_problem(dtypes=((name, dtype),))
+  reason = kernel_problem(dtypes=((name, dtype),))
   if reason is not None:
     raise ValueError(f"{reason}.")
   return jnp.dtype(dtype)

@@ -93,7 +93,7 @@ def test_unknown_variant(op):
 
 @pytest.mark.parametrize("op", [jaxnorm.layer_norm, jaxnorm.rms_norm])
 def test_unknown_impl_and_unusable_pallas(op):
-  with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'xla', 'triton', 'pallas'\), got 'cuda'"):
+  with pytest.raises(ValueError, match=re.escape(f"impl must be one of {_backends.IMPLS}, got 'cuda'")):
     op(X, impl="cuda")
   with pytest.raises(ValueError, match="impl='pallas' cannot run this call: the Pallas kernels do not take a mask"):
     op(X, mask=jnp.ones(X.shape, bool), impl="pallas")
@@ -215,12 +215,15 @@ def test_repeated_axis_one_rule(home):
 
 
 def test_kernel_support_one_rule(x64):
-  """What the Pallas kernels take is said once (``_validation.kernel_problem``), by every caller."""
+  """What the Pallas kernels take is said once, in their backend
+  (``backends/triton/config.kernel_problem``), by every caller."""
   want = "the Pallas kernels take float32, bfloat16 or float16 {}, got float64"
-  assert v.kernel_problem(dtypes=(("x", jnp.bfloat16), ("residual", jnp.float16))) is None
-  assert v.kernel_problem(dtypes=(("x", jnp.float64),)) == want.format("x")
+  problem = _pallas_config.kernel_problem
+  assert problem(dtypes=(("x", jnp.bfloat16), ("residual", jnp.float16))) is None
+  assert problem(dtypes=(("x", jnp.float64),)) == want.format("x")
   assert _pallas_config.supported((8, 128), jnp.float64) == (False, want.format("x"))
-  gpu = v.kernel_problem(backend="cpu")
+  assert not hasattr(v, "kernel_problem") and not hasattr(v, "KERNEL_DTYPES")  # not the floor's
+  gpu = problem(backend="cpu")
   assert gpu.startswith("the Pallas kernels need a GPU (Triton backend) and the backend is 'cpu'")
   assert _pallas_config.supported((8, 128), jnp.float32, backend="cpu") == (False, gpu)
   x32, x64 = jnp.ones((4, 8), jnp.float32), jnp.ones((4, 8), jnp.float64)

@@ -30,7 +30,6 @@ import types
 import jax
 import jax.numpy as jnp
 
-from jaxnorm import _validation as v
 from jaxnorm.backends.interface import Backend
 from jaxnorm._gated_op import GATED_RMS_NORM
 from jaxnorm._norm_config import NormConfig
@@ -251,7 +250,7 @@ class TritonBackend(Backend):
 
   def add_refusal(self, dtypes):
     """Why the fused kernels cannot take the residual add's ``(name, dtype)`` pairs, or None."""
-    return v.kernel_problem(dtypes=dtypes)
+    return _config.kernel_problem(dtypes=dtypes)
 
   def forward_only(self, cfg, x, scale, bias, mask):
     """``y`` from the forward kernel."""

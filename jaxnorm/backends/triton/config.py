@@ -4,9 +4,9 @@ Light on purpose: no ``jax.experimental.pallas`` import, so deciding ``impl``
 (:func:`jaxnorm.backends.table.resolve_impl`) costs nothing. The kernels take their block sizes from
 :func:`block_config`, the one place that decides them (a per-device tuned table goes there),
 unless a :class:`PallasConfig` carries a :class:`BlockConfig` of its own; :func:`supported` says
-whether the kernels can run a call, with the dtype and backend rule of
-:func:`jaxnorm._validation.kernel_problem` (where ``GPU_BACKENDS``, the backend names the Triton
-kernels compile for, and ``KERNEL_DTYPES`` are defined). :data:`GPU_PLATFORMS` are the
+whether the kernels can run a call, with the dtype and backend rule of :func:`kernel_problem`
+(:data:`KERNEL_DTYPES`, and :data:`GPU_BACKENDS`, the backend names the Triton kernels compile
+for: the Pallas checks live in their backend). :data:`GPU_PLATFORMS` are the
 lowering-platform names of the same GPUs. Public here (re-exported by
 :mod:`jaxnorm`): :class:`PallasConfig`, :class:`BlockConfig`, :func:`default_block_config`,
 :func:`pallas_compiles_on`.
@@ -16,27 +16,31 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 
-from jaxnorm import _validation as v
 from jaxnorm.backends.triton import compat
 
 __all__ = [
     "GPU_BACKENDS",
     "GPU_PLATFORMS",
+    "KERNEL_DTYPES",
     "BlockConfig",
     "PallasConfig",
     "block_config",
     "default_block_config",
     "gated_refusal",
+    "kernel_problem",
     "pallas_compiles_on",
     "supported",
 ]
 
-GPU_BACKENDS = v.GPU_BACKENDS
+#: What the Triton kernels take: the input/parameter dtypes, and the JAX backends they compile
+#: for (interpret mode runs them anywhere).
+KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+GPU_BACKENDS = ("gpu", "cuda", "rocm")
 #: The lowering platforms (``jax.export`` / ``lax.platform_dependent`` names) the kernels run on.
 GPU_PLATFORMS = ("cuda", "rocm")
 
@@ -213,7 +217,7 @@ def supported(x_shape, dtype, *, backend: str | None = None) -> tuple[bool, str]
     return False, f"the kernels take a 2-D input (rows, d), got shape {shape}"
   if shape[0] == 0 or shape[1] == 0:
     return False, f"the input is empty (shape {shape})"
-  reason = v.kernel_problem(dtypes=(("x", dtype),), backend=backend)
+  reason = kernel_problem(dtypes=(("x", dtype),), backend=backend)
   return (False, reason) if reason is not None else (True, "")
 
 
@@ -244,4 +248,32 @@ def gated_refusal(d: int, group_size: int | None, dtype) -> str | None:
     dt = jnp.dtype(dtype)
   except TypeError:
     return f"the gated kernels take float32, bfloat16 or float16 inputs, got {dtype!r}"
-  return v.kernel_problem(dtypes=(("inputs", dt),))
+  return kernel_problem(dtypes=(("inputs", dt),))
+
+
+def kernel_problem(*, dtypes: Sequence[tuple[str, Any]] = (), backend: str | None = None
+                   ) -> str | None:
+  """Why the Pallas kernels cannot take these dtypes or run on ``backend``; None if they can.
+
+  The one statement of what the kernels support, read by every caller that decides or checks
+  ``impl="triton"`` (the backend's refusals, the fused ops' :meth:`add_refusal`,
+  :func:`supported`, the lowering's platform check, the checked kernel API), which wrap the
+  reason in their own error.
+
+  Args:
+    dtypes: ``(argument name, dtype)`` pairs; each must be one of :data:`KERNEL_DTYPES`.
+    backend: a JAX backend name, or None not to check it (interpret mode runs anywhere).
+
+  Returns:
+    The reason (a phrase without a final period), or None.
+  """
+  for name, dtype in dtypes:
+    dt = jnp.dtype(dtype)
+    if dt not in KERNEL_DTYPES:
+      return f"the Pallas kernels take float32, bfloat16 or float16 {name}, got {dt.name}"
+  if backend is not None and backend not in GPU_BACKENDS:
+    return (f"the Pallas kernels need a GPU (Triton backend) and the backend is {backend!r}; "
+            f"run them in interpret mode elsewhere (slowly, for testing): "
+            f"pallas=jaxnorm.PallasConfig(interpret=True) for the ops and layers, "
+            f"interpret=True for the kernel functions")
+  return None

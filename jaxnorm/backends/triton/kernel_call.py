@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 from jaxnorm import _jax_compat as jc
 from jaxnorm import _validation as v
+from jaxnorm.backends.triton.config import GPU_BACKENDS, kernel_problem
 from jaxnorm.backends.triton.config import GPU_PLATFORMS as PLATFORMS
 from jaxnorm._norm_config import NormConfig
 from jaxnorm._rules import jvp_by_formula
@@ -80,7 +81,7 @@ def _run_elsewhere(*leaves, cfg, fn, tree, groups, elsewhere, platforms):
   other = next(p for p in platforms if p not in PLATFORMS)
   # The config does not carry the spelling the call used ("triton" or its alias "pallas"), so the
   # message names both.
-  raise ValueError(v.backend_refusal("triton", v.kernel_problem(backend=other)).replace(
+  raise ValueError(v.backend_refusal("triton", kernel_problem(backend=other)).replace(
       "impl='triton'", "impl='triton' (alias 'pallas')", 1))
 
 
@@ -91,7 +92,7 @@ def _impl(*leaves, cfg, fn, tree, groups, elsewhere):
   params = dict(cfg=cfg, fn=fn, tree=tree, groups=groups, elsewhere=elsewhere)
   if jax.config.jax_disable_jit:
     backend = jax.default_backend()
-    if backend in v.GPU_BACKENDS:
+    if backend in GPU_BACKENDS:
       return _run(*leaves, **params)
     return _run_elsewhere(*leaves, platforms=(backend,), **params)
   return _compiled(cfg, fn, tree, groups, elsewhere)(*leaves)
