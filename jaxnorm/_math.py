@@ -22,7 +22,7 @@ from jax import lax
 __all__ = ["past_range_guard", "rstd", "variance_path_factor", "variance_path_factor_of_std"]
 
 
-def rstd(var, epsilon: float, outside: bool):
+def rstd(var, epsilon: float, outside: bool, guard: bool = True):
   r"""The reciprocal standard deviation of a row: ``rsqrt(var + eps)`` or ``1/(sqrt(var) + eps)``.
 
   Args:
@@ -30,6 +30,9 @@ def rstd(var, epsilon: float, outside: bool):
     epsilon: Python float >= 0.
     outside: ``epsilon_placement == "outside"``: epsilon added to the standard deviation, not to
       the variance.
+    guard: apply :func:`past_range_guard` (False: ``r`` is 0 past the float range, as in Flax
+      and the published formulas; only the XLA backend's undifferentiated forward on many rows
+      asks for that, :func:`jaxnorm.backends.xla.formulas.forward_only`).
 
   Returns:
     :math:`r`, the same shape and dtype as ``var``; NaN where ``var`` is infinite (a row past
@@ -37,7 +40,7 @@ def rstd(var, epsilon: float, outside: bool):
     zeros, see ``docs/derivations.md``, "Where the float range ends"), or NaN itself.
   """
   r = 1.0 / (jnp.sqrt(var) + epsilon) if outside else lax.rsqrt(var + epsilon)
-  return past_range_guard(r)
+  return past_range_guard(r) if guard else r
 
 
 def past_range_guard(r):

@@ -89,10 +89,10 @@ def count(cfg, mask, x_shape, dtype):
   return psum(cfg, n)
 
 
-def normalizer(cfg, var):
+def normalizer(cfg, var, guard: bool = True):
   """rstd = 1/sqrt(v + eps) ("inside") or 1/(sqrt(v) + eps) ("outside"), NaN past the float
-  range: :func:`_math.rstd`."""
-  return _math.rstd(var, cfg.epsilon, cfg.epsilon_placement == "outside")
+  range (0 with ``guard=False``): :func:`_math.rstd`."""
+  return _math.rstd(var, cfg.epsilon, cfg.epsilon_placement == "outside", guard)
 
 
 def variance_path_factor(cfg, rstd):

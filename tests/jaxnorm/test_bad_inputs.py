@@ -518,23 +518,29 @@ def test_traced_rows_past_the_float_range_are_nan(op, impl):
 
 @pytest.mark.parametrize("fast", [False, True], ids=["shifted", "fast-variance"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_traced_huge_rows_are_nan_on_as_many_rows_as_ynnpack_takes(dtype, fast):
-  """On 4096 rows or more XLA:CPU hands the statistics to YNNPACK, whose ``max`` turns NaN into
-  0: LayerNorm's clamped variance ``max(s2/n - m^2, 0)`` of a row whose sum of squares and squared
-  offset both overflow (``inf - inf``) came out 0, so ``rstd = eps**-0.5`` and the row was
-  finite nonsense (about 1000 x) before issue 56. Forward alone, gradient and JVP: the row is NaN,
-  the others finite."""
+def test_traced_huge_rows_on_as_many_rows_as_ynnpack_takes(dtype, fast):
+  """On 4096 rows or more XLA:CPU hands the statistics to YNNPACK. There the forward alone is
+  the program YNNPACK fuses whole, without the float range's guard (issue 62): a traced row past
+  the range comes out as Flax's does, exact zeros (``rstd`` = 0; LayerNorm's mean pivot keeps
+  ``x - mean`` finite), never the finite nonsense (about 1000 x) that YNNPACK's ``max`` of
+  ``inf - inf`` gave before issue 56. Every derivative of that row stays NaN (the gradient and
+  the JVP run the guarded forward); the other rows are finite, and the same call made eagerly
+  raises."""
   x = jnp.tile(_X16, (1024, 1)).at[1].multiply(1e20).astype(dtype)
   cases = [("layer_norm", dict(use_fast_variance=fast))] + ([] if fast else [("rms_norm", {})])
   for op, kw in cases:
     f = lambda x, s: getattr(jaxnorm, op)(x, s, **kw)  # noqa: E731
-    y = jax.jit(f)(x, _S16)
+    y = np.asarray(jax.jit(f)(x, _S16), np.float32)
+    assert np.all(y[1] == 0), op
+    assert np.all(np.isfinite(np.delete(y, 1, 0))), op
     dx = jax.jit(jax.grad(lambda x, s: jnp.sum(f(x, s).astype(jnp.float32) * _W16[:1])))(x, _S16)
-    _, t = jax.jit(lambda x, s: jax.jvp(lambda x: f(x, s), (x,), (x,)))(x, _S16)
-    for name, a in (("y", y), ("dx", dx), ("jvp", t)):
+    y2, t = jax.jit(lambda x, s: jax.jvp(lambda x: f(x, s), (x,), (x,)))(x, _S16)
+    for name, a in (("dx", dx), ("jvp", t), ("y under jvp", y2)):
       a = np.asarray(a, np.float32)
       assert np.all(np.isnan(a[1])), (op, name)
       assert np.all(np.isfinite(np.delete(a, 1, 0))), (op, name)
+    with pytest.raises(ValueError, match="past the float range"):
+      f(x, _S16)
 
 
 @pytest.mark.parametrize("impl", ["xla", "pallas"])

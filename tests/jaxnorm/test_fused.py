@@ -274,7 +274,10 @@ def test_y_alone_is_the_norm_of_the_rounded_h(op_name):
   even where ``h`` is no output. (Before issue 56, RMSNorm's one YNNPACK loop on 4096 rows or
   more let XLA keep the sum in float32 when ``h`` was unused: 70,648 of 262,144 outputs of
   this shape differed, on other inputs.)
-  The three are the same rounded ``h`` through the same statistics, so bit for bit on any CPU."""
+  The first two are the same rounded ``h`` through the same statistics, so bit for bit on any
+  CPU. The plain op's forward alone on this many rows is, since issue 62, the program YNNPACK
+  fuses whole (LayerNorm pivoted on the row mean: other roundings of the same statistics), so
+  against it ``y`` is within one unit in the last place of bfloat16 (RMSNorm: bitwise still)."""
   op, _, has_bias = OPS[op_name]
   plain = jaxnorm.layer_norm if has_bias else jaxnorm.rms_norm
   ks = jax.random.split(jax.random.key(2), 3)
@@ -283,8 +286,11 @@ def test_y_alone_is_the_norm_of_the_rounded_h(op_name):
   alone = jax.jit(lambda x, r, s: op(x, r, s)[0])(x, r, s)
   y, h = jax.jit(op)(x, r, s)
   np.testing.assert_array_equal(np.asarray(alone, np.float32), np.asarray(y, np.float32))
-  np.testing.assert_array_equal(np.asarray(y, np.float32),
-                                np.asarray(jax.jit(plain)(h, s), np.float32))
+  want = jax.jit(plain)(h, s)
+  if has_bias:
+    assert_ulp_close(np.asarray(y), np.asarray(want), 1, what="y against the plain op on h")
+  else:
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(want, np.float32))
 
 
 # --------------------------------------------------------------------------- the Pallas kernels

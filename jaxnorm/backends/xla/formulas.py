@@ -45,13 +45,14 @@ def _rows_axes(p, ndim):
   return tuple(range(ndim - p.ndim))
 
 
-def forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True):
+def forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True,
+            alone: bool = False):
   """``(y, (shift, delta, rstd))``: what the JVP rule computes (reverse mode keeps the stats).
 
-  ``decouple`` as in :func:`statistics`; the undifferentiated call goes through
+  ``decouple`` and ``alone`` as in :func:`statistics`; the undifferentiated call goes through
   :func:`forward_only`.
   """
-  stats = statistics(cfg, x, mask, decouple=decouple)
+  stats = statistics(cfg, x, mask, decouple=decouple, alone=alone)
   if decouple:
     # y's map sees its own view of x and of the statistics (see cse_barrier), so that XLA does not
     # share x's float32 copy or x - shift between the statistics' fusions and this one.
@@ -77,9 +78,25 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask):
 
      y = \gamma \odot (x - K - \delta)\, r + \beta
 
-  :func:`forward` without the statistics as outputs. How ``x`` is shared between the row sums
-  and the output map, for the ops of :data:`FORWARD_VIEWS` (the XLA backend's tuning for
-  LayerNorm), follows what XLA:CPU's YNNPACK fusion does with the call's shape and dtype:
+  :func:`forward` without the statistics as outputs.
+
+  **On a CPU host, at least** :data:`~jaxnorm._xla_rows.YNN_MIN_ELEMENTS` **rows** (what
+  XLA:CPU hands to YNNPACK): the program YNNPACK fuses whole, one pass over ``x`` as Flax's
+  (issue 62): ``statistics(..., alone=True)``: LayerNorm pivoted on the row mean (two-pass; the
+  first-element pivot's slice would share ``x``'s float32 convert with the fusion, which then
+  writes it to memory), and **no float-range guard**: a traced row past the float range comes out
+  as Flax's does (zeros, LayerNorm's bias) instead of NaN, because the guard uses ``rstd``
+  twice and so ends YNNPACK's fusion (2-5 fusions and a full-size intermediate instead of one
+  fusion). Every derivative of such a row stays NaN (they run :func:`forward`), and a concrete
+  call raises before any of this. The one place jaxnorm's forward is as quiet as Flax's
+  (``docs/derivations.md``, "Where the float range ends"). Not for the residual add + norm with
+  a 16-bit ``h``: in one YNNPACK fusion XLA (excess precision allowed) drops ``h``'s rounding
+  when ``h`` is no output, and ``y`` would not be the norm of the ``h`` the op returns
+  (``tests/jaxnorm/test_fused.py``); that call keeps the form below.
+
+  Otherwise, how ``x`` is shared between the row sums and the output map, for the ops of
+  :data:`FORWARD_VIEWS` (the XLA backend's tuning for LayerNorm), follows what XLA:CPU does
+  with the call's shape and dtype:
 
   * **Fewer than** :data:`~jaxnorm._xla_rows.YNN_MIN_ELEMENTS` **rows, or a 16-bit** ``x``: a
     :func:`cse_barrier` view per sum and one for the map (``decouple``, as :func:`forward` does
@@ -119,11 +136,15 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask):
   def views(x, scale, bias, mask):
     return forward(cfg, x, scale, bias, mask, decouple=True)[0]
 
+  cpu = default_platform() == "cpu"
+  narrow_h = cfg.add is not None and x.dtype != compute_dtype(x.dtype)
+  if cpu and on_ynn_rows(x) and not narrow_h:
+    return forward(cfg, x, scale, bias, mask, decouple=False, alone=True)[0]
   if cfg.op.name not in FORWARD_VIEWS or (on_ynn_rows(x) and x.dtype == compute_dtype(x.dtype)):
     return shared(x, scale, bias, mask)
   # YNNPACK is XLA:CPU's: a program traced on another host keeps the shared form. Decided by
   # the host when tracing, not per lowering platform: a switch would trace both forms.
-  return (views if default_platform() == "cpu" else shared)(x, scale, bias, mask)
+  return (views if cpu else shared)(x, scale, bias, mask)
 
 
 def backward(cfg: NormConfig, x, scale, mask, stats, dy, dx_dtype=None, c=None):

@@ -21,13 +21,17 @@ from jaxnorm._xla_rows import on_ynn_rows, psum, row_sums
 __all__ = ["STATISTICS", "centered", "row_std", "statistics", "x_hat"]
 
 
-def statistics(cfg: NormConfig, x, mask, *, decouple: bool = True):
+def statistics(cfg: NormConfig, x, mask, *, decouple: bool = True, alone: bool = False):
   """``(shift, delta, rstd)`` of ``x: (..., d)``, each ``(..., 1)`` in the compute dtype (None
   where the op has no such statistic): the entry of ``cfg.op`` in :data:`STATISTICS`.
 
   ``decouple``: the row sums read ``x`` through separate :func:`~jaxnorm._xla_rows.cse_barrier`
-  views (see :func:`_layer_norm_statistics`)."""
-  return STATISTICS[cfg.op.name](cfg, x, mask, decouple=decouple)
+  views (see :func:`_layer_norm_statistics`). ``alone``: the statistics of an undifferentiated
+  forward on as many rows as XLA:CPU's YNNPACK takes
+  (:func:`jaxnorm.backends.xla.formulas.forward_only`): no float-range guard (``rstd`` is 0 past
+  the range, as in Flax), LayerNorm pivoted on the row mean (two passes, no slice), RMSNorm's
+  sum read straight from ``x``: the program YNNPACK fuses whole, as it does Flax's."""
+  return STATISTICS[cfg.op.name](cfg, x, mask, decouple=decouple, alone=alone)
 
 
 def centered(cfg: NormConfig, xf, shift, delta):
@@ -51,7 +55,7 @@ def row_std(cfg: NormConfig, x, mask, stats):
   return jnp.sqrt(psum(cfg, s) / count(cfg, mask, x.shape, ct))
 
 
-def _layer_norm_statistics(cfg, x, mask, *, decouple: bool = True):
+def _layer_norm_statistics(cfg, x, mask, *, decouple: bool = True, alone: bool = False):
   r"""Row statistics of ``x: (..., d)`` in the compute dtype, from shifted data.
 
   .. math::
@@ -85,8 +89,8 @@ def _layer_norm_statistics(cfg, x, mask, *, decouple: bool = True):
   xf = x.astype(ct)
   n = count(cfg, mask, x.shape, ct)
   if cfg.option("use_fast_variance"):
-    return _fast_statistics(cfg, x, mask, n, decouple=decouple)
-  if mask is None and cfg.axis_name is None:
+    return _fast_statistics(cfg, x, mask, n, decouple=decouple, guard=not alone)
+  if mask is None and cfg.axis_name is None and not alone:
     shift = first_pivot(x)  # no reduction to wait for
   else:
     # The plain (rounded) mean: every shard agrees on it, and it ignores masked-out (possibly
@@ -101,11 +105,11 @@ def _layer_norm_statistics(cfg, x, mask, *, decouple: bool = True):
   shift2, x2, mask2 = cse_barrier(shift, x, mask) if decouple else (shift, x, mask)
   xs2 = x2.astype(ct) - shift2
   (s2,) = row_sums(xs2 * xs2, mask=mask2)
-  delta, rstd = _mean_and_rstd(cfg, s1, s2, n)
+  delta, rstd = _mean_and_rstd(cfg, s1, s2, n, guard=not alone)
   return shift, delta, rstd
 
 
-def _mean_and_rstd(cfg, s1, s2, n):
+def _mean_and_rstd(cfg, s1, s2, n, guard: bool = True):
   r"""``(m, rstd)`` of a row from its sum :math:`s_1` and sum of squares :math:`s_2`.
 
   .. math:: m = s_1 / n, \qquad v = \max(s_2 / n - m^2,\ 0)
@@ -125,10 +129,10 @@ def _mean_and_rstd(cfg, s1, s2, n):
   m = s1 / n
   m2 = jnp.minimum(m * m, jnp.finfo(m.dtype).max)
   var = jnp.maximum(s2 / n - m2, 0.0)
-  return m, normalizer(cfg, var)
+  return m, normalizer(cfg, var, guard)
 
 
-def _fast_statistics(cfg, x, mask, n, *, decouple: bool):
+def _fast_statistics(cfg, x, mask, n, *, decouple: bool, guard: bool = True):
   r"""``(mean, None, rstd)`` with Flax's fast variance (``use_fast_variance=True``).
 
   .. math::
@@ -151,11 +155,11 @@ def _fast_statistics(cfg, x, mask, n, *, decouple: bool):
   mask2, x2, _ = cse_barrier(mask, x, x) if decouple else (mask, x, x)
   xf2 = x2.astype(ct)
   (s2,) = row_sums(xf2 * xf2, mask=mask2)
-  mean, rstd = _mean_and_rstd(cfg, s1, s2, n)
+  mean, rstd = _mean_and_rstd(cfg, s1, s2, n, guard)
   return mean, None, rstd
 
 
-def _rms_norm_statistics(cfg, x, mask, *, decouple: bool = True):
+def _rms_norm_statistics(cfg, x, mask, *, decouple: bool = True, alone: bool = False):
   r"""``(None, None, rstd)`` of ``x: (..., d)``: the reciprocal root mean square.
 
   .. math:: r = \mathrm{rstd}\big(\tfrac1n {\textstyle\sum_i} m_i x_i^2\big)
@@ -165,7 +169,7 @@ def _rms_norm_statistics(cfg, x, mask, *, decouple: bool = True):
   """
   del decouple
   ct = compute_dtype(x.dtype)
-  if x.dtype != ct and on_ynn_rows(x):
+  if x.dtype != ct and on_ynn_rows(x) and not alone:
     # A 16-bit x on as many rows as YNNPACK takes: the float range's guard uses rstd twice,
     # which ends YNNPACK's fusion at it, so the sum and the output map are separate fusions.
     # Through its own view, the sum's fusion converts x as it reads it; sharing x's float32
@@ -182,9 +186,9 @@ def _rms_norm_statistics(cfg, x, mask, *, decouple: bool = True):
   else:
     (ss,) = row_sums(xf * xf, mask=mask)
     ms = psum(cfg, ss) / count(cfg, mask, x.shape, ct)
-  return None, None, normalizer(cfg, ms)
+  return None, None, normalizer(cfg, ms, not alone)
 
 
 STATISTICS = {"layer_norm": _layer_norm_statistics, "rms_norm": _rms_norm_statistics}
-"""``{op name: (cfg, x, mask, *, decouple) -> (shift, delta, rstd)}``: each norm op's
-statistics on XLA."""
+"""``{op name: (cfg, x, mask, *, decouple, alone=False) -> (shift, delta, rstd)}``: each norm
+op's statistics on XLA (:func:`statistics`)."""
