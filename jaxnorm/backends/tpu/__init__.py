@@ -1,12 +1,11 @@
 """The Pallas TPU (Mosaic) backend of the norm family: every piece of its Pallas code lives here.
 
-Not in the library's :data:`jaxnorm.backends.table.PREFERENCE` yet (issue 66, goal 3): a call
-reaches it after :func:`jaxnorm.backends.table.register_backend` with ``impl="tpu"`` and a
-:class:`~jaxnorm.backends.tpu.config.TpuConfig` as ``backend_config=``::
+In the library's table and :data:`jaxnorm.backends.table.PREFERENCE` (issue 66, goal 3): a call
+reaches it with ``impl="tpu"`` and a :class:`~jaxnorm.backends.tpu.config.TpuConfig` as
+``backend_config=``; ``impl="auto"`` gives it the ``tpu`` platform only once
+:data:`AUTO_ON_TPU` is on::
 
-    from jaxnorm.backends import table
-    from jaxnorm.backends.tpu import TPU, TpuConfig
-    table.register_backend(TPU)
+    from jaxnorm.backends.tpu import TpuConfig
     y = jaxnorm.rms_norm(x, scale, impl="tpu", backend_config=TpuConfig(interpret=True))
 
 Importing this package, :mod:`~jaxnorm.backends.tpu.config`, :mod:`~jaxnorm.backends.tpu.compat`,

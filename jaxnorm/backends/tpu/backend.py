@@ -14,8 +14,8 @@ to float16 (a ``ValueError``: TPUs have no float16).
 :data:`AUTO_ON_TPU` is the one-line switch of issue 66's goal 4: ``impl="auto"`` on a TPU runs
 XLA until the kernels have been measured there (``docs/tpu.md``). The backend declares the
 platforms ``impl="auto"`` may give it as :attr:`TpuBackend.auto_platforms`: ``("tpu",)`` with the
-switch on, ``()`` off. The library's table does not read it yet (the backend is not in
-``PREFERENCE``; issue 66, goal 3).
+switch on, ``()`` off; the table's per-platform choice
+(:data:`jaxnorm.backends.table.PLATFORM_BACKENDS`) reads it at every call.
 """
 
 from __future__ import annotations
