@@ -89,18 +89,19 @@ def _args(draw, dtypes, params, kinds):
                          ids=[f[0] if isinstance(f, tuple) and len(f) == 6 else f.values[0]
                               for f in FUNCTIONS])
 def test_no_reject_of_a_correct_function(name, rule, ref, dtypes, params, kinds):
-  rejected = []
+  rejected, ran = [], []
 
   @_SETTINGS
   @given(args=_args(dtypes, params, kinds))
   def example(args):
+    ran.append(1)
     report = jt.check_rule(rule, ref, args, raise_on_failure=False)
     if not report.ok:
       rejected.append(str(report))
 
   example()
-  print(f"{name}: {EXAMPLES} examples, {len(rejected)} rejected")
-  assert not rejected, f"{len(rejected)} of {EXAMPLES} rejected; the first:\n{rejected[0]}"
+  print(f"{name}: {len(ran)} examples run, {len(rejected)} rejected")
+  assert not rejected, f"{len(rejected)} of {len(ran)} rejected; the first:\n{rejected[0]}"
 
 
 def test_fast_variance_standardize_is_rejected_on_a_large_mean_row():
