@@ -45,6 +45,7 @@ from jaxnorm import _jax_compat
 from jaxnorm import _validation as v
 from jaxnorm._xla_rows import match_vma
 from jaxnorm._norm_config import NormConfig
+from jaxnorm.backends import configs as _configs
 from jaxnorm.backends.interface import Entry
 from jaxnorm.backends.tpu.backend import TPU
 from jaxnorm.backends.triton.backend import TRITON
@@ -213,98 +214,19 @@ def host_platform() -> str:
   return _jax_compat.default_platform()
 
 
-def _owner(config):
-  """The backend whose ``config_class`` ``config`` is an instance of (those of
-  :data:`PREFERENCE` first), or None."""
-  names = list(PREFERENCE) + [n for n in BACKENDS if n not in PREFERENCE]
-  return next((BACKENDS[n] for n in names if BACKENDS[n].config_class is not None
-               and isinstance(config, BACKENDS[n].config_class)), None)
-
-
 def check_config(backend_config, pallas=None):
-  """``(configs, argument)``: the call's backend configs, a tuple, and the name they were
-  passed under, from its public ``backend_config=`` and the documented alias ``pallas=`` (at
-  most one of them; ``((), "backend_config")`` when neither is given).
-
-  ``backend_config=`` is one backend's config (an instance of a backend's ``config_class``) or
-  a tuple or list of configs of distinct backends (one per backend: the call carries each to
-  its backend, :func:`call_config`); ``pallas=`` is the Triton backend's config only. Both
-  given is a ``ValueError`` naming both, two configs of one backend a ``ValueError``; a value
-  that is no backend's config a ``TypeError`` naming the argument as spelled (checked before
-  the backend is chosen, so a wrong type is refused whatever ``impl`` is)."""
-  if pallas is not None:
-    if backend_config is not None:
-      raise ValueError(f"backend_config= and its alias pallas= were both given "
-                       f"({type(backend_config).__name__} and {type(pallas).__name__}); pass "
-                       f"the backend config once, as backend_config=.")
-    return (v.check_instance("pallas", pallas, TRITON.config_class, TRITON.config_example),
-            ), "pallas"
-  if backend_config is None:
-    return (), "backend_config"
-  several = isinstance(backend_config, (tuple, list))
-  configs = tuple(backend_config) if several else (backend_config,)
-  seen = {}
-  for config in configs:
-    owner = _owner(config)
-    if owner is None:
-      classes = ", ".join(dict.fromkeys(b.config_class.__name__ for b in BACKENDS.values()
-                                        if b.config_class is not None))
-      got = f"{type(config).__name__} {config!r}" + (" in a tuple" if several else "")
-      raise TypeError(f"backend_config must be a backend's config ({classes}), a tuple of "
-                      f"configs of distinct backends, or None, got {got}; e.g. "
-                      f"backend_config={TRITON.config_example}.")
-    if owner.name in seen:
-      raise ValueError(f"backend_config= holds two configs of the {owner.name!r} backend "
-                       f"({type(seen[owner.name]).__name__} and {type(config).__name__}); "
-                       f"pass one config per backend.")
-    seen[owner.name] = config
-  return configs, "backend_config"
+  """``(configs, argument)``: the call's backend configs (a tuple) and the name they were passed
+  under (``backend_config=`` one backend's config or a tuple of distinct backends'; ``pallas=``
+  the Triton config only): :func:`jaxnorm.backends.configs.check` on this table."""
+  return _configs.check(backend_config, pallas, BACKENDS, PREFERENCE, TRITON)
 
 
 def call_config(configs, names, impl_arg: str, argument: str = "backend_config"):
-  """The backend configs the call carries (its config's ``backend_config`` field): sorted
-  ``(name, config)`` pairs, one for each backend of ``names`` (what :func:`resolve_impl`
-  resolved the call's ``impl_arg`` to run besides XLA), each the given config of that backend
-  (``configs``, from :func:`check_config`) or its class's default (None for a backend without
-  a config class). Hashable: part of the op's static configuration; the dispatch gives each
-  backend its own (:func:`run`).
-
-  A config is not dropped silently: under a named ``impl_arg`` a config of another backend is a
-  ``TypeError`` naming the backend ``impl_arg`` runs (``argument``: the config's argument as
-  spelled); under "auto", one of a backend that "auto" never runs (not in
-  :data:`PREFERENCE`). A config of a backend in :data:`PREFERENCE` is carried where that
-  backend runs; on a host where "auto" runs XLA (:func:`resolve_impl`) it is unused, as that
-  rule says.
-  """
-  configs = tuple(configs)
-  if impl_arg == "auto":
-    for config in configs:
-      owner = _owner(config)
-      if owner.name not in PREFERENCE:
-        raise TypeError(f"{argument}= holds a {type(config).__name__}, which configures the "
-                        f"{owner.name!r} backend, which impl='auto' does not run (it chooses "
-                        f"among {PREFERENCE}); pass impl={owner.name!r} to run it, or leave "
-                        f"its config out.")
-  else:
-    backend = BACKENDS[ALIASES.get(impl_arg, impl_arg)]
-    for config in configs:
-      if backend.config_class is None or not isinstance(config, backend.config_class):
-        takes = ("it takes no config: pass None" if backend.config_class is None else
-                 f"pass a {backend.config_class.__name__} or None")
-        raise TypeError(f"{argument}= is a {type(config).__name__}, which does not configure "
-                        f"the {backend.name!r} backend that impl={impl_arg!r} runs ("
-                        f"{type(config).__name__} configures the {_owner(config).name!r} "
-                        f"backend); {takes}.")
-  return tuple((name, _own_config(configs, name)) for name in sorted(names))
-
-
-def _own_config(configs, name: str):
-  """The config of ``configs`` that configures the backend ``name``, or its class's default."""
-  cls = BACKENDS[name].config_class
-  if cls is None:
-    return None
-  given = next((c for c in configs if isinstance(c, cls)), None)
-  return cls() if given is None else given
+  """The sorted ``(name, config)`` pairs a call carries, one for each backend of ``names`` (what
+  :func:`resolve_impl` resolved ``impl_arg`` to run besides XLA), a config given or the
+  class's default; a config the call cannot use is a ``TypeError``, not dropped:
+  :func:`jaxnorm.backends.configs.route` on this table."""
+  return _configs.route(configs, names, impl_arg, argument, BACKENDS, PREFERENCE, ALIASES)
 
 
 _WARNED: set[str] = set()  # the backends impl="auto" has warned it runs without
