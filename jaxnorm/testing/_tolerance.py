@@ -21,6 +21,12 @@ exact result cancels (a gradient entry near zero) or where the input is ill-cond
 with a large mean/std ratio). In ulps of :math:`D` the budget is
 :math:`u + p\,(\varepsilon_C/\varepsilon_D)\,\kappa_i`: a 16-bit rule computing in float32 is
 held to a few ulps of its own dtype, and one that computes in the 16-bit dtype is rejected.
+
+Where the exact result is 0, or below :math:`\varepsilon_C A_i` with :math:`A_i` the scale of
+the quantities it is built from (the reference's graph evaluated with absolute values,
+:func:`jaxnorm.testing._condition.scale`), :math:`M_i` is at least :math:`A_i`: there the
+first-order :math:`M_i` can vanish (a product of two cancelling factors) while any rule
+computing along another path errs by a rounding of those quantities; ulps of 0 are no scale.
 """
 
 from __future__ import annotations
