@@ -8,7 +8,9 @@ checks the kernels' outputs against XLA's first, and writes ``tpu-bench.json`` (
 markdown table) into ``DIR``: ``{"device", "versions", "date", "interpret", "config",
 "results": [{"op", "impl", "mode", "rows", "d", "dtype", "status", "median_s", "min_s",
 "max_s", "max_abs_err_vs_xla", "ratio_vs_xla"}, ...]}``. The ratio (kernels / XLA, per mode)
-is what decides :data:`jaxnorm.backends.tpu.AUTO_ON_TPU` (``docs/tpu.md``).
+is what decides :data:`jaxnorm.backends.tpu.AUTO_ON_TPU` (``docs/tpu.md``). ``--block-rows
+rule,64,256`` times several row blocks side by side in the same rounds (``impl`` "tpu" for the
+backend's rule, "tpu-br<n>" for the others): the sweep that would replace the rule's guess.
 
 Off a TPU, ``--interpret`` runs the kernels in TPU interpret mode (for checking the script;
 its times are of the interpreter, meaningless for speed). The suite runs it that way at a
@@ -62,27 +64,41 @@ def _max_err(got, want) -> float:
              for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
 
 
-def _entry(op, rows, d, dtype, cfg, repeats, sample_ms):
-  """The rows of one (op, shape, dtype): both implementations in every mode, or why not."""
+def _entry(op, rows, d, dtype, cfgs, repeats, sample_ms):
+  """The rows of one (op, shape, dtype): XLA and each kernel config of ``cfgs`` (``{impl label:
+  TpuConfig}``) in every mode, each kernel's outputs checked against XLA's first."""
   inp = make_inputs(rows, d, dtype)
   fused = op.startswith("add_")
   calls, errs = {}, {}
-  for impl in ("tpu", "xla"):
+  for label, cfg in {"xla": None, **cfgs}.items():
+    impl = "xla" if cfg is None else "tpu"
     prepared, _ = prepare_entry(_fn(op, impl, cfg), inp, modes=MODES, fused=fused)
     for mode, call in prepared.items():
-      calls[(impl, mode)] = call
-  for mode in MODES:
-    (fn_k, args_k), (fn_x, args_x) = calls[("tpu", mode)], calls[("xla", mode)]
-    errs[mode] = _max_err(fn_k(*args_k), fn_x(*args_x))
+      calls[(label, mode)] = call
+  for label in cfgs:
+    for mode in MODES:
+      (fn_k, args_k), (fn_x, args_x) = calls[(label, mode)], calls[("xla", mode)]
+      errs[(label, mode)] = _max_err(fn_k(*args_k), fn_x(*args_x))
   timed = time_interleaved({f"{i}|{m}": c for (i, m), c in calls.items()}, repeats=repeats,
                            sample_ms=sample_ms)
   out = []
-  for (impl, mode) in calls:
-    t = timed[f"{impl}|{mode}"]
+  for (label, mode) in calls:
+    t = timed[f"{label}|{mode}"]
     ratio = t["median_s"] / timed[f"xla|{mode}"]["median_s"]
-    out.append(dict(op=op, impl=impl, mode=mode, rows=rows, d=d, dtype=dtype, status="ok",
+    out.append(dict(op=op, impl=label, mode=mode, rows=rows, d=d, dtype=dtype, status="ok",
                     median_s=t["median_s"], min_s=t["min_s"], max_s=t["max_s"],
-                    max_abs_err_vs_xla=errs[mode], ratio_vs_xla=ratio))
+                    max_abs_err_vs_xla=errs.get((label, mode), 0.0), ratio_vs_xla=ratio))
+  return out
+
+
+def _configs(block_rows: str, pad: bool, interpret: bool) -> dict:
+  """``{impl label: TpuConfig}``: "tpu" for the rule's block, "tpu-br<n>" for each other
+  ``--block-rows`` value (a sweep, timed side by side in the same rounds)."""
+  out = {}
+  for value in block_rows.split(","):
+    br = None if value in ("", "rule") else int(value)
+    out["tpu" if br is None else f"tpu-br{br}"] = TpuConfig(
+        interpret=interpret, block_rows=br, pad_features=pad)
   return out
 
 
@@ -91,10 +107,11 @@ def _markdown(results) -> str:
            "|---|---|---|---|---|---|---|---|"]
   by = {(r["op"], r["rows"], r["d"], r["dtype"], r["mode"], r["impl"]): r for r in results}
   for (op, rows, d, dtype, mode, impl), r in by.items():
-    if impl != "tpu":
+    if impl == "xla":
       continue
     x = by[(op, rows, d, dtype, mode, "xla")]
-    lines.append(f"| {op} | {rows}x{d} | {dtype} | {mode} | {r['median_s'] * 1e3:.3f} | "
+    lines.append(f"| {op} | {rows}x{d} | {dtype} | {mode} ({impl}) | "
+                 f"{r['median_s'] * 1e3:.3f} | "
                  f"{x['median_s'] * 1e3:.3f} | {r['ratio_vs_xla']:.2f} | "
                  f"{r['max_abs_err_vs_xla']:.2e} |")
   return "\n".join(lines)
@@ -108,7 +125,9 @@ def main(argv=None) -> int:
   p.add_argument("--ops", default=",".join(OPS))
   p.add_argument("--repeats", type=int, default=15)
   p.add_argument("--sample-ms", type=float, default=20.0)
-  p.add_argument("--block-rows", type=int, default=None, help="TpuConfig.block_rows")
+  p.add_argument("--block-rows", default="rule",
+                 help="comma-separated TpuConfig.block_rows values to time side by side "
+                      "('rule': the backend's rule), e.g. rule,64,256,1024")
   p.add_argument("--pad-features", action="store_true", help="TpuConfig.pad_features")
   p.add_argument("--interpret", action="store_true", help="TPU interpret mode (off a TPU)")
   p.add_argument("--out", default=None, help="folder for tpu-bench.json and tpu-bench.md")
@@ -119,15 +138,14 @@ def main(argv=None) -> int:
     return 2
   if TPU.name not in table.BACKENDS:
     table.register_backend(TPU)
-  cfg = TpuConfig(interpret=args.interpret, block_rows=args.block_rows,
-                  pad_features=args.pad_features)
+  cfgs = _configs(args.block_rows, args.pad_features, args.interpret)
   results, failed = [], 0
   for op in args.ops.split(","):
     for shape in args.shapes.split(","):
       rows, d = _shape(shape)
       for dtype in args.dtypes.split(","):
         try:
-          results += _entry(op, rows, d, dtype, cfg, args.repeats, args.sample_ms)
+          results += _entry(op, rows, d, dtype, cfgs, args.repeats, args.sample_ms)
         except Exception as e:  # noqa: BLE001 (a failed entry is reported, the others run)
           failed += 1
           results.append(dict(op=op, impl="tpu", mode="all", rows=rows, d=d, dtype=dtype,
@@ -137,7 +155,8 @@ def main(argv=None) -> int:
             "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__},
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "interpret": args.interpret,
-            "config": dict(block_rows=args.block_rows, pad_features=args.pad_features),
+            "config": {label: dict(block_rows=c.block_rows, pad_features=c.pad_features)
+                       for label, c in cfgs.items()},
             "results": results}
   table_md = _markdown([r for r in results if r["status"] == "ok"])
   print(table_md)
