@@ -228,6 +228,8 @@ def summarise_both(paths) -> str:
   out += ["", "Best (lowest seed mean) per tau and point; Pre - Post per seed there (main / second windows):", ""]
   for tau in sorted({k[0] for k in cells}):
     for t in points:
+      if any((k, t) not in mean for k in cells if k[0] == tau and len(cells[k]) == len(PILOT_SEEDS)):
+        continue   # a point where a piloted (rate, warm-up) has no curve (the 600-step runs at 640) is not compared
       best = {}
       for pos in ("pre", "post"):
         c = [(mean[(k, t)], k) for k in cells if k[0] == tau and k[1] == pos and (k, t) in mean]

@@ -239,6 +239,7 @@ def test_preset_budgets_by_the_cost_model():
   assert plan.total_s("cpu", "cpu-avx2") <= 18.5 * 60
   assert plan.total_s("cpu-extra", "cpu-avx2") <= 20 * 60
   assert plan.total_s("cpu-scale", "cpu-avx2") <= 20 * 60
+  assert plan.total_s("cpu-scale-schedule", "cpu-avx2") <= 20 * 60   # issue 63: the 2 x 256 leg at tau 160
   assert plan.total_s("gpu", "gpu") <= 8 * 60
   assert plan.total_s("cpu", "cpu-avx2") == pytest.approx(plan.AVX2_FACTOR * plan.total_s("cpu", "cpu-avx512"))
 
