@@ -1,9 +1,9 @@
 """The Pallas TPU (Mosaic) backend (``jaxnorm/backends/tpu/``, issue 66), checked from a CPU.
 
-The backend is registered the public way (:func:`jaxnorm.backends.table.register_backend`) for
-this file, and reached with ``impl="tpu"`` and ``backend_config=TpuConfig(interpret=True)``:
-the kernels run in Pallas TPU interpret mode (``pltpu.InterpretParams``, the TPU's memory and
-grid simulated on the host). Small shapes, with feature widths that are not multiples of 128,
+The backend is reached with ``impl="tpu"`` and ``backend_config=TpuConfig(interpret=True)``
+off a TPU: the kernels run in Pallas TPU interpret mode (``pltpu.InterpretParams``, the TPU's
+memory and grid simulated on the host); on a TPU the same tests run the compiled kernels
+(``ON_TPU``). Small shapes, with feature widths that are not multiples of 128,
 row counts that are not multiples of the row block, both ways of handling an unaligned width
 (a full-width block, or ``pad_features``), float32 and bfloat16:
 
@@ -41,7 +41,16 @@ from jaxnorm.models import TransformerConfig, TransformerLM
 
 from _numerics import assert_allclose
 
-INTERP = TpuConfig(interpret=True)
+# Interpret mode off a TPU (CI's CPU); the compiled kernels on a TPU, so the same file is the
+# TPU correctness run (as tests/jaxnorm/test_pallas.py is the GPU one).
+ON_TPU = jax.default_backend() == "tpu"
+
+
+def _cfg(**kw):
+  return TpuConfig(interpret=not ON_TPU, **kw)
+
+
+INTERP = _cfg()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -94,18 +103,18 @@ def _oracle_vjp(op, x, s, b, dy, kw):
 # (op, rows, d, dtype, kw, config): widths 1, 7, 300 (not multiples of 128), 128, 256; rows not
 # multiples of the row block (37 in blocks of 8: five blocks, the last ragged); padded widths.
 PLAIN = [
-    ("layer_norm", 37, 300, "float32", {}, TpuConfig(interpret=True, block_rows=8)),
+    ("layer_norm", 37, 300, "float32", {}, _cfg(block_rows=8)),
     ("layer_norm", 37, 300, "float32", dict(epsilon_placement="outside"),
-     TpuConfig(interpret=True, block_rows=8, pad_features=True)),
+     _cfg(block_rows=8, pad_features=True)),
     ("layer_norm", 20, 128, "bfloat16", dict(zero_centered_scale=True, epsilon=1e-3),
-     TpuConfig(interpret=True, block_rows=16)),
+     _cfg(block_rows=16)),
     ("layer_norm", 16, 1, "float32", {}, INTERP),
-    ("layer_norm", 9, 7, "float32", dict(scale=False), TpuConfig(interpret=True, pad_features=True)),
+    ("layer_norm", 9, 7, "float32", dict(scale=False), _cfg(pad_features=True)),
     ("rms_norm", 37, 300, "bfloat16", dict(epsilon_placement="outside", epsilon=1e-2),
-     TpuConfig(interpret=True, block_rows=16)),
-    ("rms_norm", 5, 7, "float32", dict(zero_centered_scale=True), TpuConfig(interpret=True,
+     _cfg(block_rows=16)),
+    ("rms_norm", 5, 7, "float32", dict(zero_centered_scale=True), _cfg(
                                                                            pad_features=True)),
-    ("rms_norm", 24, 256, "float32", dict(scale=False), TpuConfig(interpret=True, block_rows=8)),
+    ("rms_norm", 24, 256, "float32", dict(scale=False), _cfg(block_rows=8)),
 ]
 
 
@@ -145,10 +154,10 @@ def test_plain_op_matches_the_float64_oracle(case):
 # another dtype (two cotangents written), the cotangent of h present.
 ADD = [
     ("add_layer_norm", 37, 300, "float32", None, dict(residual_scale=0.5),
-     TpuConfig(interpret=True, block_rows=8)),
-    ("add_rms_norm", 21, 256, "bfloat16", "float32", {}, TpuConfig(interpret=True, block_rows=16)),
+     _cfg(block_rows=8)),
+    ("add_rms_norm", 21, 256, "bfloat16", "float32", {}, _cfg(block_rows=16)),
     ("add_rms_norm", 12, 100, "float32", None, dict(epsilon_placement="outside"),
-     TpuConfig(interpret=True, pad_features=True)),
+     _cfg(pad_features=True)),
 ]
 
 
@@ -212,9 +221,9 @@ def test_kit_per_head_parameters():
 
 
 @pytest.mark.parametrize("shape,kw,cfg", [
-    ((37, 96), dict(group_size=32, norm_before_gate=False), TpuConfig(interpret=True,
+    ((37, 96), dict(group_size=32, norm_before_gate=False), _cfg(
                                                                         block_rows=24)),
-    ((3, 5, 100), dict(group_size=50, casting="llama"), TpuConfig(interpret=True,
+    ((3, 5, 100), dict(group_size=50, casting="llama"), _cfg(
                                                                   pad_features=True)),
 ], ids=["3-groups-gate-first-ragged", "2-groups-llama-padded"])
 def test_gated_rms_norm_kit(shape, kw, cfg):
@@ -237,7 +246,7 @@ def test_non_finite_and_past_range_rows_stay_in_their_row(op):
   x, _, s, b, dy, _ = _data(19, 300, jnp.float32, seed=2)
   x = x.at[3].set(jnp.nan).at[8, 5].set(jnp.inf).at[12].multiply(1e30)
   b = b if op == "layer_norm" else None
-  cfg = TpuConfig(interpret=True, block_rows=8)
+  cfg = _cfg(block_rows=8)
 
   def run(impl, **kw):  # traced: a concrete row past the range is an error before any backend
     @jax.jit
@@ -309,6 +318,7 @@ def test_export_for_tpu_carries_the_kernels(op):
   assert f"jaxnorm_tpu_{op}_bwd" in grad
 
 
+@pytest.mark.skipif(ON_TPU, reason="a TPU compiles the kernels")
 def test_off_a_tpu_without_interpret_mode_is_an_error():
   x = jnp.ones((8, 128))
   with pytest.raises(ValueError, match=r"^impl='tpu' cannot run this call: the TPU kernels "
@@ -325,7 +335,7 @@ def test_refusals_by_name():
                                       casting="t5", dtype=jnp.float16),
        "the TPU kernels take float32 or bfloat16 y (dtype=), got float16"),
       (lambda: jaxnorm.gated_rms_norm(x, z, s, group_size=4, impl="tpu",
-                                      backend_config=TpuConfig(interpret=True, block_rows=16)),
+                                      backend_config=_cfg(block_rows=16)),
        None),
       (lambda: jaxnorm.rms_norm(x, s, impl="tpu", backend_config=INTERP, memory_efficient=True),
        "the TPU kernels implement rms_norm without its options (memory_efficient=True)"),
@@ -368,7 +378,7 @@ def test_refusals_by_name():
     TpuConfig(block_rows=12)
   with pytest.raises(ValueError, match=r"block_rows must be a multiple of 16 for bfloat16"):
     jaxnorm.rms_norm(x.astype(jnp.bfloat16), impl="tpu",
-                     backend_config=TpuConfig(interpret=True, block_rows=8))
+                     backend_config=_cfg(block_rows=8))
   with pytest.raises(TypeError, match=r"TpuConfig.interpret must be a bool, got 1"):
     TpuConfig(interpret=1)
 
@@ -438,12 +448,12 @@ def test_measuring_script_in_interpret_mode(tmp_path):
   mode: every entry checked against XLA and timed, JSON written."""
   from experiments.bench import tpu as tpu_bench
   rc = tpu_bench.main(["--shapes", "24x300", "--dtypes", "float32", "--ops", "add_rms_norm",
-                       "--repeats", "1", "--sample-ms", "0.1", "--interpret", "--out",
-                       str(tmp_path)])
+                       "--repeats", "1", "--sample-ms", "0.1", "--out", str(tmp_path)]
+                      + ([] if ON_TPU else ["--interpret"]))
   assert rc == 0
   report = json.loads((tmp_path / "tpu-bench.json").read_text())
   assert {"device", "versions", "date", "interpret", "results"} <= set(report)
-  assert report["interpret"] is True
+  assert report["interpret"] is not ON_TPU
   by = {(r["op"], r["impl"], r["mode"]): r for r in report["results"]}
   assert len(by) == 2 * 3
   for r in report["results"]:
