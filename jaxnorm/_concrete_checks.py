@@ -111,12 +111,15 @@ def check_row_range(op_name: str, x: Any, epsilon: float, *, residual: Any = Non
   if any(_jax_compat.is_tracer(a) for a in (x, residual)):
     return
   ct = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
-  h = x.astype(ct) if residual is None else x.astype(ct) + residual_scale * residual.astype(ct)
-  if h.size == 0:
-    return
-  big = np.asarray(jnp.max(jnp.abs(h), axis=-1)).reshape(-1)
-  if epsilon == 0:
-    big = _with_subnormal_rows(h, big)
+  # Concrete arrays may still meet an outer trace (a jitted function that closes over x and
+  # differentiates with respect to it): evaluate on the device now, not staged into that trace.
+  with jax.ensure_compile_time_eval():
+    h = x.astype(ct) if residual is None else x.astype(ct) + residual_scale * residual.astype(ct)
+    if h.size == 0:
+      return
+    big = np.asarray(jnp.max(jnp.abs(h), axis=-1)).reshape(-1)
+    if epsilon == 0:
+      big = _with_subnormal_rows(h, big)
   huge, tiny = row_range(ct, h.shape[-1])
   over = np.flatnonzero(np.isfinite(big) & (big >= huge))
   under = np.flatnonzero((big > 0) & (big < tiny)) if epsilon == 0 else over[:0]

@@ -7,8 +7,8 @@ program fails this test and names its case, instead of killing the pytest worker
 
 The suite runs a pairwise-covering subset of the matrix (every pair of values of two
 dimensions in some case) plus the cases that died at 4a7aa67; ``python tests/_crash_matrix.py
---all`` lists the whole matrix, and ``experiments/results/no-crash-matrix-2026-12-02/`` holds a
-run of all of it.
+--all`` lists the whole matrix (1,440 cases, about 1.5 s of CPU each), and ``python
+tests/_crash_matrix.py CASE...`` runs any of them.
 """
 
 import os
@@ -98,3 +98,22 @@ def test_child_env_drops_the_sessions_flags_and_keeps_the_users():
                           "JAX_COMPILATION_CACHE_DIR": "/tmp/x"})
   assert env["XLA_FLAGS"] == "--xla_cpu_max_isa=AVX2"
   assert "JAX_COMPILATION_CACHE_DIR" not in env
+
+
+def test_a_concrete_x_closed_over_by_a_jitted_gradient_runs():
+  """The eager range check reads a concrete ``x`` on the device; under an outer ``jit`` that
+  closes over ``x`` and differentiates with respect to it, that read must not be staged into the
+  trace (it raised ``TracerArrayConversionError``; Flax's layer runs)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  import jaxnorm
+  x = jax.random.normal(jax.random.key(0), (8, 16))
+  s = jnp.linspace(0.5, 1.5, 16)
+  for op in (jaxnorm.rms_norm, jaxnorm.layer_norm):
+    f = lambda x, s, op=op: jnp.sum(op(x, s) ** 2)  # noqa: E731
+    got = jax.jit(lambda a, s: jax.value_and_grad(f, argnums=(0, 1))(x, s))(1.0, s)
+    want = jax.value_and_grad(f, argnums=(0, 1))(x, s)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
