@@ -94,13 +94,14 @@ def layer_norm(x, scale=None, bias=None, *, epsilon=1e-6, axis=-1, mask=None,
       Python number; ``zero_centered_scale``, ``use_fast_variance`` or ``memory_efficient`` not
       a bool.
     ValueError: ``scale``/``bias`` shape not the normalized shape, ``axis`` out of range or not
-      trailing, ``epsilon`` negative or NaN, unknown ``epsilon_placement``/``impl``/``casting``,
-      ``impl="pallas"`` with ``use_fast_variance=True`` or ``memory_efficient=True``; a concrete
-      ``scale`` with a zero :math:`\gamma_i` and ``memory_efficient=True``; ``axis_name`` not
-      bound (outside ``shard_map`` or a named ``vmap``); a concrete row past the float range:
-      largest magnitude :math:`\ge \sqrt{\max/(4d)}` of the compute dtype (float32:
-      ``3.3e18`` at ``d = 8``), or, with ``epsilon=0``, nonzero and below
-      :math:`\sqrt{d\,\mathrm{tiny}}` (``docs/derivations.md``, "Where the float range ends").
+      trailing, ``epsilon`` negative, NaN, or past the statistics' float range (above ``1 / (2
+      finfo.tiny)``, 4.3e37 for float32 statistics, eager or traced), unknown
+      ``epsilon_placement``/``impl``/``casting``, ``impl="pallas"`` with ``use_fast_variance=True``
+      or ``memory_efficient=True``; a concrete ``scale`` with a zero :math:`\gamma_i` and
+      ``memory_efficient=True``; ``axis_name`` not bound (outside ``shard_map`` or a named
+      ``vmap``); a concrete row past the float range: largest magnitude :math:`\ge \sqrt{\max/(4d)}`
+      of the compute dtype (float32: ``3.3e18`` at ``d = 8``), or, with ``epsilon=0``, nonzero and
+      below :math:`\sqrt{d\,\mathrm{tiny}}` (``docs/derivations.md``, "Where the float range ends").
       A traced row past it cannot raise: it comes back NaN in ``y`` and ``dx`` (and makes all of
       ``dscale`` NaN), never finite zeros; a tiny one inf/NaN; other rows are unaffected.
     TypeError also for an 8-bit float ``x`` (cast to bfloat16 first; an 8-bit ``scale``,
