@@ -171,10 +171,11 @@ def _core_vjp(op, impl, x, scale, bias, dy, **kw):
   """``(y, *cotangents)`` of the core op ``jaxnorm.<op>(..., impl=impl)`` under one jit."""
   fn = getattr(jaxnorm, op)
   params = (scale, bias) if op == "layer_norm" else (scale,)
+  pallas = None if impl == "xla" else PALLAS  # impl="xla" takes no backend config
 
   @jax.jit
   def run(x, params, dy):
-    y, vjp = jax.vjp(lambda x, *p: fn(x, *p, impl=impl, pallas=PALLAS, **kw), x, *params)
+    y, vjp = jax.vjp(lambda x, *p: fn(x, *p, impl=impl, pallas=pallas, **kw), x, *params)
     return (y, *vjp(dy))
 
   return run(x, params, dy)
