@@ -9,6 +9,8 @@ built from its entry of :data:`jaxnorm.OPS`). Its oracle is :func:`jaxnorm.refer
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 
 from jaxnorm.ops.pointwise import rules
@@ -16,11 +18,16 @@ from jaxnorm.ops.pointwise import rules
 __all__ = ["DYT", "LAYER_DOCS", "dyt", "dyt_jacobian"]
 
 
+_LOG_4 = math.log(4.0)
+
+
 def _tanh_slope(u, t):
-  """sech^2(u) = 4 e^{-2|u|} / (1 + e^{-2|u|})^2: no cancellation where tanh(u) rounds to 1."""
+  """sech^2(u) = q / (1 + q/4)^2 with q = 4 e^{-2|u|} = exp(log 4 - 2|u|): no cancellation
+  where tanh(u) rounds to 1, and q, the factor 4 inside the exp, is normal wherever sech^2 is
+  (docs/derivations.md, "Pointwise ops")."""
   del t
-  e = jnp.exp(-2.0 * jnp.abs(u))
-  return 4.0 * e / jnp.square(1.0 + e)
+  q = jnp.exp(_LOG_4 - 2.0 * jnp.abs(u))
+  return q / jnp.square(1.0 + 0.25 * q)
 
 
 DYT = rules.Squash("dyt", jnp.tanh, _tanh_slope, has_shift=False)
