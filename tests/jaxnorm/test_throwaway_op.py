@@ -2,7 +2,8 @@
 ``jaxnorm.ops.table.register`` call and nothing else, runs everywhere the library's ops run: its
 public name, the NNX and Linen layers built from its entry (``nnx.split``/``merge``, pickling,
 ``init``/``apply``), the model's ``norm_type`` and ``qk_norm`` (one training step), the testing
-kit's battery and the pointwise benchmark. The registration is undone after the module."""
+kit's battery, the tail check and the pointwise benchmark. The registration is undone after the
+module."""
 
 import json
 import pickle
@@ -14,6 +15,7 @@ import pytest
 from flax import nnx
 
 import _softsign_op
+from _pointwise_tails import failures
 import jaxnorm
 from jaxnorm import linen as jln
 from jaxnorm import nnx as jnn
@@ -51,6 +53,14 @@ def test_the_kits_battery():
             0.1 * jax.random.normal(jax.random.key(2), (8,)))
   check_rule(OP.fn, OP.reference, (X,) + params, transforms=TRANSFORMS,
              tolerance=Tolerance(ulps=6.0))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_its_tails(dtype):
+  """The tail check of every op of the table (tests/jaxnorm/test_pointwise_tails.py), run on
+  the registered op: derivatives far out and at the dtype's limits against its oracle's."""
+  bad = failures(OP, dtype)
+  assert not bad, "\n".join(bad[:24])
 
 
 def test_the_nnx_layer_splits_merges_and_pickles():
