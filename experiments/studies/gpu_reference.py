@@ -146,7 +146,8 @@ def confounders(ref: dict, *, width: int, heads: int, batch: int, seq_len: int, 
          f"tokens per step {ref['tokens_per_step']:,} vs {batch * seq_len:,} "
          f"({ref['tokens_per_step'] / (batch * seq_len):z.3g}x)",
          f"windows per step {ref['batch']} x {ref['seq_len']} vs {batch} x {seq_len}",
-         f"Post-LN's warm-up {ref['warmup']} and decay tau {ref['tau']} vs {warmup} and {tau}",
+         *([f"Post-LN's warm-up {ref['warmup']} and decay tau {ref['tau']} vs {warmup} and {tau}"]
+           if (ref["warmup"], ref["tau"]) != (warmup, tau) else []),
          "Pre-LN without warm-up on both (never given its best warm-up)",
          "rate grid c = lr x width " + ", ".join(f"{c:z.3g}" for c in ref["c"]) + " vs "
          + ", ".join(f"{c:z.3g}" for c in lrs_c),

@@ -120,12 +120,19 @@ def confounders(summary: dict, ref: dict) -> list[str]:
       lrs_c=[lr * width for lr in lrs])
 
 
+def _seq_varied_or_same(summary: dict, ref: dict) -> bool:
+  """Whether sequence length is no confounder with the gpu run: the study varies it, or runs the gpu's."""
+  return len(summary["tables"]) > 1 or any(int(s) == ref["seq_len"] for s in summary["tables"])
+
+
 def _confounder_line(summary: dict, ref: dict | None) -> str | None:
   if ref is None or not summary.get("config") or not summary.get("model"):
     return None
-  also = "" if len(summary["tables"]) > 1 else " and sequence length"
+  also = "" if _seq_varied_or_same(summary, ref) else " and sequence length"
+  cfg = summary["config"]
+  sched = [] if (cfg["warmup"], cfg["decay_timescale"]) == (ref["warmup"], ref["tau"]) else ["warm-up and decay"]
   short = ["code and jax version", "width", "head size", f"tokens per step ({ref['tokens_per_step']:,} vs "
-           f"{summary['tokens_per_step']:,})", "windows per step", "warm-up and decay", "Pre-LN's warm-up (none)",
+           f"{summary['tokens_per_step']:,})", "windows per step", *sched, "Pre-LN's warm-up (none)",
            "rate grid", f"evaluation sets ({ref['eval_bytes']:,} vs {summary['config']['eval_bytes']:,} bytes)",
            "corpus version", "seeds", "GPU matrix-multiply precision (unrecorded)"]
   return (f"The {gpu_reference.regime(ref)} differs from these runs besides length{also} in: " + ", ".join(short)
@@ -248,6 +255,6 @@ def section(summary: dict, rel: str) -> str:
               + " (T/P " + ", ".join("-" if c is None else f"{c * g['tokens_per_step'] / g['params']:z.2f}"
                                        for c in g["crossing"]) + ").", "",
               "What differs between the gpu run and these runs besides training length"
-              + ("" if len(summary["tables"]) > 1 else " and sequence length (the `cpu-scale` preset's arm)")
+              + ("" if _seq_varied_or_same(summary, g) else " and sequence length (the `cpu-scale` preset's arm)")
               + ", gpu against here: " + "; ".join(confounders(summary, g)) + ".", ""]
   return "\n".join(lines)
