@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from experiments.studies import gpu_reference
+from experiments.studies.seeds import signed
 from experiments.studies.seeds import span as _span
 
 __all__ = ["answer", "confounders", "section"]
@@ -162,7 +163,27 @@ def _arm_line(summary: dict) -> str | None:
     parts.append(f"sequence {seq} {_span(r['diff'])}")
   lay = " and ".join(f"{b} x {t}" for b, t in s["config"]["layouts"])
   return (f"{lay}, {', '.join(map(str, sorted(steps)))} steps (T/P {', '.join(sorted(at))}; the sequence-length arm, "
-          f"`--preset cpu-scale`, git {git}): Pre - Post per seed " + "; ".join(parts) + ".")
+          f"`--preset cpu-scale`, git {git}): Pre - Post per seed " + "; ".join(parts) + "."
+          + _schedule_moves(summary, s))
+
+
+def _schedule_moves(summary: dict, arm: dict) -> str:
+  """Where this study runs a sequence length of the arm at another schedule on the same seeds and ladder (issue
+  63: ``cpu-scale-schedule``), how much the schedule moves each seed's Pre - Post at the longest point, beside
+  the larger of the two runs' paired noise there; empty otherwise."""
+  cfg, acfg = summary.get("config") or {}, arm.get("config") or {}
+  sched, asched = (cfg.get("warmup"), cfg.get("decay_timescale")), (acfg.get("warmup"), acfg.get("decay_timescale"))
+  seq = next(iter(summary["tables"]))
+  if sched == asched or seq not in arm["tables"] or cfg.get("seeds") != acfg.get("seeds"):
+    return ""
+  ours, theirs = summary["tables"][seq][-1], arm["tables"][seq][-1]
+  if ours["step"] != theirs["step"]:
+    return ""
+  moves = [a - b for a, b in zip(ours["diff"], theirs["diff"])]
+  noise = max((x.get("noise") or {}).get("max", 0.0) for x in (summary["per_seq"][seq], arm["per_seq"][seq]))
+  return (f" At sequence {seq}, step {ours['step']}, this schedule (Post-LN warm-up {sched[0]}, tau {sched[1]}) "
+          f"against the arm's ({asched[0]}, {asched[1]}) moves Pre - Post by "
+          + ", ".join(signed(x) for x in moves) + f" per seed (paired noise at most {noise:z.3f}).")
 
 
 def answer(summary: dict) -> list[str]:
