@@ -135,7 +135,7 @@ def test_per_head_jacobian():
 
 
 @pytest.mark.parametrize("cls", ["LayerNorm", "RMSNorm"])
-def test_layers_pass_per_head_parameters_into_the_op(cls):
+def test_layers_pass_per_head_parameters_into_the_op(cls, gpu_host):
   """Flax's per-head spelling (feature_axes=(-2, -1), reduction_axes=-1): the NNX and Linen
   layers give Flax's values and gradients, and the op takes the parameters: with impl="auto"
   the gradient program's GPU branch holds the forward and both backward kernels (traced here on
