@@ -19,7 +19,7 @@ from jaxnorm.testing._checks import Outcome as Outcome
 from jaxnorm.testing._checks import Report as Report
 from jaxnorm.testing._checks import RuleCheckError as RuleCheckError
 from jaxnorm.testing._checks import check_rule as check_rule
-from jaxnorm.testing._problem import clear_cache as clear_cache
+from jaxnorm.testing._programs import clear_cache as clear_cache
 from jaxnorm.testing._tolerance import Tolerance as Tolerance
 from jaxnorm.testing._tolerance import ulp as ulp
 

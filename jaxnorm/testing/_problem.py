@@ -10,7 +10,6 @@ compares a rule's results with the oracle element by element within the
 
 from __future__ import annotations
 
-import collections
 import contextlib
 
 import jax
@@ -18,16 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxnorm._jax_compat import enable_x64 as _enable_x64
-from jaxnorm._jax_compat import eval_jaxpr
 from jaxnorm.testing import _diagnose
-from jaxnorm.testing._condition import magnitude, multipliers, scale, sites
+from jaxnorm.testing._programs import (_DIRECTIONS, _PROGRAMS, _PROGRAMS_MAX, _TRACED, _Graph,
+                                        _oracle_entry, _runner)
 from jaxnorm.testing._report import Outcome
 from jaxnorm.testing._tolerance import ulp
 
-# Random sign draws of the condition magnitude (its tangents are batched: more cost little).
-# Two left a masked 1024-wide RMSNorm's input gradient element at 0.02 x its value (a 5.69
-# ulp error allowed 3.29 ulp: a false failure); M is then the largest of four.
-_DIRECTIONS = 4
 
 
 def _is_float(a) -> bool:
@@ -378,91 +373,7 @@ def _avals(z) -> tuple:
   return tuple((tuple(np.shape(a)), np.dtype(a.dtype).name) for a in z)
 
 
-# The rule's compiled programs by signature and check (:meth:`_Problem.program`), and the
-# oracle's traced graphs with their compiled programs by the reference's signature and check
-# (:meth:`_Problem.oracle`), most recent last, bounded in entries (least recently used first).
-# A kept program holds its executable: about 9 MB each on XLA:CPU for a small LayerNorm's
-# checks (a default check of one signature keeps about 15 of the rule's and 11 of the
-# oracle's), so 64 each: a few signatures, about 1 GB at most (clear_cache frees them).
-_PROGRAMS = collections.OrderedDict()
-_TRACED = collections.OrderedDict()
-_PROGRAMS_MAX = 64
-
-
-class _Graph:
-  """A jaxpr and its constants (what :func:`_oracle_entry` reads of a closed jaxpr)."""
-
-  def __init__(self, jaxpr, consts):
-    self.jaxpr, self.consts = jaxpr, list(consts)
-
-
-def clear_cache() -> None:
-  """Forgets every program :func:`jaxnorm.testing.check_rule` compiled for a rule.
-
-  ``check_rule`` keeps the rule's compiled programs by the rule (the function object), its
-  keyword arguments and the shapes and dtypes of its arguments, so that checking the same rule
-  on new values of the same shapes compiles nothing. Call this after changing what the same
-  function object computes (registering another JVP or batching rule for a primitive it uses,
-  rebinding a global it reads), as ``jax.clear_caches()`` is needed for a ``jax.jit`` function
-  then. The float64 oracle's programs are keyed by the reference's traced graph and need no
-  clearing; the reference's traced graphs, kept by the reference function alike, go too.
-  """
-  _PROGRAMS.clear()
-  _TRACED.clear()
-
-
 def _raised(check, exc) -> Outcome:
   """A check whose function of the rule raised: unsupported, with the exception."""
   return Outcome(check, "unsupported", np.inf, np.inf,
                  f"raised {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}")
-
-
-# Compiled oracles by reference graph (its jaxpr's text, which names every shape and dtype),
-# most recent last: a check of the same reference at the same shapes (another dtype of the rule,
-# another backend, a repeated configuration, another seed) reuses the programs with its own
-# inputs, constants and multipliers. Bounded in entries (the least recently used go first).
-_ORACLES = collections.OrderedDict()
-_ORACLES_MAX = 64
-
-
-def _oracle_entry(closed, z64, key):
-  """``(oracle_fn, tree)`` of the float64 reference ``closed`` (a jaxpr and its constants),
-  kept in :data:`_ORACLES` under ``key`` (its text; None: built afresh, not kept);
-  :func:`_runner` makes of it ``run(consts, *z64)``: the reference at ``z64``, its condition
-  magnitude and its scale, flattened (``tree`` unflattens them).
-
-  One program, traced once: the values of the reference's rounding sites, their multipliers
-  hashed on the device (:func:`~jaxnorm.testing._condition.multipliers`; the seed an
-  argument), the magnitude and the scale, compiled with the reference's own constants as
-  arguments rather than literals (compiling a 12 x 8200 LayerNorm's oracle took 4.1 s with its
-  random signs inside, 1.4 s as arguments; the same graph with other constants is the same
-  program). Two programs with the multipliers hashed by NumPy in between cost a later call of
-  a small function a third of its time (docs/perf-notes.md, issue 65).
-  """
-  if key is None or key not in _ORACLES:
-    ref = lambda consts, *b: eval_jaxpr(closed.jaxpr, consts, *b)  # noqa: E731
-
-    def oracle_fn(consts, seed, *a):
-      f = lambda *b: ref(consts, *b)  # noqa: E731
-      mults = multipliers(sites(f, a), seed, _DIRECTIONS)
-      return (*magnitude(f, a, mults), scale(f, a))
-
-    shape = jax.eval_shape(lambda *a: ref(list(closed.consts), *a), *z64)
-    entry = (jax.jit(oracle_fn), jax.tree_util.tree_structure((shape, shape, shape)))
-    if key is None:
-      return entry
-    _ORACLES[key] = entry
-    while len(_ORACLES) > _ORACLES_MAX:
-      _ORACLES.popitem(last=False)
-  _ORACLES.move_to_end(key)
-  return _ORACLES[key]
-
-
-def _runner(entry, seed):
-  oracle_fn, tree = entry
-
-  def run(consts, *z64):
-    values, m, a = oracle_fn(consts, np.uint32(seed), *z64)
-    return jax.tree_util.tree_leaves((values, m, a))
-
-  return run, tree

@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("experiments.bench",),      # op-level timing and its commands (their provenance is the suite's)
     ("experiments.studies",),    # one module per question: use the suite, the harness and the bench's timing
     ("experiments", "experiments.__main__", "experiments.demo", "experiments.kit_survey",
-     "experiments.kit_survey_functions"),   # the entry point, the tour and the kit survey
+     "experiments.kit_survey_functions", "experiments.kit_survey_cost"),   # entry point, tour, kit survey
 )
 # the report: it names no study
 REPORT_MODULES = ("suite/report.py", "suite/report_summary.py", "suite/report_provenance.py")
