@@ -230,17 +230,17 @@ def _functions(api, op, scale, rows):
   init_args = (x, other) if op == "gated_rms_norm" else (x,)
   params = layer.init(jax.random.key(0), *init_args)
   if scale in ("const", "arg"):
-    params = _linen_with_scale(params, s_const)
+    params = _with_scale(params, s_const)
   other_layer = None if op == "gated_rms_norm" else build("flax-linen")
 
   def ours(*a):
     x, o, s = split(a)
-    p = params if s is None else _linen_with_scale(params, s)
+    p = params if s is None else _with_scale(params, s)
     return call(lambda *b, **k: layer.apply(p, *b, **k), x, o)
 
   def theirs(*a):
     x, o, s = split(a)
-    p = params if s is None else _linen_with_scale(params, s)
+    p = params if s is None else _with_scale(params, s)
     if other_layer is None:
       return their_fn(x, o, p["params"]["scale"] if use_scale else None)
     return their_call(lambda h: other_layer.apply(p, h), x, o)
@@ -248,17 +248,12 @@ def _functions(api, op, scale, rows):
   return ours, theirs, args
 
 
-def _with_scale(state, s):
-  """An NNX state with its ``scale`` parameter replaced by ``s`` (other parameters kept)."""
+def _with_scale(tree, s):
+  """An NNX state or Linen variables with the ``scale`` parameter replaced by ``s`` (others
+  kept)."""
   import jax
   return jax.tree_util.tree_map_with_path(
-      lambda path, v: s if any(getattr(k, "key", None) == "scale" for k in path) else v, state)
-
-
-def _linen_with_scale(params, s):
-  import jax
-  return jax.tree_util.tree_map_with_path(
-      lambda path, v: s if any(getattr(k, "key", None) == "scale" for k in path) else v, params)
+      lambda path, v: s if any(getattr(k, "key", None) == "scale" for k in path) else v, tree)
 
 
 def _programs(fn, args, loss, mode):
