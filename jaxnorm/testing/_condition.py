@@ -76,14 +76,25 @@ def multipliers(values, seed, directions: int) -> list:
   device flushes subnormals (its multiplier then another value's, as valid)."""
   seed = jnp.asarray(seed, jnp.uint32)
   steps = np.asarray([(0x9E3779B9 * (k + 1)) % 2 ** 32 for k in range(directions)], np.uint32)
-  out = []
-  for n, v in enumerate(values):
-    bits = jax.lax.bitcast_convert_type(v.astype(jnp.float32), jnp.uint32) >> np.uint32(4)
-    key = np.uint32((n * 0x27D4EB2F + 1) % 2 ** 32) + seed * np.uint32(0x165667B1)
-    h0 = _mix(bits ^ key)
-    h = _mix(h0[None] + jnp.asarray(steps).reshape((directions,) + (1,) * h0.ndim))
-    size = 0.5 + (h & np.uint32(0xFFFFFF)).astype(v.dtype) * (0.5 / 2 ** 24)
-    out.append(jnp.where((h >> np.uint32(31)) == 1, -size, size).astype(v.dtype))
+  if not values:
+    return []
+  # Every site's elements hashed in one flat vector (the site index a per-element constant),
+  # then split: one hash in the program instead of one per site (a hash per site made the
+  # oracle's program 3.5x as slow to compile: docs/perf-notes.md, "Test-suite time").
+  sizes = [int(np.prod(v.shape, dtype=np.int64)) for v in values]
+  bits = jnp.concatenate([jnp.ravel(v.astype(jnp.float32)) for v in values])
+  bits = jax.lax.bitcast_convert_type(bits, jnp.uint32) >> np.uint32(4)
+  site_keys = np.repeat(np.asarray([(n * 0x27D4EB2F + 1) % 2 ** 32 for n in range(len(values))],
+                                   np.uint32), sizes)
+  h0 = _mix(bits ^ (site_keys + seed * np.uint32(0x165667B1)))
+  h = _mix(h0[None] + jnp.asarray(steps)[:, None])
+  wide = jnp.result_type(*[v.dtype for v in values])
+  size = 0.5 + (h & np.uint32(0xFFFFFF)).astype(wide) * (0.5 / 2 ** 24)
+  signed = jnp.where((h >> np.uint32(31)) == 1, -size, size)
+  out, start = [], 0
+  for v, n in zip(values, sizes):
+    out.append(signed[:, start:start + n].reshape((directions,) + v.shape).astype(v.dtype))
+    start += n
   return out
 
 
