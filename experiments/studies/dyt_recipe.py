@@ -18,6 +18,8 @@ the pilots (``experiments/results/pilots/dyt/README.md``); Verma uses 3e-4 for e
 
 from __future__ import annotations
 
+from experiments.suite.runs import param_sizes
+
 __all__ = ["ALPHA", "NORMS", "NORM_NAMES", "RECIPE", "WARMUP_FRACTION", "model_fields", "param_count",
            "train_fields", "unique_bytes"]
 
@@ -58,14 +60,8 @@ def param_count(model_config) -> int:
   """:math:`P`: the model's parameters without the position table (Verma's count: nanoGPT's
   ``get_num_params`` leaves out ``wpe``; its tied token embedding counts once, our untied head counts
   too)."""
-  import jax
-  from flax import nnx
-
-  from jaxnorm.models import TransformerLM
-  model = nnx.eval_shape(lambda: TransformerLM(model_config, rngs=nnx.Rngs(0)))
-  n = sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-  pos = getattr(model, "pos_embed", None)
-  return n - (int(pos.get_value().size) if pos is not None else 0)
+  n, positions = param_sizes(model_config)
+  return n - positions
 
 
 def unique_bytes(tokens_per_param: float, params: int) -> int:

@@ -4,6 +4,7 @@ shared helpers :func:`run_label` / :func:`train_run` of the warm-up, invariance 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import pathlib
 import shutil
@@ -173,14 +174,26 @@ def train_run(ctx: RunsMixin, spec: dict, n_layers: int, steps: int, seed: int =
   return ctx.train(tc, run_label(spec, n_layers) + (f"-{spec['norm_impl']}" if "norm_impl" in spec else ""))
 
 
-def param_count(model_config) -> int:
-  """Every parameter of the model, the position table included (the count tokens per parameter use)."""
+@functools.lru_cache(maxsize=None)
+def param_sizes(model_config) -> tuple[int, int]:
+  """``(all, positions)``: every parameter of the model built from ``model_config`` (a frozen, hashable
+  :class:`~jaxnorm.models.TransformerConfig`) and those of its learned position table (0 without one).
+  Kept per config: building the model abstractly (``nnx.eval_shape``) costs 0.1-0.5 s on CPU (Flax's RNG
+  streams read a traced ``sharding`` whose error message walks the trace), and the reports ask for the
+  same few configs once per row."""
   import jax
   from flax import nnx
 
   from jaxnorm.models import TransformerLM
   model = nnx.eval_shape(lambda: TransformerLM(model_config, rngs=nnx.Rngs(0)))
-  return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  n = sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  pos = getattr(model, "pos_embed", None)
+  return n, (int(pos.get_value().size) if pos is not None else 0)
+
+
+def param_count(model_config) -> int:
+  """Every parameter of the model, the position table included (the count tokens per parameter use)."""
+  return param_sizes(model_config)[0]
 
 
 def regime_tag(ctx: RunsMixin, n_layers: int, steps: int) -> str:
