@@ -5,6 +5,7 @@ of the conftest, before any test module imports ``jax``.
 """
 
 import os
+import re
 import sys
 
 # The shared helpers (_numerics.py, _kernels.py, ...) live in tests/ and are imported as top-level
@@ -96,12 +97,33 @@ def x64():
     yield
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m / -k deselect: they read the marker
 def pytest_collection_modifyitems(config, items):
-  """Tests marked ``slow`` first (a stable sort). pytest-xdist hands out whole files
-  (``--dist loadfile``, pyproject.toml) in the order of their first test, so the files with the
-  longest tests start first and the rest is spread over the other workers, instead of one of
-  them running alone at the end of the session."""
+  """Marks the extended batteries (``tests/_extended.py``) ``extended``, then sorts the tests
+  marked ``slow`` first (a stable sort). pytest-xdist hands out whole files (``--dist
+  loadfile``, pyproject.toml) in the order of their first test, so the files with the longest
+  tests start first and the rest is spread over the other workers, instead of one of them
+  running alone at the end of the session."""
+  _mark_extended(items, whole_files=not any("::" in a for a in config.args))
   items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def _mark_extended(items, whole_files):
+  from _extended import EXTENDED
+
+  files = {item.nodeid.split("::")[0] for item in items}
+  # "*" is the only wildcard (test ids hold brackets, which fnmatch would read as sets).
+  patterns = {p: re.compile(".*".join(map(re.escape, p.split("*")))) for p in EXTENDED}
+  used = set()
+  for item in items:
+    hits = [p for p, rx in patterns.items() if rx.fullmatch(item.nodeid)]
+    if hits:
+      item.add_marker(pytest.mark.extended)
+      used.update(hits)
+  stale = [p for p in EXTENDED if whole_files and p.split("::")[0] in files and p not in used]
+  if stale:
+    raise pytest.UsageError(f"tests/_extended.py: these patterns match no test of a collected "
+                            f"file: {stale}")
 
 
 @pytest.fixture

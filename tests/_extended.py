@@ -1,0 +1,61 @@
+"""The extended batteries: tests the default run (the README's ``pytest -n 2``) leaves out and CI
+runs as a second step (``pytest -n 2 -m extended``, ``.ci/run``).
+
+Each entry is a test id where ``*`` matches any text (the only wildcard). What goes here is more of what the default run
+already checks, never the only check of a behaviour: another dtype, variant or size of a battery
+whose first case stays in the default run, a second mutant family, a committed report beside the
+one rendered by default, the maintainers' recipe rehearsals. The conftest marks every match
+``extended`` (pyproject.toml's ``addopts`` deselects them by default) and fails the collection
+of a file where a pattern here matches nothing, so the list cannot go stale silently. Chosen by
+their time in the suite (``pytest --durations=0``; docs/perf-notes.md, "Test-suite time").
+"""
+
+EXTENDED = (
+    # memory_efficient=True: float32 and float64 of every op, placement and centring; the
+    # float64 grid and one float32 case stay in the default run.
+    "tests/jaxnorm/test_memory_efficient.py::test_rule_matches_autodiff[True-*-float32-*]",
+    "tests/jaxnorm/test_memory_efficient.py::test_rule_matches_autodiff[False-*-float32-layer_norm]",
+    "tests/jaxnorm/test_memory_efficient.py::test_rule_matches_autodiff[False-outside-float32-rms_norm]",
+    # The maintainer's recipe for a new op, rehearsed end to end (docs/adding-an-op.md).
+    "tests/jaxnorm/test_throwaway_op.py::*",
+    # The TPU kernels through the kit (value, VJP, JVP, second order); the float64-oracle
+    # battery, the range rules and the exports stay in the default run.
+    "tests/jaxnorm/test_tpu_kernels.py::test_kit_*",
+    "tests/jaxnorm/test_tpu_kernels.py::test_gated_rms_norm_kit*",
+    # The kit on correct functions: log_softmax (the one that had false rejects) stays.
+    "tests/jaxnorm/test_kit_no_false_reject.py::test_no_reject_of_a_correct_function[softmax]",
+    "tests/jaxnorm/test_kit_no_false_reject.py::test_no_reject_of_a_correct_function[logsumexp]",
+    "tests/jaxnorm/test_kit_no_false_reject.py::test_no_reject_of_a_correct_function[standardize]",
+    # The committed reports rendered from their raw data: the cpu report stays.
+    "tests/experiments/test_committed_reports.py::test_committed_report_is_its_raw_data_rendered[gpu]",
+    "tests/experiments/test_committed_reports.py::test_committed_report_is_its_raw_data_rendered[cpu-*]",
+    # Gated RMSNorm: the float32 eager case with a 4-group scale stays.
+    "tests/jaxnorm/test_gated.py::test_rules_equal_float64_autodiff[float32-None-True-*",
+    "tests/jaxnorm/test_gated.py::test_rules_equal_float64_autodiff[float32-8-True-*",
+    "tests/jaxnorm/test_gated.py::test_rules_without_a_scale*",
+    # DyT / Derf: the bfloat16 and float16 cases and the models stay.
+    "tests/jaxnorm/test_pointwise.py::test_rules_over_input_scales",
+    "tests/jaxnorm/test_pointwise.py::test_rules_equal_float64_autodiff[float32-head-*",
+    # Per-head parameters through the kit on XLA (the kernels' case and the layers stay).
+    "tests/jaxnorm/test_per_head.py::test_per_head_value_vjp_jvp[xla]",
+    # Second order on hard rows (second order itself, in every dtype, stays).
+    "tests/jaxnorm/test_ops_transforms.py::test_second_order_with_an_outlier_first_feature",
+    "tests/jaxnorm/test_ops_transforms.py::test_second_order_with_epsilon_outside_on_tiny_rows*",
+    # Forward mode: Hessian-vector products of the model, full Jacobians.
+    "tests/jaxnorm/test_forward_mode.py::test_hessian_vector_product_both_ways*",
+    "tests/jaxnorm/test_forward_mode.py::test_jacfwd_equals_jacrev_and_explicit_jacobian*",
+    # The fused add + norm's kit battery on XLA and the kernels (its variant grid stays).
+    "tests/jaxnorm/test_fused.py::TestXla::test_rule_matches_float64_reference",
+    "tests/jaxnorm/test_fused.py::TestPallas::test_rule_matches_float64_reference",
+    "tests/jaxnorm/test_fused.py::test_grad_of_grad",
+    # Training harness: two processes, init instrumentation.
+    "tests/experiments/test_train.py::test_two_process_run_matches_single_process",
+    "tests/experiments/test_train.py::test_init_instrumentation",
+    # The kit's own checks: every transform on one case (each transform stays, on the mutants).
+    "tests/jaxnorm/test_testing_kit.py::test_every_transform_on_one_case",
+    # LayerNorm's fast variance: the derived rules with the plain formula (the other stays).
+    "tests/jaxnorm/test_fast_variance.py::test_derived_rules_match_autodiff_of_the_fast_formula[False]",
+    # Scan against unrolled, and the theory variants, for one configuration each.
+    "tests/jaxnorm/test_models.py::test_scan_matches_unrolled[pre-layer_norm-jaxnorm]",
+    "tests/jaxnorm/test_models.py::test_theory_variant_options",
+)
