@@ -20,8 +20,8 @@ from jaxnorm import _jax_compat
 from jaxnorm import _math
 
 __all__ = ["YNN_MIN_ELEMENTS", "as_row", "compute_dtype", "count", "cse_barrier", "first_pivot",
-           "gamma", "match_vma", "normalizer", "on_ynn_rows", "param_row", "psum", "row_sums",
-           "variance_path_factor"]
+           "gamma", "match_vma", "normalizer", "on_ynn_rows", "param_row", "psum", "residual_add",
+           "row_sums", "variance_path_factor"]
 
 
 # XLA:CPU hands an instruction to YNNPACK only if it or an operand has at least this many
@@ -160,3 +160,15 @@ def gamma(cfg, scale, ndim, dtype=None):
     return None
   plan = cfg.plan(scale.dtype if dtype is None else dtype)
   return plan.gamma_of(param_row(scale, ndim), cfg.zero_centered_scale)
+
+
+def residual_add(cfg, x, residual):
+  """``h = x + alpha * residual`` of the residual add + norm (``cfg.residual_scale`` is alpha),
+  added in at least float32 and rounded once to ``cfg.h_dtype``: the add every backend shares
+  (:class:`jaxnorm.backends.interface.Backend` composes it with a plain op's entries)."""
+  ct = compute_dtype(jnp.promote_types(cfg.h_dtype, jnp.promote_types(x.dtype,
+                                                                      residual.dtype)))
+  r = residual.astype(ct)
+  if cfg.residual_scale != 1.0:
+    r = cfg.residual_scale * r
+  return (x.astype(ct) + r).astype(cfg.h_dtype)

@@ -29,7 +29,8 @@ derived in ``docs/derivations.md``); a backend says only how it is computed, in 
 :class:`Backend` gives the residual add + norm as the composition of an add in XLA and the plain
 op's entries of the backend's own table (:meth:`~Backend.add_roles`, what the XLA backend
 registers); a backend with fused add + norm kernels overrides the three ``add_*`` methods.
-Imports nothing of jaxnorm but the XLA formulas (the add).
+Imports nothing of jaxnorm but the ground floor's row helpers (:mod:`jaxnorm._xla_rows`: the add
+and the compute dtype), never a backend (issue 66).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import dataclasses
 import functools
 import types
 
-from jaxnorm.backends.xla import formulas as _xla
+from jaxnorm._xla_rows import compute_dtype, residual_add
 
 __all__ = ["NORM_ROLES", "Backend", "Entry", "add_backward_of"]
 
@@ -169,12 +170,12 @@ class Backend:
   def add_forward_only(self, cfg, x, residual, scale, bias, mask):
     """``(y, h)`` of the residual add + norm, nothing kept: the add, then the plain op's
     ``forward_only`` entry of this backend's table at ``h``."""
-    h = _xla.residual_add(cfg, x, residual)
+    h = residual_add(cfg, x, residual)
     return self.table[(cfg.op.name, "forward_only")](cfg, h, scale, bias, mask), h
 
   def add_forward(self, cfg, x, residual, scale, bias, mask):
     """``(y, h, stats)``: the statistics are the plain op's (its ``forward`` entry) at ``h``."""
-    h = _xla.residual_add(cfg, x, residual)
+    h = residual_add(cfg, x, residual)
     y, stats = self.table[(cfg.op.name, "forward")](cfg, h, scale, bias, mask)
     return y, h, stats
 
@@ -200,7 +201,7 @@ def add_backward_of(backward, cfg, h, scale, mask, stats, dy, dh):
   ``J^T dy`` is the plain op's backward at ``h``, kept in the compute dtype until ``dh``
   (None: ``h`` unused downstream) is added, so each cotangent is rounded once.
   """
-  ct = _xla.compute_dtype(h.dtype)
+  ct = compute_dtype(h.dtype)
   # h goes in as stored, so the backward's barriers see it and no float32 copy of a narrow
   # h is materialized.
   dn, dscale, dbias = backward(cfg, h, scale, mask, stats, dy, dx_dtype=ct)

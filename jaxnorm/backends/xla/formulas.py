@@ -26,18 +26,9 @@ import jax.numpy as jnp
 from jaxnorm._jax_compat import default_platform
 from jaxnorm._norm_config import NormConfig
 from jaxnorm._xla_rows import as_row, compute_dtype, count, cse_barrier, gamma, on_ynn_rows
+from jaxnorm._xla_rows import residual_add  # noqa: F401 (the add of every add + norm entry)
 from jaxnorm._xla_rows import param_row, psum, row_sums, variance_path_factor
 from jaxnorm.backends.xla.statistics import centered, statistics
-
-
-def residual_add(cfg: NormConfig, x, residual):
-  """h = x + alpha * residual, added in at least float32 and rounded once to ``h_dtype``."""
-  ct = compute_dtype(jnp.promote_types(cfg.h_dtype, jnp.promote_types(x.dtype,
-                                                                      residual.dtype)))
-  r = residual.astype(ct)
-  if cfg.residual_scale != 1.0:
-    r = cfg.residual_scale * r
-  return (x.astype(ct) + r).astype(cfg.h_dtype)
 
 
 def _rows_axes(p, ndim):
