@@ -28,7 +28,6 @@ import jax.numpy as jnp
 from jaxnorm._jax_compat import default_platform
 from jaxnorm._norm_config import NormConfig
 from jaxnorm._xla_rows import as_row, compute_dtype, count, cse_barrier, gamma, on_ynn_rows
-from jaxnorm._xla_rows import residual_add  # noqa: F401 (the add of every add + norm entry)
 from jaxnorm._xla_rows import param_row, psum, row_sums, variance_path_factor
 from jaxnorm.backends.xla.statistics import centered, statistics
 
