@@ -29,7 +29,8 @@ def statistics(cfg: NormConfig, x, mask, *, decouple: bool = True, alone: bool =
   views (see :func:`_layer_norm_statistics`). ``alone``: the statistics of an undifferentiated
   forward on as many rows as XLA:CPU's YNNPACK takes
   (:func:`jaxnorm.backends.xla.formulas.forward_only`): no float-range guard (``rstd`` is 0 past
-  the range, as in Flax), LayerNorm pivoted on the row mean (two passes, no slice), RMSNorm's
+  the range, as in Flax), LayerNorm pivoted on the row mean (two passes, no slice; for a 16-bit
+  ``x`` without the offset term, :func:`_two_pass_statistics`), RMSNorm's
   sum read straight from ``x``: the program YNNPACK fuses whole, as it does Flax's."""
   return STATISTICS[cfg.op.name](cfg, x, mask, decouple=decouple, alone=alone)
 
@@ -90,6 +91,8 @@ def _layer_norm_statistics(cfg, x, mask, *, decouple: bool = True, alone: bool =
   n = count(cfg, mask, x.shape, ct)
   if cfg.option("use_fast_variance"):
     return _fast_statistics(cfg, x, mask, n, decouple=decouple, guard=not alone)
+  if alone and x.dtype != ct:
+    return _two_pass_statistics(cfg, xf, mask, n)
   if mask is None and cfg.axis_name is None and not alone:
     shift = first_pivot(x)  # no reduction to wait for
   else:
@@ -107,6 +110,31 @@ def _layer_norm_statistics(cfg, x, mask, *, decouple: bool = True, alone: bool =
   (s2,) = row_sums(xs2 * xs2, mask=mask2)
   delta, rstd = _mean_and_rstd(cfg, s1, s2, n, guard=not alone)
   return shift, delta, rstd
+
+
+def _two_pass_statistics(cfg, xf, mask, n):
+  r"""``(mean, None, rstd)`` of a 16-bit ``x``'s forward alone on many rows: the textbook two-pass.
+
+  .. math::
+
+     \hat\mu = \mathrm{fl}\big(\tfrac1n \sum_i m_i x_i\big), \qquad
+     v = \tfrac1n \sum_i m_i (x_i - \hat\mu)^2
+
+  in float32, with no offset term (``delta`` is None) and no float-range guard: the program of
+  Flax's ``use_fast_variance=False``, which XLA:CPU's YNNPACK runs as fast as Flax's fast variance
+  where the corrected form (:func:`_layer_norm_statistics`, a second row sum of ``x - K``) costs
+  1.26-1.39x (``docs/perf-notes.md``, issue 62). Dropping the offset
+  :math:`\delta = \tfrac1n\sum_i m_i (x_i - \hat\mu)` moves each ``x_c`` by the float32
+  rounding error of the mean (a few float32 ulps of :math:`|\mu|`), which is :math:`2^{-13}`
+  (float16) to :math:`2^{-16}` (bfloat16) of one rounding of a 16-bit ``x`` near the mean: nothing
+  the input can hold is lost (``docs/derivations.md``). A float32 ``x`` keeps the offset, whose
+  loss would be as large as its own rounding. ``xf`` is ``x`` in the compute dtype.
+  """
+  (s0,) = row_sums(xf, mask=mask)
+  mean = psum(cfg, s0) / n
+  xc = xf - mean
+  (s2,) = row_sums(xc * xc, mask=mask)
+  return mean, None, normalizer(cfg, psum(cfg, s2) / n, False)
 
 
 def _mean_and_rstd(cfg, s1, s2, n, guard: bool = True):
