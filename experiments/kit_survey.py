@@ -33,7 +33,7 @@ import numpy as np
 from jaxnorm._jax_compat import enable_x64
 
 from experiments.argtypes import positive_int
-from experiments.kit_survey_functions import Fn, _functions
+from experiments.kit_survey_functions import Fn, surveyed_functions
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "kit-survey"
 
@@ -203,7 +203,7 @@ def main(argv=None) -> int:
   parser.add_argument("--max-checks", type=positive_int, default=5,
                       help="checks per function and dtype, shrinking included")
   args = parser.parse_args(argv)
-  fns = [f for f in _functions() if args.only is None or any(s in f.name for s in args.only)]
+  fns = [f for f in surveyed_functions() if args.only is None or any(s in f.name for s in args.only)]
   if not fns:
     parser.error(f"--only {args.only} matches no function")
   import importlib.metadata as md

@@ -107,7 +107,7 @@ def _positive(a):
   return np.abs(a) + 1e-3
 
 
-def _functions() -> list:
+def surveyed_functions() -> list:
   """Every surveyed function: the fixes' half ``"A"``, then the confirming half ``"B"``."""
   return _half_a() + _half_b()
 

@@ -47,7 +47,7 @@ from experiments.harness import progress as progress_lib
 from experiments.harness.sharding import Placement
 from experiments.harness.train_config import TrainConfig, make_optimizer
 from experiments.harness.train_steps import (
-    _train_eval_cached,
+    train_eval_cached,
     compiled_steps,
     init_params,
     layer_grad_norms,
@@ -282,7 +282,7 @@ def _evaluate_train(config: TrainConfig, corpus: data_lib.Corpus, placement: Pla
   """The final model on ``eval_batches`` fixed batches of its own training bytes (``eval_train``): the
   metrics line ``{"step", "train_eval_loss"[, "saturation"]}``, ``saturation`` the per-norm-input
   fraction of saturated DyT/Derf activations averaged over the batches (absent for LayerNorm/RMSNorm)."""
-  step = _train_eval_cached(config.model)
+  step = train_eval_cached(config.model)
   data = data_lib.train_subset(corpus.train, config.train_bytes)
   outs = jax.device_get([step(params, placement.put_batch(x), placement.put_batch(y)) for x, y in (
       data_lib.batch_at(data, i, batch_size=config.batch_size, seq_len=config.seq_len, seed=TRAIN_EVAL_SEED)

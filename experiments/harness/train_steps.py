@@ -162,7 +162,7 @@ def _compiled_steps_cached(key: TrainConfig, mesh):
 
 
 @functools.lru_cache(maxsize=32)
-def _train_eval_cached(model_config: TransformerConfig):
+def train_eval_cached(model_config: TransformerConfig):
   """The jitted ``step(params, inputs, targets) -> (loss, saturation)`` scoring a trained model of
   ``model_config`` (``eval_train``; ``saturation`` None for LayerNorm/RMSNorm), cached per process."""
   graphdef = nnx.graphdef(nnx.eval_shape(lambda: TransformerLM(model_config, rngs=nnx.Rngs(0))))

@@ -29,7 +29,8 @@ PAPERS_REGIME = (f"the papers: single-epoch, {PAPERS_TPP[0]:g}-{PAPERS_TPP[1]:g}
 NAMES = {"layer_norm": "LN", "rms_norm": "RMS", "dyt": "DyT", "derf": "Derf", "hardtanh": "HardTanh"}
 
 
-def _f(x) -> float:
+def as_float(x) -> float:
+  """``x`` as a float, NaN for a missing reading (None)."""
   return float("nan") if x is None else float(x)
 
 
@@ -37,27 +38,30 @@ def mean_saturation(sat) -> float:
   """The mean over a run's DyT/Derf norm inputs of the saturated fraction (nan if none)."""
   if not sat:
     return float("nan")
-  return float(np.mean([_f(s) for s in sat]))
+  return float(np.mean([as_float(s) for s in sat]))
 
 
-def _seeds(cells: dict) -> list:
+def seeds_of(cells: dict) -> list:
+  """The sorted seeds of ``cells`` (keyed ``(norm, tokens per parameter, seed)``)."""
   return sorted({s for (_, _, s) in cells})
 
 
-def _tpps(cells: dict) -> list:
+def tpps_of(cells: dict) -> list:
+  """The sorted tokens-per-parameter levels of ``cells``."""
   return sorted({t for (_, t, _) in cells})
 
 
-def _ok(c) -> bool:
-  return c is not None and not c.get("diverged") and all(math.isfinite(_f(c.get(k))) for k in ("val", "val_alt"))
+def usable(c) -> bool:
+  """Whether a cell is a run that did not diverge and has finite losses on both window sets."""
+  return c is not None and not c.get("diverged") and all(math.isfinite(as_float(c.get(k))) for k in ("val", "val_alt"))
 
 
-def _diff(cells, a, b, tpp, seed) -> tuple[float, float] | None:
+def val_diff(cells, a, b, tpp, seed) -> tuple[float, float] | None:
   """``(d, d_alt)``: val(a) - val(b) on both sets of validation windows, or None if a run is missing."""
   ca, cb = cells.get((a, tpp, seed)), cells.get((b, tpp, seed))
-  if not (_ok(ca) and _ok(cb)):
+  if not (usable(ca) and usable(cb)):
     return None
-  return _f(ca["val"]) - _f(cb["val"]), _f(ca["val_alt"]) - _f(cb["val_alt"])
+  return as_float(ca["val"]) - as_float(cb["val"]), as_float(ca["val_alt"]) - as_float(cb["val_alt"])
 
 
 def paired(cells, a, b, tpp, seed) -> dict | None:
@@ -70,38 +74,39 @@ def paired(cells, a, b, tpp, seed) -> dict | None:
   ``{"kind": "best", "pairs": [(best(a) - best(b), best(b))], ...}``. Both carry ``final`` (the
   final ``(d, d_alt)``) and ``best`` (``(best(a) - best(b), best(b))``) for the text.
   """
-  d = _diff(cells, a, b, tpp, seed)
+  d = val_diff(cells, a, b, tpp, seed)
   if d is None:
     return None
   ca, cb = cells[(a, tpp, seed)], cells[(b, tpp, seed)]
   best = (best_val(ca) - best_val(cb), best_val(cb))
   if overfit(ca) or overfit(cb):
     return {"kind": "best", "pairs": [best], "final": d, "best": best,
-            "refs": (_f(cb["val"]), _f(cb["val_alt"]))}
-  return {"kind": "final", "pairs": [(d[0], _f(cb["val"])), (d[1], _f(cb["val_alt"]))], "final": d, "best": best,
-          "refs": (_f(cb["val"]), _f(cb["val_alt"]))}
+            "refs": (as_float(cb["val"]), as_float(cb["val_alt"]))}
+  refs = (as_float(cb["val"]), as_float(cb["val_alt"]))
+  return {"kind": "final", "pairs": [(d[0], refs[0]), (d[1], refs[1])], "final": d, "best": best,
+          "refs": refs}
 
 
 def best_val(c) -> float:
   """The lowest validation loss of a run's curve (``val_curve``: ``[(step, loss)]``), else its final one."""
-  curve = [_f(v) for _, v in (c.get("val_curve") or [])]
+  curve = [as_float(v) for _, v in (c.get("val_curve") or [])]
   curve = [v for v in curve if math.isfinite(v)]
-  return min(curve) if curve else _f(c.get("val"))
+  return min(curve) if curve else as_float(c.get("val"))
 
 
 def trained_tokens_per_param(epochs: dict, tpp: float) -> float:
   """Tokens trained per parameter in the cell ``tpp``: passes over its unique bytes times ``tpp``."""
-  return _f(epochs.get(tpp)) * float(tpp)
+  return as_float(epochs.get(tpp)) * float(tpp)
 
 
 def overfit(c) -> bool:
   """Whether a run's final validation loss lies ``OVERFIT_FINAL_NATS`` above the best of its curve."""
-  return bool(c) and _f(c.get("val")) - best_val(c) > OVERFIT_FINAL_NATS
+  return bool(c) and as_float(c.get("val")) - best_val(c) > OVERFIT_FINAL_NATS
 
 
 def gap(c) -> float:
   """``val - train`` of one cell (nan if either is missing)."""
-  return _f(c.get("val")) - _f(c.get("train")) if c else float("nan")
+  return as_float(c.get("val")) - as_float(c.get("train")) if c else float("nan")
 
 
 def testability(cells: dict, *, epochs: dict, unigram: float, need=("T1", "T2", "T3", "T4"),
@@ -111,7 +116,7 @@ def testability(cells: dict, *, epochs: dict, unigram: float, need=("T1", "T2", 
   ``epochs``: T/P -> how many times the unique bytes are seen; ``unigram``: the plateau of the
   validation windows.
   """
-  tpps, seeds, out = _tpps(cells), _seeds(cells), []
+  tpps, seeds, out = tpps_of(cells), seeds_of(cells), []
   if len(seeds) < MIN_SEEDS:
     out.append(f"{len(seeds)} seed(s), fewer than {MIN_SEEDS}")
   if not tpps:
@@ -126,8 +131,9 @@ def testability(cells: dict, *, epochs: dict, unigram: float, need=("T1", "T2", 
       shown = f"{float(np.mean(gl)):z.3f}" if gl else "not measured"
       out.append(f"LayerNorm's gap (val - train) at T/P {lo:g} exceeds its gap at {hi:g} by {shown} nats, "
                  f"less than {OVERFIT_NATS:g}: data are not scarce in the sense of overfitting (T2)")
-  if "T3" in need and _f(epochs.get(hi)) > MAX_RICH_EPOCHS:
-    out.append(f"the largest T/P {hi:g} is seen {_f(epochs.get(hi)):z.2f} times, more than {MAX_RICH_EPOCHS:g} (T3)")
+  if "T3" in need and as_float(epochs.get(hi)) > MAX_RICH_EPOCHS:
+    out.append(f"the largest T/P {hi:g} is seen {as_float(epochs.get(hi)):z.2f} times, "
+               f"more than {MAX_RICH_EPOCHS:g} (T3)")
   if "T4" in need:
     bad = [f"{NAMES.get(n, n)} T/P {t:g} s{s}" for (n, t, s), c in sorted(cells.items(), key=str)
            if n in norms and c.get("diverged")]
@@ -145,7 +151,7 @@ def regime(cells: dict, epochs: dict, compact: bool = False) -> str:
   """The regime of the judged (largest) T/P beside the papers', the opening of the rows of Zhu et al.'s
   and Chen et al.'s claims (issue 50: judged at this scale, the regime stated, not a condition);
   ``compact``: the verdict table's short form."""
-  tpps = _tpps(cells)
+  tpps = tpps_of(cells)
   if not tpps:
     return ""
   hi = tpps[-1]
@@ -158,17 +164,18 @@ def regime(cells: dict, epochs: dict, compact: bool = False) -> str:
           f"{trained:z.2f} trained" + (f", {params:,} parameters" if params else "") + f" ({PAPERS_REGIME})")
 
 
-def _fmt_d(d) -> str:
+def fmt_diff(d) -> str:
+  """A :func:`val_diff` pair as text ('missing' for None)."""
   return "missing" if d is None else f"{d[0]:+z.3f} (alt {d[1]:+z.3f})"
 
 
-def _fmt_pair(p, rel: bool = False) -> str:
+def fmt_pair(p, rel: bool = False) -> str:
   """A :func:`paired` comparison as text: the final differences (absolute, or relative to each
   window set's own reference), and the best-of-curve one, marked where it is the one judged."""
   if p is None:
     return "missing"
   (d, da), (db, rb), (r, ra) = p["final"], p["best"], p["refs"]
-  fin = f"{d / r:+z.1%} (alt {da / ra:+z.1%})" if rel else _fmt_d(p["final"])
+  fin = f"{d / r:+z.1%} (alt {da / ra:+z.1%})" if rel else fmt_diff(p["final"])
   best = f"{db / rb:+z.1%}" if rel else f"{db:+z.3f}"
   if p["kind"] == "best":
     return f"best-of-curve {best} (judged: a final checkpoint overfit; final {fin})"

@@ -132,8 +132,8 @@ from __future__ import annotations
 
 
 from experiments.studies.dyt_cells import (  # noqa: F401 (re-exported: the cells' readings)
-    _diff, _f, _ok, _seeds, _tpps, best_val, gap, mean_saturation, overfit, paired, regime, testability,
-    trained_tokens_per_param, _fmt_d, _fmt_pair)
+    val_diff, as_float, usable, seeds_of, tpps_of, best_val, gap, mean_saturation, overfit, paired, regime, testability,
+    trained_tokens_per_param, fmt_diff, fmt_pair)
 from experiments.studies.dyt_cells import (  # noqa: F401 (the rules' thresholds)
     MIN_DECADES, OVERFIT_NATS, MAX_RICH_EPOCHS, PAPERS_TPP, OVERFIT_FINAL_NATS, TRAINED_NATS, MIN_SEEDS, REL,
     ORDER_NATS, SAT_DIFF, GAP_NATS, REFS, PAPERS_REGIME, NAMES)
@@ -162,19 +162,19 @@ def _finish(cid, crit, pooled_oks, per_seed_oks, parts, untestable, *, lead: str
 def _top_short(cells, norm: str, others) -> str:
   """The judged differences of ``norm`` at the largest T/P, relative to each of ``others``, as
   min..max over the seeds (the verdict table's short text)."""
-  tpps = _tpps(cells)
+  tpps = tpps_of(cells)
   if not tpps:
     return ""
   out = []
   for other in others:
     rel = []
-    for s in _seeds(cells):
+    for s in seeds_of(cells):
       p = paired(cells, norm, other, tpps[-1], s)
       if p is not None:
         rel += [x / r for x, r in p["pairs"][:1]]
     if rel:
       out.append(f"vs {NAMES[other]} {min(rel):+z.1%} to {max(rel):+z.1%}")
-  return (f"T/P {tpps[-1]:g}: {NAMES[norm]} " + ", ".join(out) + f" (range over {len(_seeds(cells))} seeds)"
+  return (f"T/P {tpps[-1]:g}: {NAMES[norm]} " + ", ".join(out) + f" (range over {len(seeds_of(cells))} seeds)"
           if out else "")
 
 
@@ -186,11 +186,11 @@ def _compare_at_top(cells, norm: str, others, passes, tags: tuple[str, str]):
   satisfies ``passes(x, ref)``, ``ref`` the other's loss on the same windows; only the largest T/P is
   judged (``oks``, and per seed), and its parts carry ``tags`` (pass, fail).
   """
-  tpps = _tpps(cells)
+  tpps = tpps_of(cells)
   hi = tpps[-1] if tpps else None
   oks, per, parts = [], {}, []
   for t in tpps:
-    for s in _seeds(cells):
+    for s in seeds_of(cells):
       for other in others:
         p = paired(cells, norm, other, t, s)
         ok = p is not None and all(passes(x, ref) for x, ref in p["pairs"])
@@ -199,7 +199,7 @@ def _compare_at_top(cells, norm: str, others, passes, tags: tuple[str, str]):
           oks.append(ok)
           per.setdefault(s, []).append(ok)
           tag = f" [{tags[0] if ok else tags[1]}]"
-        parts.append(f"T/P {t:g} s{s} {NAMES[norm]}-{NAMES[other]} {_fmt_pair(p)}{tag}")
+        parts.append(f"T/P {t:g} s{s} {NAMES[norm]}-{NAMES[other]} {fmt_pair(p)}{tag}")
   return oks, per, parts
 
 
@@ -254,7 +254,7 @@ def derf_gain(cells, tpp, seed) -> tuple[bool, str]:
   for ref in REFS:
     p = paired(cells, "derf", ref, tpp, seed)
     ok = ok and p is not None and all(x <= -REL * r for x, r in p["pairs"])
-    texts.append(f"vs {NAMES[ref]} {_fmt_pair(p, rel=True)}")
+    texts.append(f"vs {NAMES[ref]} {fmt_pair(p, rel=True)}")
   return ok, ", ".join(texts)
 
 
@@ -265,13 +265,13 @@ def derf_generalization(cells, *, epochs, unigram) -> dict:
           f"each by > {ORDER_NATS:g} nats; yes = all three in every judged seed, partly = some, no = none; "
           "n/a where no seed has the gain (nothing to explain); the gaps val - train are shown; needs T3, T4; judged "
           "at this scale, the papers' regime stated in the row")
-  tpps = _tpps(cells)
+  tpps = tpps_of(cells)
   oks, per, parts, gains = [], {}, [], []
   if tpps:
     hi = tpps[-1]
-    for s in _seeds(cells):
+    for s in seeds_of(cells):
       c = {n: cells.get((n, hi, s)) for n in ("layer_norm", "rms_norm", "dyt", "derf")}
-      tr = {n: _f(x.get("train")) if _ok(x) else float("nan") for n, x in c.items()}
+      tr = {n: as_float(x.get("train")) if usable(x) else float("nan") for n, x in c.items()}
       gain, gain_text = derf_gain(cells, hi, s)
       gains.append(gain)
       text = (f"T/P {hi:g} s{s} Derf's validation loss {gain_text}; train "
@@ -303,10 +303,10 @@ def _regime_sign(cid, other, cells, *, epochs, unigram) -> dict:
           f"{OVERFIT_FINAL_NATS:g} nats) the best point of each curve is compared instead (which norm is better, not "
           "which overfits more slowly; the final ones are shown); yes = both in every seed, partly = one of them in "
           "some seed, no = neither; needs T1, T2, T4")
-  tpps, parts, oks, per = _tpps(cells), [], [], {}
+  tpps, parts, oks, per = tpps_of(cells), [], [], {}
   if tpps:
     lo, hi = tpps[0], tpps[-1]
-    for s in _seeds(cells):
+    for s in seeds_of(cells):
       for t in tpps:
         row = []
         for ref in REFS:
@@ -318,7 +318,7 @@ def _regime_sign(cid, other, cells, *, epochs, unigram) -> dict:
             oks.append(ok)
             per.setdefault(s, []).append(ok)
             tag = (" [helps]" if ok else " [does not help]") if t == lo else (" [hurts]" if ok else " [does not hurt]")
-          row.append(f"vs {NAMES[ref]} {_fmt_pair(p, rel=True)}{tag}")
+          row.append(f"vs {NAMES[ref]} {fmt_pair(p, rel=True)}{tag}")
         parts.append(f"T/P {t:g} s{s}: " + ", ".join(row))
   untestable = testability(cells, epochs=epochs, unigram=unigram, need=("T1", "T2", "T4"),
                            norms=("layer_norm", other))
@@ -343,11 +343,11 @@ def verma_saturation(cells, *, epochs, unigram) -> dict:
           f"training bytes) at the smallest T/P minus at the largest >= {SAT_DIFF:g}; yes = every seed, partly = some, "
           "no = none; "
           "needs T1, T4")
-  tpps, parts, oks, per = _tpps(cells), [], [], {}
+  tpps, parts, oks, per = tpps_of(cells), [], [], {}
   if tpps:
     lo, hi = tpps[0], tpps[-1]
-    for s in _seeds(cells):
-      sat = {t: (mean_saturation(cells[("dyt", t, s)].get("saturation")) if _ok(cells.get(("dyt", t, s)))
+    for s in seeds_of(cells):
+      sat = {t: (mean_saturation(cells[("dyt", t, s)].get("saturation")) if usable(cells.get(("dyt", t, s)))
                  else float("nan")) for t in tpps}
       ok = lo != hi and sat[lo] - sat[hi] >= SAT_DIFF
       oks.append(ok)
@@ -364,12 +364,12 @@ def verma_regularizer(cells, *, epochs, unigram) -> dict:
           f"better'), and DyT the better model: its validation loss >= {REL:z.0%} below LN's (the best point of each "
           "curve where a final checkpoint overfit, as the regime-sign rule compares them; a smaller final gap alone "
           "is slower overfitting); yes = every seed, partly = some, no = none; needs T1, T2, T4")
-  tpps, parts, oks, per = _tpps(cells), [], [], {}
+  tpps, parts, oks, per = tpps_of(cells), [], [], {}
   if tpps:
     lo = tpps[0]
-    for s in _seeds(cells):
+    for s in seeds_of(cells):
       cd, cl = cells.get(("dyt", lo, s)), cells.get(("layer_norm", lo, s))
-      if not (_ok(cd) and _ok(cl)):
+      if not (usable(cd) and usable(cl)):
         oks.append(False)
         per.setdefault(s, []).append(False)
         parts.append(f"T/P {lo:g} s{s}: missing")
@@ -377,11 +377,11 @@ def verma_regularizer(cells, *, epochs, unigram) -> dict:
       gd, gl = gap(cd), gap(cl)
       p = paired(cells, "dyt", "layer_norm", lo, s)
       better = p is not None and all(x <= -REL * r for x, r in p["pairs"])
-      ok = gd <= gl - GAP_NATS and _f(cd["train"]) > _f(cl["train"]) and better
+      ok = gd <= gl - GAP_NATS and as_float(cd["train"]) > as_float(cl["train"]) and better
       oks.append(ok)
       per.setdefault(s, []).append(ok)
-      parts.append(f"T/P {lo:g} s{s}: gap DyT {gd:+z.3f} LN {gl:+z.3f}, train DyT {_f(cd['train']):z.3f} LN "
-                   f"{_f(cl['train']):z.3f}, val vs LN {_fmt_pair(p, rel=True)}"
+      parts.append(f"T/P {lo:g} s{s}: gap DyT {gd:+z.3f} LN {gl:+z.3f}, train DyT {as_float(cd['train']):z.3f} LN "
+                   f"{as_float(cl['train']):z.3f}, val vs LN {fmt_pair(p, rel=True)}"
                    + (" [regularizes]" if ok else " [does not: not the better model]" if not better else " [does not]"))
   return _finish("verma_regularizer", crit, oks, per, parts,
                  testability(cells, epochs=epochs, unigram=unigram, need=("T1", "T2", "T4"),
