@@ -20,17 +20,16 @@ switch on, ``()`` off; the table's per-platform choice
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
-import jax
 import jax.numpy as jnp
 
 from jaxnorm import _validation as v
 from jaxnorm._gated_op import GATED_RMS_NORM
 from jaxnorm._norm_config import NormConfig
 from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
-from jaxnorm.backends.interface import Backend
+from jaxnorm.backends._kernel_common import (KernelBackend, over_heads, param_sums,
+                                             params_like, stats_from_kernels)
 from jaxnorm.backends.tpu import compat as _compat
 from jaxnorm.backends.tpu import config as _config
 from jaxnorm.backends.tpu import gated as _gated
@@ -120,43 +119,6 @@ def _rows(cfg: NormConfig, x, scale, bias):
   return gam, b
 
 
-def over_heads(cfg: NormConfig, fn, kinds: str, out_kinds: str):
-  """``fn(cfg, *args)`` mapped over the per-head axes of the parameters (``cfg.heads``): each
-  head one kernel problem, ``jax.vmap`` giving one launch with one more grid axis. Kinds per
-  argument and result: "r" a row-like ``(..., heads..., d|1)`` array, "p" a ``(heads..., d)``
-  parameter (broadcast to every head first). Without per-head parameters: ``fn`` itself."""
-  if not cfg.heads:
-    return functools.partial(fn, cfg)
-  inner = dataclasses.replace(cfg, heads=(), bias_shape=None if cfg.bias_shape is None else
-                              cfg.bias_shape[-1:])
-
-  def mapped(*args):
-    d = args[0].shape[-1]
-    args = [jnp.broadcast_to(a, cfg.heads + (d,)) if k == "p" and a is not None else a
-            for a, k in zip(args, kinds)]
-    f = functools.partial(fn, inner)
-    for j in range(len(cfg.heads)):
-      axis = {"r": -(j + 2), "p": 0}
-      f = jax.vmap(f, in_axes=tuple(axis[k] for k in kinds),
-                   out_axes=tuple(axis[k] for k in out_kinds))
-    return f(*args)
-
-  return mapped
-
-
-def _sum_to(ct, shape):
-  """A per-head parameter cotangent summed over the head axes its parameter is shared on."""
-  if ct is None or tuple(ct.shape) == tuple(shape):
-    return ct
-  return jnp.sum(ct, axis=tuple(range(ct.ndim - len(shape)))).reshape(shape)
-
-
-def _stats_out(cfg: NormConfig, row_shape, flat):
-  named = dict(zip(cfg.op.residuals, flat))
-  return tuple(None if named.get(k) is None else named[k].reshape(row_shape)
-               for k in ("shift", "delta", "rstd"))
-
-
 def _stats_in(stats):
   return [s.reshape(1, -1, 1).astype(jnp.float32) for s in stats if s is not None]
 
@@ -173,7 +135,7 @@ def _forward_one(cfg: NormConfig, x, residual, scale, bias):
   y, h = res[0].reshape(x.shape), None
   if residual is not None:
     h = res[1].reshape(x.shape)
-  return y, h, _stats_out(cfg, x.shape[:-1] + (1,), res[1 + (residual is not None):])
+  return y, h, stats_from_kernels(cfg, x.shape[:-1] + (1,), res[1 + (residual is not None):])
 
 
 def _backward_one(cfg: NormConfig, x, scale, stats, dy, dh, *, dx_dtype, dres_dtype):
@@ -188,30 +150,10 @@ def _backward_one(cfg: NormConfig, x, scale, stats, dy, dh, *, dx_dtype, dres_dt
       dres_dtype=None if dres_dtype is None else jnp.dtype(dres_dtype))
   dx = res[0].reshape(x.shape)
   dres = res[1].reshape(x.shape) if dres_dtype is not None else None
-  dscale, dbias = res[-2], res[-1]
-  if dscale is not None:
-    dscale = dscale.reshape(scale.shape).astype(scale.dtype)
-  if dbias is not None:
-    dbias = dbias.reshape(cfg.bias_shape).astype(cfg.bias_dtype)
-  return dx, dres, dscale, dbias
+  return (dx, dres, *params_like(cfg, scale, res[-2], res[-1]))
 
 
-def _option_refusal(op, options: dict):
-  defaults = {o.name: o.default for o in op.options}
-  changed = [f"{name}={value!r}" for name, value in options.items() if value != defaults[name]]
-  if changed:
-    return f"the TPU kernels implement {op.name} without its options ({', '.join(changed)})"
-  return None
-
-
-def _under_non_manual_mesh() -> bool:
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh is None or mesh.empty:
-    return False
-  return any(t != jax.sharding.AxisType.Manual for t in mesh.axis_types)
-
-
-class TpuBackend(Backend):
+class TpuBackend(KernelBackend):
   """The Pallas TPU kernels behind :class:`~jaxnorm.backends.interface.Backend`'s methods,
   called with ``cfg.impl == "tpu"`` inside :func:`jaxnorm.backends.tpu.tpu_call.tpu_call`."""
 
@@ -220,6 +162,7 @@ class TpuBackend(Backend):
   config_class = _config.TpuConfig
   config_example = "jaxnorm.backends.tpu.TpuConfig(interpret=True)"
   not_implemented = "the TPU kernels do not implement {op}"
+  kernels = "the TPU kernels"
   auto_on_tpu = AUTO_ON_TPU  # the switch, per instance (a test flips it)
 
   @property
@@ -231,20 +174,10 @@ class TpuBackend(Backend):
     """Why this JAX cannot run the kernels (no Pallas TPU), or None."""
     return _compat.missing()
 
-  def refusal(self, x2_shape, dtype, mask, axis_name, op, options=()):
-    """Why the kernels cannot take a plain call on ``x2: (rows, d)``, or None: an op without
-    entries in this backend's table first (by name), then the op's own ``"refusal"`` entry
-    (its options), a mask, ``axis_name``, a non-manual mesh, the dtype and the shape."""
-    why = super().refusal(x2_shape, dtype, mask, axis_name, op, options)  # the table's
-    if why is not None:
-      return why
-    if mask is not None:
-      return "the TPU kernels do not take a mask"
-    if axis_name is not None:
-      return "the TPU kernels do not take an axis_name (sharded feature axis)"
-    if _under_non_manual_mesh():
-      return ("the call is traced under a mesh with non-manual axes; a pallas_call runs per "
-              "device, inside shard_map only")
+  def shape_refusal(self, x2_shape, dtype):
+    """Why the kernels cannot take ``x2: (rows, d)`` of ``dtype`` (after the shared refusals of
+    :class:`~jaxnorm.backends._kernel_common.KernelBackend`: the table's, a mask, ``axis_name``,
+    a non-manual mesh), or None: not 2-D, then the dtype and the shape."""
     if len(tuple(x2_shape)) != 2:
       return f"the kernels take a 2-D input (rows, d), got shape {tuple(x2_shape)}"
     return _config.refusal_of_dtype("x", dtype) or _config.refusal_of_shape(x2_shape)
@@ -257,10 +190,6 @@ class TpuBackend(Backend):
   def add_refusal(self, dtypes):
     """Why the fused kernels cannot take the residual add's ``(name, dtype)`` pairs, or None."""
     return next(filter(None, (_config.refusal_of_dtype(n, dt) for n, dt in dtypes)), None)
-
-  def forward_only(self, cfg, x, scale, bias, mask):
-    """``y`` from the forward kernel."""
-    return self.forward(cfg, x, scale, bias, mask)[0]
 
   def forward(self, cfg, x, scale, bias, mask):
     """``(y, stats)`` from the forward kernel (no mask: refused before)."""
@@ -276,7 +205,7 @@ class TpuBackend(Backend):
                            dres_dtype=None)
     dx, _, dscale, dbias = over_heads(cfg, lambda c, *a: fn(c, *a), "rprr", "rrpp")(
         x, scale, stats, dy)
-    return dx, _sum_to(dscale, () if scale is None else scale.shape), _sum_bias(cfg, dbias)
+    return (dx, *param_sums(cfg, scale, dscale, dbias))
 
   def add_forward_only(self, cfg, x, residual, scale, bias, mask):
     """``(y, h)`` from the fused forward kernel."""
@@ -297,21 +226,10 @@ class TpuBackend(Backend):
                            dres_dtype=add.residual_dtype if split else None)
     dx, dres, dscale, dbias = over_heads(cfg, lambda c, *a: fn(c, *a), "rprrr", "rrpp")(
         h, scale, stats, dy, dh)
-    return (dx, dx if not split else dres,
-            _sum_to(dscale, () if scale is None else scale.shape), _sum_bias(cfg, dbias))
-
-
-def _sum_bias(cfg: NormConfig, dbias):
-  return None if dbias is None else _sum_to(dbias, cfg.bias_shape)
-
-
-def _norm_refusal(op, x2_shape, dtype, options: dict):
-  """The norm ops' entry: any option away from its default (the kernels implement none)."""
-  del x2_shape, dtype
-  return _option_refusal(op, options)
+    return (dx, dx if not split else dres, *param_sums(cfg, scale, dscale, dbias))
 
 
 TPU = TpuBackend()
 for _op in (LAYER_NORM, RMS_NORM):
-  TPU.register(_op.name, refusal=_norm_refusal, **TPU.norm_roles())
+  TPU.register(_op.name, refusal=TPU.option_refusal, **TPU.norm_roles())
 TPU.register(GATED_RMS_NORM.name, **_gated.ROLES)

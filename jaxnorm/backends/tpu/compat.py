@@ -13,63 +13,30 @@ version, not an ``AttributeError`` inside a kernel. Known to work: jax 0.8.1 (th
 from __future__ import annotations
 
 import functools
-import importlib.machinery
-import importlib.util
-import sys
 
 import jax
+
+from jaxnorm.backends._kernel_common import find_submodule, lookup
 
 __all__ = ["BlockSpec", "CompilerParams", "InterpretParams", "KNOWN", "Squeezed", "cdiv",
            "interpret_mode", "missing", "pallas_call", "program_id"]
 
 #: The JAX releases the kernels were checked with (interpret mode and the TPU export).
 KNOWN = "jax 0.8.1 to 0.10.2"
-_PALLAS = "jax.experimental.pallas"
 _TPU = "jax.experimental.pallas.tpu"
-
-
-def _blocked_or_spec(name: str):
-  """``(True, None)`` if ``sys.modules`` blocks ``name``; ``(False, spec or None)`` otherwise,
-  the spec of a module already imported."""
-  if name in sys.modules:
-    mod = sys.modules[name]
-    return (True, None) if mod is None else (False, getattr(mod, "__spec__", None) or True)
-  return False, None
-
-
-def _find_tpu_module():
-  """The import spec of Pallas's TPU module, found without importing Pallas; None where it is
-  absent or blocked."""
-  for name in (_PALLAS, _TPU):
-    blocked, _ = _blocked_or_spec(name)
-    if blocked:
-      return None
-  blocked, spec = _blocked_or_spec(_TPU)
-  if spec is not None:
-    return spec
-  pallas = importlib.util.find_spec(_PALLAS)  # imports jax.experimental only
-  if pallas is None or not pallas.submodule_search_locations:
-    return None
-  return importlib.machinery.PathFinder.find_spec(_TPU, pallas.submodule_search_locations)
 
 
 @functools.cache
 def missing() -> str | None:
   """Why this JAX cannot run the TPU kernels (a phrase naming its version), or None. Cached."""
-  if _find_tpu_module() is not None:
+  if find_submodule("jax.experimental.pallas", "tpu") is not None:
     return None
   return (f"jax {jax.__version__}'s Pallas has no TPU backend ({_TPU} is absent or blocked); "
           f"the kernels were checked with {KNOWN}")
 
 
-def _find(module, names: tuple[str, ...], what: str):
-  for name in names:
-    if hasattr(module, name):
-      return getattr(module, name)
-  raise RuntimeError(
-      f"jaxnorm's TPU kernels do not know where jax {jax.__version__} keeps {what} (looked for "
-      f"{', '.join(f'{module.__name__}.{n}' for n in names)}); they were checked with {KNOWN}. "
-      f"Use impl='xla'.")
+_find = functools.partial(lookup, who="jaxnorm's TPU kernels",
+                          tail=f"they were checked with {KNOWN}. Use impl='xla'.")
 
 
 @functools.cache

@@ -24,16 +24,15 @@ choice of backend is :func:`jaxnorm.backends.table.resolve_impl`'s.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import types
 
-import jax
 import jax.numpy as jnp
 
-from jaxnorm.backends.interface import Backend
 from jaxnorm._gated_op import GATED_RMS_NORM
 from jaxnorm._norm_config import NormConfig
 from jaxnorm._norm_ops import LAYER_NORM, RMS_NORM
+from jaxnorm.backends._kernel_common import (KernelBackend, over_heads, param_sums,
+                                             params_like, stats_from_kernels)
 from jaxnorm.backends.triton import compat as _compat
 from jaxnorm.backends.triton import config as _config
 from jaxnorm.backends.triton import gated_entry as _gated
@@ -72,72 +71,13 @@ def kernel_spec(cfg: NormConfig, x, scale, *, has_bias: bool, residual_scale: fl
       block=cfg.backend_config.block, cast=cfg.cast, op=cfg.op.name)
 
 
-def stats_from_kernels(cfg: NormConfig, row_shape, flat_stats):
-  """The kernels' ``(rows,)`` statistics (the op's ``residuals``, in order) as
-  ``(shift, delta, rstd)``, each ``row_shape`` (None where the op keeps none)."""
-  named = dict(zip(cfg.op.residuals, flat_stats))
-  return tuple(None if named.get(k) is None else named[k].reshape(row_shape)
-               for k in ("shift", "delta", "rstd"))
-
-
 def stats_for_kernels(stats):
   """``(shift, delta, rstd)`` of shape ``(..., 1)`` as the kernels' float32 ``(rows,)``."""
   return tuple(None if s is None else s.reshape(-1).astype(jnp.float32) for s in stats)
 
 
-def over_heads(cfg: NormConfig, fn, kinds: str, out_kinds: str):
-  """``fn(cfg, *args)`` on the kernels, mapped over the per-head axes of the parameters.
-
-  The kernels take one parameter row for all rows. With per-head parameters (``cfg.heads``,
-  e.g. ``x: (tokens, heads, d)``, ``scale: (heads, d)``) each head is one kernel problem, and
-  ``jax.vmap`` over the head axes gives one launch with one more grid axis. ``kinds`` and
-  ``out_kinds`` say, per argument and per result, "r" for a row-like ``(..., heads..., d|1)``
-  array, "p" for a ``(heads..., d)`` parameter (broadcast to every head first; its cotangent
-  comes back per head: see :func:`sum_to`). Without per-head parameters: ``fn`` itself.
-  """
-  if not cfg.heads:
-    return functools.partial(fn, cfg)
-  inner = dataclasses.replace(cfg, heads=(), bias_shape=None if cfg.bias_shape is None else
-                              cfg.bias_shape[-1:])
-
-  def mapped(*args):
-    d = args[0].shape[-1]
-    args = [jnp.broadcast_to(a, cfg.heads + (d,)) if k == "p" and a is not None else a
-            for a, k in zip(args, kinds)]
-    f = functools.partial(fn, inner)
-    for j in range(len(cfg.heads)):  # innermost: the head axis next to d
-      axis = {"r": -(j + 2), "p": 0}
-      f = jax.vmap(f, in_axes=tuple(axis[k] for k in kinds),
-                   out_axes=tuple(axis[k] for k in out_kinds))
-    return f(*args)
-
-  return mapped
-
-
-def sum_to(ct, shape):
-  """A per-head parameter cotangent summed over the head axes its parameter is shared on."""
-  if ct is None or tuple(ct.shape) == tuple(shape):
-    return ct
-  extra = ct.ndim - len(shape)
-  return jnp.sum(ct, axis=tuple(range(extra))).reshape(shape)
-
-
 def _flat(p):
   return None if p is None else p.reshape(-1)
-
-
-def _params_like(cfg: NormConfig, scale, dscale, dbias):
-  """The kernels' ``dscale``/``dbias`` in their primals' shapes and dtypes (as XLA's come)."""
-  if dscale is not None:
-    dscale = dscale.reshape(scale.shape).astype(scale.dtype)
-  if dbias is not None:
-    dbias = dbias.reshape(cfg.bias_shape).astype(cfg.bias_dtype)
-  return dscale, dbias
-
-
-def _param_sums(cfg: NormConfig, scale, dscale, dbias):
-  return (None if scale is None else sum_to(dscale, scale.shape),
-          None if dbias is None else sum_to(dbias, cfg.bias_shape))
 
 
 # One head's launches (:func:`over_heads` maps them over the per-head axes).
@@ -159,7 +99,7 @@ def _backward_one(cfg: NormConfig, x, scale, stats, dy):
   dx, dscale, dbias = kernels().backward.norm_backward(
       x.reshape(-1, d), dy.reshape(-1, d), _flat(scale), shift, delta, rstd, spec=spec,
       interpret=cfg.backend_config.interpret)
-  return (dx.reshape(x.shape), *_params_like(cfg, scale, dscale, dbias))
+  return (dx.reshape(x.shape), *params_like(cfg, scale, dscale, dbias))
 
 
 def _add_forward_one(cfg: NormConfig, x, residual, scale, bias):
@@ -182,29 +122,10 @@ def _add_backward_one(cfg: NormConfig, h, scale, stats, dy, dh):
       _flat(scale), shift, delta, rstd, spec=spec, x_dtype=cfg.add.x_dtype,
       residual_dtype=cfg.add.residual_dtype, interpret=cfg.backend_config.interpret)
   return (dx.reshape(h.shape), dres.reshape(h.shape),
-          *_params_like(cfg, scale, dscale, dbias))
+          *params_like(cfg, scale, dscale, dbias))
 
 
-def _under_non_manual_mesh() -> bool:
-  """Whether the current trace has an abstract mesh with an axis that is not Manual."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh is None or mesh.empty:
-    return False
-  return any(t != jax.sharding.AxisType.Manual for t in mesh.axis_types)
-
-
-def _norm_refusal(op, x2_shape, dtype, options: dict):
-  """Why the norm kernels cannot take ``op`` with ``options``: any option away from its default
-  (the kernels implement none), or None."""
-  del x2_shape, dtype
-  defaults = {o.name: o.default for o in op.options}
-  changed = [f"{name}={value!r}" for name, value in options.items() if value != defaults[name]]
-  if changed:
-    return f"the Pallas kernels implement {op.name} without its options ({', '.join(changed)})"
-  return None
-
-
-class TritonBackend(Backend):
+class TritonBackend(KernelBackend):
   """The Triton kernels behind :class:`~jaxnorm.backends.interface.Backend`'s methods.
 
   Called with ``cfg.impl == "triton"``, inside
@@ -217,30 +138,19 @@ class TritonBackend(Backend):
   config_class = _config.PallasConfig
   config_example = "jaxnorm.PallasConfig(interpret=True)"
   not_implemented = "the Pallas kernels do not implement {op}"
+  kernels = "the Pallas kernels"
 
   def unavailable(self):
     """Why this JAX cannot run the kernels (its Pallas has no Triton backend), or None
     (:func:`jaxnorm.backends.triton.compat.missing`, which imports no Pallas)."""
     return _compat.missing()
 
-  def refusal(self, x2_shape, dtype, mask, axis_name, op, options=()):
-    """Why the kernels cannot take a plain call on ``x2: (rows, d)``, or None if they can.
-
-    ``op``: the op's declaration; ``options``: its ``(name, value)`` pairs. The kernels
-    implement the ops of the backend's table, with what the op's ``"refusal"`` entry there
-    allows (the norm ops: no option away from its default); no other op (the default
-    :meth:`~jaxnorm.backends.interface.Backend.refusal` says both).
-    """
-    why = super().refusal(x2_shape, dtype, mask, axis_name, op, options)  # the table's
-    if why is not None:
-      return why
-    if mask is not None:
-      return "the Pallas kernels do not take a mask"
-    if axis_name is not None:
-      return "the Pallas kernels do not take an axis_name (sharded feature axis)"
-    if _under_non_manual_mesh():
-      return ("the call is traced under a mesh with non-manual axes (explicit or automatic "
-              "sharding); a pallas_call runs per device, inside shard_map only")
+  def shape_refusal(self, x2_shape, dtype):
+    """Why the kernels cannot take ``x2: (rows, d)`` of ``dtype``, or None
+    (:func:`~jaxnorm.backends.triton.config.supported`). Asked last by
+    :meth:`~jaxnorm.backends._kernel_common.KernelBackend.refusal`, after the table's refusal
+    (an op without entries by name; the norm ops: no option away from its default), a mask,
+    ``axis_name`` and a non-manual mesh."""
     ok, reason = _config.supported(x2_shape, dtype)
     return None if ok else reason
 
@@ -252,10 +162,6 @@ class TritonBackend(Backend):
     """Why the fused kernels cannot take the residual add's ``(name, dtype)`` pairs, or None."""
     return _config.kernel_problem(dtypes=dtypes)
 
-  def forward_only(self, cfg, x, scale, bias, mask):
-    """``y`` from the forward kernel."""
-    return self.forward(cfg, x, scale, bias, mask)[0]
-
   def forward(self, cfg, x, scale, bias, mask):
     """``(y, stats)`` from the forward kernel (no mask: refused at preparation)."""
     del mask
@@ -266,7 +172,7 @@ class TritonBackend(Backend):
     del mask
     dx, dscale, dbias = over_heads(cfg, _backward_one, "rprr", "rpp")(x, scale, stats, dy)
     dx = dx.astype(x.dtype if dx_dtype is None else dx_dtype)
-    return (dx, *_param_sums(cfg, scale, dscale, dbias))
+    return (dx, *param_sums(cfg, scale, dscale, dbias))
 
   def add_forward_only(self, cfg, x, residual, scale, bias, mask):
     """``(y, h)`` from the fused forward kernel."""
@@ -287,7 +193,7 @@ class TritonBackend(Backend):
       return super().add_backward(cfg, h, scale, mask, stats, dy, dh)
     dx, dres, dscale, dbias = over_heads(cfg, _add_backward_one, "rprrr", "rrpp")(
         h, scale, stats, dy, dh)
-    return (dx, dres, *_param_sums(cfg, scale, dscale, dbias))
+    return (dx, dres, *param_sums(cfg, scale, dscale, dbias))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,5 +216,5 @@ def _fused_add(cfg: NormConfig) -> bool:
 
 TRITON = TritonBackend()
 for _op in (LAYER_NORM, RMS_NORM):
-  TRITON.register(_op.name, refusal=_norm_refusal, **TRITON.norm_roles())
+  TRITON.register(_op.name, refusal=TRITON.option_refusal, **TRITON.norm_roles())
 TRITON.register(GATED_RMS_NORM.name, **_gated.ROLES)

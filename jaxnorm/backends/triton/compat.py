@@ -22,11 +22,10 @@ package reaches JAX internals through :mod:`jaxnorm._jax_compat`.
 from __future__ import annotations
 
 import functools
-import importlib.machinery
-import importlib.util
-import sys
 
 import jax
+
+from jaxnorm.backends._kernel_common import find_submodule, lookup
 
 __all__ = ["cdiv", "compiler_params", "ds", "load", "missing", "next_power_of_2",
            "pallas_call", "program_id", "store"]
@@ -36,41 +35,24 @@ KNOWN = "jax 0.8.1 to 0.11.2"
 _TRITON = "jax.experimental.pallas.triton"
 
 
-def _find_triton_module():
-  """The import spec of Pallas's Triton module, found without importing Pallas; None where it
-  is absent or blocked (a ``None`` in ``sys.modules``, Python's marker for a module ``import``
-  refuses, for it or for Pallas). The probe :func:`missing` asks."""
-  # find_spec answers None for a blocked Pallas (and imports jax.experimental only).
-  pallas = importlib.util.find_spec("jax.experimental.pallas")
-  if pallas is None or not pallas.submodule_search_locations:
-    return None
-  if _TRITON in sys.modules:
-    module = sys.modules[_TRITON]
-    return None if module is None else (getattr(module, "__spec__", None) or module)
-  return importlib.machinery.PathFinder.find_spec(_TRITON, pallas.submodule_search_locations)
-
-
 @functools.cache
 def missing() -> str | None:
   """Why this JAX cannot run the Triton kernels (a phrase naming its version), or None.
 
-  Cached: the answer does not change within a process.
+  Asks :func:`jaxnorm.backends._kernel_common.find_submodule`, which imports no Pallas and
+  finds the module absent where it or Pallas is blocked. Cached: the answer does not change
+  within a process.
   """
-  if _find_triton_module() is not None:
+  if find_submodule("jax.experimental.pallas", "triton") is not None:
     return None
   return (f"jax {jax.__version__}'s Pallas has no Triton backend ({_TRITON}; deprecated in "
           f"jax 0.11.0); the kernels run with {KNOWN}")
 
 
-def _find(module, names: tuple[str, ...], what: str):
-  """The first of ``names`` that ``module`` has; ``RuntimeError`` if it has none."""
-  for name in names:
-    if hasattr(module, name):
-      return getattr(module, name)
-  raise RuntimeError(
-      f"jaxnorm's Pallas kernels do not know where jax {jax.__version__} keeps {what} (looked "
-      f"for {', '.join(f'{module.__name__}.{n}' for n in names)}); they are known to work with "
-      f"{KNOWN}. Use impl='xla', or a JAX release in that range.")
+# The first of the names a module has; else a RuntimeError naming the JAX version.
+_find = functools.partial(lookup, who="jaxnorm's Pallas kernels",
+                          tail=f"they are known to work with {KNOWN}. Use impl='xla', or a JAX "
+                               f"release in that range.")
 
 
 @functools.cache
