@@ -62,6 +62,13 @@ def clear_cache() -> None:
 _ORACLES = collections.OrderedDict()
 _ORACLES_MAX = 64
 
+# The oracle is compiled at XLA's lowest backend optimization level: it runs once or a few times
+# per check on small float64 inputs, so its compile time is what a check pays (tanh on a (4, 8)
+# input: 5 oracle programs in 5.4 s at the default level, 2.9 s at level 0, the whole first
+# check 10.4 -> 6.5 s; docs/perf-notes.md, issue 65). The rule's own programs keep the caller's
+# level: they are what is being checked.
+_ORACLE_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
+
 
 def _oracle_entry(closed, z64, key):
   """``(oracle_fn, tree)`` of the float64 reference ``closed`` (a jaxpr and its constants),
@@ -86,7 +93,8 @@ def _oracle_entry(closed, z64, key):
       return (*magnitude(f, a, mults), scale(f, a))
 
     shape = jax.eval_shape(lambda *a: ref(list(closed.consts), *a), *z64)
-    entry = (jax.jit(oracle_fn), jax.tree_util.tree_structure((shape, shape, shape)))
+    entry = (jax.jit(oracle_fn, compiler_options=_ORACLE_COMPILER_OPTIONS),
+             jax.tree_util.tree_structure((shape, shape, shape)))
     if key is None:
       return entry
     _ORACLES[key] = entry
