@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxnorm import _jax_compat
-from jaxnorm import _validation
 
 
 def concrete(a: Any):
@@ -103,11 +102,9 @@ def check_row_range(op_name: str, x: Any, epsilon: float, *, residual: Any = Non
   propagate (non-finite already); traced rows are not checked (``docs/derivations.md``, "Where
   the float range ends"). With ``epsilon=0``, a row the device reads as zero is measured again on
   the host, so that a row of subnormals counts as below the range.
-  ``x``: ``(..., d)``.
+  ``x``: ``(..., d)``; ``epsilon``: already checked with the arguments, within the statistics'
+  range too (:func:`jaxnorm._validation.check_epsilon_range`).
   """
-  # The static half, run traced too: epsilon itself within the statistics' range (it is always
-  # concrete; this is the one check every norm op, Jacobian and gated call runs with x's dtype).
-  _validation.check_epsilon_range(epsilon, x.dtype)
   if any(_jax_compat.is_tracer(a) for a in (x, residual)):
     return
   ct = jnp.float64 if x.dtype == jnp.float64 else jnp.float32

@@ -1,7 +1,7 @@
-"""Argument validation shared by every public op, layer, kernel entry point and model config.
-
-One home per rule: each value is checked by one function here, with one message, wherever it
-is passed (an op, a Flax layer, the checked kernel API, :class:`jaxnorm.models.TransformerConfig`).
+"""Argument validation shared by every public op, layer, kernel entry point, model config and
+the testing kit's options. One home per rule: each value is checked by one function here, with
+one message, wherever it is passed (an op, a Flax layer, the checked kernel API,
+:class:`jaxnorm.models.TransformerConfig`, :func:`jaxnorm.testing.check_rule`).
 All checks run at trace time (shapes, dtypes and Python config are static), raise
 ``TypeError`` for a wrong kind of thing and ``ValueError`` for a wrong value or shape (an
 unknown option string is a wrong value, whatever its type), and say what was received, what
@@ -89,25 +89,19 @@ def check_epsilon(epsilon: Any) -> float:
   return epsilon
 
 
-def statistics_dtype(dtype: Any):
-  """The dtype the norm ops compute their statistics in for inputs of ``dtype``: float64 for
-  float64, float32 for every narrower float."""
-  return jnp.dtype(jnp.float64) if jnp.dtype(dtype) == jnp.float64 else jnp.dtype(jnp.float32)
-
-
 def check_epsilon_range(epsilon: float, dtype: Any) -> None:
   """``ValueError`` naming ``epsilon=`` unless it is within the float range of the statistics
-  (:func:`statistics_dtype` of ``dtype``, the input's dtype): at most ``1 / (2 finfo.tiny)``
-  (4.3e37 for float32), so that ``1 / sqrt(var + epsilon)`` and ``1 / (sqrt(var) + epsilon)``
-  stay normal floats (never flushed to 0, which the ops read as a row past the float range) and
-  ``var + epsilon`` finite for every row inside the range (``var < finfo.max / 4``).
-  ``epsilon``: already checked by :func:`check_epsilon` (a finite float >= 0)."""
-  ct = statistics_dtype(dtype)
+  (float64 where ``dtype``, the normalized array's, is float64, else float32): at most
+  ``1 / (2 finfo.tiny)`` (4.3e37 for float32), so that ``1 / sqrt(var + epsilon)`` and
+  ``1 / (sqrt(var) + epsilon)`` stay normal floats (never flushed to 0, which the ops read as a
+  row past the float range) and ``var + epsilon`` finite for every row inside the range
+  (``var < finfo.max / 4``). ``epsilon``: a finite float >= 0 (:func:`check_epsilon`)."""
+  ct = jnp.dtype(jnp.promote_types(dtype, jnp.float32))
   limit = 0.5 / float(jnp.finfo(ct).tiny)
   if epsilon > limit:
     raise ValueError(
-        f"epsilon={epsilon!r} is past the float range of the statistics ({ct.name}, for x of "
-        f"dtype {jnp.dtype(dtype).name}): epsilon must be at most {limit:.3g} = "
+        f"epsilon={epsilon!r} is past the float range of the statistics ({ct.name}, for "
+        f"{jnp.dtype(dtype).name} inputs): epsilon must be at most {limit:.3g} = "
         f"1 / (2 finfo.tiny), where 1 / (std + epsilon) stays a normal {ct.name} (every row would "
         f"come back NaN). Use a smaller epsilon (1e-6 is usual), or float64 inputs.")
 
@@ -239,39 +233,46 @@ def normalized_axes(ndim: int, axis: Any) -> tuple[int, ...]:
   return canon
 
 
-def check_out_dtype(name: str, dtype: Any):
-  """``dtype`` (None or a floating dtype) as a NumPy dtype or None; ``TypeError`` otherwise.
+def check_dtype(name: str, dtype: Any, *, none_ok: bool = False):
+  """``dtype`` as a NumPy dtype: a real floating one (an 8-bit float too), or None where
+  ``none_ok``; ``TypeError`` naming ``name`` otherwise.
 
-  The one rule of every ``dtype=`` and ``param_dtype=`` (ops, layers): anything NumPy cannot read
-  as a dtype (``"float8"``, ``3``, a list) is refused here by name, as a non-floating one is."""
-  if dtype is None:
+  The one rule of every dtype argument (the ops' and layers' ``dtype=`` and ``param_dtype=``,
+  the fused ops' ``residual_dtype=``, the testing kit's dtypes): anything NumPy cannot read as
+  a dtype (``"float33"``, ``3``, a list, None where required) is refused here by name, as a
+  non-floating one (``int32``, ``bool``, ``complex64``) is."""
+  if dtype is None and none_ok:
     return None
+  expected = "a floating dtype" + (" or None" if none_ok else "")
   try:
-    dt = jnp.dtype(dtype)
+    dt = None if dtype is None else jnp.dtype(dtype)
   except (TypeError, ValueError):
-    raise TypeError(f"{name} must be a floating dtype (e.g. jnp.float32) or None, got "
-                    f"{type(dtype).__name__} {dtype!r}, which is not a dtype.") from None
+    dt = None
+  if dt is None:
+    raise TypeError(f"{name} must be {expected} (e.g. jnp.float32), got "
+                    f"{type(dtype).__name__} {dtype!r}, which is not a dtype.")
   if not jnp.issubdtype(dt, jnp.floating):
-    raise TypeError(f"{name} must be a floating dtype or None, got {dt}.")
+    raise TypeError(f"{name} must be {expected}, got {dt}.")
   return dt
 
 
-def check_residual_dtype(x_dtype: Any, residual_dtype_in: Any, residual_dtype: Any):
-  """The dtype ``h`` is stored in: ``residual_dtype``, or the promoted dtype of the inputs.
+def check_out_dtype(name: str, dtype: Any):
+  """:func:`check_dtype` of an optional dtype (None: the default, e.g. ``x.dtype``)."""
+  return check_dtype(name, dtype, none_ok=True)
 
-  ``TypeError`` unless ``residual_dtype`` is None or a floating dtype.
-  """
-  if residual_dtype is None:
-    return jnp.dtype(jnp.promote_types(x_dtype, residual_dtype_in))
-  try:
-    dt = jnp.dtype(residual_dtype)
-  except TypeError:
-    raise TypeError(f"residual_dtype must be a floating dtype (e.g. jnp.float32) or None, got "
-                    f"{residual_dtype!r}.") from None
-  if not jnp.issubdtype(dt, jnp.floating):
-    raise TypeError(f"residual_dtype must be a floating dtype (e.g. jnp.float32) or None, got "
-                    f"{dt}; the residual stream is stored in it.")
-  return dt
+
+def check_subset(name: str, values: Any, choices: Sequence[str]) -> tuple:
+  """``values`` (a tuple, list or set of options, each one of ``choices``) as a tuple:
+  ``TypeError`` for a string (one option: write ``(value,)``) or anything else not a collection,
+  ``ValueError`` naming the entries that are not one of ``choices``."""
+  if not isinstance(values, (tuple, list, set, frozenset)):
+    hint = f"; write {name}=({values!r},)" if isinstance(values, str) else ""
+    raise TypeError(f"{name} must be a tuple of options from {tuple(choices)}, got "
+                    f"{type(values).__name__} {values!r}{hint}.")
+  unknown = [a for a in values if not isinstance(a, str) or a not in choices]
+  if unknown:
+    raise ValueError(f"{name} must be a subset of {tuple(choices)}, got unknown {unknown!r}.")
+  return tuple(values)
 
 
 def check_op_options(op: str, declared, given) -> tuple:

@@ -52,6 +52,8 @@ class GatedRMSNorm(nn.Module):
     v.check_input("z", z)
     d = int(x.shape[-1]) if x.ndim else 0
     options = check_options("GatedRMSNorm", d, **layer_options(self))
+    v.check_out_dtype("dtype", self.dtype)
+    v.check_out_dtype("param_dtype", self.param_dtype)  # before the scale is made in it
     scale = None
     if v.check_bool("use_scale", self.use_scale):
       scale = self.param("scale", self.scale_init, (d,), self.param_dtype)

@@ -81,6 +81,8 @@ class GatedRMSNorm(nnx.Module):
       setattr(self, name, value)
     v.check_out_dtype("dtype", dtype)
     v.check_out_dtype("param_dtype", param_dtype)
+    v.check_choice("impl", impl, _backends.IMPLS)  # as the norm layers: when it is built
+    _backends.check_config(backend_config, pallas)
     self.dtype, self.param_dtype, self.impl = dtype, param_dtype, impl
     self.backend_config, self.pallas = backend_config, pallas
     self.scale = nnx.data(None)  # drawing a key only when used, as Flax's norms

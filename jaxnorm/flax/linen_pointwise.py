@@ -45,6 +45,8 @@ class _Pointwise(nn.Module):
     output dtype is ``dtype``, else ``result_type`` of the input and the parameters."""
     alpha0 = v.check_finite_real("alpha_init_value", self.alpha_init_value)
     shift0 = v.check_finite_real("shift_init_value", self.shift_init_value)
+    v.check_out_dtype("dtype", self.dtype)
+    v.check_out_dtype("param_dtype", self.param_dtype)
     if not hasattr(x, "dtype"):
       x = jnp.asarray(x)
     v.check_layer_input("x", x)

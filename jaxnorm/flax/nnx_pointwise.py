@@ -55,6 +55,8 @@ class _Pointwise(nnx.Module):
     num_features = common.check_num_features_arg(name, num_features)
     alpha0 = v.check_finite_real("alpha_init_value", alpha_init_value)
     shift0 = v.check_finite_real("shift_init_value", shift_init_value)
+    v.check_out_dtype("dtype", dtype)
+    v.check_out_dtype("param_dtype", param_dtype)
     self.alpha = nnx.Param(jnp.full((), alpha0, param_dtype))
     has_shift = "shift" in OPS[self._op_name].params  # the op's declared parameters
     self.shift = nnx.Param(jnp.full((), shift0, param_dtype)) if has_shift else nnx.data(None)

@@ -86,8 +86,9 @@ class TransformerConfig:
     init: ``"xavier"`` (Xiong et al.) or ``"small"`` (GPT-2, N(0, 0.02)).
     qk_zero_init: start with :math:`W^Q = W^K = 0` (uniform attention at init).
     positions: ``"learned"`` absolute position embeddings or ``"rotary"`` (RoPE on q and k).
-    epsilon: the normalization epsilon: a finite number >= 0 (a Python or NumPy scalar), checked
-      by the ops' rule and stored as a Python float.
+    epsilon: the normalization epsilon: a finite number >= 0 (a Python or NumPy scalar) within
+      the range of the statistics of ``dtype`` (at most 4.3e37 below float64), checked by the
+      ops' rules and stored as a Python float.
     dtype: compute dtype name (parameters are always float32).
     fuse_residual_norm: run every residual add that is followed by a norm as one fused
       add+norm op (same values; one pass over memory instead of two). Applies to the jaxnorm
@@ -168,8 +169,9 @@ class TransformerConfig:
     pointwise = {self.norm_type, self.qk_norm} & set(names(POINTWISE_FAMILY))
     _check_memory_efficient(self)
     if pointwise and self.norm_impl == "flax":
-      raise ValueError(f"norm_impl='flax' has no {sorted(pointwise)} layer (Flax ships none); "
-                       f"use norm_impl='jaxnorm'.")
+      raise ValueError(f"norm_impl='flax' has no {sorted(pointwise)} layer (norm_type="
+                       f"{self.norm_type!r}, qk_norm={self.qk_norm!r}; Flax ships none); use "
+                       f"norm_impl='jaxnorm'.")
     if self.norm_scaling and self.norm_position not in ("pre", "sandwich"):
       raise ValueError(
           f"norm_scaling=True scales the block's input norms (Sun et al. 2025 define it for "
@@ -199,8 +201,10 @@ class TransformerConfig:
           f"positions='rotary' needs an even head size, got d_model/n_heads = "
           f"{self.d_model}/{self.n_heads} = {self.d_model // self.n_heads}."
       )
-    # The ops' rule (and what they accept, e.g. np.float32(1e-6)), stored as a Python float.
+    # The ops' rules (and what they accept, e.g. np.float32(1e-6)), stored as a Python float;
+    # within the range of the statistics of the compute dtype, checked here before any call.
     object.__setattr__(self, "epsilon", v.check_epsilon(self.epsilon))
+    v.check_epsilon_range(self.epsilon, self.dtype)
 
   @property
   def head_dim(self) -> int:

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 from jax import lax
 
+from jaxnorm import _validation
 from jaxnorm.testing._problem import _Problem
 from jaxnorm.testing._report import Outcome, Report, _describe
 from jaxnorm.testing._tolerance import Tolerance
@@ -275,16 +276,11 @@ ALLOWABLE = ("unsupported", "outside_domain")
 
 def _checked_options(modes, transforms, tolerance, allow) -> tuple:
   """``(modes, transforms, tolerance, allow)``: tuples and a :class:`Tolerance` (default
-  ``Tolerance()``); ValueError/TypeError, named, for unknown values."""
-  if isinstance(allow, str):
-    raise TypeError(f"allow must be a tuple of {ALLOWABLE}, got the string {allow!r}; write "
-                    f"allow=({allow!r},).")
-  modes, transforms, allow = tuple(modes), tuple(transforms), tuple(allow)
-  for name, values, allowed in (("modes", modes, MODES), ("transforms", transforms, TRANSFORMS),
-                                ("allow", allow, ALLOWABLE)):
-    unknown = [v for v in values if v not in allowed]
-    if unknown:
-      raise ValueError(f"{name} must be a subset of {allowed}, got unknown {unknown!r}.")
+  ``Tolerance()``); ValueError/TypeError, named, for unknown values
+  (:func:`jaxnorm._validation.check_subset`)."""
+  modes = _validation.check_subset("modes", modes, MODES)
+  transforms = _validation.check_subset("transforms", transforms, TRANSFORMS)
+  allow = _validation.check_subset("allow", allow, ALLOWABLE)
   tolerance = Tolerance() if tolerance is None else tolerance
   if not isinstance(tolerance, Tolerance):
     raise TypeError(f"tolerance must be a jaxnorm.testing.Tolerance, got {tolerance!r}.")

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxnorm import _validation
 from jaxnorm._jax_compat import enable_x64 as _enable_x64
 from jaxnorm.testing import _diagnose
 from jaxnorm.testing._programs import (_DIRECTIONS, _PROGRAMS, _PROGRAMS_MAX, _TRACED, _Graph,
@@ -47,8 +48,7 @@ class _Problem:
         raise ValueError(f"nondiff_argnums must hold indices of args (0 to {len(args) - 1}), "
                          f"got {nondiff_argnums!r}.")
     nondiff = {i % len(args) for i in nondiff}
-    if nonfinite not in ("any", "match"):
-      raise ValueError(f"nonfinite must be 'any' or 'match', got {nonfinite!r}.")
+    _validation.check_choice("nonfinite", nonfinite, ("any", "match"))
     self.rule, self.reference = rule, reference
     self.kwargs = dict(kwargs or {})
     self.tol, self.nonfinite = tolerance, nonfinite

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import HealthCheck, settings, strategies as st
 
+from jaxnorm import _validation
+
 __all__ = ["CI_PROFILE", "ROW_KINDS", "THOROUGH_PROFILE", "arrays", "dtypes", "masks", "shapes"]
 
 # "normal": loc + scale * N(0, 1). "large_mean": a mean 1e2, 1e3 or 1e4 times the spread (where
@@ -35,14 +37,10 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-def _dtype_name(dtype) -> str:
-  try:
-    dt = jnp.dtype(dtype)
-  except TypeError as exc:
-    raise TypeError(f"dtype must be a floating dtype or its name, got {dtype!r}.") from exc
-  if not jnp.issubdtype(dt, jnp.floating):
-    raise TypeError(f"dtype must be a floating dtype, got {dt.name}.")
-  return dt.name
+def _dtype_name(name: str, dtype) -> str:
+  """The name of ``dtype``, a floating dtype or its name (:func:`jaxnorm._validation.check_dtype`:
+  ``TypeError`` naming the argument ``name`` otherwise)."""
+  return _validation.check_dtype(name, dtype).name
 
 
 def dtypes(allowed=("float32", "bfloat16", "float16")) -> st.SearchStrategy:
@@ -54,7 +52,10 @@ def dtypes(allowed=("float32", "bfloat16", "float16")) -> st.SearchStrategy:
   Returns:
     A strategy of ``numpy.dtype`` values.
   """
-  names = [_dtype_name(d) for d in allowed]
+  if isinstance(allowed, str) or not isinstance(allowed, (tuple, list)):
+    raise TypeError(f"allowed must be a tuple of dtypes, got {allowed!r}; e.g. "
+                    f"allowed=('float32',).")
+  names = [_dtype_name(f"allowed[{i}]", d) for i, d in enumerate(allowed)]
   if not names:
     raise ValueError("dtypes(allowed=...) needs at least one dtype, got none.")
   return st.sampled_from([jnp.dtype(n) for n in names])
@@ -124,16 +125,16 @@ def arrays(dtype, shape, *, loc: float = 0.0, scale: float = 1.0, kinds=_FINITE_
   Returns:
     A strategy of ``jax.Array`` values of that dtype and shape.
   """
-  kinds = tuple(kinds) + (("nan", "inf") if nonfinite else ())
-  unknown = [k for k in kinds if k not in ROW_KINDS]
-  if unknown or not kinds:
+  kinds = _validation.check_subset("kinds", kinds, ROW_KINDS)
+  kinds += ("nan", "inf") if _validation.check_bool("nonfinite", nonfinite) else ()
+  if not kinds:
     raise ValueError(f"kinds must be a non-empty subset of {ROW_KINDS}, got {kinds!r}.")
-  dtype_st = dtype if isinstance(dtype, st.SearchStrategy) else st.just(dtype)
+  dtype_st = dtype if isinstance(dtype, st.SearchStrategy) else st.just(_dtype_name("dtype", dtype))
   shape_st = shape if isinstance(shape, st.SearchStrategy) else st.just(tuple(shape))
 
   @st.composite
   def build(draw):
-    dt = jnp.dtype(_dtype_name(draw(dtype_st)))
+    dt = jnp.dtype(_dtype_name("dtype", draw(dtype_st)))
     shp = tuple(int(s) for s in draw(shape_st))
     if not shp:
       raise ValueError("arrays needs a shape of rank >= 1 (rows along the last axis), got ().")

@@ -36,6 +36,8 @@ import dataclasses
 import numpy as np
 import jax.numpy as jnp
 
+from jaxnorm import _validation
+
 __all__ = ["Tolerance", "ulp"]
 
 
@@ -84,14 +86,7 @@ class Tolerance:
       value = getattr(self, name)
       if not isinstance(value, (int, float)) or not value >= 0:
         raise ValueError(f"Tolerance.{name} must be a number >= 0, got {value!r}.")
-    if self.compute_dtype is not None:
-      try:
-        ok = jnp.issubdtype(jnp.dtype(self.compute_dtype), jnp.floating)
-      except TypeError:
-        ok = False
-      if not ok:
-        raise TypeError(f"Tolerance.compute_dtype must be a floating dtype or None, got "
-                        f"{self.compute_dtype!r}.")
+    _validation.check_out_dtype("Tolerance.compute_dtype", self.compute_dtype)
 
   def compute_eps(self, dtype) -> float:
     """:math:`\\varepsilon_C` for results of ``dtype``."""

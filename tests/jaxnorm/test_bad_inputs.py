@@ -4,8 +4,8 @@ A *bad* row calls the public surface with one wrong argument and asserts the exc
 that the message names the argument as it is spelled (``epsilon``, ``axis_name``, ``z``...). An
 *edge* row is legal but unusual (a zero row, one feature, a constant row, a row near the end of
 the float range, a NaN row, ...) and asserts the value against a float64 NumPy reference of the
-same formula. New public arguments join the table. ``jaxnorm.testing`` is not in it (its own
-tests cover ``check_rule``'s reports); the command line's table is
+same formula. New public arguments join the table. ``jaxnorm.testing``'s option and dtype
+arguments are in it (its own tests cover ``check_rule``'s reports); the command line's table is
 ``tests/experiments/test_cli_bad_inputs.py``.
 
 Everything runs eagerly on tiny shapes unless a row is about traced values (then ``jax.jit``).
@@ -23,6 +23,7 @@ from flax import nnx
 
 import jaxnorm
 from jaxnorm import linen as jln
+from jaxnorm import testing as jt
 from jaxnorm import nnx as jnn
 from jaxnorm.models import TransformerConfig, TransformerLM
 
@@ -77,6 +78,12 @@ _NORM_KW = [
     (dict(dtype=3), TypeError, "dtype must be a floating dtype"),
     (dict(dtype=[jnp.float32]), TypeError, "dtype must be a floating dtype"),
     (dict(dtype=jnp.complex64), TypeError, "dtype must be a floating dtype"),
+    (dict(dtype="float33"), TypeError, "dtype must be a floating dtype or None (e.g. jnp.float32), "
+                                       "got str 'float33'"),
+    (dict(dtype="int8"), TypeError, "dtype must be a floating dtype or None, got int8"),
+    (dict(dtype=float("nan")), TypeError, "dtype must be a floating dtype"),
+    (dict(epsilon=1e39, epsilon_placement="outside"), ValueError, "epsilon=1e+39 is past"),
+    (dict(epsilon=4.3e37), ValueError, "epsilon=4.3e+37 is past the float range"),
     (dict(mask=jnp.ones((2, 8), jnp.int32)), TypeError, "mask"),
     (dict(mask=jnp.ones((3, 8), bool)), ValueError, "mask"),
     (dict(mask=[[True] * 8] * 2), TypeError, "mask"),
@@ -212,8 +219,21 @@ def _norm_rows():
          "residual_scale"),
         (f"{op}-residual_dtype-int", lambda f=f: f(X, X, residual_dtype=jnp.int32), TypeError,
          "residual_dtype"),
+        (f"{op}-residual_dtype-float33", lambda f=f: f(X, X, residual_dtype="float33"), TypeError,
+         "residual_dtype must be a floating dtype or None (e.g. jnp.float32), got str 'float33'"),
+        (f"{op}-residual_dtype-complex", lambda f=f: f(X, X, residual_dtype=jnp.complex64),
+         TypeError, "residual_dtype must be a floating dtype or None, got complex64"),
+        (f"{op}-residual_dtype-3", lambda f=f: f(X, X, residual_dtype=3), TypeError,
+         "residual_dtype must be a floating dtype"),
         (f"{op}-h-1e19", lambda f=f: f(X, X * 1e19), ValueError, "residual_scale * residual"),
     ]
+  # epsilon past the statistics' range: refused with the arguments, so traced x too (issue 65).
+  for op, call in _norm_ops():
+    for placement in ("inside", "outside") if not op.endswith("jacobian") else ():
+      rows.append((f"{op}-epsilon-1e39-{placement}-jit",
+                   lambda call=call, p=placement: jax.jit(
+                       lambda x: call(x, epsilon=1e39, epsilon_placement=p))(X),
+                   ValueError, "epsilon=1e+39 is past the float range"))
   return rows
 
 
@@ -226,6 +246,10 @@ def _pointwise_rows():
       rows.append((f"{op}-x-{key}", functools.partial(call, x), exc, text))
     rows += [
         (f"{op}-dtype-int", functools.partial(call, X, dtype=jnp.int32), TypeError, "dtype"),
+        (f"{op}-dtype-float33", functools.partial(call, X, dtype="float33"), TypeError,
+         "dtype must be a floating dtype or None (e.g. jnp.float32), got str 'float33'"),
+        (f"{op}-dtype-complex", functools.partial(call, X, dtype=jnp.complex64), TypeError,
+         "dtype must be a floating dtype or None, got complex64"),
         (f"{op}-scale-shape", functools.partial(call, X, scale=jnp.ones(7)), ValueError, "scale"),
         (f"{op}-bias-shape", functools.partial(call, X, bias=jnp.ones((3, 8))), ValueError, "bias"),
         (f"{op}-scale-int", functools.partial(call, X, scale=jnp.ones(8, jnp.int32)), TypeError,
@@ -262,6 +286,13 @@ def _gated_rows():
       ("gated-norm_before_gate-int", lambda: g(X, X, norm_before_gate=1), TypeError,
        "norm_before_gate"),
       ("gated-dtype-int", lambda: g(X, X, dtype=jnp.int32), TypeError, "dtype"),
+      ("gated-dtype-float33", lambda: g(X, X, dtype="float33"), TypeError,
+       "dtype must be a floating dtype or None (e.g. jnp.float32), got str 'float33'"),
+      ("gated-epsilon-1e39-grad", lambda: jax.grad(lambda x: jnp.sum(g(x, X, epsilon=1e39)))(X),
+       ValueError, "epsilon=1e+39 is past the float range"),
+      ("gated-epsilon-1e39-bfloat16",
+       lambda: g(X.astype(jnp.bfloat16), X.astype(jnp.bfloat16), epsilon=1e39), ValueError,
+       "epsilon=1e+39 is past the float range of the statistics (float32"),
       ("gated-impl", lambda: g(X, X, impl="cuda"), ValueError, "impl"),
       ("gated-pallas", lambda: g(X, X, pallas="interpret"), TypeError, "pallas"),
       ("gated-backend_config", lambda: g(X, X, backend_config="interpret"), TypeError,
@@ -386,6 +417,50 @@ def _layer_rows():
       ("linen.DyT-alpha_init", lambda: jln.DyT(alpha_init_value="a").init(k, X), TypeError,
        "alpha_init_value"),
   ]
+  return rows + _layer_dtype_rows(r, k)
+
+
+# Every layer's dtype= and param_dtype=, refused by name before a parameter is made (issue 65).
+_BAD_DTYPES = [("int32", jnp.int32, "must be a floating dtype or None, got int32"),
+               ("float33", "float33", "must be a floating dtype or None (e.g. jnp.float32), got "
+                                      "str 'float33', which is not a dtype"),
+               ("complex64", jnp.complex64, "must be a floating dtype or None, got complex64")]
+
+
+def _layer_dtype_rows(r, k):
+  rows = []
+  for name in ("DyT", "Derf", "LayerNorm", "RMSNorm", "GatedRMSNorm"):
+    N, L = getattr(jnn, name), getattr(jln, name)
+    args = (X, X) if name == "GatedRMSNorm" else (X,)
+    for arg in ("dtype", "param_dtype"):
+      for key, bad, text in _BAD_DTYPES:
+        rows += [
+            (f"nnx.{name}-{arg}-{key}", lambda N=N, kw={arg: bad}: N(8, rngs=r, **kw), TypeError,
+             f"{arg} {text}"),
+            (f"linen.{name}-{arg}-{key}", lambda L=L, kw={arg: bad}, a=args: L(**kw).init(k, *a),
+             TypeError, f"{arg} {text}"),
+        ]
+  rows += [
+      ("nnx.GatedRMSNorm-impl-built", lambda: jnn.GatedRMSNorm(8, impl="cuda", rngs=r), ValueError,
+       "impl must be one of ("),
+      ("nnx.GatedRMSNorm-impl-None", lambda: jnn.GatedRMSNorm(8, impl=None, rngs=r), ValueError,
+       "impl must be one of ("),
+      ("nnx.GatedRMSNorm-backend_config-built",
+       lambda: jnn.GatedRMSNorm(8, backend_config="interpret", rngs=r), TypeError,
+       "backend_config"),
+      ("nnx.GatedRMSNorm-pallas-built", lambda: jnn.GatedRMSNorm(8, pallas=1, rngs=r), TypeError,
+       "pallas"),
+  ]
+  for name in ("LayerNorm", "RMSNorm"):
+    N, L = getattr(jnn, name), getattr(jln, name)
+    rows += [
+        (f"nnx.{name}-epsilon-1e39-outside-jit",
+         lambda N=N: jax.jit(N(8, epsilon=1e39, epsilon_placement="outside", rngs=r))(X),
+         ValueError, "epsilon=1e+39 is past the float range"),
+        (f"linen.{name}-epsilon-1e39-outside",
+         lambda L=L: L(epsilon=1e39, epsilon_placement="outside").init(k, X), ValueError,
+         "epsilon=1e+39 is past the float range"),
+    ]
   return rows
 
 
@@ -415,6 +490,19 @@ def _model_rows():
       (dict(embed_scale=0.0), ValueError, "embed_scale"), (dict(qk_norm="yes"), ValueError, "qk_norm"),
       (dict(scan_layers=1), TypeError, "scan_layers"), (dict(init="he"), ValueError, "init"),
       (dict(activation="tanh"), ValueError, "activation"), (dict(positions="abs"), ValueError, "positions"),
+      # issue 65: epsilon within the statistics' range of dtype; every option by its own name.
+      (dict(epsilon=1e39), ValueError, "epsilon=1e+39 is past the float range"),
+      (dict(epsilon=4.3e37, dtype="bfloat16"), ValueError, "epsilon=4.3e+37 is past"),
+      (dict(epsilon=1e39, norm_type="dyt"), ValueError, "epsilon=1e+39 is past"),
+      (dict(norm_impl="Flax"), ValueError, "norm_impl must be one of ('jaxnorm', 'flax')"),
+      (dict(qk_norm_scale="per_token"), ValueError, "qk_norm_scale must be one of"),
+      (dict(dtype=jnp.int32), ValueError, "dtype must be one of ('float32'"),
+      (dict(dtype=None), ValueError, "dtype must be one of ('float32'"),
+      (dict(dtype="float33"), ValueError, "dtype must be one of ('float32'"),
+      (dict(norm_type="dyt", norm_impl="flax"), ValueError, "norm_type='dyt'"),
+      (dict(qk_norm="derf", norm_impl="flax"), ValueError, "qk_norm='derf'"),
+      (dict(norm_position=None), ValueError, "norm_position must be one of"),
+      (dict(init=None), ValueError, "init must be one of"),
   ]
   for kw, exc, name in bad_config:
     key = ",".join(f"{k}={v!r}" for k, v in kw.items())
@@ -422,7 +510,57 @@ def _model_rows():
   return rows
 
 
-BAD = _norm_rows() + _pointwise_rows() + _gated_rows() + _layer_rows() + _model_rows()
+def _kit_rows():
+  """``jaxnorm.testing``'s option and dtype arguments (issue 65): the same shared checks."""
+  one = (jnp.ones(3),)
+  check = lambda **kw: jt.check_rule(jnp.sin, jnp.sin, one, **kw)  # noqa: E731
+  rows = [
+      ("kit-modes-None", lambda: check(modes=None), TypeError, "modes must be a tuple of options"),
+      ("kit-modes-str", lambda: check(modes="rev"), TypeError, "write modes=('rev',)"),
+      ("kit-modes-unknown", lambda: check(modes=("rev", "up")), ValueError,
+       "modes must be a subset of ('rev', 'fwd'), got unknown ['up']"),
+      ("kit-transforms-int", lambda: check(transforms=3), TypeError, "transforms must be a tuple"),
+      ("kit-transforms-str", lambda: check(transforms="vmap"), TypeError,
+       "write transforms=('vmap',)"),
+      ("kit-transforms-nonstr", lambda: check(transforms=(1,)), ValueError,
+       "transforms must be a subset"),
+      ("kit-allow-str", lambda: check(allow="unsupported"), TypeError, "write allow=('unsupported',)"),
+      ("kit-allow-unknown", lambda: check(allow=("slow",)), ValueError, "allow must be a subset"),
+      ("kit-nonfinite-None", lambda: check(nonfinite=None), ValueError,
+       "nonfinite must be one of ('any', 'match'), got None"),
+      ("kit-nonfinite-bool", lambda: check(nonfinite=True), ValueError, "nonfinite must be one of"),
+      ("kit-nonfinite-list", lambda: check(nonfinite=["any"]), ValueError, "nonfinite must be one of"),
+      ("kit-Tolerance-compute_dtype-float33", lambda: jt.Tolerance(compute_dtype="float33"), TypeError,
+       "Tolerance.compute_dtype must be a floating dtype or None (e.g. jnp.float32), got str"),
+      ("kit-Tolerance-compute_dtype-int", lambda: jt.Tolerance(compute_dtype=jnp.int32), TypeError,
+       "Tolerance.compute_dtype must be a floating dtype or None, got int32"),
+      ("kit-dtypes-float33", lambda: jt.dtypes(("float32", "float33")), TypeError,
+       "allowed[1] must be a floating dtype (e.g. jnp.float32), got str 'float33'"),
+      ("kit-dtypes-int", lambda: jt.dtypes((jnp.int32,)), TypeError,
+       "allowed[0] must be a floating dtype, got int32"),
+      ("kit-dtypes-None", lambda: jt.dtypes((None,)), TypeError,
+       "allowed[0] must be a floating dtype (e.g. jnp.float32), got NoneType None"),
+      ("kit-dtypes-str", lambda: jt.dtypes("float32"), TypeError, "allowed must be a tuple of dtypes"),
+      ("kit-arrays-dtype-int", lambda: jt.arrays(jnp.int32, (2, 3)), TypeError,
+       "dtype must be a floating dtype, got int32"),
+      ("kit-arrays-dtype-float33", lambda: jt.arrays("float33", (2, 3)), TypeError,
+       "dtype must be a floating dtype (e.g. jnp.float32)"),
+      ("kit-arrays-kinds-None", lambda: jt.arrays("float32", (2, 3), kinds=None), TypeError,
+       "kinds must be a tuple of options"),
+      ("kit-arrays-kinds-str", lambda: jt.arrays("float32", (2, 3), kinds="tiny"), TypeError,
+       "write kinds=('tiny',)"),
+      ("kit-arrays-kinds-unknown", lambda: jt.arrays("float32", (2, 3), kinds=("tiny", "odd")),
+       ValueError, "kinds must be a subset"),
+      ("kit-arrays-kinds-empty", lambda: jt.arrays("float32", (2, 3), kinds=()), ValueError,
+       "kinds must be a non-empty subset"),
+      ("kit-arrays-nonfinite-str", lambda: jt.arrays("float32", (2, 3), nonfinite="match"),
+       TypeError, "nonfinite must be a bool"),
+  ]
+  return rows
+
+
+BAD = (_norm_rows() + _pointwise_rows() + _gated_rows() + _layer_rows() + _model_rows() +
+       _kit_rows())
 
 
 @pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])

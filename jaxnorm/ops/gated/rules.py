@@ -196,7 +196,7 @@ def _prepare(x, z, scale, *, epsilon, dtype, impl, backend_config=None, pallas=N
   configs, config_arg = _backends.check_config(backend_config, pallas)
   dtypes = [a.dtype for a in (x, z, scale) if a is not None]
   ct = jnp.dtype(jnp.promote_types(jnp.result_type(*dtypes), jnp.float32))
-  v.check_epsilon_range(epsilon, ct)  # traced calls too (the range check runs eagerly only)
+  v.check_epsilon_range(epsilon, ct)  # its one home here: static, so traced x too
   rows = int(x.size // d) if d else 0
   resolved, names = _backends.resolve_impl(
       impl, (rows, d), jnp.result_type(*dtypes), None, None, GATED_RMS_NORM,

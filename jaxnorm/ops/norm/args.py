@@ -27,7 +27,7 @@ __all__ = ["flat_params", "prepare", "prepare_add"]
 
 def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
             zero_centered_scale, axis_name, axis_index_groups, dtype, impl, backend_config=None,
-            pallas=None, casting="float32", x_name="x", options=None):
+            pallas=None, casting="float32", x_name="x", options=None, h_dtype=None):
   """Validates the public arguments and returns ``(cfg, x2, mask2, restore)``.
 
   ``op``: the op's :class:`~jaxnorm._norm_ops.NormOp` declaration, which the config carries.
@@ -37,7 +37,9 @@ def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
   :class:`jaxnorm.PallasConfig` for the Triton kernels), or None for its default.
   ``casting``: one of :data:`jaxnorm._casting.CASTINGS`, checked here once and carried as the
   call's :class:`~jaxnorm._casting.CastPlan`. ``x_name``: what the messages call ``x`` (the kernel
-  API's fused backward normalizes ``h``).
+  API's fused backward normalizes ``h``). ``h_dtype``: the dtype of the array the statistics are
+  taken of where it is not ``x`` (the fused ops' ``h``); ``epsilon`` must be within its
+  statistics' float range (:func:`jaxnorm._validation.check_epsilon_range`), traced ``x`` too.
 
   ``x2`` is ``x`` with its normalized trailing axes flattened into one, ``mask2`` the mask
   broadcast and flattened the same way, and ``restore`` maps a ``(..., d)`` result back to the
@@ -45,6 +47,7 @@ def prepare(x, scale, bias, *, op, epsilon, axis, mask, epsilon_placement,
   """
   v.check_input(x_name, x)
   epsilon = v.check_epsilon(epsilon)
+  v.check_epsilon_range(epsilon, x.dtype if h_dtype is None else h_dtype)
   axes = v.normalized_axes(x.ndim, axis)
   v.check_choice("epsilon_placement", epsilon_placement, v.EPSILON_PLACEMENTS)
   v.check_bool("zero_centered_scale", zero_centered_scale)
@@ -109,9 +112,11 @@ def prepare_add(x, residual, scale, bias, *, residual_scale, residual_dtype, **k
   v.check_input("residual", residual)
   v.check_residual_shape(residual.shape, x.shape)
   alpha = v.check_residual_scale(residual_scale)
-  hd = v.check_residual_dtype(x.dtype, residual.dtype, residual_dtype)
+  hd = v.check_out_dtype("residual_dtype", residual_dtype)  # None: the inputs' promoted dtype
+  if hd is None:
+    hd = jnp.dtype(jnp.promote_types(x.dtype, residual.dtype))
   impl = kw.get("impl", "auto")
-  norm, x2, mask2, restore = prepare(x, scale, bias, **kw)
+  norm, x2, mask2, restore = prepare(x, scale, bias, h_dtype=hd, **kw)
   norm = _backends.resolve_add_impl(
       norm, (("residual", jnp.dtype(residual.dtype)), ("residual_dtype", hd)), impl)
   add = AddConfig(residual_scale=alpha, h_dtype=hd, x_dtype=jnp.dtype(x.dtype),
