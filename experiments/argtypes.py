@@ -1,18 +1,22 @@
-"""The command lines' numeric option types (``argparse`` ``type=``): one home for every command.
+"""The command lines' option types (``argparse`` ``type=``): one home for every command.
 
 Each parses its text and requires a finite value in range, so that ``nan``, ``inf`` and negative
 numbers are refused by the parser (exit status 2, the option named) instead of running a command
-that cannot do what was asked (a budget of ``nan`` minutes, ``-1`` repeats).
+that cannot do what was asked (a budget of ``nan`` minutes, ``-1`` repeats). The list types
+(:func:`positive_ints`, :func:`float_pair`) hold such numbers, comma-separated; :func:`folder`
+refuses an output folder that a file stands in the way of, before anything runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import pathlib
 
 import numpy as np
 
-__all__ = ["epsilon", "nonneg_float", "nonneg_int", "number", "positive_float", "positive_int"]
+__all__ = ["epsilon", "float_pair", "folder", "nonneg_float", "nonneg_int", "number",
+           "positive_float", "positive_int", "positive_ints"]
 
 
 def number(cast, lower: float, strict: bool, what: str, upper: float | None = None):
@@ -45,3 +49,37 @@ nonneg_float = number(float, 0, False, "a non-negative number")
 # checks (jaxnorm._validation.check_epsilon_range), refused here under the flag's own name.
 epsilon = number(float, 0, False, "a non-negative epsilon within float32's statistics",
                  upper=0.5 / float(np.finfo(np.float32).tiny))
+
+
+def positive_ints(text: str) -> tuple[int, ...]:
+  """Comma-separated positive integers (``"64,128"``) as a non-empty tuple."""
+  items = [t.strip() for t in text.split(",")]
+  if not all(items):
+    raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+  return tuple(positive_int(t) for t in items)
+
+
+def float_pair(text: str) -> tuple[float, float]:
+  """Two comma-separated finite numbers (``"0.8,0.2"``) as a pair of floats."""
+  try:
+    values = tuple(float(t) for t in text.split(","))
+  except ValueError:
+    values = ()
+  if len(values) != 2 or not all(math.isfinite(a) for a in values):
+    raise argparse.ArgumentTypeError(f"expected two comma-separated finite numbers, got {text!r}")
+  return values
+
+
+def folder(text: str) -> str:
+  """An output folder: ``text`` unchanged where it is a folder or can be made one (the nearest
+  existing path at or above it is a folder); refused where a file stands there."""
+  if not text:
+    raise argparse.ArgumentTypeError("expected a folder path, got ''")
+  path = pathlib.Path(text)
+  for p in (path, *path.parents):
+    if p.exists():
+      if not p.is_dir():
+        where = "" if p == path else f", above the folder {text!r}"
+        raise argparse.ArgumentTypeError(f"expected a folder, but {str(p)!r} is a file{where}")
+      break
+  return text

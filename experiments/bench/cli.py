@@ -56,7 +56,7 @@ import jax
 
 import jaxnorm
 
-from experiments.argtypes import positive_float, positive_int
+from experiments.argtypes import folder, positive_float, positive_int
 from experiments.bench import tables
 from experiments.bench.impls import (ALL_OPS, EPSILON, FUSED_IMPLEMENTATIONS, FUSED_OPS, IMPLEMENTATIONS,
                                      NotApplicable, fused_implementations, implementations)
@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
                  help="what a sample measures: wall (elapsed time, default) or cpu (the process's "
                       "CPU time, all threads: steadier on a machine shared with other jobs)")
-  p.add_argument("--out", default=os.path.join("results", "bench"),
+  p.add_argument("--out", type=folder, default=os.path.join("results", "bench"),
                  help="output directory for bench.json and bench.md")
   p.add_argument("--interpret", action="store_true",
                  help="run the Pallas entries (jaxnorm-pallas, unfused-pallas, jax-pallas-ops) in interpret "

@@ -14,7 +14,7 @@ import os
 
 import jax
 
-from experiments.argtypes import positive_float, positive_int
+from experiments.argtypes import folder, positive_float, positive_int
 from experiments.suite.provenance import device_info
 
 
@@ -22,7 +22,7 @@ def add_run_args(parser, repeats: int = 15) -> None:
   """The options every small bench takes: ``--repeats``, ``--sample-ms``, ``--out``, ``--tag``."""
   parser.add_argument("--repeats", type=positive_int, default=repeats)
   parser.add_argument("--sample-ms", type=positive_float, default=20.0)
-  parser.add_argument("--out", default=None, help="folder for the JSON and markdown")
+  parser.add_argument("--out", type=folder, default=None, help="folder for the JSON and markdown")
   parser.add_argument("--tag", default=None, help="device tag of the file names")
 
 

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from experiments.argtypes import positive_float, positive_int
+from experiments.argtypes import folder, positive_float, positive_int, positive_ints
 from experiments.bench.timing import time_interleaved
 import jaxnorm
 from jaxnorm import nnx as jaxnorm_nnx
@@ -101,28 +101,19 @@ def bench_shape(tokens: int, heads: int, head_dim: int, kind: str, dtype: str, *
   return out
 
 
-def _ints(text: str) -> tuple[int, ...]:
-  try:
-    vals = tuple(int(v) for v in text.split(","))
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-  if not vals or any(v < 1 for v in vals):
-    raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-  return vals
-
-
 def build_parser() -> argparse.ArgumentParser:
   """The ``python -m experiments bench-qk`` parser."""
   p = argparse.ArgumentParser(prog="python -m experiments bench-qk", description=__doc__.split("\n")[0],
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  p.add_argument("--tokens", type=_ints, default=(256,), help="token counts (rows = tokens * heads)")
-  p.add_argument("--heads", type=_ints, default=(8, 32, 64))
-  p.add_argument("--head-dims", type=_ints, default=(64, 128, 256))
+  p.add_argument("--tokens", type=positive_ints, default=(256,), help="token counts (rows = tokens * heads)")
+  p.add_argument("--heads", type=positive_ints, default=(8, 32, 64))
+  p.add_argument("--head-dims", type=positive_ints, default=(64, 128, 256))
   p.add_argument("--kinds", default=",".join(KINDS))
   p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
   p.add_argument("--repeats", type=positive_int, default=15, help="interleaved rounds per timing")
   p.add_argument("--sample-ms", type=positive_float, default=20.0, help="length of one sample")
-  p.add_argument("--out", default=None, help="folder for qk-<device>-<date>.json/.md (default: print only)")
+  p.add_argument("--out", type=folder, default=None,
+                 help="folder for qk-<device>-<date>.json/.md (default: print only)")
   p.add_argument("--tag", default=None, help="device tag of the file names (default: backend and core count)")
   return p
 

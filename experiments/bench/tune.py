@@ -32,7 +32,7 @@ import sys
 import jax
 import numpy as np
 
-from experiments.argtypes import positive_float, positive_int
+from experiments.argtypes import folder, positive_float, positive_int, positive_ints
 from experiments.bench import cli, timing
 from experiments.bench.impls import OPS, param_dict
 import jaxnorm
@@ -148,12 +148,12 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--ops", type=cli.parse_list(OPS, "--ops"), default=OPS)
   p.add_argument("--repeats", type=positive_int, default=20)
   p.add_argument("--sample-ms", type=positive_float, default=3.0)
-  p.add_argument("--out", default=os.path.join("results", "tune"))
+  p.add_argument("--out", type=folder, default=os.path.join("results", "tune"))
   p.add_argument("--directions", type=cli.parse_list(("fwd", "bwd"), "--directions"),
                  default=("fwd", "bwd"))
-  p.add_argument("--bwd-per-sm", default="1,2,4,8",
+  p.add_argument("--bwd-per-sm", type=positive_ints, default=(1, 2, 4, 8),
                  help="backward programs per SM to try (comma-separated)")
-  p.add_argument("--bwd-rows", default="",
+  p.add_argument("--bwd-rows", type=positive_ints, default=(None,),
                  help="rows per backward tile to try (comma-separated; default: the forward's)")
   args = p.parse_args(argv)
   device = jax.devices()[0]
@@ -161,8 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     raise SystemExit(f"tune compiles the Triton kernels and needs a GPU; this device is "
                      f"{device.platform!r}")
   core_count = int(getattr(device, "core_count", 0) or 132)
-  per_sm = tuple(int(v) for v in args.bwd_per_sm.split(","))
-  bwd_rows = tuple(int(v) for v in args.bwd_rows.split(",")) if args.bwd_rows else (None,)
+  per_sm, bwd_rows = args.bwd_per_sm, args.bwd_rows  # tuples: parsed by their flags' type
   entries = []
   os.makedirs(args.out, exist_ok=True)
   report = {"device": getattr(device, "device_kind", str(device)), "core_count": core_count,

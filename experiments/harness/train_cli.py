@@ -58,6 +58,8 @@ _CHOICES = {"norm_position": NORM_POSITIONS, "norm_type": NORM_TYPES, "norm_impl
 # Numeric fields that may be 0 (every other int or float must be positive); the betas are in [0, 1).
 _NONNEG = {"steps", "warmup", "seed", "eval_every", "checkpoint_every", "epsilon", "weight_decay"}
 _BETAS = {"b1", "b2"}
+# The types of the tuple fields: comma-separated on the command line.
+_TUPLES = {"pointwise_alpha": argtypes.float_pair, "alt_eval_steps": argtypes.positive_ints}
 # The command's own defaults where they differ from the dataclasses'.
 _DEFAULTS = {"d_ff": None}
 _HELP = {"d_ff": "MLP width (default 4*d-model)", "data": "UTF-8 text file (default: stdlib sources)"}
@@ -110,6 +112,8 @@ def _add_fields(group, cls) -> list[str]:
         group.add_argument("--no-" + opt[2:], action="store_false", **kw)
       else:
         group.add_argument(opt, action="store_true", **kw)
+    elif kind == "tuple":
+      group.add_argument(opt, type=_TUPLES[f.name], default=default, **kw)
     elif f.name in _CHOICES:
       group.add_argument(opt, choices=_CHOICES[f.name], default=default, **kw)
     elif kind.startswith("int"):
@@ -140,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.model_fields = _add_fields(p.add_argument_group("model"), TransformerConfig)
   t = p.add_argument_group("training")
   p.train_fields = _add_fields(t, TrainConfig)
-  t.add_argument("--out", default=None,
+  t.add_argument("--out", type=argtypes.folder, default=None,
                  help="run folder (default results/train/<position>-<type>-<impl>-s<seed>)")
   t.add_argument("--no-progress", action="store_true", help="no bar and no log lines")
   s = p.add_argument_group("scale-out")
@@ -158,6 +162,25 @@ def build_parser() -> argparse.ArgumentParser:
   return p
 
 
+def flags_named(parser: argparse.ArgumentParser, text: str) -> list[str]:
+  """The options of ``parser`` whose field (``dest``) ``text`` names, as the command line spells
+  them (``n_heads`` -> ``--heads``), in the order ``text`` names them."""
+  found = {}
+  for a in parser._actions:
+    m = re.search(rf"\b{re.escape(a.dest)}\b", text) if a.option_strings else None
+    if m and a.dest != "help":
+      found.setdefault(a.option_strings[0], m.start())
+  return sorted(found, key=found.get)
+
+
+def _refuse(parser: argparse.ArgumentParser, e: Exception) -> None:
+  """Exits with argparse's error (status 2) for what the configs or the multi-process setup
+  refuse after parsing, naming the options involved: ``--heads/--d-model: n_heads=4 must divide
+  d_model=30; ...``."""
+  flags = flags_named(parser, str(e))
+  parser.error(f"{'/'.join(flags)}: {e}" if flags else str(e))
+
+
 def main(argv: list[str] | None = None) -> int:
   """Entry point of ``python -m experiments train``; returns the exit status."""
   parser = build_parser()
@@ -169,10 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     fields["d_ff"] = fields["d_ff"] or 4 * args.d_model
     model = TransformerConfig(max_len=args.seq_len, **fields)
     config = TrainConfig(model=model, **{name: getattr(args, name) for name in parser.train_fields})
+    distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
   except (TypeError, ValueError) as e:
-    parser.error(str(e))
-
-  distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+    _refuse(parser, e)
 
   if args.compare_norm_impl:
     res = compare_norm_impl(model, batch_size=args.batch_size, seq_len=args.seq_len,

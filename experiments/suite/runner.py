@@ -38,7 +38,7 @@ import time
 import traceback
 from typing import Callable
 
-from experiments.argtypes import positive_float
+from experiments.argtypes import folder, positive_float
 from experiments.harness import progress as progress_lib
 from experiments.suite import presets as presets_lib
 from experiments.suite import report, study
@@ -63,8 +63,9 @@ def _experiment_config(module, preset: dict, name: str):
     raise ValueError(f"preset {preset.get('name')!r} has invalid fields for experiment {name!r}: {e}")
 
 
-def select(only: list[str] | None) -> list[str]:
-  """Validates ``--only`` (names or 1-based numbers) and returns experiment names in order."""
+def select(only: list[str] | None, flag: str = "--only") -> list[str]:
+  """Validates ``only`` (names or 1-based numbers, given as ``flag``: ``--only`` or ``--force``)
+  and returns experiment names in order; ``ValueError`` naming ``flag`` for an unknown one."""
   if not only:
     return list(EXPERIMENTS)
   names = list(EXPERIMENTS)
@@ -79,8 +80,10 @@ def select(only: list[str] | None) -> list[str]:
       elif part in EXPERIMENTS:
         chosen.add(part)
       else:
-        raise ValueError(f"--only must name experiments from {names} (or their numbers 1-{len(names)}), "
+        raise ValueError(f"{flag} must name experiments from {names} (or their numbers 1-{len(names)}), "
                          f"got {part!r}.")
+  if not chosen:
+    raise ValueError(f"{flag} must name at least one experiment, got {only!r}.")
   return [n for n in names if n in chosen]
 
 
@@ -176,7 +179,7 @@ def run_suite(preset_name: str, out_dir: str | pathlib.Path, *, only: list[str] 
   """
   preset = presets_lib.get_preset(preset_name)
   names = select(only) if only else presets_lib.studies(preset)
-  force_names = set(select(force)) if force else set()
+  force_names = set(select(force, "--force")) if force else set()
   root = pathlib.Path(out_dir)
   root.mkdir(parents=True, exist_ok=True)
   progress = _is_tty() if progress is None else progress
@@ -263,11 +266,11 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--only", action="append", default=None, metavar="NAME",
                       help=f"run only these experiments (repeatable or comma-separated; names "
                            f"{', '.join(EXPERIMENTS)} or numbers 1-{len(EXPERIMENTS)})")
-  parser.add_argument("--out", default=None, help="results folder (default results/<preset>)")
+  parser.add_argument("--out", type=folder, default=None, help="results folder (default results/<preset>)")
   parser.add_argument("--force", action="append", default=None, metavar="NAME",
                       help="recompute these experiments even if finished")
   parser.add_argument("--report-only", action="store_true", help="only re-render report.md from the folder")
-  parser.add_argument("--export", default=None, metavar="DIR",
+  parser.add_argument("--export", type=folder, default=None, metavar="DIR",
                       help="afterwards, copy report, plots and data (not the runs) to DIR")
   parser.add_argument("--list", action="store_true",
                       help="list experiments and presets, and the chunk plan of --preset with "

@@ -24,3 +24,20 @@ def test_every_config_field_is_an_option_with_the_dataclass_default():
   assert (args.n_layers, args.scan_layers, args.decay_timescale, args.activation) == (3, False, 40, "relu")
   assert set(p.model_fields) | set(p.train_fields) | train_cli._SKIP >= {
       f.name for cls in (TransformerConfig, TrainConfig) for f in dataclasses.fields(cls)}
+
+
+def test_tuple_fields_take_comma_separated_values():
+  """``--pointwise-alpha A,B`` and ``--alt-eval-steps S1,S2`` parse to the tuples the configs take
+  (issue 65: they were passed on as plain strings, which the configs refused)."""
+  p = train_cli.build_parser()
+  args = p.parse_args(["--pointwise-alpha", "0.8, 0.2", "--alt-eval-steps", "10,20"])
+  assert args.pointwise_alpha == (0.8, 0.2) and args.alt_eval_steps == (10, 20)
+  model = TransformerConfig(norm_type="dyt", pointwise_alpha=args.pointwise_alpha)
+  assert TrainConfig(model=model, steps=20, alt_eval_steps=args.alt_eval_steps).alt_eval_steps == (10, 20)
+
+
+def test_flags_named_maps_config_fields_to_their_options():
+  p = train_cli.build_parser()
+  text = "n_heads=4 must divide d_model=30; fuse_residual_norm and qk_zero_init, not init"
+  assert train_cli.flags_named(p, text) == ["--heads", "--d-model", "--no-fuse-residual-norm",
+                                            "--qk-zero-init", "--init"]
