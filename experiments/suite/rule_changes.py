@@ -48,9 +48,9 @@ RULE_CHANGES: tuple[RuleChange, ...] = tuple(RuleChange(**c) for c in tables.loa
 def markdown(commit: str | None = None) -> list[str]:
   """The report's "Rule changes" section: one table row per change, after the line naming the commit
   whose rules this report applies (``commit``, the run's git commit; None: not known)."""
-  frozen = (f"This report's rules are those of its commit, git `{commit}`: the issue-31 rules were frozen there, "
-            "before this run, after the pilots (seeds 100-102) and the report at 87da7be had been seen. "
-            if commit else "")
+  frozen = (f"This report's rules are those of its commit, git `{commit}`: the issue-31 rules (first frozen after "
+            "the pilots on seeds 100-102 and the report at 87da7be had been seen) with every change in the table "
+            "below up to that commit. " if commit else "")
   out = ["## Rule changes", "",
          frozen + "Every change of a verdict rule since the first committed `cpu` report, with whether the verdicts of "
          "the data it judges had been read when it changed. A rule changed after its data was seen is disclosed here, "
