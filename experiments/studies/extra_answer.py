@@ -80,6 +80,21 @@ def _loss_effect(table: list, lrs: list, position: str) -> str:
   return ", ".join(out)
 
 
+def _qk_regime(summary: dict, cfg: dict, lrs: list) -> str:
+  """``"; 2 layers, width 64, 80 steps, rates 0.001-0.3"``: the sweep's regime, from what the summary
+  records (empty where it records none)."""
+  parts = []
+  if cfg.get("n_layers"):
+    parts.append(f"{cfg['n_layers']} layers")
+  if (summary.get("model") or {}).get("d_model"):
+    parts.append(f"width {summary['model']['d_model']}")
+  if cfg.get("steps"):
+    parts.append(f"{cfg['steps']} steps")
+  if lrs:
+    parts.append(f"rates {min(lrs):g}-{max(lrs):g}")
+  return "; " + ", ".join(parts) if parts else ""
+
+
 def qk_answer(summary: dict) -> list[str]:
   """Sentences from the ``qk_norm`` study's summary (see the module docstring)."""
   table = summary.get("table") or []
@@ -90,9 +105,11 @@ def qk_answer(summary: dict) -> list[str]:
       top.setdefault(bool(r["qk_norm"]), []).append(max(peaks))
   if not top.get(True) or not top.get(False):
     return []
-  out = [f"QK-norm (Pre-LN): largest attention logit over the rate sweep {min(top[True]):z.3g}-{max(top[True]):z.3g} "
-         f"with it, {min(top[False]):z.3g}-{max(top[False]):z.3g} without (per seed)."]
-  lrs = [float(v) for v in (summary.get("config") or {}).get("lrs") or []]
+  cfg = summary.get("config") or {}
+  lrs = [float(v) for v in cfg.get("lrs") or []]
+  out = [f"QK-norm (Pre-LN{_qk_regime(summary, cfg, lrs)}): largest attention logit over the rate sweep "
+         f"{min(top[True]):z.3g}-{max(top[True]):z.3g} with it, {min(top[False]):z.3g}-{max(top[False]):z.3g} "
+         "without (per seed)."]
   pre, post = (_loss_effect(table, lrs, p) if lrs else "" for p in ("pre", "post"))
   if pre:
     out[0] += (f" Final loss with minus without: {pre}" + (f"; Post-LN {post.split(', at ')[0]}" if post else "")
