@@ -186,6 +186,38 @@ def _schedule_moves(summary: dict, arm: dict) -> str:
           + ", ".join(signed(x) for x in moves) + f" per seed (paired noise at most {noise:z.3f}).")
 
 
+def _schedule_line(summary: dict) -> str | None:
+  """The committed ``cpu-scale-schedule`` run (issue 63: the arm's 2 x 256 leg at the gpu preset's
+  schedule), read from its files when the report is rendered, for the reports that do not run it: its
+  per-seed Pre - Post at its longest point and, where this study ran the same sequence length on the
+  same seeds to the same step, how much the schedule moves each seed's difference, beside the larger
+  paired noise. None where it is not committed or this is that run."""
+  from experiments.suite.registry import read_json
+  root = gpu_reference.RESULTS / "cpu-scale-schedule"
+  done = root / "scale" / "done.json"
+  if not done.exists():
+    return None
+  sch = read_json(done)
+  scfg, cfg = sch.get("config") or {}, summary.get("config") or {}
+  if (scfg.get("warmup"), scfg.get("decay_timescale")) == (cfg.get("warmup"), cfg.get("decay_timescale")):
+    return None
+  suite = read_json(root / "suite.json") if (root / "suite.json").exists() else {}
+  git = str((suite.get("git") or {}).get("commit", "?"))[:7]
+  seq = next(iter(sch["tables"]))
+  last = sch["tables"][seq][-1]
+  tpp = sch["tpp"][seq][str(last["step"])]
+  line = (f"At the gpu preset's schedule for Post-LN (warm-up {scfg.get('warmup')}, tau "
+          f"{scfg.get('decay_timescale')}; `--preset cpu-scale-schedule`, git {git}), sequence {seq}, step "
+          f"{last['step']} (T/P {tpp:z.2f}): Pre - Post per seed {_span(last['diff'])}")
+  mine = (summary.get("tables") or {}).get(seq)
+  if mine and mine[-1]["step"] == last["step"] and cfg.get("seeds") == scfg.get("seeds"):
+    moves = [a - b for a, b in zip(last["diff"], mine[-1]["diff"])]
+    noise = max((x.get("noise") or {}).get("max", 0.0) for x in (summary["per_seq"][seq], sch["per_seq"][seq]))
+    line += ("; against this run's schedule that moves each seed's difference by "
+             + ", ".join(signed(x) for x in moves) + f" (paired noise at most {noise:z.3f})")
+  return line + "."
+
+
 def answer(summary: dict) -> list[str]:
   """The study's "What to use" sentences (see the module docstring)."""
   if not summary.get("tables"):
@@ -193,7 +225,7 @@ def answer(summary: dict) -> list[str]:
   ref = _ref(summary)
   out = [_regime_line(summary)]
   out += [_ladder_line(summary, seq, ref) for seq in sorted(summary["tables"], key=int)]
-  for line in (_confounder_line(summary, ref), _arm_line(summary)):
+  for line in (_confounder_line(summary, ref), _arm_line(summary), _schedule_line(summary)):
     if line:
       out.append(line)
   return out
