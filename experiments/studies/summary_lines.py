@@ -27,10 +27,15 @@ def point_instabilities(where: str, points: list[tuple[str, dict]], seeds: list,
           lines.append(f"{where} `{key}` seed {seeds[i] if i < len(seeds) else i}: training loss spiked by "
                        f"{r['rise']:z.2f} nats to {r['peak']:z.2f} at step {r['step']}, final val loss "
                        f"{p['values'][i]:z.3f}")
+    fails = p.get("failures") or []
     for i, s in enumerate(p.get("left_plateau") or []):
       if s is not None and s > 2 * steps / 3:
+        counted = (i < len(fails) and fails[i]) or not fails
+        how = ("it counts as stalled (still on the plateau at 2/3 of the run)" if counted else
+               "this run's verdicts, judged by an earlier rule, count it as trained (the rule of issue 44 "
+               "would count it as stalled: still on the plateau at 2/3 of the run)")
         lines.append(f"{where} `{key}` seed {seeds[i] if i < len(seeds) else i}: left the plateau late, at step {s} "
-                     f"of {steps}; it counts as stalled (still on the plateau at 2/3 of the run)")
+                     f"of {steps}; {how}")
   return lines
 
 
