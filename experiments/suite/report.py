@@ -32,9 +32,8 @@ from experiments.suite import rule_changes, study
 from experiments.suite.registry import EXPERIMENTS, read_json
 from experiments.suite.spikes import SPIKE_NATS
 from experiments.suite.report_provenance import pilot_verdicts, provenance_lines
-from experiments.suite.report_provenance import provenance_lines as _provenance_lines  # noqa: F401 (tests)
 from experiments.suite.report_summary import (  # noqa: F401 (re-exported: the report's summary block)
-    _VERDICT_TEXT, _limitations, _noise_lines, _run_lengths, _summary, _tally_text, instabilities, tally)
+    VERDICT_TEXT, limitations, noise_lines, run_lengths, summary_block, tally_text, instabilities, tally)
 
 __all__ = ["claims_rows", "docs_block", "instabilities", "render", "render_text", "tally"]
 
@@ -105,7 +104,7 @@ def _first_screen(summaries: dict, rows: list[dict], counts: dict) -> list[str]:
       if len(ours) > _FIRST_SCREEN_CHARS:
         ours = ours[:_FIRST_SCREEN_CHARS].rsplit(" ", 1)[0] + " ... (full numbers in the section)"
       out.append(f"| {_escape(r['statement'])} | {_escape(r['testable_when'])} | {_escape(crit)} | {_escape(ours)} | "
-                 f"{_escape(seeds)} | {_VERDICT_TEXT.get(r['holds'], r['holds'])} |")
+                 f"{_escape(seeds)} | {VERDICT_TEXT.get(r['holds'], r['holds'])} |")
     out.append("")
   return out
 
@@ -174,7 +173,7 @@ def _verdict_table(summaries: dict, rows: list[dict], pilots: dict) -> list[str]
       if len(ours) > _FIRST_SCREEN_CHARS:
         ours = ours[:_FIRST_SCREEN_CHARS].rsplit(" ", 1)[0] + " ..."
       cell = f"| {_escape(r['statement'])} | {_escape(ours)} | {_escape(seeds)} | " \
-             f"{_VERDICT_TEXT.get(r['holds'], r['holds'])} |"
+             f"{VERDICT_TEXT.get(r['holds'], r['holds'])} |"
       if pilots:
         cell += f" {pilots.get(r['id'], '-')} |"
       out.append(cell)
@@ -221,8 +220,8 @@ def _head(state: dict, summaries: dict, failed: dict) -> list[str]:
           "full numbers, the rule history and every instability.", ""]
   out += _verdict_table(summaries, rows, pilot_verdicts(state))
   out += _figures(summaries)
-  out += _summary(state, rows, summaries)
-  out += _limitations(state, summaries)
+  out += summary_block(state, rows, summaries)
+  out += limitations(state, summaries)
   out += ["## Provenance", ""] + provenance_lines(state) + [""]
   exps = state.get("experiments", {})
   out += ["| experiment | status | wall time (s) | seeds |", "|---|---|---|---|"]
@@ -307,7 +306,7 @@ def render_appendix(root: str | pathlib.Path) -> str:
   for r in rows:
     ours = r["ours"] + (f" ({r['note']})" if r["note"] else "")
     out.append(f"| {_escape(r['statement'])} | {r['kind']} | {_escape(r['source'])} | {_escape(r['published'])} | "
-               f"{_escape(ours)} | {_VERDICT_TEXT.get(r['holds'], r['holds'])} |")
+               f"{_escape(ours)} | {VERDICT_TEXT.get(r['holds'], r['holds'])} |")
   out.append("")
   return "\n".join(out)
 
@@ -345,9 +344,9 @@ def docs_block(roots) -> str:
     preset = state.get("preset")
     lines += ["", f"The committed `{preset}` report ([experiments/results/{preset}/report.md]"
               f"(../experiments/results/{preset}/report.md), git `{str(git)[:7]}`, {state.get('created')}):", "",
-              f"- claims about models and training: {_tally_text(t['training'])}",
-              f"- implementation checks: {_tally_text(t['check'])}", "",
+              f"- claims about models and training: {tally_text(t['training'])}",
+              f"- implementation checks: {tally_text(t['check'])}", "",
               "| claim | verdict |", "|---|---|"]
-    lines += [f"| `{r['id']}` | {_VERDICT_TEXT.get(r['holds'], r['holds'])} |" for r in rows]
+    lines += [f"| `{r['id']}` | {VERDICT_TEXT.get(r['holds'], r['holds'])} |" for r in rows]
   lines += ["", DOCS_END]
   return "\n".join(lines)

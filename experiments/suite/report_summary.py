@@ -13,9 +13,10 @@ from experiments.suite import study
 from experiments.suite.registry import EXPERIMENTS
 from experiments.suite.spikes import SPIKE_NATS
 
-__all__ = ["instabilities", "noise_estimate", "study_eval_bytes", "study_layouts", "tally"]
+__all__ = ["VERDICT_TEXT", "instabilities", "limitations", "noise_estimate", "noise_lines", "run_lengths",
+           "study_eval_bytes", "study_layouts", "summary_block", "tally", "tally_text"]
 
-_VERDICT_TEXT = {"yes": "yes", "no": "**no**", "partly": "partly", "n/a": "n/a", "obs": "(observation)",
+VERDICT_TEXT = {"yes": "yes", "no": "**no**", "partly": "partly", "n/a": "n/a", "obs": "(observation)",
                  claims_lib.NOT_TESTABLE: "not testable at this scale", "not run": "not run by this preset"}
 
 
@@ -27,9 +28,9 @@ def tally(rows: list[dict]) -> dict[str, dict[str, int]]:
   return out
 
 
-def _tally_text(counts: dict[str, int]) -> str:
+def tally_text(counts: dict[str, int]) -> str:
   order = ["yes", "partly", "no", claims_lib.NOT_TESTABLE, "n/a", "obs", "not run"]
-  return ", ".join(f"{_VERDICT_TEXT.get(k, k).replace('**', '')}: {counts[k]}" for k in order if counts.get(k))
+  return ", ".join(f"{VERDICT_TEXT.get(k, k).replace('**', '')}: {counts[k]}" for k in order if counts.get(k))
 
 
 def instabilities(summaries: dict, runs_scan: list[dict] | None = None) -> list[str]:
@@ -67,13 +68,13 @@ def _reason(ours: str) -> str:
   return ours.split(". Measured:")[0].replace("not testable at this scale: ", "")
 
 
-def _summary(state: dict, rows: list[dict], summaries: dict) -> list[str]:
+def summary_block(state: dict, rows: list[dict], summaries: dict) -> list[str]:
   """The report's opening: the tally per kind, the verdicts by name, what needs a larger preset, instabilities."""
   t = tally(rows)
   out = ["## Summary", "",
-         f"- **Claims about models and training** ({sum(t['training'].values())}): {_tally_text(t['training'])}.",
+         f"- **Claims about models and training** ({sum(t['training'].values())}): {tally_text(t['training'])}.",
          f"- **Implementation checks** ({sum(t['check'].values())}, checks of this code, not of the papers): "
-         f"{_tally_text(t['check'])}."]
+         f"{tally_text(t['check'])}."]
   for verdict, title in (("yes", "Held"), ("partly", "Held in part"), ("no", "Did not hold")):
     names = [r["statement"] for r in rows if r["kind"] == "training" and r["holds"] == verdict]
     if names:
@@ -125,7 +126,7 @@ def _trains(pc: dict, name: str) -> bool:
                                                                       False)
 
 
-def _noise_lines(pc: dict, summaries: dict) -> list[str]:
+def noise_lines(pc: dict, summaries: dict) -> list[str]:
   """The limitation lines on evaluation noise, one per study that measured its own (its optional
   ``noise_line(summary, eval_bytes)``, given the study's own evaluation size), then one line for the studies
   that train without measuring it: an estimate at each one's evaluation size."""
@@ -149,7 +150,7 @@ def _noise_lines(pc: dict, summaries: dict) -> list[str]:
   return lines
 
 
-def _run_lengths(pc: dict, names: list[str]) -> str:
+def run_lengths(pc: dict, names: list[str]) -> str:
   """The training-run lengths of the studies ``names`` that train (``steps`` or ``train_steps`` in
   their preset entry, unless the study declares ``TIMED_STEPS``: steps timed, not a run's length), with their
   own layouts (:func:`study_layouts`) where they differ from the preset's, and tokens per run."""
@@ -168,7 +169,7 @@ def _run_lengths(pc: dict, names: list[str]) -> str:
   return "; ".join(parts) if parts else "none"
 
 
-def _limitations(state: dict, summaries: dict | None = None) -> list[str]:
+def limitations(state: dict, summaries: dict | None = None) -> list[str]:
   """What the scale of this preset cannot say, with its sizes (the training runs and seeds of the
   studies that ran, and the evaluation noise where a study measured it)."""
   summaries = summaries or {}
@@ -186,11 +187,11 @@ def _limitations(state: dict, summaries: dict | None = None) -> list[str]:
   return ["## Limitations", "",
           f"- Scale: width {m.get('d_model')}, {m.get('n_heads')} heads, d_ff {m.get('d_ff')}; training runs "
           f"(batch {tr.get('batch_size')} x sequence {tr.get('seq_len')} bytes where no other is named): "
-          f"{_run_lengths(pc, ran)}. The papers train translation, BERT and "
+          f"{run_lengths(pc, ran)}. The papers train translation, BERT and "
           "language models for 10^4-10^6 steps; a claim that needs their regime is marked not testable here rather "
           "than judged.",
           f"- Data: a byte-level corpus ({corpus}), not IWSLT/WMT/BERT text; losses are nats per byte.",
-          *_noise_lines(pc, summaries),
+          *noise_lines(pc, summaries),
           f"- Optimizer: AdamW(0.9, 0.98), {wd_text} (a study states its own recipe where it differs); DeepNet's "
           "constants and bound are derived for SGD-like updates, Xiong et al.'s theory for Xavier init with "
           "W^Q = W^K = 0.",

@@ -72,7 +72,7 @@ def test_qk_and_lns_claims_are_tallied_and_summarized_like_the_others():
                    "sun_lns_curbs_variance": "yes", "kim_periln_balanced_variance": "no"}
   t = report.tally(rows)["training"]
   assert t[claims_lib.NOT_TESTABLE] == 1 and t["yes"] == 1 and t["no"] == 2 and t["obs"] == 1
-  text = "\n".join(report._summary({"preset": "cpu"}, rows, {}))
+  text = "\n".join(report.summary_block({"preset": "cpu"}, rows, {}))
   assert "- **Claims about models and training** (" in text and "not testable at this scale: 1" in text
   assert "Did not hold: " in text and "Held: " in text
   why = [line for line in text.splitlines() if line.startswith("  - qk-layernorm lowers")]
@@ -126,14 +126,14 @@ def test_dyt_noise_line_uses_per_run_differences():
   noise = {"single": {"median": statistics.median(per_run), "max": max(per_run), "n": len(per_run)}}
   summary = {"table": dyt._table(cells, cfg), "eval_noise": noise}
   pc = {"dyt": {"eval_bytes": 4096}}
-  (line,) = report._noise_lines(pc, {"dyt": summary})
+  (line,) = report.noise_lines(pc, {"dyt": summary})
   median, most = _numbers(line)[:2]
   assert median == pytest.approx(statistics.median(per_run), abs=5e-4)
   assert most == pytest.approx(max(per_run), abs=5e-4)
   assert f"over {len(per_run)} runs" in line
   # Without per-run values (an older summary) the line is the estimate, never a pairing of summaries.
   pc["dyt"]["steps"] = 240
-  assert "an estimate" in report._noise_lines(pc, {"dyt": {"table": summary["table"]}})[0]
+  assert "an estimate" in report.noise_lines(pc, {"dyt": {"table": summary["table"]}})[0]
   assert dyt.eval_noise(list(cells.values()))["single"] == pytest.approx(noise["single"])
 
 
@@ -225,7 +225,7 @@ def test_provenance_shows_a_dirty_tree_for_every_invocation():
   state = {"git": {"commit": "abc", "dirty": False}, "invocations": [
       {"command": "run"}, {"command": "x --report-only", "report_only": True, "git": {"commit": "def", "dirty": True}},
       {"command": "y", "git": {"commit": "123", "dirty": False}}]}
-  lines = report._provenance_lines(state)
+  lines = report.provenance_lines(state)
   assert lines[-2].endswith("(git `def`, dirty: with uncommitted changes) |") and "re-rendered" in lines[-2]
   assert lines[-1].endswith("(git `123`) |") and "later invocation" in lines[-1]
 

@@ -82,5 +82,5 @@ def test_the_report_reads_a_new_study_through_its_optional_names(monkeypatch):
   monkeypatch.setattr(report_summary, "EXPERIMENTS", {"fake": "fake_study"})
   assert report_summary.instabilities({"fake": {"n": 3}}) == ["fake 3 scanned=False"]
   assert report_summary.instabilities({"fake": {"n": 3}}, []) == ["fake 3 scanned=True"]
-  assert report_summary._noise_lines({"fake": {"eval_bytes": 64}}, {"fake": {}}) == ["- fake noise over 64 bytes"]
-  assert report_summary._run_lengths({"fake": {"steps": 10}}, ["fake"]) == "none"
+  assert report_summary.noise_lines({"fake": {"eval_bytes": 64}}, {"fake": {}}) == ["- fake noise over 64 bytes"]
+  assert report_summary.run_lengths({"fake": {"steps": 10}}, ["fake"]) == "none"
