@@ -1,6 +1,6 @@
 """The kit survey: ``jaxnorm.testing.check_rule`` over real functions of the JAX ecosystem.
 
-``python -m experiments.kit_survey [--out DIR] [--only NAME ...] [--examples N]`` runs the kit
+``python -m experiments.kit_survey [--out DIR] [--only NAME ...] [--examples N] [--jobs J]`` runs the kit
 on each function of :mod:`experiments.kit_survey_functions` (jax.nn, jax.numpy and jnp.linalg, jax.scipy.special,
 optax, flax, equinox, tokamax), each against a plain ``jax.numpy`` reference, on inputs drawn
 by ``jaxnorm.testing.arrays`` (hypothesis, derandomized), base checks plus second order, and
@@ -38,12 +38,22 @@ from experiments.kit_survey_functions import Fn, surveyed_functions
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "kit-survey"
 
 
+# The shapes a row draws from: a few per kind, so that the examples of a row share their compiled
+# programs (the kit keeps them by signature) and only the values are new. Each pool holds the edge
+# case of its kind (a one-element last axis; a two-feature norm) and a wider one. Hypothesis
+# shrinks towards the first.
+ROW_SHAPES = ((1,), (2, 4), (3, 8))
+NORM_SHAPES = ((1, 2), (3, 8))
+
+
 def _strategy(fn: Fn, dtype: str):
-  """Hypothesis strategy of ``fn``'s argument tuples in ``dtype``."""
+  """Hypothesis strategy of ``fn``'s argument tuples in ``dtype``: shapes from :data:`ROW_SHAPES`
+  (:data:`NORM_SHAPES` for the norms, ``(k, k)`` for the matrix functions), values fresh per
+  example."""
   from hypothesis import strategies as st
   from jaxnorm import testing as jt
 
-  rows = jt.arrays(dtype, jt.shapes(min_rank=1, max_rank=2, max_side=3, last=(1, 2, 4, 8)))
+  rows = jt.arrays(dtype, st.sampled_from(ROW_SHAPES))
   param = lambda d, loc: jt.arrays(dtype, (d,), loc=loc, scale=0.5, kinds=("normal",))  # noqa: E731
   if fn.kind in ("elementwise", "rows"):
     st_args = rows.map(lambda x: (x,))
@@ -51,7 +61,7 @@ def _strategy(fn: Fn, dtype: str):
     st_args = rows.flatmap(lambda x: jt.arrays(dtype, x.shape, kinds=("normal",)).map(
         lambda y: (x, jax.nn.softmax(y.astype(jnp.float32)).astype(x.dtype))))
   elif fn.kind in ("norm", "rmsnorm"):
-    x2 = jt.arrays(dtype, jt.shapes(min_rank=2, max_rank=2, max_side=3, last=(2, 4, 8)))
+    x2 = jt.arrays(dtype, st.sampled_from(NORM_SHAPES))
     n = 2 if fn.kind == "norm" else 1
     st_args = x2.flatmap(lambda x: st.tuples(st.just(x), *[param(x.shape[-1], 1.0 - k) for k in range(n)]))
   else:
@@ -117,6 +127,28 @@ def survey_one(fn: Fn, examples: int, max_checks: int) -> list:
   return rows
 
 
+def _survey_named(name: str, examples: int, max_checks: int) -> list:
+  """:func:`survey_one` of the surveyed function called ``name`` (a worker process's task: the
+  functions hold lambdas, so a worker looks its own up by name)."""
+  (fn,) = [f for f in surveyed_functions() if f.name == name]
+  return survey_one(fn, examples, max_checks)
+
+
+def run_rows(names, examples: int, max_checks: int, jobs: int = 1) -> list:
+  """The rows of the functions ``names``, in that order: in this process (``jobs=1``) or in
+  ``jobs`` fresh worker processes (``spawn``: a forked JAX is not safe), one function per task.
+  Each function's hypothesis search is derandomized and runs whole in one process, so the rows
+  are the same for any ``jobs``; only the seconds move."""
+  if jobs == 1:
+    return [row for name in names for row in _survey_named(name, examples, max_checks)]
+  import multiprocessing
+  from concurrent.futures import ProcessPoolExecutor
+
+  with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    parts = list(pool.map(_survey_named, names, [examples] * len(names), [max_checks] * len(names)))
+  return [row for part in parts for row in part]
+
+
 def _accepted_verdict(fn, dtype) -> str:
   """'accepted', or with the points where the reference is not differentiable, on a fixed input
   with exact ties (zeros) where the function has a kink."""
@@ -175,7 +207,9 @@ def write(rows: list, out: Path, meta: dict) -> None:
   (out / "survey.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
   lines = [f"# jaxnorm.testing on the ecosystem's functions ({meta['date']})", "",
            f"jax {meta['jax']}, {meta['packages']}; {meta['examples']} hypothesis examples per function and "
-           f"dtype (`jt.arrays`, derandomized), base checks + second order, shrunk within {meta['max_checks']} checks.",
+           f"dtype (`jt.arrays`, derandomized; shapes {meta.get('shapes', 'drawn by jt.shapes')}), base checks + "
+           f"second order, shrunk within {meta['max_checks']} checks; {meta.get('seconds', '?')} s in "
+           f"{meta.get('jobs', 1)} process(es) on {meta.get('cpu', 'an unnamed CPU')}.",
            "", "| function | half | dtype | verdict | first failing check | float64 truth | cross-check |",
            "|---|---|---|---|---|---|---|"]
   for r in rows:
@@ -194,6 +228,19 @@ def write(rows: list, out: Path, meta: dict) -> None:
   (out / "survey.md").write_text("\n".join(lines) + "\n")
 
 
+def _cpu_name() -> str:
+  """The CPU's model name and core count (Linux ``/proc/cpuinfo``), or the platform's word."""
+  import os
+  import platform
+  try:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
+  except OSError:
+    pass
+  return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m experiments.kit_survey", description=__doc__.split("\n\n")[0])
   parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for survey.md and survey.json")
@@ -202,6 +249,9 @@ def main(argv=None) -> int:
                       help="hypothesis examples per function and dtype (>= 1)")
   parser.add_argument("--max-checks", type=positive_int, default=5,
                       help="checks per function and dtype, shrinking included")
+  parser.add_argument("--jobs", type=positive_int, default=1,
+                      help="worker processes, each surveying whole functions (>= 1; the rows and "
+                           "their verdicts do not depend on it)")
   args = parser.parse_args(argv)
   fns = [f for f in surveyed_functions() if args.only is None or any(s in f.name for s in args.only)]
   if not fns:
@@ -215,9 +265,11 @@ def main(argv=None) -> int:
       pk.append(f"{name} not installed")
   meta = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "packages": ", ".join(pk),
           "examples": args.examples, "max_checks": args.max_checks, "backend": jax.default_backend()}
-  rows, start = [], time.perf_counter()
-  for fn in fns:
-    rows += survey_one(fn, args.examples, args.max_checks)
+  meta["jobs"] = args.jobs
+  meta["shapes"] = f"{ROW_SHAPES} (norms {NORM_SHAPES}, matrices (k, k))"
+  meta["cpu"] = _cpu_name()
+  start = time.perf_counter()
+  rows = run_rows([f.name for f in fns], args.examples, args.max_checks, args.jobs)
   meta["seconds"] = round(time.perf_counter() - start, 1)
   write(rows, args.out, meta)
   print(f"wrote {args.out / 'survey.md'} ({meta['seconds']} s)")

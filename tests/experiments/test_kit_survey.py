@@ -29,3 +29,27 @@ def test_bad_options_are_refused():
     ks.main(["--examples", "0"])
   with pytest.raises(SystemExit):
     ks.main(["--only", "no-such-function"])
+
+
+def test_rows_do_not_depend_on_the_worker_processes():
+  names = ["jax.nn.relu", "jnp.tanh"]
+  alone = ks.run_rows(names, examples=2, max_checks=2, jobs=1)
+  spread = ks.run_rows(names, examples=2, max_checks=2, jobs=2)
+  strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+  assert [r["function"] for r in spread] == names
+  assert strip(alone) == strip(spread)
+
+
+def test_a_row_draws_its_shapes_from_the_pool():
+  from hypothesis import given, settings
+
+  fn = [f for f in ks.surveyed_functions() if f.name == "jax.nn.softmax"][0]
+  seen = set()
+
+  @settings(max_examples=20, derandomize=True, database=None, deadline=None)
+  @given(ks._strategy(fn, "float32"))
+  def draw(args):
+    seen.add(tuple(args[0].shape))
+
+  draw()
+  assert seen <= set(ks.ROW_SHAPES) and len(seen) >= 2, seen
