@@ -188,7 +188,7 @@ def _half_b() -> list:
           x, s, None, subtract_mean=False, implementation="xla"), _rms_norm, kind="rmsnorm", needs="tokamax",
          numpy=lambda x, s: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * s),
       Fn("jnp.linalg.eigvalsh (2x2)", "B", jnp.linalg.eigvalsh, _eig2, kind="matrix",
-         numpy=lambda a: np.linalg.eigvalsh(a)),
+         numpy=lambda a: np.linalg.eigvalsh((a + np.swapaxes(a, -1, -2)) / 2)),  # the symmetric part, as JAX takes it
       Fn("jnp.linalg.det (3x3)", "B", jnp.linalg.det, _det3, kind="matrix3", numpy=lambda a: np.linalg.det(a)),
   ]
 
