@@ -170,8 +170,10 @@ class LayerNorm(nn.Module):
   memory_efficient: bool = False
 
   def __post_init__(self):
-    common.check_layer_options("layer_norm", dict(common.layer_options(self, "layer_norm"),
-                                              dtype=self.dtype, param_dtype=self.param_dtype))
+    common.check_layer_options("layer_norm", dict(
+        common.layer_options(self, "layer_norm"), dtype=self.dtype, param_dtype=self.param_dtype,
+        use_scale=self.use_scale, use_bias=self.use_bias,
+        force_float32_reductions=self.force_float32_reductions))
     super().__post_init__()
 
   @nn.compact
@@ -262,8 +264,9 @@ class RMSNorm(nn.Module):
   memory_efficient: bool = False
 
   def __post_init__(self):
-    common.check_layer_options("rms_norm", dict(common.layer_options(self, "rms_norm"),
-                                              dtype=self.dtype, param_dtype=self.param_dtype))
+    common.check_layer_options("rms_norm", dict(
+        common.layer_options(self, "rms_norm"), dtype=self.dtype, param_dtype=self.param_dtype,
+        use_scale=self.use_scale, force_float32_reductions=self.force_float32_reductions))
     super().__post_init__()
 
   @nn.compact

@@ -90,12 +90,17 @@ def op_options(op_name: str) -> tuple[Any, ...]:
   return tuple(lookup(op_name, "op_name", NORM_FAMILY).decl.options)
 
 
+# The layers' own bool flags, checked with the options: a parameter's switch (a truthy string
+# would otherwise create the parameter the user switched off) and Flax's compatibility flag.
+LAYER_FLAGS = ("use_scale", "use_bias", "force_float32_reductions")
+
+
 def check_layer_options(op_name: str, options: Mapping[str, Any]) -> float:
   """Validates the static options of a norm layer once, when it is built.
 
   ``options`` holds the family's options by name (``epsilon``, ``epsilon_placement``,
-  ``zero_centered_scale``, ``impl``, ``backend_config``, ``casting``; the layer's ``dtype`` and
-  ``param_dtype`` where given) and the op's own
+  ``zero_centered_scale``, ``impl``, ``backend_config``, ``casting``; the layer's ``dtype``,
+  ``param_dtype`` and :data:`LAYER_FLAGS` (each a bool) where given) and the op's own
   (:func:`op_options`, each a bool; an option the op does not declare, e.g. RMSNorm's
   ``use_fast_variance``, is not checked: it has no effect).
 
@@ -107,6 +112,9 @@ def check_layer_options(op_name: str, options: Mapping[str, Any]) -> float:
   v.check_bool("zero_centered_scale", options["zero_centered_scale"])
   for o in op_options(op_name):
     v.check_bool(o.name, options[o.name])
+  for name in LAYER_FLAGS:  # where the layer passes them (both layer kinds do)
+    if name in options:
+      v.check_bool(name, options[name])
   v.check_choice("impl", options["impl"], _backends.IMPLS)
   _backends.check_config(options["backend_config"])
   v.check_choice("casting", options["casting"], CASTINGS)

@@ -47,6 +47,8 @@ class _Pointwise(nn.Module):
     shift0 = v.check_finite_real("shift_init_value", self.shift_init_value)
     v.check_out_dtype("dtype", self.dtype)
     v.check_out_dtype("param_dtype", self.param_dtype)
+    v.check_bool("use_bias", self.use_bias)
+    v.check_bool("use_scale", self.use_scale)
     if not hasattr(x, "dtype"):
       x = jnp.asarray(x)
     v.check_layer_input("x", x)

@@ -57,6 +57,8 @@ class _Pointwise(nnx.Module):
     shift0 = v.check_finite_real("shift_init_value", shift_init_value)
     v.check_out_dtype("dtype", dtype)
     v.check_out_dtype("param_dtype", param_dtype)
+    v.check_bool("use_bias", use_bias)
+    v.check_bool("use_scale", use_scale)
     self.alpha = nnx.Param(jnp.full((), alpha0, param_dtype))
     has_shift = "shift" in OPS[self._op_name].params  # the op's declared parameters
     self.shift = nnx.Param(jnp.full((), shift0, param_dtype)) if has_shift else nnx.data(None)

@@ -332,6 +332,13 @@ def _layer_rows():
         (f"nnx.{name}-epsilon", lambda N=N: N(8, epsilon=-1.0, rngs=r)(X), ValueError, "epsilon"),
         (f"nnx.{name}-num_features", lambda N=N: N(0, rngs=r), ValueError, "num_features"),
         (f"nnx.{name}-num_features-str", lambda N=N: N("8", rngs=r), TypeError, "num_features"),
+        (f"nnx.{name}-use_scale-str", lambda N=N: N(8, use_scale="no", rngs=r), TypeError,
+         "use_scale must be a bool"),
+        (f"linen.{name}-use_scale-int", lambda L=L: L(use_scale=0).init(k, X), TypeError,
+         "use_scale must be a bool"),
+        (f"linen.{name}-force_float32_reductions-str",
+         lambda L=L: L(force_float32_reductions="yes").init(k, X), TypeError,
+         "force_float32_reductions must be a bool"),
         (f"nnx.{name}-placement", lambda N=N: N(8, epsilon_placement="x", rngs=r)(X), ValueError,
          "epsilon_placement"),
         (f"nnx.{name}-impl", lambda N=N: N(8, impl="cuda", rngs=r)(X), ValueError, "impl"),
@@ -416,6 +423,14 @@ def _layer_rows():
       ("linen.DyT-x-float8", lambda: jln.DyT().init(k, X.astype(F8)), TypeError, "x must be float16"),
       ("linen.DyT-alpha_init", lambda: jln.DyT(alpha_init_value="a").init(k, X), TypeError,
        "alpha_init_value"),
+      ("nnx.LayerNorm-use_bias-str", lambda: jnn.LayerNorm(8, use_bias="no", rngs=r), TypeError,
+       "use_bias must be a bool"),
+      ("linen.LayerNorm-use_bias-None", lambda: jln.LayerNorm(use_bias=None).init(k, X), TypeError,
+       "use_bias must be a bool"),
+      ("nnx.DyT-use_bias-str", lambda: jnn.DyT(8, use_bias="no", rngs=r), TypeError,
+       "use_bias must be a bool"),
+      ("linen.DyT-use_scale-int", lambda: jln.DyT(use_scale=1).init(k, X), TypeError,
+       "use_scale must be a bool"),
   ]
   return rows + _layer_dtype_rows(r, k)
 
