@@ -99,6 +99,22 @@ def trained_at(cfg: Config, n_layers: int) -> tuple:
   return trained(cfg)
 
 
+def _gpu_design(summary: dict) -> str:
+  """Where the summary is the committed gpu run's own (:func:`experiments.studies.gpu_reference.is_self`), what its
+  design was and was not piloted on; else empty."""
+  from experiments.studies import gpu_reference
+  return f". {gpu_reference.DESIGN_SOURCE}" if gpu_reference.is_self(gpu_reference.load(), summary) else ""
+
+
+def update_label(cfg) -> str:
+  """How the model-update probe's numbers are aggregated, for its table, figure and caption: ``"seed mean"``
+  over several probe seeds, ``"seed 0 only"`` over one (``cfg``: the study's config or its summary's dict; its
+  ``update_seeds``, or ``seeds`` where those are None)."""
+  get = cfg.get if isinstance(cfg, dict) else lambda k: getattr(cfg, k)
+  seeds = list(get("update_seeds") or get("seeds"))  # None: the probe runs every seed
+  return "seed mean" if len(seeds) > 1 else f"seed {seeds[0]} only"
+
+
 def study_lr(cfg: Config) -> tuple[float, str]:
   """The peak rate of every depth run and where it came from: the preset, fixed before running."""
   return float(cfg.lr), ("the preset's rate, fixed before running from pilot runs on seeds the report never uses, "
@@ -288,7 +304,8 @@ def _plot_update(ctx, update: dict, cfg: Config) -> str:
     ax.grid(alpha=0.3, which="both")
   axes[0, 0].set_ylabel("||F(x;θ_t) - F(x;θ_0)|| / ||F(x;θ_0)||")
   axes[0, 0].legend(fontsize=7)
-  fig.suptitle("DeepNet's model update of the final hidden state over the first steps (seed mean)", fontsize=9)
+  fig.suptitle(f"DeepNet's model update of the final hidden state over the first steps ({update_label(cfg)})",
+               fontsize=9)
   return ctx.save_figure(fig, "update_vs_depth.png")
 
 
@@ -309,7 +326,8 @@ def report_section(summary: dict, rel: str) -> str:
   lines = [
       f"Setup: LayerNorm byte-level LMs of width {summary['model']['d_model']}, depths {cfg['depths']}, seeds "
       f"{cfg['seeds']}; trained: {_names(cfg.get('train_positions') or cfg['positions'])}; in the model-update "
-      f"probe: {_names(cfg['positions'])}. Peak lr {summary['lr']:g} ({summary['lr_source']}). Schedule of every run: "
+      f"probe: {_names(cfg['positions'])}. Peak lr {summary['lr']:g} ({summary['lr_source']})"
+      f"{_gpu_design(summary)}. Schedule of every run: "
       f"{summary['schedule']}. A depth is judged only where Pre-LN ends >= {PAST_PLATEAU} nats below the unigram "
       f"plateau of the validation batches ({summary['unigram_nats']:z.3f}) in every seed, and only if Post-LN trains "
       f"at "
@@ -324,7 +342,7 @@ def report_section(summary: dict, rel: str) -> str:
       "axis is marked by a triangle at the top edge with its value.*", "",
       f"![update vs depth]({rel}/update_vs_depth.png)", "",
       "*DeepNet's relative model update of the final hidden state after each of the first steps, against depth "
-      "(log-log, seed mean), every layout.*", "",
+      f"(log-log, {update_label(cfg)}), every layout.*", "",
       "Mean ± half-range over seeds (a stalled run keeps its own loss, a diverged one counts at the unigram "
       "baseline); per seed: each run's own final val loss (marked stalled) or the step where it diverged; "
       "largest rise: each seed's largest training-loss rise above its running minimum over every step (the number "
@@ -337,7 +355,8 @@ def report_section(summary: dict, rel: str) -> str:
     lines.append(f"| {k} | {p['mean']:z.3f} ± {p['spread'] / 2:z.3f} | {format_finals(p)} | {fails} | "
                  f"{format_rises(p)} | "
                  + ", ".join("never" if x is None else str(x) for x in p.get("left_plateau", [])) + " |")
-  lines += ["", f"Model update of the final hidden state (relative, seed mean) after steps 1..{cfg['update_steps']}:",
+  lines += ["", f"Model update of the final hidden state (relative, {update_label(cfg)}) after steps "
+            f"1..{cfg['update_steps']}:",
             "", "| layout / depth | " + " | ".join(f"step {s + 1}" for s in range(cfg["update_steps"])) + " |",
             "|---|" + "---|" * cfg["update_steps"]]
   for k, u in summary["update"].items():

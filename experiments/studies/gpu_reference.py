@@ -15,9 +15,24 @@ from __future__ import annotations
 
 import pathlib
 
-__all__ = ["RESULTS", "confounders", "crossing", "is_self", "load", "regime", "rel", "short"]
+__all__ = ["DESIGN_SOURCE", "RULE_NOTE", "RESULTS", "confounders", "crossing", "is_self", "load", "regime", "rel",
+           "short"]
 
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
+
+
+# Where the gpu run's design came from (its Setup says so; issue 63's referee): the flagship-44 pilots were
+# committed after it ran, and their design is not its own.
+DESIGN_SOURCE = (
+    "The design was not piloted at this size: only c = lr x width carries over from the issue-31 CPU pilots (width "
+    "64, 16 x 32, 300 steps, warm-up 60, tau 40; experiments/results/pilots/README.md); the length, warm-up 100, "
+    "tau 160, width and batch were set without pilots (the flagship-44 pilots came after this run, and their "
+    "design is the cpu preset's)")
+# The verdicts stored with the gpu run were judged by the rules of its commit (20ad8f4), before issue 44.
+RULE_NOTE = (
+    "This run's verdicts were judged by the rules of its commit, before issue 44: a comparison that read a run "
+    "which left the plateau after 2/3 of the run was not judged (issue 44's rule, which the cpu reports use and "
+    "this section's text describes, counts such a run as stalled)")
 
 
 def rel(path: pathlib.Path) -> str:
@@ -65,8 +80,12 @@ def load(root: pathlib.Path | None = None) -> dict | None:
   done, suite = root / "warmup" / "done.json", root / "suite.json"
   if not (done.exists() and suite.exists()):
     return None
+  from experiments.studies.seeds import late_counts_as_stalled
   d, st = read_json(done), read_json(suite)
-  pc, grid, lrs = st["preset_config"], d["grid"], d["lrs"]
+  # The cpu reports' rule (issue 44): a run still on the plateau at 2/3 of its length counts as stalled. The gpu
+  # run's summary was judged before it (20ad8f4), so its grid is re-read under it here.
+  pc, grid, lrs = st["preset_config"], {k: late_counts_as_stalled(p, d["config"]["steps"]) for k, p in
+                                        d["grid"].items()}, d["lrs"]
   train, long_ = pc["train"], max(d["config"]["warmups"])
   model, steps, seeds = d["model"], d["config"]["steps"], d["seeds"]
   width = int(model["d_model"])
@@ -91,7 +110,8 @@ def load(root: pathlib.Path | None = None) -> dict | None:
                    for a, b in zip(grid[key["pre"](lr)]["values"], grid[key["post"](lr)]["values"])],
       "crossing": crossing(pre["curves"], post["curves"]),
       "highest": {k: _highest(grid, lrs, f, len(seeds)) for k, f in key.items()},
-      "warmup_gain": None, "depth": None, "summaries": [{"config": d["config"], "seeds": seeds}]}
+      "warmup_gain": None, "depth": None, "summaries": [{"config": d["config"], "seeds": seeds}],
+      "best_c_post": (best["post"] or float("nan")) * width, "post_best_at_top": best["post"] == max(lrs)}
   if best["post0"] is not None and best["post"] is not None:
     ref["warmup_gain"] = [a - b for a, b in zip(grid[key["post0"](best["post0"])]["values"],
                                                 grid[key["post"](best["post"])]["values"])]
@@ -134,7 +154,7 @@ def short(ref: dict) -> str:
 
 
 def confounders(ref: dict, *, width: int, heads: int, batch: int, seq_len: int, eval_bytes: str, corpus: str | None,
-                jax_version: str | None, warmup: int, tau: int, lrs_c) -> list[str]:
+                jax_version: str | None, warmup: int, tau: int, lrs_c, eval_every="?", max_len="?") -> list[str]:
   """What differs between a cpu design (the keyword arguments) and the committed gpu run besides what the
   comparison varies (training length, and sequence length where a report varies it): every item with both
   sides' values, each read from the files (issue 63's complete list)."""
@@ -148,11 +168,17 @@ def confounders(ref: dict, *, width: int, heads: int, batch: int, seq_len: int, 
          f"windows per step {ref['batch']} x {ref['seq_len']} vs {batch} x {seq_len}",
          *([f"Post-LN's warm-up {ref['warmup']} and decay tau {ref['tau']} vs {warmup} and {tau}"]
            if (ref["warmup"], ref["tau"]) != (warmup, tau) else []),
-         "Pre-LN without warm-up on both (the CPU pilots found none best for Pre-LN at 2 x 256, within 0.01 "
-         "nats, experiments/results/pilots/scale/; the gpu run tried none)",
          "rate grid c = lr x width " + ", ".join(f"{c:z.3g}" for c in ref["c"]) + " vs "
          + ", ".join(f"{c:z.3g}" for c in lrs_c),
+         f"rate selection: best of its {len(ref['c'])}-point grid on its own seeds after the run (Post-LN with "
+         f"warm-up's best, c {ref['best_c_post']:z.3g}, "
+         + ("the grid's top: not bracketed" if ref["post_best_at_top"] else "inside the grid")
+         + ") vs rates chosen on pilot seeds before the runs",
          f"evaluation {ref['eval_bytes']:,} bytes per point vs {eval_bytes}, in other windows",
+         f"evaluation every {ref['eval_every']} steps vs every {eval_every}",
+         f"position table {ref['model'].get('max_len', '?')} vs {max_len} (part of the parameter count)",
+         f"verdict rules of git {ref['git'][:7]} for the gpu report's own verdicts (this report re-reads its runs "
+         f"with its own stalled-run rule)",
          f"corpus {ref['corpus']} vs {corpus}",
          f"seeds {ref['seeds']}",
          "the GPU's matrix-multiply precision (TF32 or not: not recorded)"]

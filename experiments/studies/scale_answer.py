@@ -118,7 +118,7 @@ def confounders(summary: dict, ref: dict) -> list[str]:
       ref, width=width, heads=int(model["n_heads"]), batch=int(b), seq_len=int(t),
       eval_bytes=f"{cfg['eval_bytes']:,}", corpus=(prov.get("corpus") or {}).get("name"),
       jax_version=(prov.get("versions") or {}).get("jax"), warmup=cfg["warmup"], tau=cfg["decay_timescale"],
-      lrs_c=[lr * width for lr in lrs])
+      lrs_c=[lr * width for lr in lrs], eval_every=cfg.get("eval_every", "?"), max_len=model.get("max_len", "?"))
 
 
 def _seq_varied_or_same(summary: dict, ref: dict) -> bool:
@@ -133,9 +133,12 @@ def _confounder_line(summary: dict, ref: dict | None) -> str | None:
   cfg = summary["config"]
   sched = [] if (cfg["warmup"], cfg["decay_timescale"]) == (ref["warmup"], ref["tau"]) else ["warm-up and decay"]
   short = ["code and jax version", "width", "head size", f"tokens per step ({ref['tokens_per_step']:,} vs "
-           f"{summary['tokens_per_step']:,})", "windows per step", *sched, "Pre-LN's warm-up (none)",
-           "rate grid", f"evaluation sets ({ref['eval_bytes']:,} vs {summary['config']['eval_bytes']:,} bytes)",
-           "corpus version", "seeds", "GPU matrix-multiply precision (unrecorded)"]
+           f"{summary['tokens_per_step']:,})", "windows per step", *sched,
+           f"rate grid and selection (its best of {len(ref['c'])}, after the run"
+           + ("; Post-LN with warm-up's at the top" if ref.get("post_best_at_top") else "") + ")",
+           f"evaluation ({ref['eval_bytes']:,} vs {summary['config']['eval_bytes']:,} bytes; every "
+           f"{ref['eval_every']} vs {cfg.get('eval_every', '?')} steps)",
+           "position table", "verdict rules", "corpus", "seeds", "GPU matmul precision (unrecorded)"]
   return (f"The {gpu_reference.regime(ref)} differs from these runs besides length{also} in: " + ", ".join(short)
           + " (both sides' values in the study's section).")
 
@@ -181,7 +184,8 @@ def _schedule_moves(summary: dict, arm: dict) -> str:
     return ""
   moves = [a - b for a, b in zip(ours["diff"], theirs["diff"])]
   noise = max((x.get("noise") or {}).get("max", 0.0) for x in (summary["per_seq"][seq], arm["per_seq"][seq]))
-  return (f" At sequence {seq}, step {ours['step']}, this schedule (Post-LN warm-up {sched[0]}, tau {sched[1]}) "
+  return (f" At sequence {seq}, step {ours['step']}, this schedule (tau {sched[1]} for both layouts, Post-LN warm-up "
+          f"{sched[0]}; Pre-LN's rate not re-bracketed at it) "
           f"against the arm's ({asched[0]}, {asched[1]}) moves Pre - Post by "
           + ", ".join(signed(x) for x in moves) + f" per seed (paired noise at most {noise:z.3f}).")
 
@@ -206,8 +210,9 @@ def _schedule_line(summary: dict) -> str | None:
   seq = next(iter(sch["tables"]))
   last = sch["tables"][seq][-1]
   tpp = sch["tpp"][seq][str(last["step"])]
-  line = (f"At the gpu preset's schedule for Post-LN (warm-up {scfg.get('warmup')}, tau "
-          f"{scfg.get('decay_timescale')}; `--preset cpu-scale-schedule`, git {git}), sequence {seq}, step "
+  line = (f"At the gpu preset's schedule (tau {scfg.get('decay_timescale')}, both layouts; Post-LN warm-up "
+          f"{scfg.get('warmup')}; Pre-LN's rate not re-bracketed; `--preset cpu-scale-schedule`, git {git}), "
+          f"sequence {seq}, step "
           f"{last['step']} (T/P {tpp:z.2f}): Pre - Post per seed {_span(last['diff'])}")
   mine = (summary.get("tables") or {}).get(seq)
   if mine and mine[-1]["step"] == last["step"] and cfg.get("seeds") == scfg.get("seeds"):

@@ -23,7 +23,8 @@ warm-up grid's paired margin).
 
 **Claims.**
 
-* ``scale_preln_lead_lasts`` (judged at the preset's shortest sequence length): yes if Pre-LN is ahead
+* ``scale_preln_lead_lasts`` (judged at the preset's shortest sequence length; every other length's reading is
+  printed beside it, marked not judged): yes if Pre-LN is ahead
   at every ladder point; no if Post-LN is ahead at the longest; partly otherwise. Testable when the design
   has >= 3 seeds and >= 3 ladder points whose longest is >= 3 times the shortest (conditions on the
   design, none on the outcome).
@@ -211,5 +212,15 @@ def _seq_claim(tables: dict, n_seeds: dict) -> dict:
 def claims(tables: dict, tpp: dict, n_seeds: int) -> list[dict]:
   """The two claims from the per-sequence-length ladder tables (``{seq: ladder_table(...)}``)."""
   shortest = min(tables)
-  return [_lead_claim(tables[shortest], shortest, tpp[shortest], n_seeds),
-          _seq_claim(tables, {s: n_seeds for s in tables})]
+  lead = _lead_claim(tables[shortest], shortest, tpp[shortest], n_seeds)
+  others = [s for s in sorted(tables) if s != shortest]
+  if others and "short" in lead:
+    # The registered rule judges the shortest sequence length; the others are printed beside it, each with who
+    # is ahead at every point by the same test, so that no length of the study is left out of the row (issue 63).
+    lead["ours"] += "".join(
+        f". Not judged by the rule (it reads sequence {shortest}), sequence {s}: "
+        + "; ".join(f"T/P {tpp[s][r['step']]:z.2f} (step {r['step']}): {_fmt_d(r['diff'])} -> {r['ahead']}"
+                    for r in tables[s]) for s in others)
+    lead["short"] += "".join(f"; seq {s} (not judged): " + "; ".join(
+        f"T/P {tpp[s][r['step']]:z.2f} {r['ahead']}" for r in tables[s]) for s in others)
+  return [lead, _seq_claim(tables, {s: n_seeds for s in tables})]

@@ -328,6 +328,16 @@ def _noise_text(noise: dict | None) -> str:
           + f" (the rules' paired margin: {MARGIN} nats).")
 
 
+def _design_source(summary: dict) -> str:
+  """Where this grid's design came from: the committed gpu run's own words where the summary is that run's
+  (:func:`experiments.studies.gpu_reference.is_self`), else the flagship pilots the cpu presets were chosen on."""
+  from experiments.studies import gpu_reference
+  if gpu_reference.is_self(gpu_reference.load(), summary):
+    return f"{gpu_reference.DESIGN_SOURCE}. {gpu_reference.RULE_NOTE}"
+  return ("Rates, length, warm-ups and seeds were chosen from pilot runs on seeds 100-102, which this report does "
+          "not use (preset `cpu-pilot`, `experiments/results/pilots/flagship-44/`), and committed before this run")
+
+
 def report_section(summary: dict, rel: str) -> str:
   """Markdown section of the grid: setup (range rule, schedule, failure definition, telling
   rate), the heat maps and curves, the range check and the per-point table.
@@ -342,9 +352,7 @@ def report_section(summary: dict, rel: str) -> str:
       f"seeds {cfg['seeds']} at every point. Schedule of every run: {summary['schedule']} (the same decay "
       f"timescale for every warm-up). Post-LN at warm-ups {list(cfg['warmups'])}, Pre-LN without warm-up. Peak "
       f"lr = c / d for c in {list(cfg['lr_times_d'])} (lr {', '.join(f'{x:g}' for x in summary['lrs'])}; Adam "
-      "moves a d x d matrix's output by about lr x d). Rates, length, warm-ups and seeds were chosen from pilot "
-      "runs on seeds 100-102, which this report does not use (preset `cpu-pilot`, "
-      "`experiments/results/pilots/flagship-44/`), and committed before this run. A run fails if it diverges, or "
+      f"moves a d x d matrix's output by about lr x d). {_design_source(summary)}. A run fails if it diverges, or "
       f"is within {STALL_NATS} nats of the unigram plateau of the validation batches "
       f"({summary['unigram_nats']:z.3f} nats/byte: the byte-frequency model's loss on exactly those bytes) at the end "
       "or still at 2/3 of the run (a late exit counts as stalled and is listed). Telling rate (rule: largest seed-mean "
