@@ -140,7 +140,7 @@ def _confounder_line(summary: dict, ref: dict | None) -> str | None:
            f"{ref['eval_every']} vs {cfg.get('eval_every', '?')} steps)",
            "position table", "verdict rules", "corpus", "seeds", "GPU matmul precision (unrecorded)"]
   return (f"The {gpu_reference.regime(ref)} differs from these runs besides length{also} in: " + ", ".join(short)
-          + " (both sides' values in the study's section).")
+          + " (values in the study's section).")
 
 
 def _arm_line(summary: dict) -> str | None:
