@@ -285,6 +285,12 @@ def _plot_curves(ctx, runs: dict, cfg: Config, unigram: float) -> str:
   return ctx.save_figure(fig, "depth_curves.png")
 
 
+def redraw(ctx, cfg: Config, summary: dict) -> dict:
+  """``update_vs_depth.png`` again from the summary's probe numbers (``reanalyse --figures``, issue 63: its title
+  names how the probe's seeds are aggregated, :func:`update_label`); no verdict changes."""
+  return {"files": [_plot_update(ctx, summary["update"], cfg)] if summary.get("update") else []}
+
+
 def _plot_update(ctx, update: dict, cfg: Config) -> str:
   """``update_vs_depth.png`` of :func:`plot`; returns its file name."""
   import matplotlib.ticker

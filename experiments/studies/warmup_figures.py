@@ -228,10 +228,14 @@ def redraw(ctx, cfg, summary: dict) -> list[str]:
   """Draws again, from the summary's grid (its per-seed finals, failures and curves), the figures that need
   nothing else: ``final_vs_rate.png`` and ``curves_grid.png`` (issue 63: the committed gpu report's run did
   not write them); returns their file names. No verdict is recomputed (:mod:`experiments.suite.reanalyse`,
-  ``--figures``); a failure is the one the summary recorded, by the rules of the run's commit."""
+  ``--figures``). A failure is the summary's, re-read under issue 44's stalled-run rule
+  (:func:`experiments.studies.seeds.late_counts_as_stalled`), the rule the figures' captions state: a summary
+  judged before that rule (the committed gpu run's) then draws a late exit as stalled, as its caption says; for
+  one judged by it nothing changes."""
+  from experiments.studies.seeds import late_counts_as_stalled
   grid = {}
   for k, v in summary["grid"].items():
     pos, lr, w = k.split("|")[:3]
-    grid[(pos, float(lr), int(w))] = v
+    grid[(pos, float(lr), int(w))] = late_counts_as_stalled(v, cfg.steps)
   lrs, unigram = summary["lrs"], summary["unigram_nats"]
   return [plot_final_vs_rate(ctx, grid, lrs, cfg, unigram), plot_curves_grid(ctx, grid, lrs, cfg, unigram)]
