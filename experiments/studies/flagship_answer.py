@@ -42,11 +42,16 @@ def _paired(grid: dict, a: str, b: str) -> list[float]:
 
 def _per_seed(summary: dict, warmups: list[int]) -> dict:
   """``highest_trained_per_seed`` if the summary has it, else read from the grid's per-seed ``failures``
-  (``{"pos|w": [lr or None per seed]}``; a layout missing from the grid is left out)."""
+  (``{"pos|w": [lr or None per seed]}``; a layout missing from the grid is left out), re-read under issue 44's
+  stalled-run rule (a summary judged before it, the gpu run's, counted a late exit as trained)."""
+  from experiments.studies.seeds import late_counts_as_stalled
   per = summary.get("highest_trained_per_seed")
   if per:
     return per
   grid, lrs, out = summary.get("grid") or {}, summary.get("lrs") or [], {}
+  steps = (summary.get("config") or {}).get("steps")
+  if steps:
+    grid = {k: late_counts_as_stalled(v, steps) for k, v in grid.items()}
   for pos, w in [("post", w) for w in warmups] + [("pre", 0)]:
     cells = [(lr, grid.get(f"{pos}|{lr}|{w}")) for lr in lrs]
     cells = [(lr, c) for lr, c in cells if c and "failures" in c]
