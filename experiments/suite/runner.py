@@ -46,7 +46,7 @@ from experiments.suite import plan as plan_lib
 from experiments.suite.context import Context, OutOfBudget
 from experiments.suite.provenance import provenance
 from experiments.suite.registry import EXPERIMENTS, read_json, write_json
-from experiments.suite.runs import scan_runs
+from experiments.suite.runs import merge_scans, scan_runs
 
 __all__ = ["export", "main", "run_suite", "select"]
 
@@ -213,7 +213,10 @@ def run_suite(preset_name: str, out_dir: str | pathlib.Path, *, only: list[str] 
   bar.close()
   ctx.exp_name = ""
   state["last_invocation_wall_s"] = time.perf_counter() - t_suite
-  state["runs_scan"] = scan_runs(root)   # every cached run's divergence and largest rise (the report's list)
+  # Every cached run's divergence and largest rise (the report's list). A folder whose run cache is gone (a
+  # committed report: its runs/ is not exported) keeps the scan of the runs it no longer holds, merged by label
+  # with what this invocation trained: a later `--force NAME` there must not erase the others' instabilities.
+  state["runs_scan"] = merge_scans(state.get("runs_scan"), scan_runs(root))
   state["failed"] = failures
   state["stopped"] = stopped
   write_json(root / "suite.json", state)

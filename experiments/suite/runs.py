@@ -16,7 +16,7 @@ from experiments.suite.registry import from_json_float, read_json, to_jsonable, 
 from experiments.suite.spikes import largest_rise
 from experiments.suite.units import unit_hash
 
-__all__ = ["RunResult", "RunsMixin", "param_count", "regime_tag", "run_label", "scan_runs", "train_run"]
+__all__ = ["RunResult", "RunsMixin", "param_count", "regime_tag", "merge_scans", "run_label", "scan_runs", "train_run"]
 
 RUN_CACHE_VERSION = 1
 
@@ -204,6 +204,14 @@ def regime_tag(ctx: RunsMixin, n_layers: int, steps: int) -> str:
   train = ctx.preset.get("train", {})
   tokens = steps * int(train.get("batch_size", 0)) * int(train.get("seq_len", 0))
   return f"({steps} steps, {tokens / param_count(ctx.model_config(n_layers=n_layers)):z.2f} tokens/parameter)"
+
+
+def merge_scans(old: list[dict] | None, new: list[dict]) -> list[dict]:
+  """``old`` (a folder's earlier :func:`scan_runs`) updated by ``new`` (this invocation's), by label, in label
+  order: a run no longer cached keeps its line, a run trained again replaces it."""
+  merged = {r["label"]: r for r in old or []}
+  merged.update({r["label"]: r for r in new})
+  return [merged[k] for k in sorted(merged)]
 
 
 def scan_runs(root: pathlib.Path) -> list[dict]:

@@ -305,3 +305,13 @@ def test_vjp_compare_and_depth_constants():
   assert d["step1"] == 0.0 and abs(d["max"] - 0.01) < 1e-9 and d["argmax"] == 2
   assert abs(d["final_val"] - 0.1) < 1e-9
 
+
+
+def test_a_later_invocation_keeps_the_instabilities_of_runs_no_longer_cached():
+  from experiments.suite.runs import merge_scans
+
+  old = [{"label": "a", "rise": 1.0}, {"label": "b", "rise": 2.0}]
+  assert merge_scans(old, []) == old  # a committed folder: no run cache, nothing lost
+  assert merge_scans(old, [{"label": "b", "rise": 3.0}, {"label": "c", "rise": None}]) == [
+      {"label": "a", "rise": 1.0}, {"label": "b", "rise": 3.0}, {"label": "c", "rise": None}]
+  assert merge_scans(None, [{"label": "x"}]) == [{"label": "x"}]
