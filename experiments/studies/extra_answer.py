@@ -39,16 +39,22 @@ def dyt_answer(summary: dict) -> list[str]:
   parts = []
   for norm, name in (("rms_norm", "RMSNorm"), ("dyt", "DyT"), ("derf", "Derf")):
     r = rows.get((tpp, norm))
-    if r is not None and all(math.isfinite(x) for x in (r["best"][0], ln["best"][0])):
-      parts.append(f"{name} {_pct(r['best'][0], ln['best'][0]):+z.1f}%")
+    if r is None:
+      continue
+    pct = [_pct(a, b) for a, b in zip(r["best"], ln["best"]) if _fin(a) and _fin(b)]
+    if pct:   # each seed against its own LayerNorm run, then the mean over seeds (issue 63: was seed 0's alone)
+      parts.append(f"{name} {sum(pct) / len(pct):+z.1f}% ({min(pct):+z.1f} to {max(pct):+z.1f})")
   if not parts:
     return []
   passes = next((float(v) for k, v in (summary.get("epochs") or {}).items() if float(k) == float(tpp)), None)
   trained = f", {passes * tpp:z.2f} trained" if passes is not None else ""
   params = f", {summary['params']:,} parameters" if summary.get("params") else ""
-  return [f"Norm-free layers: at the most data per parameter here (T/P {tpp:g} unique tokens per parameter{trained}"
-          f"{params}), best validation loss against LayerNorm (seed mean): " + ", ".join(parts)
-          + "; below the papers' 2.9-29 trained tokens per parameter."]
+  cfg = summary.get("config") or {}
+  lay = (f"{cfg['n_layers']} layers, {cfg['batch_size']} x {cfg['seq_len']}, {cfg['steps']} steps; "
+         if all(cfg.get(k) for k in ("n_layers", "batch_size", "seq_len", "steps")) else "")
+  return [f"Norm-free layers ({lay}at the most data per parameter here, T/P {tpp:g} unique tokens per parameter"
+          f"{trained}{params}): best validation loss against LayerNorm, seed mean (per-seed range): "
+          + ", ".join(parts) + "; below the papers' 2.9-29 trained tokens per parameter."]
 
 
 def _diffs(pairs: dict, i: int) -> list[float]:
@@ -75,9 +81,21 @@ def _loss_effect(table: list, lrs: list, position: str) -> str:
     d = _diffs(pairs, i)
     div = sum(n[i] is None and q[i] is not None for n, q in pairs.values())
     if d:
-      out.append(f"at {lrs[i]:g} {min(d):+z.2f} to {max(d):+z.2f} ({sum(x < 0 for x in d)}/{len(pairs)} lower"
+      out.append(f"at {lrs[i]:g} {min(d):+z.2f} to {max(d):+z.2f} "
+                 f"({sum(x < 0 for x in d)}/{len(d)} finishing pairs lower"
                  + (f"; {div} run without it diverged" if div else "") + ")")
   return ", ".join(out)
+
+
+def _tpp(summary: dict, cfg: dict, train: dict) -> str:
+  """``" (T/P 0.07)"``: trained tokens per parameter of the sweep's model (every parameter counted), or empty
+  where the summary does not record the model or the layout."""
+  from experiments.suite.runs import param_count
+  from jaxnorm.models import TransformerConfig
+  if not (summary.get("model") and train.get("batch_size") and train.get("seq_len") and cfg.get("n_layers")):
+    return ""
+  params = param_count(TransformerConfig(**summary["model"], n_layers=cfg["n_layers"]))
+  return f" (T/P {cfg['steps'] * train['batch_size'] * train['seq_len'] / params:z.2f})"
 
 
 def _qk_regime(summary: dict, cfg: dict, lrs: list) -> str:
@@ -88,8 +106,11 @@ def _qk_regime(summary: dict, cfg: dict, lrs: list) -> str:
     parts.append(f"{cfg['n_layers']} layers")
   if (summary.get("model") or {}).get("d_model"):
     parts.append(f"width {summary['model']['d_model']}")
+  train = (summary.get("provenance") or {}).get("train") or {}
+  if train.get("batch_size") and train.get("seq_len"):
+    parts.append(f"{train['batch_size']} x {train['seq_len']}")
   if cfg.get("steps"):
-    parts.append(f"{cfg['steps']} steps")
+    parts.append(f"{cfg['steps']} steps" + _tpp(summary, cfg, train))
   if lrs:
     parts.append(f"rates {min(lrs):g}-{max(lrs):g}")
   return "; " + ", ".join(parts) if parts else ""
