@@ -176,7 +176,8 @@ def confounders(ref: dict, *, width: int, heads: int, batch: int, seq_len: int, 
          + ") vs rates chosen on pilot seeds before the runs",
          f"evaluation {ref['eval_bytes']:,} bytes per point vs {eval_bytes}, in other windows",
          f"evaluation every {ref['eval_every']} steps vs every {eval_every}",
-         f"position table {ref['model'].get('max_len', '?')} vs {max_len} (part of the parameter count)",
+         *([f"position table {ref['model'].get('max_len', '?')} vs {max_len} (part of the parameter count)"]
+           if ref["model"].get("max_len") != max_len else []),
          f"verdict rules of git {ref['git'][:7]} for the gpu report's own verdicts (this report re-reads its runs "
          f"with its own stalled-run rule)",
          f"corpus {ref['corpus']} vs {corpus}",

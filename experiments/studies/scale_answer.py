@@ -138,7 +138,8 @@ def _confounder_line(summary: dict, ref: dict | None) -> str | None:
            + ("; Post-LN with warm-up's at the top" if ref.get("post_best_at_top") else "") + ")",
            f"evaluation ({ref['eval_bytes']:,} vs {summary['config']['eval_bytes']:,} bytes; every "
            f"{ref['eval_every']} vs {cfg.get('eval_every', '?')} steps)",
-           "position table", "verdict rules", "corpus", "seeds", "GPU matmul precision (unrecorded)"]
+           *(["position table"] if ref["model"].get("max_len") != (summary.get("model") or {}).get("max_len") else []),
+           "verdict rules", "corpus", "seeds", "GPU matmul precision (unrecorded)"]
   return (f"The {gpu_reference.regime(ref)} differs from these runs besides length{also} in: " + ", ".join(short)
           + " (values in the study's section).")
 
