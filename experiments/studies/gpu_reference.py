@@ -31,8 +31,9 @@ DESIGN_SOURCE = (
 # The verdicts stored with the gpu run were judged by the rules of its commit (20ad8f4), before issue 44.
 RULE_NOTE = (
     "This run's verdicts were judged by the rules of its commit, before issue 44: a comparison that read a run "
-    "which left the plateau after 2/3 of the run was not judged (issue 44's rule, which the cpu reports use and "
-    "this section's text describes, counts such a run as stalled)")
+    "which left the plateau after 2/3 of the run was not judged, as the appendix's criterion column says (issue "
+    "44's rule, which the cpu reports use and this section's text and the appendix's testable-when column "
+    "describe, counts such a run as stalled)")
 
 
 def rel(path: pathlib.Path) -> str:
