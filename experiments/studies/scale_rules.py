@@ -160,9 +160,10 @@ def _fmt_d(d) -> str:
 
 
 def _lead_claim(table: list[dict], seq: int, tpp: dict, n_seeds: int) -> dict:
-  crit = ("per seed, Pre-LN without warm-up minus Post-LN with warm-up at each layout's best-tuned rate, at every "
-          f"ladder point; yes: every seed below -{MARGIN} at every point; no: every seed above +{MARGIN} at the "
-          "longest; partly otherwise")
+  crit = ("at the preset's shortest sequence length (the others printed beside it, not judged): per seed, Pre-LN "
+          "without warm-up minus Post-LN with warm-up at each layout's best-tuned rate, at every ladder point; yes: "
+          f"every seed below -{MARGIN} at every point; no: every seed above +{MARGIN} at the longest; partly "
+          "otherwise")
   base = {"id": "scale_preln_lead_lasts", "criterion": crit}
   steps = [r["step"] for r in table]
   reasons = []
