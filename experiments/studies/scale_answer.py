@@ -92,8 +92,32 @@ def _ladder_line(summary: dict, seq: str, ref: dict | None) -> str:
   tuned = "" if _tuned(table) else ", pilot-tuned"
   regime = (f"{_layout(summary, seq)}, {table[0]['step']}-{table[-1]['step']} steps (T/P "
             f"{tpp[str(table[0]['step'])]:z.2f}-{tpp[str(table[-1]['step'])]:z.2f})")
-  return (f"{regime}: {lead}Pre-LN minus Post-LN per seed (best rates{tuned}): {pts}; {move}"
-          f"{_gpu_clause(summary, seq, ref)}.")
+  return (f"{regime}: {lead}Pre-LN minus Post-LN per seed (best rates{tuned}): {pts}{_extreme_spikes(summary, seq)}; "
+          f"{move}{_gpu_clause(summary, seq, ref)}.")
+
+
+def _extreme_spikes(summary: dict, seq: str) -> str:
+  """Where a seed at either end of the longest point's per-seed range had a run (of the two compared there) whose
+  training loss spiked by more than ``SPIKE_NATS`` (the run scan the report attaches), which one, by how much and
+  where (issue 63's referee: the range's low end at sequence 256 was a seed whose Post-LN run spiked); else empty."""
+  from experiments.suite.spikes import SPIKE_NATS
+  scan = (summary.get("provenance") or {}).get("runs_scan") or []
+  last = summary["tables"][seq][-1]
+  seeds, d = summary.get("seeds") or [], last["diff"]
+  if not scan or len(seeds) != len(d) or len(d) < 2:
+    return ""
+  words = []
+  for i in sorted({int(np.argmin(d)), int(np.argmax(d))}):
+    runs = []
+    for pos, name in (("post", "Post-LN"), ("pre", "Pre-LN")):
+      hits = [r for r in scan if r["label"].startswith(f"scale-{pos}-") and f"x{seq}-" in r["label"]
+              and f"-lr{last['lr'][pos]:g}-" in r["label"] and r["label"].endswith(f"-s{seeds[i]}")]
+      rise = hits[0].get("rise") if len(hits) == 1 else None
+      if rise and rise["rise"] > SPIKE_NATS:
+        runs.append(f"{name} by {rise['rise']:z.2f} at step {rise['step']}")
+    if runs:
+      words.append(f"seed {seeds[i]} ({d[i]:+z.2f}) spiked: " + ", ".join(runs))
+  return " (" + "; ".join(words) + ")" if words else ""
 
 
 def _regime_line(summary: dict) -> str:

@@ -128,7 +128,8 @@ def _load(root: pathlib.Path):
     if done.exists():
       # Each summary carries its run's provenance, for the studies' answers and sections that compare a run with
       # another (its code, versions and corpus; issue 63): read here, never written into done.json.
-      summaries[name] = {**read_json(done), "provenance": {**{k: state.get(k) for k in ("git", "versions", "corpus")},
+      summaries[name] = {**read_json(done), "provenance": {**{k: state.get(k) for k in ("git", "versions", "corpus",
+                                                                                   "runs_scan")},
                                                            "train": (state.get("preset_config") or {}).get("train")}}
     elif err.exists():
       failed[name] = read_json(err)["error"]
