@@ -10,6 +10,7 @@ training curves, resume and export.
 from __future__ import annotations
 
 import json
+from unittest import mock
 import math
 import re
 
@@ -218,6 +219,14 @@ def check_export_and_report_only(smoke, tmp_path):
   assert (dest / "grad_init" / "grad_norms_xavier.png").exists()
   assert report.render(dest).read_text() == report.render_text(dest)
   assert runner.main(["--report-only", "--out", str(dest)]) == 0
+  # A render that fails leaves suite.json as it was: no "re-rendered" row for a report never written.
+  before = (dest / "suite.json").read_bytes()
+  with mock.patch.object(report, "render", side_effect=ValueError("refused")):
+    try:
+      runner.main(["--report-only", "--out", str(dest)])
+    except (ValueError, SystemExit):
+      pass
+  assert (dest / "suite.json").read_bytes() == before
 
 
 def test_cli_list(capsys):
