@@ -105,7 +105,7 @@ def _gpu_best(ref: dict | None, d: list[float], bp: float, bq: float) -> str:
   return out
 
 
-def _self_regime(summary: dict) -> str:
+def _self_regime() -> str:
   """The committed gpu run's own regime line (its report has no ladder study to give one): parameters, width,
   tokens a step, steps, tokens per parameter, and where its design came from."""
   ref = gpu_reference.load()
@@ -114,36 +114,36 @@ def _self_regime(summary: dict) -> str:
           f"{ref['git'][:7]}, an older design than the cpu reports' (not piloted at this size; Setup).")
 
 
-def _cpu_best(summary: dict) -> str:
+def _cpu_best(mine: list[float]) -> str:
   """For the committed gpu run's own report: the committed cpu report's Pre-LN minus Post-LN with warm-up at its
-  best rates, read from its files when the report is rendered (issue 63's referee: the gpu report names the
-  disagreement too); empty elsewhere or where the cpu report is not committed."""
+  best rates beside ``mine`` (the gpu run's), read from its files when the report is rendered (issue 63's referee:
+  the gpu report names the disagreement too); empty where the cpu report is not committed."""
   from experiments.suite.registry import read_json
-  if not gpu_reference.is_self(gpu_reference.load(), summary):
-    return ""
-  done = gpu_reference.RESULTS / "cpu" / "warmup" / "done.json"
+  done, suite = gpu_reference.RESULTS / "cpu" / "warmup" / "done.json", gpu_reference.RESULTS / "cpu" / "suite.json"
   if not done.exists():
     return ""
   c = read_json(done)
-  grid, lrs, long_ = c.get("grid") or {}, c.get("lrs", []), max((c.get("config") or {}).get("warmups") or [0])
-  bp, bq = best_rate(grid, lrs, lambda lr: f"pre|{lr}|0"), best_rate(grid, lrs, lambda lr: f"post|{lr}|{long_}")
-  if bp is None or bq is None:
+  best = _best(c)
+  if best is None:
     return ""
-  cfg, suite = c.get("config") or {}, gpu_reference.RESULTS / "cpu" / "suite.json"
+  bp, bq, d = best
+  cfg = c.get("config") or {}
   train = (read_json(suite).get("preset_config") or {}).get("train") or {} if suite.exists() else {}
-  d = _paired(grid, f"pre|{bp}|0", f"post|{bq}|{long_}")
-  mine = _paired(summary["grid"], *_best_keys(summary))
   verb = "agrees" if _side(d) == _side(mine) else "disagrees"
   return (f"; the cpu report (newer code and design; {cfg.get('n_layers', 6)} layers, {train.get('batch_size', '?')} "
           f"x {train.get('seq_len', '?')}, {cfg.get('steps')} steps, width {(c.get('model') or {}).get('d_model')}) "
           f"{verb}: Pre-LN ({bp:z.2g}) minus Post-LN with warm-up ({bq:z.2g}) {_span(d)}")
 
 
-def _best_keys(summary: dict) -> tuple[str, str]:
-  """The grid keys of Pre-LN without warm-up and Post-LN with the longest warm-up at their best rates."""
-  grid, lrs, long_ = summary["grid"], summary.get("lrs", []), max(summary["config"]["warmups"])
+def _best(summary: dict) -> tuple[float, float, list[float]] | None:
+  """``(Pre-LN's best rate, Post-LN with the longest warm-up's, their paired difference per seed)`` of a warm-up
+  grid summary, or None where either layout trains at no rate in every seed."""
+  grid, lrs = summary.get("grid") or {}, summary.get("lrs", [])
+  long_ = max((summary.get("config") or {}).get("warmups") or [0])
   bp, bq = best_rate(grid, lrs, lambda lr: f"pre|{lr}|0"), best_rate(grid, lrs, lambda lr: f"post|{lr}|{long_}")
-  return f"pre|{bp}|0", f"post|{bq}|{long_}"
+  if bp is None or bq is None:
+    return None
+  return bp, bq, _paired(grid, f"pre|{bp}|0", f"post|{bq}|{long_}")
 
 
 def warmup_answer(summary: dict) -> list[str]:
@@ -179,18 +179,20 @@ def warmup_answer(summary: dict) -> list[str]:
          f"with warm-up {long_} {_rates(post_r, top)}{tops}."]
   # A bold recommendation only where every seed agrees, at each layout's best-tuned rate (issue 50).
   higher = pre_r and all(a is not None and (b is None or a >= b) for a, b in zip(pre_r, post_r))
-  bp, bq = best_rate(grid, lrs, lambda lr: f"pre|{lr}|0"), best_rate(grid, lrs, lambda lr: f"post|{lr}|{long_}")
-  if bp is not None and bq is not None:
-    d = _paired(grid, f"pre|{bp}|0", f"post|{bq}|{long_}")
+  own = ref is None and gpu_reference.is_self(gpu_reference.load(), summary)
+  best = _best(summary)
+  bp, bq = best[:2] if best else (None, None)
+  if best is not None:
+    d = best[2]
     lead = ("**Pre-LN** trained at higher rates and, at each one's best rate, to a lower loss than Post-LN in every "
             "seed: " if higher and all(x < -MARGIN for x in d) else "at each one's best rate: ")
-    gpu = _gpu_best(ref, d, bp, bq) or _cpu_best(summary)
+    gpu = _gpu_best(ref, d, bp, bq) or (_cpu_best(d) if own else "")
     edge = [name for name, b in (("Pre-LN", bp), ("Post-LN with warm-up", bq)) if b == top]
     edge_text = f" ({' and '.join(edge)}: best at the grid's top rate, not bracketed from above)" if edge else ""
     out.insert(0, f"{regime}: {lead}Pre-LN ({bp:z.2g}) minus Post-LN with warm-up ({bq:z.2g}) {_span(d)} nats per "
                   f"seed{edge_text}{gpu}.")
-  if gpu_reference.is_self(gpu_reference.load(), summary):
-    out.insert(0, _self_regime(summary))
+  if own:
+    out.insert(0, _self_regime())
   b0 = best_rate(grid, lrs, lambda lr: f"post|{lr}|0")
   if b0 is not None and bq is not None:
     g = _paired(grid, f"post|{b0}|0", f"post|{bq}|{long_}")
