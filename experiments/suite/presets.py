@@ -27,13 +27,18 @@ criteria live in the studies' ``*_rules`` modules and do not change with the pre
   older design; not measured end to end, not chosen by GPU pilots); ``--budget 7`` resumes a cut
   invocation. ``gpu-scale``: its sequence-length arm (issue 55). The other studies keep their GPU sizes
   in ``gpu`` for ``--only NAME``.
+* ``cpu-extra-confirm``: ``cpu-extra``'s verdict-bearing studies (every one but ``speed`` and ``vjp``)
+  with its sizes and rules on seeds 50-52, which no run had used: a fresh-seed confirmation of its
+  verdicts (issue 63), compared claim by claim with ``python -m experiments.suite.compare_verdicts``.
 
 The presets are data, in ``presets.toml`` next to this module (read by
 :mod:`experiments.suite.tables`, arrays as tuples), with the reasons for their sizes as comments.
 Each preset is a plain dict (so it is written verbatim into the results' provenance): ``model``
 holds :class:`jaxnorm.models.TransformerConfig` fields shared by every experiment, ``train``
 holds :class:`experiments.harness.train_config.TrainConfig` fields shared by every training run, and one entry
-per experiment holds the fields of that module's ``Config`` dataclass.
+per experiment holds the fields of that module's ``Config`` dataclass. A preset with
+``extends = "NAME"`` starts from preset NAME (resolved first) and replaces its top-level entries;
+an experiment's table is merged field by field, so the derived preset states only what differs.
 """
 
 from __future__ import annotations
@@ -45,7 +50,43 @@ from experiments.suite import tables
 
 __all__ = ["PRESETS", "get_preset", "studies"]
 
-PRESETS: dict[str, dict[str, Any]] = tables.load("presets.toml")
+
+
+def _resolve(raw: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+  """``raw`` with every ``extends`` resolved (see the module docstring).
+
+  Raises:
+    ValueError: ``extends`` names no preset, or the chain of ``extends`` has a cycle.
+  """
+  out: dict[str, dict[str, Any]] = {}
+
+  def build(name: str, chain: tuple[str, ...]) -> dict[str, Any]:
+    if name in out:
+      return out[name]
+    if name in chain:
+      raise ValueError(f"presets: extends must not cycle, got {' -> '.join(chain + (name,))}")
+    own = dict(raw[name])
+    base_name = own.pop("extends", None)
+    if base_name is None:
+      out[name] = own
+      return own
+    if base_name not in raw:
+      raise ValueError(f"presets: {name}.extends must name a preset ({sorted(raw)}), got {base_name!r}")
+    merged = copy.deepcopy(build(base_name, chain + (name,)))
+    for key, value in own.items():
+      if isinstance(value, dict) and isinstance(merged.get(key), dict):
+        merged[key] = {**merged[key], **value}
+      else:
+        merged[key] = value
+    out[name] = merged
+    return merged
+
+  for preset_name in raw:
+    build(preset_name, ())
+  return out
+
+
+PRESETS: dict[str, dict[str, Any]] = _resolve(tables.load("presets.toml"))
 
 
 def studies(preset: dict[str, Any]) -> list[str]:

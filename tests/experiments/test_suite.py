@@ -324,3 +324,23 @@ def test_a_later_invocation_keeps_the_instabilities_of_runs_no_longer_cached():
   assert merge_scans(old, [{"label": "b", "rise": 3.0}, {"label": "c", "rise": None}]) == [
       {"label": "a", "rise": 1.0}, {"label": "b", "rise": 3.0}, {"label": "c", "rise": None}]
   assert merge_scans(None, [{"label": "x"}]) == [{"label": "x"}]
+
+
+def test_preset_extends_merges_tables_and_refuses_bad_chains():
+  """A preset with ``extends`` starts from its base: top-level entries replaced, an experiment's
+  table merged field by field. cpu-extra-confirm differs from cpu-extra only in its seeds, studies
+  and description; a cycle or an unknown base is a ValueError naming the preset."""
+  base, confirm = presets.get_preset("cpu-extra"), presets.get_preset("cpu-extra-confirm")
+  assert "extends" not in confirm
+  assert confirm["model"] == base["model"] and confirm["train"] == base["train"]
+  for study in confirm["studies"]:
+    assert confirm[study]["seeds"] == (50, 51, 52)
+    assert {k: v for k, v in confirm[study].items() if k != "seeds"} == {
+        k: v for k, v in base[study].items() if k != "seeds"}
+  assert set(confirm["studies"]) == set(base["studies"]) - {"speed", "vjp"}
+  merged = presets._resolve({"a": {"x": {"p": 1, "q": 2}, "d": "A"}, "b": {"extends": "a", "x": {"q": 3}}})
+  assert merged["b"] == {"x": {"p": 1, "q": 3}, "d": "A"}
+  with pytest.raises(ValueError, match="extends must not cycle"):
+    presets._resolve({"a": {"extends": "b"}, "b": {"extends": "a"}})
+  with pytest.raises(ValueError, match="b.extends must name a preset"):
+    presets._resolve({"a": {}, "b": {"extends": "nope"}})
