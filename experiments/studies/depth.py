@@ -184,7 +184,7 @@ def run(ctx, cfg: Config) -> dict:
     u["mean"] = np.mean(u["per_seed"], axis=0).tolist()
   from jaxnorm.models import deepnorm_alpha_beta
   consts = {str(L): deepnorm_alpha_beta(L) for L in sorted(set(cfg.depths) | set(udepths))}
-  claims = verdicts(points, update, consts, cfg, unigram)
+  claims = probe_seeds(verdicts(points, update, consts, cfg, unigram), cfg)
   tag = regime_tag(ctx, max(cfg.depths), cfg.steps)
   claims = [{**c, "ours": f"{tag} {c['ours']}"} if c["id"] == "admin_deep_postln_fails" else c for c in claims]
   ctx.save_json("runs.json", {"runs": runs, "points": points})
@@ -285,10 +285,22 @@ def _plot_curves(ctx, runs: dict, cfg: Config, unigram: float) -> str:
   return ctx.save_figure(fig, "depth_curves.png")
 
 
+def probe_seeds(claims: list[dict], cfg) -> list[dict]:
+  """``claims`` with the update probe's claim carrying the probe's own seeds (``update_seeds``, or ``seeds``
+  where those are None) for the verdict table's seeds column, which otherwise shows the study's training seeds
+  (issue 63: the gpu report listed [0, 1, 2] for a probe of seed 0)."""
+  get = cfg.get if isinstance(cfg, dict) else lambda k: getattr(cfg, k)
+  seeds = list(get("update_seeds") or get("seeds"))
+  return [{**c, "seeds": seeds} if c["id"] == "deepnet_update_constant" else c for c in claims]
+
+
 def redraw(ctx, cfg: Config, summary: dict) -> dict:
   """``update_vs_depth.png`` again from the summary's probe numbers (``reanalyse --figures``, issue 63: its title
-  names how the probe's seeds are aggregated, :func:`update_label`); no verdict changes."""
-  return {"files": [_plot_update(ctx, summary["update"], cfg)] if summary.get("update") else []}
+  names how the probe's seeds are aggregated, :func:`update_label`), and the probe claim's seeds
+  (:func:`probe_seeds`); no verdict changes."""
+  out = {"claims": probe_seeds(summary.get("claims", []), cfg)}
+  out["files"] = [_plot_update(ctx, summary["update"], cfg)] if summary.get("update") else []
+  return out
 
 
 def _plot_update(ctx, update: dict, cfg: Config) -> str:

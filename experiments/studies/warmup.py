@@ -328,6 +328,14 @@ def _noise_text(noise: dict | None) -> str:
           + f" (the rules' paired margin: {MARGIN} nats).")
 
 
+def appendix_note(summary: dict) -> str | None:
+  """A line the appendix prints above its verdict tables (a study hook, read by the report): for the committed
+  gpu run, that its stored criteria are its commit's rules while the testable-when column is today's text
+  (:data:`experiments.studies.gpu_reference.RULE_NOTE`; issue 63's second referee); None for any other run."""
+  from experiments.studies import gpu_reference
+  return f"{gpu_reference.RULE_NOTE}." if gpu_reference.is_self(gpu_reference.load(), summary) else None
+
+
 def _design_source(summary: dict) -> str:
   """Where this grid's design came from: the committed gpu run's own words where the summary is that run's
   (:func:`experiments.studies.gpu_reference.is_self`), else the flagship pilots the cpu presets were chosen on."""

@@ -91,6 +91,10 @@ def _first_screen(summaries: dict, rows: list[dict], counts: dict) -> list[str]:
   ``_FIRST_SCREEN_CHARS`` characters)."""
   out = ["## Verdicts with their conditions and criteria", ""]
   out += [", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) + " (full claims table at the end).", ""]
+  for name, summary in summaries.items():   # a study's note on how to read its rows (its optional hook)
+    note = getattr(study.load(EXPERIMENTS[name]), "appendix_note", lambda s: None)(summary)
+    if note:
+      out += [f"*{note}*", ""]
   measured = {c["id"]: (c, c.get("seeds", summaries[n].get("seeds", ""))) for n in summaries
               for c in summaries[n].get("claims", [])}
   for kind, title in _KIND_TITLE.items():
@@ -166,6 +170,8 @@ def _verdict_table(summaries: dict, rows: list[dict], pilots: dict) -> list[str]
   head = "| claim | ours (short; full numbers in the appendix) | seeds | verdict |" + (" pilots predicted |"
                                                                                      if pilots else "")
   out = ["## Verdicts", "", head, "|---|---|---|---|" + ("---|" if pilots else "")]
+  revised = rule_changes.revised_after_seen()
+  marked = False
   for kind in _KIND_TITLE:
     for r in rows:
       if r["kind"] != kind or r["holds"] not in claims_lib.VERDICTS:
@@ -174,11 +180,16 @@ def _verdict_table(summaries: dict, rows: list[dict], pilots: dict) -> list[str]
       ours = c.get("short") or r["ours"]
       if len(ours) > _FIRST_SCREEN_CHARS:
         ours = ours[:_FIRST_SCREEN_CHARS].rsplit(" ", 1)[0] + " ..."
+      mark = " †" if r["id"] in revised else ""
+      marked |= bool(mark)
       cell = f"| {_escape(r['statement'])} | {_escape(ours)} | {_escape(seeds)} | " \
-             f"{VERDICT_TEXT.get(r['holds'], r['holds'])} |"
+             f"{VERDICT_TEXT.get(r['holds'], r['holds'])}{mark} |"
       if pilots:
         cell += f" {pilots.get(r['id'], '-')} |"
       out.append(cell)
+  if marked:
+    out += ["", "† this claim's rule was changed after data it judges had been seen (the appendix's \"Rule changes\" "
+            "says when and why; a report run before a change applies the rule as it was)."]
   return out + [""]
 
 

@@ -1,5 +1,6 @@
 """Where a report's inputs came from: the provenance table of ``report.md`` (preset, command, device,
-versions, corpus, commit, and every later invocation: re-rendered, re-judged or redrawn from the raw data) and
+versions, corpus, commit, and every later invocation: re-judged or redrawn from the raw data one row each, the
+re-renders of one command in one row, which ``suite.json`` lists one by one) and
 the verdicts the pilots predicted (the verdict table's last column). Split from :mod:`experiments.suite.report`
 (issue 63), which re-exports them.
 """
@@ -15,6 +16,9 @@ __all__ = ["pilot_verdicts", "provenance_lines"]
 
 
 def provenance_lines(state: dict) -> list[str]:
+  """The report's provenance table as markdown lines: the first invocation's preset, command, date, device,
+  versions, corpus and commit, then every later invocation (re-judged and redrawn ones a row each, the
+  re-renders of one command collapsed into one row with their count, first and last date and the last commit)."""
   dev = state.get("device", {})
   ver = state.get("versions", {})
   corpus = state.get("corpus") or {}
@@ -34,16 +38,29 @@ def provenance_lines(state: dict) -> list[str]:
       f"sha256 `{corpus.get('sha256')}` |",
       f"| git | `{git.get('commit')}`{' (with uncommitted changes)' if git.get('dirty') else ''} |",
   ]
-  for inv in state.get("invocations", [])[1:]:
-    what = ("re-rendered (no unit recomputed)" if inv.get("report_only") else
-            f"re-judged from the raw data ({', '.join(inv['rejudged'])}; no unit recomputed)" if inv.get("rejudged")
+  later = state.get("invocations", [])[1:]
+  renders: dict[str, list[dict]] = {}
+  for inv in later:
+    if inv.get("report_only"):
+      renders.setdefault(inv.get("command", "").strip(), []).append(inv)
+      continue
+    what = (f"re-judged from the raw data ({', '.join(inv['rejudged'])}; no unit recomputed)" if inv.get("rejudged")
             else f"{' and '.join(inv.get('what') or ['figures'])} recomputed from the raw data "
             f"({', '.join(inv['redrawn'])}; verdicts kept, no unit recomputed)" if inv.get("redrawn")
             else "later invocation")
-    g = inv.get("git") or {}
-    lines.append(f"| {what} | {inv.get('created')}: `{inv.get('command', '').strip()}` "
-                 f"(git `{g.get('commit')}`{', dirty: with uncommitted changes' if g.get('dirty') else ''}) |")
+    lines.append(f"| {what} | {inv.get('created')}: `{inv.get('command', '').strip()}` ({_git_text(inv)}) |")
+  for command, invs in renders.items():
+    when = (invs[0].get("created") if len(invs) == 1
+            else f"{len(invs)} times, {invs[0].get('created')} to {invs[-1].get('created')}")
+    lines.append(f"| re-rendered (no unit recomputed) | {when}: `{command}` (the last at {_git_text(invs[-1])}; "
+                 "each in `suite.json`'s invocations) |" if len(invs) > 1 else
+                 f"| re-rendered (no unit recomputed) | {when}: `{command}` ({_git_text(invs[-1])}) |")
   return lines
+
+
+def _git_text(inv: dict) -> str:
+  g = inv.get("git") or {}
+  return f"git `{str(g.get('commit'))[:12]}`{', dirty: with uncommitted changes' if g.get('dirty') else ''}"
 
 
 def _preset_text(state: dict) -> str:
@@ -52,7 +69,7 @@ def _preset_text(state: dict) -> str:
   changed, e.g. "on one H100" of a run on an H200, is not the run's)."""
   name, pc = state.get("preset"), state.get("preset_config") or {}
   now = presets_lib.PRESETS.get(name)
-  ignore = ("description", "pilot_results", "name")
+  ignore = ("description", "pilot_results", "design_sources", "name")
   if now is not None and {k: v for k, v in pc.items() if k not in ignore} == {
       k: v for k, v in _as_lists(now).items() if k not in ignore}:
     return f"`{name}`: {pc.get('description', '')}"

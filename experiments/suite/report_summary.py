@@ -10,10 +10,11 @@ from typing import Any
 
 from experiments.suite import claims as claims_lib
 from experiments.suite import study
+from experiments.suite import presets as presets_lib
 from experiments.suite.registry import EXPERIMENTS
 from experiments.suite.spikes import SPIKE_NATS
 
-__all__ = ["VERDICT_TEXT", "instabilities", "limitations", "noise_estimate", "noise_lines", "run_lengths",
+__all__ = ["VERDICT_TEXT", "design_lines", "instabilities", "limitations", "noise_estimate", "noise_lines", "run_lengths",
            "study_eval_bytes", "study_layouts", "summary_block", "tally", "tally_text"]
 
 VERDICT_TEXT = {"yes": "yes", "no": "**no**", "partly": "partly", "n/a": "n/a", "obs": "(observation)",
@@ -169,6 +170,16 @@ def run_lengths(pc: dict, names: list[str]) -> str:
   return "; ".join(parts) if parts else "none"
 
 
+def design_lines(state: dict, names: list[str]) -> list[str]:
+  """One Limitations line naming where each study's sizes came from (pilots, a paper's recipe, or set by
+  hand), for the studies ``names`` that the preset's ``design_sources`` covers (the preset as it is now, which
+  may state the source of an older run's unchanged design; else as the run recorded it); none without any."""
+  now = presets_lib.PRESETS.get(state.get("preset"), {}).get("design_sources")
+  sources = now or (state.get("preset_config") or {}).get("design_sources") or {}
+  parts = [f"{n}: {sources[n]}" for n in names if n in sources]
+  return [f"- Design per study (where its sizes came from): {'; '.join(parts)}."] if parts else []
+
+
 def limitations(state: dict, summaries: dict | None = None) -> list[str]:
   """What the scale of this preset cannot say, with its sizes (the training runs and seeds of the
   studies that ran, and the evaluation noise where a study measured it)."""
@@ -197,5 +208,6 @@ def limitations(state: dict, summaries: dict | None = None) -> list[str]:
           "W^Q = W^K = 0.",
           f"- Seeds per study: {seeds or 'none recorded'}; spreads are min-max over them (half-range shown), not "
           "confidence intervals; failures are counted out of the seeds.",
+          *design_lines(state, ran),
           "- Timings: taken on the device in the provenance; on a shared CPU they carry several percent of noise and "
           "say nothing about GPUs, so the timing claims are not testable on a CPU.", ""]

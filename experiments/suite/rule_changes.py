@@ -15,7 +15,7 @@ import dataclasses
 
 from experiments.suite import tables
 
-__all__ = ["RULE_CHANGES", "RuleChange", "markdown"]
+__all__ = ["RULE_CHANGES", "RuleChange", "markdown", "revised_after_seen"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +43,12 @@ class RuleChange:
 
 # Oldest first, as ``rule_changes.toml`` lists them.
 RULE_CHANGES: tuple[RuleChange, ...] = tuple(RuleChange(**c) for c in tables.load("rule_changes.toml")["changes"])
+
+
+def revised_after_seen() -> frozenset[str]:
+  """The claim ids named by a change made after its data had been seen (``data_seen``); a change of every
+  claim (``"*"``) names none, so the verdict table marks only the rules changed claim by claim."""
+  return frozenset(x for c in RULE_CHANGES if c.data_seen for x in c.claims if x != "*")
 
 
 def markdown(commit: str | None = None) -> list[str]:

@@ -21,7 +21,12 @@ Optionally (:data:`OPTIONAL`; the report reads them through the registry and nam
 * ``noise_line(summary, eval_bytes) -> str | None``: the limitations' line on the study's own evaluation noise
   where it measured it, given its own evaluation size (every study that gives one has its line; the studies
   that train without one share a line with the estimate at their own sizes, issue 63);
-* ``TIMED_STEPS = True``: its preset entry's ``steps`` are timed steps, not a training run's length.
+* ``TIMED_STEPS = True``: its preset entry's ``steps`` are timed steps, not a training run's length;
+* ``appendix_note(summary) -> str | None``: a line the appendix prints above its verdict tables (how to read
+  this run's rows, e.g. the committed gpu run's verdicts judged by an older commit's rules).
+
+:mod:`experiments.suite.reanalyse` reads two more: ``reanalyse(ctx, cfg, summary)`` (re-judge from the raw
+data) and ``redraw(ctx, cfg, summary)`` (figures and non-verdict fields again).
 
 A new study (for example a QK-norm learning-rate study) adds its module with these six names,
 one ``EXPERIMENTS`` entry, one preset entry per preset and its claims in
@@ -38,7 +43,7 @@ from typing import Any, Protocol, runtime_checkable
 __all__ = ["OPTIONAL", "REQUIRED", "Study", "Unit", "load"]
 
 REQUIRED = ("TITLE", "RAW_DATA", "Config", "units", "run", "report_section")
-OPTIONAL = ("HEADLINE", "answer", "instabilities", "noise_line", "TIMED_STEPS")
+OPTIONAL = ("HEADLINE", "answer", "instabilities", "noise_line", "TIMED_STEPS", "appendix_note")
 
 
 @dataclasses.dataclass(frozen=True)
