@@ -34,7 +34,8 @@ from experiments.suite.registry import EXPERIMENTS, read_json, write_json
 
 __all__ = ["main", "reanalyse"]
 
-_WHAT = {"eval_noise": "measured noise", "claims": "the claims' seeds column"}   # a summary field recomputed by --figures, as the provenance names it
+# a summary field recomputed by --figures, as the provenance names it
+_WHAT = {"eval_noise": "measured noise", "claims": "the claims' seeds column"}
 
 
 def reanalyse(root: str | pathlib.Path, names: list[str], figures: bool = False) -> pathlib.Path:

@@ -14,8 +14,8 @@ from experiments.suite import presets as presets_lib
 from experiments.suite.registry import EXPERIMENTS
 from experiments.suite.spikes import SPIKE_NATS
 
-__all__ = ["VERDICT_TEXT", "design_lines", "instabilities", "limitations", "noise_estimate", "noise_lines", "run_lengths",
-           "study_eval_bytes", "study_layouts", "summary_block", "tally", "tally_text"]
+__all__ = ["VERDICT_TEXT", "design_lines", "instabilities", "limitations", "noise_estimate", "noise_lines",
+           "run_lengths", "study_eval_bytes", "study_layouts", "summary_block", "tally", "tally_text"]
 
 VERDICT_TEXT = {"yes": "yes", "no": "**no**", "partly": "partly", "n/a": "n/a", "obs": "(observation)",
                  claims_lib.NOT_TESTABLE: "not testable at this scale", "not run": "not run by this preset"}
