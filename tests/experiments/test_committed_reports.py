@@ -59,3 +59,22 @@ def test_missing_links_finds_a_missing_figure(tmp_path):
   md = tmp_path / "report.md"
   md.write_text("![a](there.png) [b](gone.png) [c](https://example.org/x) [d](#anchor) [e](there.png#x)")
   assert missing_links(md) == ["gone.png"]
+
+
+def test_committed_reports_state_their_design_and_rules():
+  """Issue 63's second referee: every cpu-extra study's design source is in its Limitations; the schedule
+  report says Pre-LN's rate was not re-bracketed at its schedule; a verdict whose rule changed after data were
+  seen carries the dagger and its footnote; the gpu appendix says its criteria are its commit's rules; the gpu
+  report's update-probe row lists the probe's one seed, not the training seeds."""
+  extra = (RESULTS / "cpu-extra" / "report.md").read_text()
+  design = next(x for x in extra.splitlines() if x.startswith("- Design per study"))
+  for name in ("grad_init", "invariance", "speed", "vjp", "qk_norm", "norm_scaling", "dyt"):
+    assert f"{name}: " in design, name
+  assert "| **no** † |" in extra and "† this claim's rule was changed" in extra
+  sched = (RESULTS / "cpu-scale-schedule" / "report.md").read_text()
+  assert "not re-bracketed at this schedule" in sched
+  gpu_app = (RESULTS / "gpu" / "appendix.md").read_text()
+  assert "verdicts were judged by the rules of its commit" in gpu_app.split("### ")[0]
+  row = next(x for x in (RESULTS / "gpu" / "report.md").read_text().splitlines()
+             if x.startswith("| Post-LN's model update"))
+  assert "| [0] |" in row

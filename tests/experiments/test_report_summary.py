@@ -226,8 +226,26 @@ def test_provenance_shows_a_dirty_tree_for_every_invocation():
       {"command": "run"}, {"command": "x --report-only", "report_only": True, "git": {"commit": "def", "dirty": True}},
       {"command": "y", "git": {"commit": "123", "dirty": False}}]}
   lines = report.provenance_lines(state)
-  assert lines[-2].endswith("(git `def`, dirty: with uncommitted changes) |") and "re-rendered" in lines[-2]
-  assert lines[-1].endswith("(git `123`) |") and "later invocation" in lines[-1]
+  assert lines[-1].endswith("(git `def`, dirty: with uncommitted changes) |") and "re-rendered" in lines[-1]
+  assert lines[-2].endswith("(git `123`) |") and "later invocation" in lines[-2]
+
+
+def test_provenance_collapses_the_re_renders_of_one_command():
+  """Issue 63: the re-renders of one command are one row (their count, first and last date, the last commit);
+  a re-judge between them keeps its own row, and a re-render with another command its own."""
+  render = {"command": "r", "report_only": True}
+  state = {"git": {"commit": "abc"}, "invocations": [
+      {"command": "run"},
+      {**render, "created": "t1", "git": {"commit": "c1", "dirty": True}},
+      {"command": "j", "rejudged": ["qk_norm"], "created": "t2", "git": {"commit": "c2"}},
+      {**render, "created": "t3", "git": {"commit": "c3"}},
+      {"command": "other", "report_only": True, "created": "t4", "git": {"commit": "c4"}}]}
+  lines = report.provenance_lines(state)
+  rows = [x for x in lines if "re-rendered" in x or "re-judged" in x]
+  assert len(rows) == 3
+  assert "re-judged" in rows[0] and "`j`" in rows[0]
+  assert "2 times, t1 to t3: `r` (the last at git `c3`" in rows[1]
+  assert "t4: `other` (git `c4`)" in rows[2]
 
 
 def test_what_to_use_sections_move_last():
