@@ -27,9 +27,9 @@ criteria live in the studies' ``*_rules`` modules and do not change with the pre
   older design; not measured end to end, not chosen by GPU pilots); ``--budget 7`` resumes a cut
   invocation. ``gpu-scale``: its sequence-length arm (issue 55). The other studies keep their GPU sizes
   in ``gpu`` for ``--only NAME``.
-* ``cpu-extra-confirm``: ``cpu-extra``'s verdict-bearing studies (every one but ``speed`` and ``vjp``)
-  with its sizes and rules on seeds 50-52, which no run had used: a fresh-seed confirmation of its
-  verdicts (issue 63), compared claim by claim with ``python -m experiments.suite.compare_verdicts``.
+* ``cpu-extra-confirm``: ``cpu-extra``'s verdict-bearing studies (every one but ``speed``) with its
+  sizes and rules on seeds 50-52 (``vjp``: seed 50), which no run had used: a fresh-seed confirmation
+  of its verdicts (issue 63), compared claim by claim with ``python -m experiments.suite.compare_verdicts``.
 
 The presets are data, in ``presets.toml`` next to this module (read by
 :mod:`experiments.suite.tables`, arrays as tuples), with the reasons for their sizes as comments.
