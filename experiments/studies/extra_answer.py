@@ -88,12 +88,12 @@ def _loss_effect(table: list, lrs: list, position: str) -> str:
 def _tpp(summary: dict, cfg: dict, train: dict) -> str:
   """``" (T/P 0.07)"``: trained tokens per parameter of the sweep's model (every parameter counted), or empty
   where the summary does not record the model or the layout."""
-  from experiments.suite.runs import param_count
-  from jaxnorm.models import TransformerConfig
+  from experiments.suite.runs import trained_tokens_per_param
   if not (summary.get("model") and train.get("batch_size") and train.get("seq_len") and cfg.get("n_layers")):
     return ""
-  params = param_count(TransformerConfig(**summary["model"], n_layers=cfg["n_layers"]))
-  return f" (T/P {cfg['steps'] * train['batch_size'] * train['seq_len'] / params:z.2f})"
+  tpp = trained_tokens_per_param(summary["model"], cfg["n_layers"], cfg["steps"], train["batch_size"],
+                                 train["seq_len"])
+  return f" (T/P {tpp:z.2f})"
 
 
 def _qk_regime(summary: dict, cfg: dict, lrs: list) -> str:

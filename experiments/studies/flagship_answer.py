@@ -64,13 +64,12 @@ def _per_seed(summary: dict, warmups: list[int]) -> dict:
 def _regime(summary: dict, n_layers: int, steps: int) -> str:
   """``"6 layers, 16 x 32, 200 steps (T/P 0.30)"``: the regime a line is about, from the summary's model and the
   run's batch layout (its ``provenance``, attached by the report); tokens per parameter count every parameter."""
-  from experiments.suite.runs import param_count
-  from jaxnorm.models import TransformerConfig
+  from experiments.suite.runs import trained_tokens_per_param
   train = (summary.get("provenance") or {}).get("train") or {}
   b, t = train.get("batch_size"), train.get("seq_len")
   if not (b and t and summary.get("model")):
     return f"{n_layers} layers, {steps} steps"
-  tpp = steps * b * t / param_count(TransformerConfig(**summary["model"], n_layers=n_layers))
+  tpp = trained_tokens_per_param(summary["model"], n_layers, steps, b, t)
   return f"{n_layers} layers, {b} x {t}, {steps} steps (T/P {tpp:z.2f})"
 
 

@@ -16,7 +16,8 @@ from experiments.suite.registry import from_json_float, read_json, to_jsonable, 
 from experiments.suite.spikes import largest_rise
 from experiments.suite.units import unit_hash
 
-__all__ = ["RunResult", "RunsMixin", "param_count", "regime_tag", "merge_scans", "run_label", "scan_runs", "train_run"]
+__all__ = ["RunResult", "RunsMixin", "param_count", "regime_tag", "merge_scans", "run_label", "scan_runs", "train_run",
+           "trained_tokens_per_param"]
 
 RUN_CACHE_VERSION = 1
 
@@ -194,6 +195,14 @@ def param_sizes(model_config) -> tuple[int, int]:
 def param_count(model_config) -> int:
   """Every parameter of the model, the position table included (the count tokens per parameter use)."""
   return param_sizes(model_config)[0]
+
+
+def trained_tokens_per_param(model: dict, n_layers: int, steps: int, batch_size: int, seq_len: int) -> float:
+  """Trained tokens per parameter of ``steps`` steps of ``batch_size`` x ``seq_len`` tokens on the model of the
+  :class:`~jaxnorm.models.TransformerConfig` fields ``model`` at depth ``n_layers`` (every parameter counted): the
+  T/P the report's regime lines print (one home for it)."""
+  from jaxnorm.models import TransformerConfig
+  return steps * batch_size * seq_len / param_count(TransformerConfig(**model, n_layers=n_layers))
 
 
 def regime_tag(ctx: RunsMixin, n_layers: int, steps: int) -> str:
