@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pathlib
 
-__all__ = ["DESIGN_SOURCE", "RULE_NOTE", "RESULTS", "confounders", "crossing", "is_self", "load", "regime", "rel",
-           "short"]
+__all__ = ["DESIGN_SOURCE", "RULE_NOTE", "RESULTS", "confounder_names", "confounders", "crossing", "is_self", "load",
+           "regime", "rel", "short"]
 
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
 
@@ -154,34 +154,54 @@ def short(ref: dict) -> str:
   return f"gpu run ({ref['git'][:7]}: older code and design; T/P {ref['tpp']:z.2f})"
 
 
-def confounders(ref: dict, *, width: int, heads: int, batch: int, seq_len: int, eval_bytes: str, corpus: str | None,
-                jax_version: str | None, warmup: int, tau: int, lrs_c, eval_every="?", max_len="?") -> list[str]:
-  """What differs between a cpu design (the keyword arguments) and the committed gpu run besides what the
-  comparison varies (training length, and sequence length where a report varies it): every item with both
-  sides' values, each read from the files (issue 63's complete list)."""
+def confounders(ref: dict, **design) -> list[str]:
+  """What differs between a cpu design and the committed gpu run besides what the comparison varies (training
+  length, and sequence length where a report varies it): every item with both sides' values, each read from the
+  files (issue 63's complete list). ``design``: the cpu side, the keyword arguments of
+  :func:`_confounder_items` (width, heads, batch, seq_len, eval_bytes, corpus, jax_version, warmup, tau, lrs_c,
+  eval_every, max_len). :func:`confounder_names` is the same list in short form."""
+  return [long for _, long in _confounder_items(ref, **design)]
+
+
+def confounder_names(ref: dict, **design) -> list[str]:
+  """The short form of :func:`confounders` (the same arguments, items and conditions), for a one-line list:
+  names, with a pair of numbers where one says more than the name; the items the long form splits in two (rate
+  grid and selection, evaluation size and cadence) are one name here."""
+  return [short for short, _ in _confounder_items(ref, **design) if short]
+
+
+def _confounder_items(ref: dict, *, width, heads, batch, seq_len, eval_bytes, corpus, jax_version, warmup, tau,
+                      lrs_c, eval_every="?", max_len="?") -> list[tuple[str | None, str]]:
+  """``(short, long)`` per confounder, in report order; ``short`` None where the next item's short form covers it."""
   heads_gpu = ref["width"] // ref["head_size"]
-  out = [f"code: git {ref['git'][:7]} with jax {ref['versions'].get('jax', '?')} there, this commit with jax "
-         f"{jax_version or '?'} here",
-         f"width {ref['width']} vs {width}",
-         f"head size {ref['head_size']} ({heads_gpu} heads) vs {width // heads} ({heads})",
-         f"tokens per step {ref['tokens_per_step']:,} vs {batch * seq_len:,} "
-         f"({ref['tokens_per_step'] / (batch * seq_len):z.3g}x)",
-         f"windows per step {ref['batch']} x {ref['seq_len']} vs {batch} x {seq_len}",
-         *([f"Post-LN's warm-up {ref['warmup']} and decay tau {ref['tau']} vs {warmup} and {tau}"]
-           if (ref["warmup"], ref["tau"]) != (warmup, tau) else []),
-         "rate grid c = lr x width " + ", ".join(f"{c:z.3g}" for c in ref["c"]) + " vs "
-         + ", ".join(f"{c:z.3g}" for c in lrs_c),
-         f"rate selection: best of its {len(ref['c'])}-point grid on its own seeds after the run (Post-LN with "
-         f"warm-up's best, c {ref['best_c_post']:z.3g}, "
-         + ("the grid's top: not bracketed" if ref["post_best_at_top"] else "inside the grid")
-         + ") vs rates chosen on pilot seeds before the runs",
-         f"evaluation {ref['eval_bytes']:,} bytes per point vs {eval_bytes}, in other windows",
-         f"evaluation every {ref['eval_every']} steps vs every {eval_every}",
-         *([f"position table {ref['model'].get('max_len', '?')} vs {max_len} (part of the parameter count)"]
-           if ref["model"].get("max_len") != max_len else []),
-         f"verdict rules of git {ref['git'][:7]} for the gpu report's own verdicts (this report re-reads its runs "
-         f"with its own stalled-run rule)",
-         f"corpus {ref['corpus']} vs {corpus}",
-         f"seeds {ref['seeds']}",
-         "the GPU's matrix-multiply precision (TF32 or not: not recorded)"]
-  return out
+  sched = (ref["warmup"], ref["tau"]) != (warmup, tau)
+  table = ref["model"].get("max_len") != max_len
+  return [
+      ("code and jax version", f"code: git {ref['git'][:7]} with jax {ref['versions'].get('jax', '?')} there, this "
+       f"commit with jax {jax_version or '?'} here"),
+      ("width", f"width {ref['width']} vs {width}"),
+      ("head size", f"head size {ref['head_size']} ({heads_gpu} heads) vs {width // heads} ({heads})"),
+      (f"tokens per step ({ref['tokens_per_step']:,} vs {batch * seq_len:,})",
+       f"tokens per step {ref['tokens_per_step']:,} vs {batch * seq_len:,} "
+       f"({ref['tokens_per_step'] / (batch * seq_len):z.3g}x)"),
+      ("windows per step", f"windows per step {ref['batch']} x {ref['seq_len']} vs {batch} x {seq_len}"),
+      *([("warm-up and decay", f"Post-LN's warm-up {ref['warmup']} and decay tau {ref['tau']} vs {warmup} and "
+          f"{tau}")] if sched else []),
+      (None, "rate grid c = lr x width " + ", ".join(f"{c:z.3g}" for c in ref["c"]) + " vs "
+       + ", ".join(f"{c:z.3g}" for c in lrs_c)),
+      (f"rate grid and selection (its best of {len(ref['c'])}, after the run"
+       + ("; Post-LN with warm-up's at the top" if ref.get("post_best_at_top") else "") + ")",
+       f"rate selection: best of its {len(ref['c'])}-point grid on its own seeds after the run (Post-LN with "
+       f"warm-up's best, c {ref['best_c_post']:z.3g}, "
+       + ("the grid's top: not bracketed" if ref["post_best_at_top"] else "inside the grid")
+       + ") vs rates chosen on pilot seeds before the runs"),
+      (None, f"evaluation {ref['eval_bytes']:,} bytes per point vs {eval_bytes}, in other windows"),
+      (f"evaluation ({ref['eval_bytes']:,} vs {eval_bytes} bytes; every {ref['eval_every']} vs {eval_every} steps)",
+       f"evaluation every {ref['eval_every']} steps vs every {eval_every}"),
+      *([("position table", f"position table {ref['model'].get('max_len', '?')} vs {max_len} (part of the "
+          "parameter count)")] if table else []),
+      ("verdict rules", f"verdict rules of git {ref['git'][:7]} for the gpu report's own verdicts (this report "
+       "re-reads its runs with its own stalled-run rule)"),
+      ("corpus", f"corpus {ref['corpus']} vs {corpus}"),
+      ("seeds", f"seeds {ref['seeds']}"),
+      ("GPU matmul precision (unrecorded)", "the GPU's matrix-multiply precision (TF32 or not: not recorded)")]

@@ -134,12 +134,17 @@ def _regime_line(summary: dict) -> str:
 def confounders(summary: dict, ref: dict) -> list[str]:
   """What differs between this study's runs and the committed gpu run besides training length (and sequence
   length where the study varies it), each with both sides' values (:func:`gpu_reference.confounders`)."""
+  return gpu_reference.confounders(ref, **_design(summary))
+
+
+def _design(summary: dict) -> dict:
+  """This study's side of the gpu comparison, as :func:`gpu_reference.confounders` takes it."""
   cfg, model, prov = summary["config"], summary["model"], summary.get("provenance") or {}
   b, t = cfg["layouts"][0]
   width = int(model["d_model"])
   lrs = sorted({float(x) for _, _, *xs in cfg["rates"] for x in xs})
-  return gpu_reference.confounders(
-      ref, width=width, heads=int(model["n_heads"]), batch=int(b), seq_len=int(t),
+  return dict(
+      width=width, heads=int(model["n_heads"]), batch=int(b), seq_len=int(t),
       eval_bytes=f"{cfg['eval_bytes']:,}", corpus=(prov.get("corpus") or {}).get("name"),
       jax_version=(prov.get("versions") or {}).get("jax"), warmup=cfg["warmup"], tau=cfg["decay_timescale"],
       lrs_c=[lr * width for lr in lrs], eval_every=cfg.get("eval_every", "?"), max_len=model.get("max_len", "?"))
@@ -154,16 +159,7 @@ def _confounder_line(summary: dict, ref: dict | None) -> str | None:
   if ref is None or not summary.get("config") or not summary.get("model"):
     return None
   also = "" if _seq_varied_or_same(summary, ref) else " and sequence length"
-  cfg = summary["config"]
-  sched = [] if (cfg["warmup"], cfg["decay_timescale"]) == (ref["warmup"], ref["tau"]) else ["warm-up and decay"]
-  short = ["code and jax version", "width", "head size", f"tokens per step ({ref['tokens_per_step']:,} vs "
-           f"{summary['tokens_per_step']:,})", "windows per step", *sched,
-           f"rate grid and selection (its best of {len(ref['c'])}, after the run"
-           + ("; Post-LN with warm-up's at the top" if ref.get("post_best_at_top") else "") + ")",
-           f"evaluation ({ref['eval_bytes']:,} vs {summary['config']['eval_bytes']:,} bytes; every "
-           f"{ref['eval_every']} vs {cfg.get('eval_every', '?')} steps)",
-           *(["position table"] if ref["model"].get("max_len") != (summary.get("model") or {}).get("max_len") else []),
-           "verdict rules", "corpus", "seeds", "GPU matmul precision (unrecorded)"]
+  short = gpu_reference.confounder_names(ref, **_design(summary))
   return (f"The {gpu_reference.regime(ref)} differs from these runs besides length{also} in: " + ", ".join(short)
           + " (values in the study's section).")
 
