@@ -13,6 +13,8 @@ that the reference is its own study (the gpu report then compares with nothing).
 
 from __future__ import annotations
 
+import copy
+import functools
 import pathlib
 
 __all__ = ["DESIGN_SOURCE", "RULE_NOTE", "RESULTS", "confounder_names", "confounders", "crossing", "is_self", "load",
@@ -73,14 +75,23 @@ def _highest(grid: dict, lrs, key, n: int) -> list[float | None]:
 
 def load(root: pathlib.Path | None = None) -> dict | None:
   """The committed gpu report's regime and numbers (see the module docstring), or None where ``root``
-  (default ``experiments/results/gpu``) has no ``suite.json`` and ``warmup/done.json``."""
-  from experiments.suite.registry import read_json
-  from experiments.suite.runs import param_count
-  from jaxnorm.models import TransformerConfig
+  (default ``experiments/results/gpu``) has no ``suite.json`` and ``warmup/done.json``. Read once per state of
+  those two files (their paths and modification times; a report asks for it once per line), each caller
+  getting its own copy."""
   root = pathlib.Path(root or RESULTS / "gpu")
   done, suite = root / "warmup" / "done.json", root / "suite.json"
   if not (done.exists() and suite.exists()):
     return None
+  return copy.deepcopy(_read(root, done.stat().st_mtime_ns, suite.stat().st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=4)
+def _read(root: pathlib.Path, done_mtime: int, suite_mtime: int) -> dict:
+  """:func:`load`'s reading of ``root`` (the modification times are the cache key, not read)."""
+  from experiments.suite.registry import read_json
+  from experiments.suite.runs import param_count
+  from jaxnorm.models import TransformerConfig
+  done, suite = root / "warmup" / "done.json", root / "suite.json"
   from experiments.studies.seeds import late_counts_as_stalled
   d, st = read_json(done), read_json(suite)
   # The cpu reports' rule (issue 44): a run still on the plateau at 2/3 of its length counts as stalled. The gpu
