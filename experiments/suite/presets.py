@@ -39,6 +39,9 @@ holds :class:`experiments.harness.train_config.TrainConfig` fields shared by eve
 per experiment holds the fields of that module's ``Config`` dataclass. A preset with
 ``extends = "NAME"`` starts from preset NAME (resolved first) and replaces its top-level entries;
 an experiment's table is merged field by field, so the derived preset states only what differs.
+Besides sizes a preset may name ``pilot_results`` (the pilots' folders: the verdict table's "pilots
+predicted" column), ``design_sources`` (per study, where its sizes came from: a Limitations line) and
+``confirmation_results`` (a fresh-seed run's folder: the verdict table's "fresh seeds" column).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from experiments.suite import claims as claims_lib
 from experiments.suite import rule_changes, study
 from experiments.suite.registry import EXPERIMENTS, read_json
 from experiments.suite.spikes import SPIKE_NATS
-from experiments.suite.report_provenance import pilot_verdicts, provenance_lines
+from experiments.suite.report_provenance import confirmation_verdicts, pilot_verdicts, provenance_lines
 from experiments.suite.report_summary import (  # noqa: F401 (re-exported: the report's summary block)
     VERDICT_TEXT, limitations, noise_lines, run_lengths, summary_block, tally_text, instabilities, tally)
 
@@ -162,14 +162,19 @@ def answer(summaries: dict) -> list[str]:
   return out
 
 
-def _verdict_table(summaries: dict, rows: list[dict], pilots: dict) -> list[str]:
-  """The verdict table: claim, what we measured (short), seeds, verdict, and the pilots' verdict where the
-  preset names its pilots; criteria and full numbers are in the appendix."""
+def _verdict_table(summaries: dict, rows: list[dict], pilots: dict, confirm=None) -> list[str]:
+  """The verdict table: claim, what we measured (short), seeds, verdict, the pilots' verdict where the
+  preset names its pilots, and the fresh-seed confirmation's verdict where the preset names one (``confirm``:
+  :func:`confirmation_verdicts`), with a line counting where it agrees; criteria and full numbers are in the
+  appendix."""
   measured = {c["id"]: (c, c.get("seeds", summaries[n].get("seeds", ""))) for n in summaries
               for c in summaries[n].get("claims", [])}
-  head = "| claim | ours (short; full numbers in the appendix) | seeds | verdict |" + (" pilots predicted |"
-                                                                                     if pilots else "")
-  out = ["## Verdicts", "", head, "|---|---|---|---|" + ("---|" if pilots else "")]
+  study_of = {c["id"]: n for n in summaries for c in summaries[n].get("claims", [])}
+  fresh = {} if confirm is None else confirm[1]
+  head = "| claim | ours (short; full numbers in the appendix) | seeds | verdict |" + (
+      " pilots predicted |" if pilots else "") + (" fresh seeds |" if confirm else "")
+  out = ["## Verdicts", "", head, "|---|---|---|---|" + ("---|" if pilots else "") + ("---|" if confirm else "")]
+  agree, differ = 0, []
   revised = rule_changes.revised_after_seen()
   marked = False
   for kind in _KIND_TITLE:
@@ -186,7 +191,20 @@ def _verdict_table(summaries: dict, rows: list[dict], pilots: dict) -> list[str]
              f"{VERDICT_TEXT.get(r['holds'], r['holds'])}{mark} |"
       if pilots:
         cell += f" {pilots.get(r['id'], '-')} |"
+      if confirm:
+        there = fresh.get(f"{study_of.get(r['id'])}/{r['id']}")
+        cell += f" {VERDICT_TEXT.get(there, there) if there else '-'} |"
+        if there is not None and there == r["holds"]:
+          agree += 1
+        elif there is not None:
+          differ.append(f"`{r['id']}` {VERDICT_TEXT.get(r['holds'], r['holds'])} here, "
+                        f"{VERDICT_TEXT.get(there, there)} there")
       out.append(cell)
+  if confirm:
+    out += ["", f"Fresh seeds: the same design and rules on seeds no run had used (`{confirm[0]}`, run after this "
+            f"report; its own report there): {agree} of {agree + len(differ)} verdicts the same"
+            + (f"; different: {'; '.join(differ)}. Neither side is re-judged: such a verdict rests on its seeds."
+               if differ else ".")]
   if marked:
     out += ["", "† this claim's rule was changed after data it judges had been seen (the appendix's \"Rule changes\" "
             "says when and why; a report run before a change applies the rule as it was)."]
@@ -231,7 +249,7 @@ def _head(state: dict, summaries: dict, failed: dict) -> list[str]:
   out += [f"- {x}" for x in answer(summaries)] or ["No study of this preset states an answer."]
   out += ["", "The appendix ([appendix.md](appendix.md)) holds each claim's testability conditions, criterion and "
           "full numbers, the rule history and every instability.", ""]
-  out += _verdict_table(summaries, rows, pilot_verdicts(state))
+  out += _verdict_table(summaries, rows, pilot_verdicts(state), confirmation_verdicts(state))
   out += _figures(summaries)
   out += summary_block(state, rows, summaries)
   out += limitations(state, summaries)

@@ -12,7 +12,7 @@ import pathlib
 from experiments.suite import presets as presets_lib
 from experiments.suite.registry import read_json
 
-__all__ = ["pilot_verdicts", "provenance_lines"]
+__all__ = ["confirmation_verdicts", "pilot_verdicts", "provenance_lines"]
 
 
 def provenance_lines(state: dict) -> list[str]:
@@ -69,7 +69,7 @@ def _preset_text(state: dict) -> str:
   changed, e.g. "on one H100" of a run on an H200, is not the run's)."""
   name, pc = state.get("preset"), state.get("preset_config") or {}
   now = presets_lib.PRESETS.get(name)
-  ignore = ("description", "pilot_results", "design_sources", "name")
+  ignore = ("description", "pilot_results", "design_sources", "confirmation_results", "name")
   if now is not None and {k: v for k, v in pc.items() if k not in ignore} == {
       k: v for k, v in _as_lists(now).items() if k not in ignore}:
     return f"`{name}`: {pc.get('description', '')}"
@@ -113,3 +113,21 @@ def pilot_verdicts(state: dict) -> dict[str, str]:
     if (root / "predicted.json").exists():
       out.update(read_json(root / "predicted.json").get(state.get("preset"), {}))
   return out
+
+
+def confirmation_verdicts(state: dict) -> tuple[str, dict[str, str]] | None:
+  """``(folder, {"study/claim id": verdict})`` of the fresh-seed confirmation run the preset names (its
+  ``confirmation_results``, a folder of the repository; issue 63), or None where it names none, the folder holds
+  no finished study, or the folder is a run of this report's own preset (a confirmation preset that extends
+  its base inherits the key)."""
+  from experiments.suite.compare_verdicts import verdicts_of
+  rel = (presets_lib.PRESETS.get(state.get("preset"), {}) or {}).get("confirmation_results")
+  if not rel:
+    return None
+  root = pathlib.Path(__file__).resolve().parents[2] / rel
+  if not (root / "suite.json").exists() or read_json(root / "suite.json").get("preset") == state.get("preset"):
+    return None
+  try:
+    return rel, verdicts_of(root)
+  except ValueError:
+    return None
