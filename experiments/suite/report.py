@@ -201,8 +201,9 @@ def _verdict_table(summaries: dict, rows: list[dict], pilots: dict, confirm=None
                         f"{VERDICT_TEXT.get(there, there)} there")
       out.append(cell)
   if confirm:
-    out += ["", f"Fresh seeds: the same design and rules on seeds no run had used (`{confirm[0]}`, run after this "
-            f"report; its own report there): {agree} of {agree + len(differ)} verdicts the same"
+    out += ["", f"Fresh seeds: the same design and rules on {confirm[2]}, which no earlier run had used "
+            f"(`{confirm[0]}`, run after this report; its own report there): {agree} of {agree + len(differ)} "
+            "verdicts the same"
             + (f"; different: {'; '.join(differ)}. Neither side is re-judged: such a verdict rests on its seeds."
                if differ else ".")]
   if marked:

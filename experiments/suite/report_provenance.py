@@ -115,8 +115,8 @@ def pilot_verdicts(state: dict) -> dict[str, str]:
   return out
 
 
-def confirmation_verdicts(state: dict) -> tuple[str, dict[str, str]] | None:
-  """``(folder, {"study/claim id": verdict})`` of the fresh-seed confirmation run the preset names (its
+def confirmation_verdicts(state: dict) -> tuple[str, dict[str, str], str] | None:
+  """``(folder, {"study/claim id": verdict}, seeds)`` of the fresh-seed confirmation run the preset names (its
   ``confirmation_results``, a folder of the repository; issue 63), or None where it names none, the folder holds
   no finished study, or the folder is a run of this report's own preset (a confirmation preset that extends
   its base inherits the key)."""
@@ -128,6 +128,19 @@ def confirmation_verdicts(state: dict) -> tuple[str, dict[str, str]] | None:
   if not (root / "suite.json").exists() or read_json(root / "suite.json").get("preset") == state.get("preset"):
     return None
   try:
-    return rel, verdicts_of(root)
+    verdicts = verdicts_of(root)
   except ValueError:
     return None
+  return rel, verdicts, _seeds_text(root)
+
+
+def _seeds_text(root: pathlib.Path) -> str:
+  """``"seeds [50, 51, 52] (vjp [50])"``: the seeds most of the folder's studies ran, and each other study's."""
+  per = {d.parent.name: read_json(d).get("seeds") for d in sorted(root.glob("*/done.json"))}
+  per = {k: v for k, v in per.items() if v}
+  if not per:
+    return "its seeds"
+  lists = [tuple(v) for v in per.values()]
+  common = max(set(lists), key=lists.count)
+  other = [f"{k} {list(v)}" for k, v in per.items() if tuple(v) != common]
+  return f"seeds {list(common)}" + (f" ({', '.join(other)})" if other else "")
