@@ -162,7 +162,13 @@ def answer(summaries: dict) -> list[str]:
   return out
 
 
-def _verdict_table(summaries: dict, rows: list[dict], pilots: dict, confirm=None) -> list[str]:
+def _seed_list(seeds) -> list[int]:
+  """The seeds of a verdict-table row (a list of ints, or a text such as ``"op [10, 11, 12]; model ... [0]"``)."""
+  import re
+  return [int(x) for x in re.findall(r"\d+", str(seeds))] if not isinstance(seeds, (list, tuple)) else list(seeds)
+
+
+def _verdict_table(summaries: dict, rows: list[dict], pilots: dict, confirm=None, preset: str = "") -> list[str]:
   """The verdict table: claim, what we measured (short), seeds, verdict, the pilots' verdict where the
   preset names its pilots, and the fresh-seed confirmation's verdict where the preset names one (``confirm``:
   :func:`confirmation_verdicts`), with a line counting where it agrees; criteria and full numbers are in the
@@ -175,7 +181,6 @@ def _verdict_table(summaries: dict, rows: list[dict], pilots: dict, confirm=None
       " pilots predicted |" if pilots else "") + (" fresh seeds |" if confirm else "")
   out = ["## Verdicts", "", head, "|---|---|---|---|" + ("---|" if pilots else "") + ("---|" if confirm else "")]
   agree, differ = 0, []
-  revised = rule_changes.revised_after_seen()
   marked = False
   for kind in _KIND_TITLE:
     for r in rows:
@@ -185,7 +190,7 @@ def _verdict_table(summaries: dict, rows: list[dict], pilots: dict, confirm=None
       ours = c.get("short") or r["ours"]
       if len(ours) > _FIRST_SCREEN_CHARS:
         ours = ours[:_FIRST_SCREEN_CHARS].rsplit(" ", 1)[0] + " ..."
-      mark = " †" if r["id"] in revised else ""
+      mark = " †" if rule_changes.revised_after_seen(preset, r["id"], _seed_list(seeds)) else ""
       marked |= bool(mark)
       cell = f"| {_escape(r['statement'])} | {_escape(ours)} | {_escape(seeds)} | " \
              f"{VERDICT_TEXT.get(r['holds'], r['holds'])}{mark} |"
@@ -207,8 +212,8 @@ def _verdict_table(summaries: dict, rows: list[dict], pilots: dict, confirm=None
             + (f"; different: {'; '.join(differ)}. Neither side is re-judged: such a verdict rests on its seeds."
                if differ else ".")]
   if marked:
-    out += ["", "† this claim's rule was changed after data it judges had been seen (the appendix's \"Rule changes\" "
-            "says when and why; a report run before a change applies the rule as it was)."]
+    out += ["", "† this claim's rule was changed after this report's own runs (its preset, the seeds in the row) "
+            "had been read, and the verdict re-judged on them (the appendix's \"Rule changes\" says when and why)."]
   return out + [""]
 
 
@@ -250,7 +255,8 @@ def _head(state: dict, summaries: dict, failed: dict) -> list[str]:
   out += [f"- {x}" for x in answer(summaries)] or ["No study of this preset states an answer."]
   out += ["", "The appendix ([appendix.md](appendix.md)) holds each claim's testability conditions, criterion and "
           "full numbers, the rule history and every instability.", ""]
-  out += _verdict_table(summaries, rows, pilot_verdicts(state), confirmation_verdicts(state))
+  out += _verdict_table(summaries, rows, pilot_verdicts(state), confirmation_verdicts(state),
+                        state.get("preset", ""))
   out += _figures(summaries)
   out += summary_block(state, rows, summaries)
   out += limitations(state, summaries)

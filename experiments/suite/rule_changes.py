@@ -28,6 +28,9 @@ class RuleChange:
     what: the rule before and after.
     why: the reason given at the time.
     data_seen: whether the verdicts of the data it judges had been read before the change.
+    seen: where ``data_seen``, whose data had been read: ``"PRESET:SEEDS"`` entries (``"cpu-extra:10-12"``,
+      ``"cpu:0,1,2"``; ``pilots`` for the pilot runs), so that a report marks a verdict only where its own
+      preset's runs on its own seeds had been read when the rule changed (:func:`revised_after_seen`).
   """
 
   when: str
@@ -35,20 +38,57 @@ class RuleChange:
   what: str
   why: str
   data_seen: bool
+  seen: tuple[str, ...] = ()
 
   def __post_init__(self):
     if not (self.when and self.claims and self.what and self.why):
       raise ValueError(f"a rule change names when, which claims, what and why, got {self!r}.")
+    if self.data_seen != bool(self.seen):
+      raise ValueError(f"a rule change with data_seen names whose data (seen), and only then, got {self!r}.")
+    for entry in self.seen:
+      _parse_seen(entry)
+
+  def seen_seeds(self) -> dict[str, frozenset[int]]:
+    """``{preset: seeds}`` of :attr:`seen`."""
+    return dict(_parse_seen(e) for e in self.seen)
+
+
+def _parse_seen(entry: str) -> tuple[str, frozenset[int]]:
+  """``("cpu", {0, 1, 2})`` of ``"cpu:0-2"`` (a range, or seeds separated by commas).
+
+  Raises:
+    ValueError: ``entry`` is not ``PRESET:SEEDS``.
+  """
+  name, sep, seeds = str(entry).partition(":")
+  try:
+    if "-" in seeds:
+      lo, hi = (int(x) for x in seeds.split("-"))
+      out = frozenset(range(lo, hi + 1))
+    else:
+      out = frozenset(int(x) for x in seeds.split(","))
+  except ValueError:
+    out = frozenset()
+  if not (name and sep and out):
+    raise ValueError(f"seen must be 'PRESET:SEEDS' (e.g. 'cpu-extra:10-12'), got {entry!r}")
+  return name, out
 
 
 # Oldest first, as ``rule_changes.toml`` lists them.
 RULE_CHANGES: tuple[RuleChange, ...] = tuple(RuleChange(**c) for c in tables.load("rule_changes.toml")["changes"])
 
 
-def revised_after_seen() -> frozenset[str]:
-  """The claim ids named by a change made after its data had been seen (``data_seen``); a change of every
-  claim (``"*"``) names none, so the verdict table marks only the rules changed claim by claim."""
-  return frozenset(x for c in RULE_CHANGES if c.data_seen for x in c.claims if x != "*")
+def revised_after_seen(preset: str, claim: str, seeds) -> bool:
+  """Whether ``claim``'s rule was changed, claim by claim (a change of every claim, ``"*"``, is not counted),
+  after the runs of ``preset`` on any of ``seeds`` (the seeds the report judged the claim on) had been read:
+  the report's own data, re-judged by a rule written after it was seen. A change made after other seeds, another
+  preset or the pilots were read does not count (issue 63's third referee)."""
+  mine = {int(s) for s in seeds or ()}
+  return any(mine & c.seen_seeds().get(preset, frozenset()) for c in RULE_CHANGES if claim in c.claims)
+
+
+def _seeds_text(seeds) -> str:
+  s = sorted(seeds)
+  return f"{s[0]}-{s[-1]}" if len(s) > 2 and s == list(range(s[0], s[-1] + 1)) else ", ".join(map(str, s))
 
 
 def markdown(commit: str | None = None) -> list[str]:
@@ -64,6 +104,7 @@ def markdown(commit: str | None = None) -> list[str]:
          "| when | claims | what changed | why | data seen? |", "|---|---|---|---|---|"]
   for c in RULE_CHANGES:
     claims = "every claim" if c.claims == ("*",) else ", ".join(f"`{x}`" for x in c.claims)
-    out.append(f"| {c.when} | {claims} | {c.what} | {c.why} | {'yes' if c.data_seen else 'no'} |")
+    seen = ", ".join(f"{p} seeds {_seeds_text(v)}" for p, v in c.seen_seeds().items())
+    out.append(f"| {c.when} | {claims} | {c.what} | {c.why} | {f'yes ({seen})' if c.data_seen else 'no'} |")
   out.append("")
   return out

@@ -43,7 +43,23 @@ def test_rule_changes_render_and_refuse_empty_entries():
   assert "## Rule changes" in md and "fab34dd" in md and "9bd691d" in md
   assert md.count("\n| issue") == len(rule_changes.RULE_CHANGES)
   with pytest.raises(ValueError, match="names when, which claims, what and why"):
-    rule_changes.RuleChange("", ("x",), "what", "why", True)
+    rule_changes.RuleChange("", ("x",), "what", "why", True, ("cpu:0-2",))
+  with pytest.raises(ValueError, match="data_seen names whose data"):
+    rule_changes.RuleChange("w", ("x",), "what", "why", True)
+  with pytest.raises(ValueError, match="seen must be 'PRESET:SEEDS'"):
+    rule_changes.RuleChange("w", ("x",), "what", "why", True, ("cpu",))
+  assert "yes (cpu-extra seeds 10-12)" in md
+
+
+def test_a_verdict_is_marked_only_where_its_own_runs_were_read():
+  """Issue 63's third referee: the dagger names a rule changed after this report's preset's runs on the row's
+  seeds were read; a change after another preset's, other seeds' or the pilots' runs does not mark it."""
+  assert rule_changes.revised_after_seen("cpu-extra", "wortsman_qk_lr_sensitivity", [10, 11, 12])
+  assert not rule_changes.revised_after_seen("cpu-extra-confirm", "wortsman_qk_lr_sensitivity", [50, 51, 52])
+  assert not rule_changes.revised_after_seen("cpu-extra", "wortsman_qk_lr_sensitivity", [50, 51, 52])
+  assert not rule_changes.revised_after_seen("gpu", "xiong_postln_needs_warmup", [0, 1, 2])
+  assert not rule_changes.revised_after_seen("cpu-scale", "scale_preln_lead_lasts", [40, 41, 42])
+  assert rule_changes.revised_after_seen("cpu", "xiong_postln_needs_warmup", [10, 11, 12])
 
 
 def test_tables_fill_named_texts_and_read_arrays_as_tuples(tmp_path):
