@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 
+from experiments.studies.seeds import span
+
 __all__ = ["dyt_answer", "qk_answer"]
 
 
@@ -63,7 +65,8 @@ def _diffs(pairs: dict, i: int) -> list[float]:
 def _loss_effect(table: list, lrs: list, position: str) -> str:
   """The final-loss effect of QK-norm in one layout: at each seed's best rate (best with minus best
   without), and at each rate above the highest best rate without QK-norm (per-seed range over the seeds
-  where both finished, how many seeds lower, how many runs without QK-norm diverged)."""
+  where both finished (each end by :func:`experiments.studies.seeds.signed`, so a difference that rounds to
+  zero keeps its sign), how many seeds lower, how many runs diverged without and with QK-norm)."""
   pairs = {}
   for r in table:
     if r.get("position") == position and r.get("finals"):
@@ -77,11 +80,13 @@ def _loss_effect(table: list, lrs: list, position: str) -> str:
   out = [f"at each seed's best rate {min(best):+z.3f} to {max(best):+z.3f} nats"]
   for i in range(top + 1, len(lrs)):
     d = _diffs(pairs, i)
-    div = sum(n[i] is None and q[i] is not None for n, q in pairs.values())
+    without = sum(n[i] is None for n, _ in pairs.values())
+    with_qk = sum(q[i] is None for _, q in pairs.values())
     if d:
-      out.append(f"at {lrs[i]:g} {min(d):+z.2f} to {max(d):+z.2f} "
-                 f"({sum(x < 0 for x in d)}/{len(d)} finishing pairs lower"
-                 + (f"; {div} run without it diverged" if div else "") + ")")
+      gone = [f"{k} run{'s' if k > 1 else ''} {side} diverged" for k, side in
+              ((without, "without it"), (with_qk, "with it")) if k]
+      out.append(f"at {lrs[i]:g} {span(d)} ({sum(x < 0 for x in d)}/{len(d)} finishing pairs lower"
+                 + "".join(f"; {g}" for g in gone) + ")")
   return ", ".join(out)
 
 

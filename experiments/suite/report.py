@@ -143,9 +143,11 @@ def _load(root: pathlib.Path):
   return state, summaries, failed, missing
 
 
-def answer(summaries: dict) -> list[str]:
+def answer(summaries: dict, fresh: tuple[str, dict] | None = None) -> list[str]:
   """The "What to use" sentences: each study module's optional ``answer(summary) -> list[str]``, in the
-  report's order.
+  report's order. ``fresh``: ``(label, summaries)`` of the preset's fresh-seed confirmation run
+  (:func:`confirmation_verdicts`); each of its studies' sentences then follows the report's own, opened by
+  ``label`` (issue 63's third referee: a user reads both seed sets' numbers side by side).
 
   Raises:
     ValueError: the sentences are longer than :data:`ANSWER_WORDS` words (a study's answer must be cut,
@@ -156,6 +158,8 @@ def answer(summaries: dict) -> list[str]:
     fn = getattr(study.load(EXPERIMENTS[name]), "answer", None)
     if fn is not None:
       out += fn(summary)
+      if fresh is not None and name in fresh[1]:
+        out += [f"{fresh[0]}: {x}" for x in fn(fresh[1][name])]
   words = sum(len(x.split()) for x in out)
   if words > ANSWER_WORDS:
     raise ValueError(f"the studies' answers must be at most {ANSWER_WORDS} words, got {words}: {out}")
@@ -180,7 +184,8 @@ def _verdict_table(summaries: dict, rows: list[dict], pilots: dict, confirm=None
   head = "| claim | ours (short; full numbers in the appendix) | seeds | verdict |" + (
       " pilots predicted |" if pilots else "") + (" fresh seeds |" if confirm else "")
   out = ["## Verdicts", "", head, "|---|---|---|---|" + ("---|" if pilots else "") + ("---|" if confirm else "")]
-  agree, differ = 0, []
+  agree, differ, shared, other_same, other_n = 0, [], [], 0, 0
+  judged = ("yes", "partly", "no")
   marked = False
   for kind in _KIND_TITLE:
     for r in rows:
@@ -197,20 +202,32 @@ def _verdict_table(summaries: dict, rows: list[dict], pilots: dict, confirm=None
       if pilots:
         cell += f" {pilots.get(r['id'], '-')} |"
       if confirm:
-        there = fresh.get(f"{study_of.get(r['id'])}/{r['id']}")
-        cell += f" {VERDICT_TEXT.get(there, there) if there else '-'} |"
-        if there is not None and there == r["holds"]:
+        key = f"{study_of.get(r['id'])}/{r['id']}"
+        there = fresh.get(key)
+        both = sorted(set(_seed_list(seeds)) & set(_seed_list(confirm[3].get(key, ""))))
+        note = f" (seeds {both} in both: no fresh-seed check)" if there is not None and both else ""
+        cell += f" {VERDICT_TEXT.get(there, there) if there else '-'}{note} |"
+        if there is None:
+          pass
+        elif both:
+          shared.append(f"`{r['id']}`")
+        elif r["holds"] not in judged or there not in judged:
+          other_n += 1
+          other_same += there == r["holds"]
+        elif there == r["holds"]:
           agree += 1
-        elif there is not None:
+        else:
           differ.append(f"`{r['id']}` {VERDICT_TEXT.get(r['holds'], r['holds'])} here, "
                         f"{VERDICT_TEXT.get(there, there)} there")
       out.append(cell)
   if confirm:
     out += ["", f"Fresh seeds: the same design and rules on {confirm[2]}, which no earlier run had used "
-            f"(`{confirm[0]}`, run after this report; its own report there): {agree} of {agree + len(differ)} "
-            "verdicts the same"
-            + (f"; different: {'; '.join(differ)}. Neither side is re-judged: such a verdict rests on its seeds."
-               if differ else ".")]
+            f"(`{confirm[0]}`, run after this report; its own report there). Of the {agree + len(differ)} claims "
+            f"judged yes, partly or no on both seed sets, {agree} have the same verdict"
+            + (f"; different: {'; '.join(differ)}" if differ else "")
+            + (f". The other rows (not testable, n/a): {other_same} of {other_n} the same" if other_n else "")
+            + (f". Not checked on fresh seeds (a seed shared by both runs): {', '.join(shared)}" if shared else "")
+            + (". Neither side is re-judged: a verdict that differs rests on its seeds." if differ else ".")]
   if marked:
     out += ["", "† this claim's rule was changed after this report's own runs (its preset, the seeds in the row) "
             "had been read, and the verdict re-judged on them (the appendix's \"Rule changes\" says when and why)."]
@@ -252,13 +269,17 @@ def _head(state: dict, summaries: dict, failed: dict) -> list[str]:
   provenance and the table of experiments."""
   rows = claims_rows(summaries)
   out = [f"# jaxnorm experiment report (preset `{state.get('preset')}`)", "", "## What to use", ""]
-  out += [f"- {x}" for x in answer(summaries)] or ["No study of this preset states an answer."]
+  confirm = confirmation_verdicts(state)
+  fresh = None
+  if confirm is not None:
+    label = f"The same design on fresh seeds (`{pathlib.Path(confirm[0]).name}`)"
+    fresh = (label, _load(pathlib.Path(__file__).resolve().parents[2] / confirm[0])[1])
+  out += [f"- {x}" for x in answer(summaries, fresh)] or ["No study of this preset states an answer."]
   out += ["", "The appendix ([appendix.md](appendix.md)) holds each claim's testability conditions, criterion and "
           "full numbers, the rule history and every instability.", ""]
-  out += _verdict_table(summaries, rows, pilot_verdicts(state), confirmation_verdicts(state),
-                        state.get("preset", ""))
+  out += _verdict_table(summaries, rows, pilot_verdicts(state), confirm, state.get("preset", ""))
   out += _figures(summaries)
-  out += summary_block(state, rows, summaries)
+  out += summary_block(state, rows, summaries, None if confirm is None else confirm[1])
   out += limitations(state, summaries)
   out += ["## Provenance", ""] + provenance_lines(state) + [""]
   exps = state.get("experiments", {})

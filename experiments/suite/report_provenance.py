@@ -115,8 +115,9 @@ def pilot_verdicts(state: dict) -> dict[str, str]:
   return out
 
 
-def confirmation_verdicts(state: dict) -> tuple[str, dict[str, str], str] | None:
-  """``(folder, {"study/claim id": verdict}, seeds)`` of the fresh-seed confirmation run the preset names (its
+def confirmation_verdicts(state: dict) -> tuple[str, dict[str, str], str, dict[str, str]] | None:
+  """``(folder, {"study/claim id": verdict}, seeds, {"study/claim id": its seeds})`` of the fresh-seed confirmation
+  run the preset names (its
   ``confirmation_results``, a folder of the repository; issue 63), or None where it names none, the folder holds
   no finished study, or the folder is a run of this report's own preset (a confirmation preset that extends
   its base inherits the key)."""
@@ -131,7 +132,12 @@ def confirmation_verdicts(state: dict) -> tuple[str, dict[str, str], str] | None
     verdicts = verdicts_of(root)
   except ValueError:
     return None
-  return rel, verdicts, _seeds_text(root)
+  seeds = {}
+  for done in sorted(root.glob("*/done.json")):
+    d = read_json(done)
+    for c in d.get("claims", []):
+      seeds[f"{done.parent.name}/{c['id']}"] = c.get("seeds", d.get("seeds", ""))
+  return rel, verdicts, _seeds_text(root), seeds
 
 
 def _seeds_text(root: pathlib.Path) -> str:

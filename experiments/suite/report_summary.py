@@ -69,15 +69,23 @@ def _reason(ours: str) -> str:
   return ours.split(". Measured:")[0].replace("not testable at this scale: ", "")
 
 
-def summary_block(state: dict, rows: list[dict], summaries: dict) -> list[str]:
-  """The report's opening: the tally per kind, the verdicts by name, what needs a larger preset, instabilities."""
+def summary_block(state: dict, rows: list[dict], summaries: dict, fresh: dict | None = None) -> list[str]:
+  """The report's opening: the tally per kind, the verdicts by name, what needs a larger preset, instabilities.
+  ``fresh``: the fresh-seed confirmation's ``{"study/claim id": verdict}``; a named verdict it does not repeat
+  carries the fresh seeds' verdict beside it."""
   t = tally(rows)
+  other = {k.split("/", 1)[1]: v for k, v in (fresh or {}).items()}
+
+  def named(r):
+    there = other.get(r["id"])
+    return r["statement"] + (f" (fresh seeds: {VERDICT_TEXT.get(there, there)})"
+                             if there is not None and there != r["holds"] else "")
   out = ["## Summary", "",
          f"- **Claims about models and training** ({sum(t['training'].values())}): {tally_text(t['training'])}.",
          f"- **Implementation checks** ({sum(t['check'].values())}, checks of this code, not of the papers): "
          f"{tally_text(t['check'])}."]
   for verdict, title in (("yes", "Held"), ("partly", "Held in part"), ("no", "Did not hold")):
-    names = [r["statement"] for r in rows if r["kind"] == "training" and r["holds"] == verdict]
+    names = [named(r) for r in rows if r["kind"] == "training" and r["holds"] == verdict]
     if names:
       out.append(f"- {title}: " + " / ".join(names))
   nt = [r for r in rows if r["holds"] == claims_lib.NOT_TESTABLE]
