@@ -134,6 +134,40 @@ def _cpu_best(mine: list[float]) -> str:
           f"{verb}: Pre-LN ({bp:z.2g}) minus Post-LN with warm-up ({bq:z.2g}) {_span(d)}")
 
 
+def _cpu_summary(study: str) -> dict | None:
+  """The committed cpu report's ``study`` summary (read when the report is rendered), or None."""
+  from experiments.suite.registry import read_json
+  done = gpu_reference.RESULTS / "cpu" / study / "done.json"
+  return read_json(done) if done.exists() else None
+
+
+def _cpu_gain(mine: list[float]) -> str:
+  """For the committed gpu run's own report: the committed cpu report's warm-up gain for Post-LN at each one's
+  best rate beside ``mine`` (issue 63's third referee); empty where it is not committed."""
+  c = _cpu_summary("warmup")
+  best = _best(c) if c else None
+  b0 = best_rate(c.get("grid") or {}, c.get("lrs", []), lambda lr: f"post|{lr}|0") if c else None
+  if best is None or b0 is None:
+    return ""
+  long_ = max((c.get("config") or {}).get("warmups") or [0])
+  g = _paired(c["grid"], f"post|{b0}|0", f"post|{best[1]}|{long_}")
+  verb = "agrees" if all(x > MARGIN for x in g) == all(x > MARGIN for x in mine) else "disagrees"
+  return f"; the cpu report (newer code and design) {verb}: warm-up {long_} gains {_span(g)}"
+
+
+def _cpu_depth(layers: int, fails: int, n: int) -> str:
+  """For the committed gpu run's own report: the committed cpu report's Post-LN failures at ``layers`` beside
+  ``fails`` of ``n`` (issue 63's third referee); empty where it has no such depth."""
+  c = _cpu_summary("depth")
+  p = ((c or {}).get("points") or {}).get(f"post/L{layers}")
+  if not p:
+    return ""
+  cf = sum(1 for f in p["failures"] if f)
+  verb = "agrees" if (cf == len(p["failures"])) == (fails == n) else "disagrees"
+  steps = (c.get("config") or {}).get("steps")
+  return f"; the cpu report (newer code and design; {steps} steps) {verb}: Post-LN failed in {cf}/{len(p['failures'])}"
+
+
 def _best(summary: dict) -> tuple[float, float, list[float]] | None:
   """``(Pre-LN's best rate, Post-LN with the longest warm-up's, their paired difference per seed)`` of a warm-up
   grid summary, or None where either layout trains at no rate in every seed."""
@@ -175,7 +209,10 @@ def warmup_answer(summary: dict) -> list[str]:
             f"{max(ref['c']):z.2g})")
   out = [f"{regime}: highest peak rate each layout trained at, per seed ({n} seed{'s' if n != 1 else ''}): "
          f"Pre-LN without warm-up {_rates(pre_r, top)}; Post-LN without warm-up {_rates(per.get('post|0', []), top)}, "
-         f"with warm-up {long_} {_rates(post_r, top)}{tops}."]
+         f"with warm-up {long_} {_rates(post_r, top)}{tops}"
+         + (" (counted by issue 44's stalled-run rule, as in the cpu reports; this run's grid table and verdicts keep "
+            "its commit's rule)" if ref is None and gpu_reference.is_self(gpu_reference.load(), summary) else "")
+         + "."]
   # A bold recommendation only where every seed agrees, at each layout's best-tuned rate (issue 50).
   higher = pre_r and all(a is not None and (b is None or a >= b) for a, b in zip(pre_r, post_r))
   own = ref is None and gpu_reference.is_self(gpu_reference.load(), summary)
@@ -198,14 +235,16 @@ def warmup_answer(summary: dict) -> list[str]:
     lead = ("**With Post-LN, use warm-up**:" if all(x > MARGIN for x in g) else
             f"warm-up {long_} for Post-LN gains no seed more than the {MARGIN} margin:" if all(x <= MARGIN for x in g)
             else "warm-up for Post-LN (no rule: the seeds disagree):")
-    gpu = ""
+    gpu = _cpu_gain(g) if own else ""
     if ref is not None and ref.get("warmup_gain"):
       gg = ref["warmup_gain"]
       verb = "agrees" if (all(x > MARGIN for x in gg) == all(x > MARGIN for x in g)) else "disagrees"
       gpu = (f"; the {gpu_reference.short(ref)} {verb}: warm-up {ref['warmup']} gains {_span(gg)} at each one's best "
              f"rate ({ref['best']['post0']:z.2g} without, {ref['best']['post']:z.2g} with)")
-    out.append(f"{regime}: {lead} at each one's best rate ({b0:z.2g} without, {bq:z.2g} with) it gains {_span(g)} "
-               f"nats per seed{gpu}.")
+    low = min(lrs) if lrs else None
+    edge = "; without: the grid's bottom rate, not bracketed from below" if b0 == low else ""
+    out.append(f"{regime}: {lead} at each one's best rate ({b0:z.2g} without, {bq:z.2g} with{edge}) it gains "
+               f"{_span(g)} nats per seed{gpu}.")
   return out
 
 
@@ -232,6 +271,8 @@ def depth_answer(summary: dict) -> list[str]:
            f"(T/P {g['tpp']:z.2f}) Post-LN failed in {g['post_fails']}/{g['n']} seeds (final "
            + ", ".join(f"{v:z.2f}" for v in g["post"]) + ")"
            + (", Pre-LN " + ", ".join(f"{v:z.2f}" for v in g["pre"]) if g.get("pre") else ""))
+  if ref is None and gpu_reference.is_self(gpu_reference.load(), summary):
+    gpu = _cpu_depth(L, fails, len(post["failures"]))
   return [f"{regime}{rate}: Post-LN failed in {fails}/{len(post['failures'])} seeds (final "
           + ", ".join(f"{v:z.2f}" for v in post["values"]) + "), Pre-LN reached "
           + ", ".join(f"{v:z.2f}" for v in pre["values"]) + f"{gpu}."]

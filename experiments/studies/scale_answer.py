@@ -30,6 +30,20 @@ def _tuned(table: list[dict]) -> bool:
   return all(min(r["n_rates"].values()) >= 2 for r in table)
 
 
+def _rates_text(table: list[dict]) -> str:
+  """How the rates of a ladder line were chosen: ``"best rates"`` where every layout has two or more measured
+  rates; else which layout ran one rate, the pilots' choice for their longest runs and not re-chosen at the
+  shorter points (issue 63's third referee: "best rates, pilot-tuned" overstated it at 200 and 400 steps)."""
+  if _tuned(table):
+    return "best rates"
+  def name(p):
+    return f"{p.capitalize()}-LN"
+  single = sorted({p for r in table for p, n in r["n_rates"].items() if n < 2}, reverse=True)
+  multi = sorted({p for r in table for p, n in r["n_rates"].items() if n >= 2} - set(single), reverse=True)
+  return ((f"{' and '.join(map(name, multi))} at its best rate; " if multi else "")
+          + f"{' and '.join(map(name, single))}: one rate, the pilots' choice for their longest runs")
+
+
 def _ref(summary: dict) -> dict | None:
   """The committed gpu run (None where there is none, or where this summary is its own)."""
   ref = gpu_reference.load()
@@ -62,6 +76,18 @@ def _gpu_clause(summary: dict, seq: str, ref: dict | None) -> str:
   return f"; the {gpu_reference.short(ref)} {verb}: {_who(side)} by {_span(ref['diff_best'])} at its best rates{over}"
 
 
+def _gpu_vs(diffs, ref: dict | None) -> str:
+  """``"; the gpu run disagrees: Post-LN ahead by +0.21 to +0.35"`` (at its best rates; the ladder line before it
+  names the run in full): the gpu run beside per-seed Pre - Post ``diffs`` of a line that has no ladder of its
+  own (the arm's and the schedule's lines); empty without a gpu run."""
+  if ref is None:
+    return ""
+  side = _gpu_side(ref)
+  ours = "post" if all(x > 0.05 for x in diffs) else ("pre" if all(x < -0.05 for x in diffs) else "neither")
+  verb = "agrees" if side == ours else "disagrees"
+  return f"; the gpu run {verb}: {_who(side)} by {_span(ref['diff_best'])}"
+
+
 def _fall(summary: dict, seq: str) -> str:
   fall = summary["per_seq"][seq]["still_falling"]
   w = fall.get("window")
@@ -89,10 +115,10 @@ def _ladder_line(summary: dict, seq: str, ref: dict | None) -> str:
     lead = f"**Pre-LN** leads at every length to T/P {tpp[str(table[-1]['step'])]:z.2f}: "
   elif _tuned(table) and table[-1]["ahead"] == "post" and all(r["ahead"] == "post" for r in table[1:]):
     lead = f"**Post-LN with warm-up** leads from T/P {tpp[str(table[1]['step'])]:z.2f}: "
-  tuned = "" if _tuned(table) else ", pilot-tuned"
   regime = (f"{_layout(summary, seq)}, {table[0]['step']}-{table[-1]['step']} steps (T/P "
             f"{tpp[str(table[0]['step'])]:z.2f}-{tpp[str(table[-1]['step'])]:z.2f})")
-  return (f"{regime}: {lead}Pre-LN minus Post-LN per seed (best rates{tuned}): {pts}{_extreme_spikes(summary, seq)}; "
+  return (f"{regime}: {lead}Pre-LN minus Post-LN per seed ({_rates_text(table)}): {pts}"
+          f"{_extreme_spikes(summary, seq)}; "
           f"{move}{_gpu_clause(summary, seq, ref)}.")
 
 
@@ -178,13 +204,15 @@ def _arm_line(summary: dict) -> str | None:
   s = read_json(done)
   suite = read_json(root / "suite.json") if (root / "suite.json").exists() else {}
   git = str((suite.get("git") or {}).get("commit", "?"))[:7]
+  ref = _ref(summary)
   parts, at, steps = [], set(), set()
   for seq in sorted(s["tables"], key=int):
     tpp = s["tpp"][seq]
     r = min(s["tables"][seq], key=lambda r: abs(np.log(tpp[str(r["step"])] / 0.9)))
     at.add(f"{tpp[str(r['step'])]:z.2f}")
     steps.add(r["step"])
-    parts.append(f"sequence {seq} {_span(r['diff'])}")
+    parts.append(f"sequence {seq} {_span(r['diff'])}"
+                 + (f" ({_gpu_vs(r['diff'], ref)[2:]})" if ref and int(seq) == ref["seq_len"] else ""))
   lay = " and ".join(f"{b} x {t}" for b, t in s["config"]["layouts"])
   return (f"{lay}, {', '.join(map(str, sorted(steps)))} steps (T/P {', '.join(sorted(at))}; the sequence-length arm, "
           f"`--preset cpu-scale`, git {git}): Pre - Post per seed " + "; ".join(parts) + "."
@@ -213,10 +241,11 @@ def _schedule_moves(summary: dict, arm: dict) -> str:
 
 def _schedule_line(summary: dict) -> str | None:
   """The committed ``cpu-scale-schedule`` run (issue 63: the arm's 2 x 256 leg at the gpu preset's
-  schedule), read from its files when the report is rendered, for the reports that do not run it: its
-  per-seed Pre - Post at its longest point and, where this study ran the same sequence length on the
-  same seeds to the same step, how much the schedule moves each seed's difference, beside the larger
-  paired noise. None where it is not committed or this is that run."""
+  schedule), read from its files when the report is rendered, for the reports that do not run it: its regime,
+  its per-seed Pre - Post at its longest point, how many seeds lie beyond the rules' margin and its verdict,
+  how much the schedule moves each seed's difference against the same sequence length on the same seeds at
+  this study's schedule (this run, else the committed ``cpu-scale`` arm) beside the larger paired noise, and
+  the gpu run beside it. None where it is not committed or this is that run."""
   from experiments.suite.registry import read_json
   root = gpu_reference.RESULTS / "cpu-scale-schedule"
   done = root / "scale" / "done.json"
@@ -231,17 +260,29 @@ def _schedule_line(summary: dict) -> str | None:
   seq = next(iter(sch["tables"]))
   last = sch["tables"][seq][-1]
   tpp = sch["tpp"][seq][str(last["step"])]
-  line = (f"At the gpu preset's schedule (tau {scfg.get('decay_timescale')}, both layouts; Post-LN warm-up "
-          f"{scfg.get('warmup')}; Pre-LN's rate not re-bracketed; `--preset cpu-scale-schedule`, git {git}), "
-          f"sequence {seq}, step "
-          f"{last['step']} (T/P {tpp:z.2f}): Pre - Post per seed {_span(last['diff'])}")
+  beyond = sum(x < -0.05 for x in last["diff"])
+  verdict = next((c["holds"] for c in sch.get("claims", []) if c["id"] == "scale_preln_lead_lasts"), None)
+  line = (f"{_layout(sch, seq)}, {last['step']} steps (T/P {tpp:z.2f}) at the gpu preset's schedule (tau "
+          f"{scfg.get('decay_timescale')}, both layouts; Post-LN warm-up {scfg.get('warmup')}; Pre-LN's rate not "
+          f"re-bracketed; `--preset cpu-scale-schedule`, git {git}): Pre - Post per seed {_span(last['diff'])}, "
+          f"{beyond} of {len(last['diff'])} seeds beyond the 0.05 margin"
+          + (f" (its verdict: {verdict})" if verdict else ""))
+  base, where = None, ""
   mine = (summary.get("tables") or {}).get(seq)
-  if mine and mine[-1]["step"] == last["step"] and cfg.get("seeds") == scfg.get("seeds"):
-    moves = [a - b for a, b in zip(last["diff"], mine[-1]["diff"])]
-    noise = max((x.get("noise") or {}).get("max", 0.0) for x in (summary["per_seq"][seq], sch["per_seq"][seq]))
-    line += ("; against this run's schedule that moves each seed's difference by "
-             + ", ".join(signed(x) for x in moves) + f" (paired noise at most {noise:z.3f})")
-  return line + "."
+  if mine and cfg.get("seeds") == scfg.get("seeds"):
+    base, where = summary, "this run's schedule"
+  else:
+    arm_done = gpu_reference.RESULTS / "cpu-scale" / "scale" / "done.json"
+    arm = read_json(arm_done) if arm_done.exists() else None
+    if arm and seq in arm["tables"] and (arm.get("config") or {}).get("seeds") == scfg.get("seeds"):
+      acfg = arm["config"]
+      base, where = arm, f"the arm's (tau {acfg.get('decay_timescale')}, warm-up {acfg.get('warmup')}; same seeds)"
+  if base is not None and base["tables"][seq][-1]["step"] == last["step"]:
+    moves = [a - b for a, b in zip(last["diff"], base["tables"][seq][-1]["diff"])]
+    noise = max((x.get("noise") or {}).get("max", 0.0) for x in (base["per_seq"][seq], sch["per_seq"][seq]))
+    line += (f"; against {where} the schedule moves each seed's difference by "
+             + ", ".join(signed(x) for x in moves) + f" (each run's paired noise at most {noise:z.3f})")
+  return line + _gpu_vs(last["diff"], _ref(summary)) + "."
 
 
 def answer(summary: dict) -> list[str]:

@@ -39,7 +39,9 @@ __all__ = ["claims_rows", "docs_block", "instabilities", "render", "render_text"
 
 _NOT_RECHECKED = (" [not re-checked here: place and number as checked against the full text by the issue-17 "
                   "reviewer]")
-_FIRST_SCREEN_CHARS = 240  # longer "ours" texts are cut in the first screen's verdict table
+_FIRST_SCREEN_CHARS = 240  # longer "ours" texts are cut in the appendix's first-screen verdict tables
+_TABLE_CHARS = 170         # and in the report's verdict table (issue 63: the fresh-seed column and answers made room
+#                            for the studies' sections scarce; the appendix keeps 240 and the full numbers)
 _KIND_TITLE = {"training": "Verdicts on the papers' claims (models at init, in training, in time)",
                "check": "Verdicts of the implementation checks"}
 
@@ -113,10 +115,12 @@ def _first_screen(summaries: dict, rows: list[dict], counts: dict) -> list[str]:
   return out
 
 
-ANSWER_WORDS = 580        # "What to use" is at most this many words (issue 44: 150; issue 50: the regime line,
+ANSWER_WORDS = 660        # "What to use" is at most this many words (issue 44: 150; issue 50: the regime line,
 #                           the ladder per sequence length and the gpu report's numbers need 100 more; issue 63:
 #                           every line opens with its regime and names the gpu run's numbers where it disagrees;
-#                           its second referee: the spikes behind a range's ends, 560 -> 580)
+#                           its second referee: the spikes behind a range's ends, 560 -> 580; its third: the arm's
+#                           and the schedule's lines with the gpu run, the margin count and the shift, and a best
+#                           rate at the grid's bottom edge named, 580 -> 660)
 REPORT_BYTES = 28_000     # the main report.md is at most this many bytes (issue 44: 25 KB; issue 63: every answer
 #                           line with its regime and the gpu run's numbers, the limitations per study; tests check it)
 
@@ -193,8 +197,8 @@ def _verdict_table(summaries: dict, rows: list[dict], pilots: dict, confirm=None
         continue
       c, seeds = measured[r["id"]]
       ours = c.get("short") or r["ours"]
-      if len(ours) > _FIRST_SCREEN_CHARS:
-        ours = ours[:_FIRST_SCREEN_CHARS].rsplit(" ", 1)[0] + " ..."
+      if len(ours) > _TABLE_CHARS:
+        ours = ours[:_TABLE_CHARS].rsplit(" ", 1)[0] + " ..."
       mark = " †" if rule_changes.revised_after_seen(preset, r["id"], _seed_list(seeds)) else ""
       marked |= bool(mark)
       cell = f"| {_escape(r['statement'])} | {_escape(ours)} | {_escape(seeds)} | " \
