@@ -229,23 +229,34 @@ def warmup_answer(summary: dict) -> list[str]:
                   f"seed{edge_text}{gpu}.")
   if own:
     out.insert(0, _self_regime())
-  b0 = best_rate(grid, lrs, lambda lr: f"post|{lr}|0")
-  if b0 is not None and bq is not None:
-    g = _paired(grid, f"post|{b0}|0", f"post|{bq}|{long_}")
-    lead = ("**With Post-LN, use warm-up**:" if all(x > MARGIN for x in g) else
-            f"warm-up {long_} for Post-LN gains no seed more than the {MARGIN} margin:" if all(x <= MARGIN for x in g)
-            else "warm-up for Post-LN (no rule: the seeds disagree):")
-    gpu = _cpu_gain(g) if own else ""
-    if ref is not None and ref.get("warmup_gain"):
-      gg = ref["warmup_gain"]
-      verb = "agrees" if (all(x > MARGIN for x in gg) == all(x > MARGIN for x in g)) else "disagrees"
-      gpu = (f"; the {gpu_reference.short(ref)} {verb}: warm-up {ref['warmup']} gains {_span(gg)} at each one's best "
-             f"rate ({ref['best']['post0']:z.2g} without, {ref['best']['post']:z.2g} with)")
-    low = min(lrs) if lrs else None
-    edge = "; without: the grid's bottom rate, not bracketed from below" if b0 == low else ""
-    out.append(f"{regime}: {lead} at each one's best rate ({b0:z.2g} without, {bq:z.2g} with{edge}) it gains "
-               f"{_span(g)} nats per seed{gpu}.")
+  gain = _warmup_gain_line(summary, regime, ref, own, bq)
+  if gain:
+    out.append(gain)
   return out
+
+
+def _warmup_gain_line(summary: dict, regime: str, ref: dict | None, own: bool, bq: float | None) -> str | None:
+  """The warm-up bullet: Post-LN's gain from warm-up at each one's best rate (``bq``: with warm-up's), bold only
+  where every seed gains beyond the margin, with the gpu run's gain (or, in the gpu run's own report, the cpu
+  report's) beside it; None where Post-LN trains at no rate without warm-up."""
+  grid, lrs = summary.get("grid") or {}, summary.get("lrs", [])
+  long_ = max((summary.get("config") or {}).get("warmups") or [0])
+  b0 = best_rate(grid, lrs, lambda lr: f"post|{lr}|0")
+  if b0 is None or bq is None:
+    return None
+  g = _paired(grid, f"post|{b0}|0", f"post|{bq}|{long_}")
+  lead = ("**With Post-LN, use warm-up**:" if all(x > MARGIN for x in g) else
+          f"warm-up {long_} for Post-LN gains no seed more than the {MARGIN} margin:" if all(x <= MARGIN for x in g)
+          else "warm-up for Post-LN (no rule: the seeds disagree):")
+  gpu = _cpu_gain(g) if own else ""
+  if ref is not None and ref.get("warmup_gain"):
+    gg = ref["warmup_gain"]
+    verb = "agrees" if (all(x > MARGIN for x in gg) == all(x > MARGIN for x in g)) else "disagrees"
+    gpu = (f"; the {gpu_reference.short(ref)} {verb}: warm-up {ref['warmup']} gains {_span(gg)} at each one's best "
+           f"rate ({ref['best']['post0']:z.2g} without, {ref['best']['post']:z.2g} with)")
+  edge = "; without: the grid's bottom rate, not bracketed from below" if lrs and b0 == min(lrs) else ""
+  return (f"{regime}: {lead} at each one's best rate ({b0:z.2g} without, {bq:z.2g} with{edge}) it gains "
+          f"{_span(g)} nats per seed{gpu}.")
 
 
 def depth_answer(summary: dict) -> list[str]:

@@ -25,13 +25,15 @@ tables; this module adds the claims list and the raw-data line after it.
 from __future__ import annotations
 
 import pathlib
-from typing import Any
 
 from experiments.suite import claims as claims_lib
 from experiments.suite import rule_changes, study
 from experiments.suite.registry import EXPERIMENTS, read_json
 from experiments.suite.spikes import SPIKE_NATS
 from experiments.suite.report_provenance import confirmation_verdicts, pilot_verdicts, provenance_lines
+from experiments.suite.report_verdicts import KIND_TITLE as _KIND_TITLE
+from experiments.suite.report_verdicts import escape as _escape
+from experiments.suite.report_verdicts import verdict_table as _verdict_table
 from experiments.suite.report_summary import (  # noqa: F401 (re-exported: the report's summary block)
     VERDICT_TEXT, limitations, noise_lines, run_lengths, summary_block, tally_text, instabilities, tally)
 
@@ -40,14 +42,6 @@ __all__ = ["claims_rows", "docs_block", "instabilities", "render", "render_text"
 _NOT_RECHECKED = (" [not re-checked here: place and number as checked against the full text by the issue-17 "
                   "reviewer]")
 _FIRST_SCREEN_CHARS = 240  # longer "ours" texts are cut in the appendix's first-screen verdict tables
-_TABLE_CHARS = 170         # and in the report's verdict table (issue 63: the fresh-seed column and answers made room
-#                            for the studies' sections scarce; the appendix keeps 240 and the full numbers)
-_KIND_TITLE = {"training": "Verdicts on the papers' claims (models at init, in training, in time)",
-               "check": "Verdicts of the implementation checks"}
-
-
-def _escape(text: Any) -> str:
-  return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def claims_rows(summaries: dict[str, dict]) -> list[dict]:
@@ -168,74 +162,6 @@ def answer(summaries: dict, fresh: tuple[str, dict] | None = None) -> list[str]:
   if words > ANSWER_WORDS:
     raise ValueError(f"the studies' answers must be at most {ANSWER_WORDS} words, got {words}: {out}")
   return out
-
-
-def _seed_list(seeds) -> list[int]:
-  """The seeds of a verdict-table row (a list of ints, or a text such as ``"op [10, 11, 12]; model ... [0]"``)."""
-  import re
-  return [int(x) for x in re.findall(r"\d+", str(seeds))] if not isinstance(seeds, (list, tuple)) else list(seeds)
-
-
-def _verdict_table(summaries: dict, rows: list[dict], pilots: dict, confirm=None, preset: str = "") -> list[str]:
-  """The verdict table: claim, what we measured (short), seeds, verdict, the pilots' verdict where the
-  preset names its pilots, and the fresh-seed confirmation's verdict where the preset names one (``confirm``:
-  :func:`confirmation_verdicts`), with a line counting where it agrees; criteria and full numbers are in the
-  appendix."""
-  measured = {c["id"]: (c, c.get("seeds", summaries[n].get("seeds", ""))) for n in summaries
-              for c in summaries[n].get("claims", [])}
-  study_of = {c["id"]: n for n in summaries for c in summaries[n].get("claims", [])}
-  fresh = {} if confirm is None else confirm[1]
-  head = "| claim | ours (short; full numbers in the appendix) | seeds | verdict |" + (
-      " pilots predicted |" if pilots else "") + (" fresh seeds |" if confirm else "")
-  out = ["## Verdicts", "", head, "|---|---|---|---|" + ("---|" if pilots else "") + ("---|" if confirm else "")]
-  agree, differ, shared, other_same, other_n = 0, [], [], 0, 0
-  judged = ("yes", "partly", "no")
-  marked = False
-  for kind in _KIND_TITLE:
-    for r in rows:
-      if r["kind"] != kind or r["holds"] not in claims_lib.VERDICTS:
-        continue
-      c, seeds = measured[r["id"]]
-      ours = c.get("short") or r["ours"]
-      if len(ours) > _TABLE_CHARS:
-        ours = ours[:_TABLE_CHARS].rsplit(" ", 1)[0] + " ..."
-      mark = " †" if rule_changes.revised_after_seen(preset, r["id"], _seed_list(seeds)) else ""
-      marked |= bool(mark)
-      cell = f"| {_escape(r['statement'])} | {_escape(ours)} | {_escape(seeds)} | " \
-             f"{VERDICT_TEXT.get(r['holds'], r['holds'])}{mark} |"
-      if pilots:
-        cell += f" {pilots.get(r['id'], '-')} |"
-      if confirm:
-        key = f"{study_of.get(r['id'])}/{r['id']}"
-        there = fresh.get(key)
-        both = sorted(set(_seed_list(seeds)) & set(_seed_list(confirm[3].get(key, ""))))
-        note = f" (seeds {both} in both: no fresh-seed check)" if there is not None and both else ""
-        cell += f" {VERDICT_TEXT.get(there, there) if there else '-'}{note} |"
-        if there is None:
-          pass
-        elif both:
-          shared.append(f"`{r['id']}`")
-        elif r["holds"] not in judged or there not in judged:
-          other_n += 1
-          other_same += there == r["holds"]
-        elif there == r["holds"]:
-          agree += 1
-        else:
-          differ.append(f"`{r['id']}` {VERDICT_TEXT.get(r['holds'], r['holds'])} here, "
-                        f"{VERDICT_TEXT.get(there, there)} there")
-      out.append(cell)
-  if confirm:
-    out += ["", f"Fresh seeds: the same design and rules on {confirm[2]}, which no earlier run had used "
-            f"(`{confirm[0]}`, run after this report; its own report there). Of the {agree + len(differ)} claims "
-            f"judged yes, partly or no on both seed sets, {agree} have the same verdict"
-            + (f"; different: {'; '.join(differ)}" if differ else "")
-            + (f". The other rows (not testable, n/a): {other_same} of {other_n} the same" if other_n else "")
-            + (f". Not checked on fresh seeds (a seed shared by both runs): {', '.join(shared)}" if shared else "")
-            + (". Neither side is re-judged: a verdict that differs rests on its seeds." if differ else ".")]
-  if marked:
-    out += ["", "† this claim's rule was changed after this report's own runs (its preset, the seeds in the row) "
-            "had been read, and the verdict re-judged on them (the appendix's \"Rule changes\" says when and why)."]
-  return out + [""]
 
 
 def _figures(summaries: dict) -> list[str]:

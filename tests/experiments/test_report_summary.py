@@ -219,7 +219,9 @@ def test_warmup_answer_reads_a_summary_without_the_per_seed_field():
   text = " ".join(flagship_answer.warmup_answer(old))
   assert "Post-LN without warm-up 0.001, >= 0.003, with warm-up 40 >= 0.003, >= 0.003" in text  # the grid's top
   # Issue 50: bold only where every seed agrees at each layout's best-tuned rate (lowest mean where it trains)
-  assert "**With Post-LN, use warm-up**: at each one's best rate (0.001 without, 0.003 with) it gains" in text
+  # (issue 63's third referee: a best rate at the grid's bottom is named, as one at its top is)
+  assert ("**With Post-LN, use warm-up**: at each one's best rate (0.001 without, 0.003 with; without: the grid's "
+          "bottom rate, not bracketed from below) it gains") in text
   gain = text.split("it gains")[1]
   assert _numbers(gain.split("nats")[0]) == pytest.approx([0.2, 0.25])
   assert "**Pre-LN** trained at higher rates" in text and "(0.003) minus Post-LN with warm-up (0.003)" in text

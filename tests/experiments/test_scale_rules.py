@@ -124,7 +124,7 @@ def _summary(post: dict, pre=PRE) -> dict:
 def test_answer_bold_only_with_two_measured_rates_per_layout():
   one = scale_answer.answer(_summary({1e-3: lead(lambda t: 0.2)}))
   assert one[0].startswith("Regime: 512,000 parameters,") and "still falling" in one[0]
-  assert "**" not in one[1] and "pilot-tuned" in one[1]
+  assert "**" not in one[1] and "Pre-LN and Post-LN: one rate, the pilots' choice for their longest runs" in one[1]
   pre2 = {**PRE, 3e-3: lambda t, s: 2.1}
   two = scale_answer.answer(_summary({1e-3: lead(lambda t: 0.2), 3e-3: lead(lambda t: 0.3)}, pre2))
   assert two[1].startswith("sequence 32, 100-400 steps") and "): **Pre-LN** leads at every length" in two[1]
