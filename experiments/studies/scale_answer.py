@@ -126,7 +126,6 @@ def _extreme_spikes(summary: dict, seq: str) -> str:
   """Where a seed at either end of the longest point's per-seed range had a run (of the two compared there) whose
   training loss spiked by more than ``SPIKE_NATS`` (the run scan the report attaches), which one, by how much and
   where (issue 63's referee: the range's low end at sequence 256 was a seed whose Post-LN run spiked); else empty."""
-  from experiments.suite.spikes import SPIKE_NATS
   scan = (summary.get("provenance") or {}).get("runs_scan") or []
   last = summary["tables"][seq][-1]
   seeds, d = summary.get("seeds") or [], last["diff"]
@@ -134,16 +133,25 @@ def _extreme_spikes(summary: dict, seq: str) -> str:
     return ""
   words = []
   for i in sorted({int(np.argmin(d)), int(np.argmax(d))}):
-    runs = []
-    for pos, name in (("post", "Post-LN"), ("pre", "Pre-LN")):
-      hits = [r for r in scan if r["label"].startswith(f"scale-{pos}-") and f"x{seq}-" in r["label"]
-              and f"-lr{last['lr'][pos]:g}-" in r["label"] and r["label"].endswith(f"-s{seeds[i]}")]
-      rise = hits[0].get("rise") if len(hits) == 1 else None
-      if rise and rise["rise"] > SPIKE_NATS:
-        runs.append(f"{name} by {rise['rise']:z.2f} at step {rise['step']}")
+    runs = _seed_spikes(summary, seq, seeds[i], scan)
     if runs:
       words.append(f"seed {seeds[i]} ({d[i]:+z.2f}) spiked: " + ", ".join(runs))
   return " (" + "; ".join(words) + ")" if words else ""
+
+
+def _seed_spikes(summary: dict, seq: str, seed: int, scan: list[dict]) -> list[str]:
+  """``["Post-LN by 4.14 at step 81", ...]``: the runs of ``seed`` compared at the longest point of sequence
+  ``seq`` whose training loss spiked by more than ``SPIKE_NATS``, from the run scan ``scan``."""
+  from experiments.suite.spikes import SPIKE_NATS
+  last = summary["tables"][seq][-1]
+  out = []
+  for pos, name in (("post", "Post-LN"), ("pre", "Pre-LN")):
+    hits = [r for r in scan if r["label"].startswith(f"scale-{pos}-") and f"x{seq}-" in r["label"]
+            and f"-lr{last['lr'][pos]:g}-" in r["label"] and r["label"].endswith(f"-s{seed}")]
+    rise = hits[0].get("rise") if len(hits) == 1 else None
+    if rise and rise["rise"] > SPIKE_NATS:
+      out.append(f"{name} by {rise['rise']:z.2f} at step {rise['step']}")
+  return out
 
 
 def _regime_line(summary: dict) -> str:
@@ -267,21 +275,28 @@ def _schedule_line(summary: dict) -> str | None:
           f"re-bracketed; `--preset cpu-scale-schedule`, git {git}): Pre - Post per seed {_span(last['diff'])}, "
           f"{beyond} of {len(last['diff'])} seeds beyond the 0.05 margin"
           + (f" (its verdict: {verdict})" if verdict else ""))
-  base, where = None, ""
+  base, where, scan = None, "", []
   mine = (summary.get("tables") or {}).get(seq)
   if mine and cfg.get("seeds") == scfg.get("seeds"):
     base, where = summary, "this run's schedule"
+    scan = (summary.get("provenance") or {}).get("runs_scan") or []
   else:
-    arm_done = gpu_reference.RESULTS / "cpu-scale" / "scale" / "done.json"
-    arm = read_json(arm_done) if arm_done.exists() else None
+    arm_root = gpu_reference.RESULTS / "cpu-scale"
+    arm = read_json(arm_root / "scale" / "done.json") if (arm_root / "scale" / "done.json").exists() else None
     if arm and seq in arm["tables"] and (arm.get("config") or {}).get("seeds") == scfg.get("seeds"):
       acfg = arm["config"]
       base, where = arm, f"the arm's (tau {acfg.get('decay_timescale')}, warm-up {acfg.get('warmup')}; same seeds)"
+      scan = read_json(arm_root / "suite.json").get("runs_scan") or [] if (arm_root / "suite.json").exists() else []
   if base is not None and base["tables"][seq][-1]["step"] == last["step"]:
     moves = [a - b for a, b in zip(last["diff"], base["tables"][seq][-1]["diff"])]
     noise = max((x.get("noise") or {}).get("max", 0.0) for x in (base["per_seq"][seq], sch["per_seq"][seq]))
+    seeds = scfg.get("seeds") or []
+    big = int(np.argmax(moves))
+    spikes = _seed_spikes(base, seq, seeds[big], scan) if len(seeds) == len(moves) else []
     line += (f"; against {where} the schedule moves each seed's difference by "
-             + ", ".join(signed(x) for x in moves) + f" (each run's paired noise at most {noise:z.3f})")
+             + ", ".join(signed(x) for x in moves) + f" (each run's paired noise at most {noise:z.3f}"
+             + (f"; seed {seeds[big]}'s {signed(moves[big])} follows its spike there: {', '.join(spikes)}"
+                if spikes else "") + ")")
   return line + _gpu_vs(last["diff"], _ref(summary)) + "."
 
 
