@@ -244,7 +244,29 @@ def derf_beats_all(cells, *, epochs, unigram) -> dict:
   return _finish("derf_beats_all", crit, oks, per, parts,
                  testability(cells, epochs=epochs, unigram=unigram, need=("T3", "T4")),
                  lead=regime(cells, epochs), short=f"{regime(cells, epochs, compact=True)}: "
-                 + _top_short(cells, "derf", ("layer_norm", "rms_norm", "dyt")))
+                 + _top_short(cells, "derf", ("layer_norm", "rms_norm", "dyt"))
+                 + _nearest_cut(cells, "derf", ("layer_norm", "rms_norm", "dyt")))
+
+
+def _nearest_cut(cells, norm: str, others) -> str:
+  """``"; nearest the -1% cut: s11 vs DyT -1.14%"``: the (seed, competitor) pair at the largest T/P whose judged
+  relative difference (the worse of its window sets) lies closest to the rule's cut ``-REL``, so that a reader sees
+  where a verdict sits on a threshold (issue 63's referees: Derf's "partly" rested on one pair at -1.14%, and the
+  fresh seeds' "no" on one at -0.99%); empty without a judged pair."""
+  tpps = tpps_of(cells)
+  if not tpps:
+    return ""
+  cand = []
+  for other in others:
+    for s in seeds_of(cells):
+      p = paired(cells, norm, other, tpps[-1], s)
+      if p is not None:
+        rel = max(x / r for x, r in p["pairs"])
+        cand.append((abs(rel + REL), s, other, rel))
+  if not cand:
+    return ""
+  _, s, other, rel = min(cand)
+  return f"; nearest the -{REL:z.0%} cut: s{s} vs {NAMES[other]} {rel:+z.2%}"
 
 
 def derf_gain(cells, tpp, seed) -> tuple[bool, str]:

@@ -29,8 +29,11 @@ class RuleChange:
     why: the reason given at the time.
     data_seen: whether the verdicts of the data it judges had been read before the change.
     seen: where ``data_seen``, whose data had been read: ``"PRESET:SEEDS"`` entries (``"cpu-extra:10-12"``,
-      ``"cpu:0,1,2"``; ``pilots`` for the pilot runs), so that a report marks a verdict only where its own
-      preset's runs on its own seeds had been read when the rule changed (:func:`revised_after_seen`).
+      ``"cpu:0,1,2"``), so that a report marks a verdict only where its own preset's runs on its own seeds
+      had been read when the rule changed (:func:`revised_after_seen`). The pilots' runs are never the data a
+      rule judges: a rule written with only them in view has ``data_seen`` False.
+    verdict_rule: False for a change of the report's wording that acts like a rule (a bold line's condition)
+      and changes no verdict: listed in the history, never marked on a verdict.
   """
 
   when: str
@@ -39,6 +42,7 @@ class RuleChange:
   why: str
   data_seen: bool
   seen: tuple[str, ...] = ()
+  verdict_rule: bool = True
 
   def __post_init__(self):
     if not (self.when and self.claims and self.what and self.why):
@@ -83,7 +87,8 @@ def revised_after_seen(preset: str, claim: str, seeds) -> bool:
   the report's own data, re-judged by a rule written after it was seen. A change made after other seeds, another
   preset or the pilots were read does not count (issue 63's third referee)."""
   mine = {int(s) for s in seeds or ()}
-  return any(mine & c.seen_seeds().get(preset, frozenset()) for c in RULE_CHANGES if claim in c.claims)
+  return any(mine & c.seen_seeds().get(preset, frozenset()) for c in RULE_CHANGES
+             if claim in c.claims and c.verdict_rule)
 
 
 def _seeds_text(seeds) -> str:
