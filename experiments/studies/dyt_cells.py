@@ -180,3 +180,43 @@ def fmt_pair(p, rel: bool = False) -> str:
   if p["kind"] == "best":
     return f"best-of-curve {best} (judged: a final checkpoint overfit; final {fin})"
   return f"{fin}, best-of-curve {best}"
+
+
+def top_short(cells, norm: str, others) -> str:
+  """The judged differences of ``norm`` at the largest T/P, relative to each of ``others``, as
+  min..max over the seeds (the verdict table's short text)."""
+  tpps = tpps_of(cells)
+  if not tpps:
+    return ""
+  out = []
+  for other in others:
+    rel = []
+    for s in seeds_of(cells):
+      p = paired(cells, norm, other, tpps[-1], s)
+      if p is not None:
+        rel += [x / r for x, r in p["pairs"][:1]]
+    if rel:
+      out.append(f"vs {NAMES[other]} {min(rel):+z.1%} to {max(rel):+z.1%}")
+  return (f"T/P {tpps[-1]:g}: {NAMES[norm]} " + ", ".join(out) + f" (range over {len(seeds_of(cells))} seeds)"
+          if out else "")
+
+
+def nearest_cut(cells, norm: str, others) -> str:
+  """``"; nearest the -1% cut: s11 vs DyT -1.14%"``: the (seed, competitor) pair at the largest T/P whose judged
+  relative difference (the worse of its window sets) lies closest to the rule's cut ``-REL``, so that a reader sees
+  where a verdict sits on a threshold (issue 63's referees: Derf's "partly" rested on one pair at -1.14%, and the
+  fresh seeds' "no" on one at -0.99%); empty without a judged pair."""
+  tpps = tpps_of(cells)
+  if not tpps:
+    return ""
+  cand = []
+  for other in others:
+    for s in seeds_of(cells):
+      p = paired(cells, norm, other, tpps[-1], s)
+      if p is not None:
+        rel = max(x / r for x, r in p["pairs"])
+        cand.append((abs(rel + REL), s, other, rel))
+  if not cand:
+    return ""
+  _, s, other, rel = min(cand)
+  return f"; nearest the -{REL:z.0%} cut: s{s} vs {NAMES[other]} {rel:+z.2%}"

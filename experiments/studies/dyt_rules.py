@@ -129,11 +129,9 @@ Every training verdict is also computed per seed; "yes" needs every seed alone t
 
 from __future__ import annotations
 
-
-
 from experiments.studies.dyt_cells import (  # noqa: F401 (re-exported: the cells' readings)
     val_diff, as_float, usable, seeds_of, tpps_of, best_val, gap, mean_saturation, overfit, paired, regime, testability,
-    trained_tokens_per_param, fmt_diff, fmt_pair)
+    trained_tokens_per_param, fmt_diff, fmt_pair, top_short, nearest_cut)
 from experiments.studies.dyt_cells import (  # noqa: F401 (the rules' thresholds)
     MIN_DECADES, OVERFIT_NATS, MAX_RICH_EPOCHS, PAPERS_TPP, OVERFIT_FINAL_NATS, TRAINED_NATS, MIN_SEEDS, REL,
     ORDER_NATS, SAT_DIFF, GAP_NATS, REFS, PAPERS_REGIME, NAMES)
@@ -159,23 +157,6 @@ def _finish(cid, crit, pooled_oks, per_seed_oks, parts, untestable, *, lead: str
   return out
 
 
-def _top_short(cells, norm: str, others) -> str:
-  """The judged differences of ``norm`` at the largest T/P, relative to each of ``others``, as
-  min..max over the seeds (the verdict table's short text)."""
-  tpps = tpps_of(cells)
-  if not tpps:
-    return ""
-  out = []
-  for other in others:
-    rel = []
-    for s in seeds_of(cells):
-      p = paired(cells, norm, other, tpps[-1], s)
-      if p is not None:
-        rel += [x / r for x, r in p["pairs"][:1]]
-    if rel:
-      out.append(f"vs {NAMES[other]} {min(rel):+z.1%} to {max(rel):+z.1%}")
-  return (f"T/P {tpps[-1]:g}: {NAMES[norm]} " + ", ".join(out) + f" (range over {len(seeds_of(cells))} seeds)"
-          if out else "")
 
 
 def _compare_at_top(cells, norm: str, others, passes, tags: tuple[str, str]):
@@ -214,7 +195,7 @@ def zhu_dyt_matches_norm(cells, *, epochs, unigram) -> dict:
                  testability(cells, epochs=epochs, unigram=unigram, need=("T3", "T4"),
                              norms=("layer_norm", "rms_norm", "dyt")),
                  lead=regime(cells, epochs),
-                 short=f"{regime(cells, epochs, compact=True)}: {_top_short(cells, 'dyt', REFS)}")
+                 short=f"{regime(cells, epochs, compact=True)}: {top_short(cells, 'dyt', REFS)}")
 
 
 def zhu_alpha_width(best_alpha: dict) -> dict:
@@ -244,29 +225,10 @@ def derf_beats_all(cells, *, epochs, unigram) -> dict:
   return _finish("derf_beats_all", crit, oks, per, parts,
                  testability(cells, epochs=epochs, unigram=unigram, need=("T3", "T4")),
                  lead=regime(cells, epochs), short=f"{regime(cells, epochs, compact=True)}: "
-                 + _top_short(cells, "derf", ("layer_norm", "rms_norm", "dyt"))
-                 + _nearest_cut(cells, "derf", ("layer_norm", "rms_norm", "dyt")))
+                 + top_short(cells, "derf", ("layer_norm", "rms_norm", "dyt"))
+                 + nearest_cut(cells, "derf", ("layer_norm", "rms_norm", "dyt")))
 
 
-def _nearest_cut(cells, norm: str, others) -> str:
-  """``"; nearest the -1% cut: s11 vs DyT -1.14%"``: the (seed, competitor) pair at the largest T/P whose judged
-  relative difference (the worse of its window sets) lies closest to the rule's cut ``-REL``, so that a reader sees
-  where a verdict sits on a threshold (issue 63's referees: Derf's "partly" rested on one pair at -1.14%, and the
-  fresh seeds' "no" on one at -0.99%); empty without a judged pair."""
-  tpps = tpps_of(cells)
-  if not tpps:
-    return ""
-  cand = []
-  for other in others:
-    for s in seeds_of(cells):
-      p = paired(cells, norm, other, tpps[-1], s)
-      if p is not None:
-        rel = max(x / r for x, r in p["pairs"])
-        cand.append((abs(rel + REL), s, other, rel))
-  if not cand:
-    return ""
-  _, s, other, rel = min(cand)
-  return f"; nearest the -{REL:z.0%} cut: s{s} vs {NAMES[other]} {rel:+z.2%}"
 
 
 def derf_gain(cells, tpp, seed) -> tuple[bool, str]:
@@ -314,7 +276,7 @@ def derf_generalization(cells, *, epochs, unigram) -> dict:
            f"not {REL:z.0%} below both LN's and RMS's)")
     return {"id": "derf_generalization", "criterion": crit, "holds": "n/a", "per_seed": parts,
             "ours": f"{why}; {lead}. Measured: " + "; ".join(parts),
-            "short": f"n/a, no gain to explain: {_top_short(cells, 'derf', REFS)}"}
+            "short": f"n/a, no gain to explain: {top_short(cells, 'derf', REFS)}"}
   return _finish("derf_generalization", crit, oks, per, parts, untestable, lead=lead)
 
 

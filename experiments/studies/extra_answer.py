@@ -136,6 +136,22 @@ def qk_answer(summary: dict) -> list[str]:
          "without (per seed)."]
   pre, post = (_loss_effect(table, lrs, p) if lrs else "" for p in ("pre", "post"))
   if pre:
+    gone = [f"{k} Post-LN run{'s' if k > 1 else ''} {side} QK-norm diverged"
+            for side, qk in (("without", False), ("with", True))
+            if (k := sum(1 for r in table if r.get("position") == "post" and bool(r.get("qk_norm")) == qk
+                         for v in r.get("finals") or [] if not _fin(v)))]
     out[0] += (f" Final loss with minus without: {pre}" + (f"; Post-LN {post.split(', at ')[0]}" if post else "")
-               + " (evaluation noise: Limitations).")
+               + "".join(f"; {g}" for g in gone) + f" ({_diff_noise(summary)}).")
   return out
+
+
+def _diff_noise(summary: dict) -> str:
+  """The noise of a difference of two final losses, from the evaluation size the run recorded (the Limitations'
+  estimate: a per-byte s.d. of about 2 nats, times sqrt(2) for a difference), or a pointer to the Limitations."""
+  from experiments.suite.report_summary import noise_estimate
+  train = (summary.get("provenance") or {}).get("train") or {}
+  size = [train.get(k) for k in ("eval_batches", "batch_size", "seq_len")]
+  if not all(size):
+    return "evaluation noise: Limitations"
+  n = noise_estimate(int(size[0]) * int(size[1]) * int(size[2])) * 2 ** 0.5
+  return f"a difference of two evaluations carries about {n:z.2f} nats of noise: Limitations"

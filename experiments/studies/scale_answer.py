@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from experiments.studies import gpu_reference
+from experiments.studies import gpu_reference, scale_spikes
 from experiments.studies.seeds import signed
 from experiments.studies.seeds import span as _span
 
@@ -118,63 +118,8 @@ def _ladder_line(summary: dict, seq: str, ref: dict | None) -> str:
   regime = (f"{_layout(summary, seq)}, {table[0]['step']}-{table[-1]['step']} steps (T/P "
             f"{tpp[str(table[0]['step'])]:z.2f}-{tpp[str(table[-1]['step'])]:z.2f})")
   return (f"{regime}: {lead}Pre-LN minus Post-LN per seed ({_rates_text(table)}): {pts}"
-          f"{_extreme_spikes(summary, seq)}; "
+          f"{scale_spikes.extreme_spikes(summary, seq)}; "
           f"{move}{_gpu_clause(summary, seq, ref)}.")
-
-
-def _extreme_spikes(summary: dict, seq: str) -> str:
-  """Where a seed at either end of the longest point's per-seed range had a run (of the two compared there) whose
-  training loss spiked by more than ``SPIKE_NATS`` (the run scan the report attaches), which one, by how much and
-  where (issue 63's referee: the range's low end at sequence 256 was a seed whose Post-LN run spiked); else empty."""
-  scan = (summary.get("provenance") or {}).get("runs_scan") or []
-  last = summary["tables"][seq][-1]
-  seeds, d = summary.get("seeds") or [], last["diff"]
-  if not scan or len(seeds) != len(d) or len(d) < 2:
-    return ""
-  words = []
-  for i in sorted({int(np.argmin(d)), int(np.argmax(d))}):
-    runs = _seed_spikes(summary, seq, seeds[i], scan)
-    if runs:
-      words.append(f"seed {seeds[i]} ({d[i]:+z.2f}) spiked: " + ", ".join(runs))
-  return " (" + "; ".join(words) + ")" if words else ""
-
-
-def _rise(summary: dict, seq: str, seed: int, pos: str, scan: list[dict]) -> dict | None:
-  """The largest training-loss rise (``{"rise", "step", ...}``) of ``pos``'s run of ``seed`` compared at the longest
-  point of sequence ``seq``, from the run scan ``scan``; None where the scan has no single such run."""
-  last = summary["tables"][seq][-1]
-  hits = [r for r in scan if r["label"].startswith(f"scale-{pos}-") and f"x{seq}-" in r["label"]
-          and f"-lr{last['lr'][pos]:g}-" in r["label"] and r["label"].endswith(f"-s{seed}")]
-  return hits[0].get("rise") if len(hits) == 1 else None
-
-
-def _seed_spikes(summary: dict, seq: str, seed: int, scan: list[dict]) -> list[str]:
-  """``["Post-LN by 4.14 at step 81", ...]``: the runs of ``seed`` compared at the longest point of sequence
-  ``seq`` whose training loss spiked by more than ``SPIKE_NATS``, from the run scan ``scan``."""
-  from experiments.suite.spikes import SPIKE_NATS
-  out = []
-  for pos, name in (("post", "Post-LN"), ("pre", "Pre-LN")):
-    rise = _rise(summary, seq, seed, pos, scan)
-    if rise and rise["rise"] > SPIKE_NATS:
-      out.append(f"{name} by {rise['rise']:z.2f} at step {rise['step']}")
-  return out
-
-
-def _lone_spike(base: dict, base_scan: list, other: dict, other_scan: list, seq: str, seed: int) -> str:
-  """Which of ``seed``'s runs in ``base`` spiked by at least 1 nat more than the same layout's run in ``other``
-  (the same seed and batches at another schedule), with both runs' final losses at the longest point: the spike
-  that sets a shift apart from the spikes both schedules share (issue 63's fourth referee: every sequence-256 run
-  rises 1.5-2.5 nats at batches both layouts share); empty where none does."""
-  seeds = other["config"]["seeds"]
-  i = seeds.index(seed)
-  out = []
-  for pos, name in (("post", "Post-LN"), ("pre", "Pre-LN")):
-    a, b = _rise(base, seq, seed, pos, base_scan), _rise(other, seq, seed, pos, other_scan)
-    if a and b and a["rise"] - b["rise"] >= 1.0:
-      fa, fb = base["tables"][seq][-1]["values"][pos][i], other["tables"][seq][-1]["values"][pos][i]
-      out.append(f"{name} spiked by {a['rise']:z.2f} at step {a['step']} there ({b['rise']:z.2f} at this schedule; "
-                 f"final {fa:z.3f} -> {fb:z.3f})")
-  return "; ".join(out)
 
 
 def _regime_line(summary: dict) -> str:
@@ -271,8 +216,8 @@ def _schedule_moves(summary: dict, arm: dict) -> str:
     from experiments.suite.registry import read_json
     suite = gpu_reference.RESULTS / "cpu-scale" / "suite.json"
     arm_scan = read_json(suite).get("runs_scan") or [] if suite.exists() else []
-    lone = _lone_spike(arm, arm_scan, summary, (summary.get("provenance") or {}).get("runs_scan") or [], seq,
-                       seeds[big])
+    own_scan = (summary.get("provenance") or {}).get("runs_scan") or []
+    lone = scale_spikes.lone_spike(arm, arm_scan, summary, own_scan, seq, seeds[big])
   margin = sum(x < -0.05 for x in ours["diff"])
   return (f" At sequence {seq}, step {ours['step']}, this schedule (tau {sched[1]} for both layouts, Post-LN warm-up "
           f"{sched[0]}; Pre-LN's rate not re-bracketed at it: a better one could only widen its lead) against the "
@@ -330,7 +275,7 @@ def _schedule_line(summary: dict) -> str | None:
     seeds = scfg.get("seeds") or []
     big = int(np.argmax(moves))
     sch_scan = read_json(root / "suite.json").get("runs_scan") or [] if (root / "suite.json").exists() else []
-    lone = _lone_spike(base, scan, sch, sch_scan, seq, seeds[big]) if len(seeds) == len(moves) else ""
+    lone = scale_spikes.lone_spike(base, scan, sch, sch_scan, seq, seeds[big]) if len(seeds) == len(moves) else ""
     line += (f"; against {where} the schedule moves each seed's difference by "
              + ", ".join(signed(x) for x in moves) + f" (each run's paired noise at most {noise:z.3f}"
              + (f"; seed {seeds[big]}'s {signed(moves[big])}: its {lone}" if lone else "") + ")")
