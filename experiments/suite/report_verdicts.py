@@ -41,7 +41,8 @@ def verdict_table(summaries: dict, rows: list[dict], pilots: dict, confirm=None,
   head = "| claim | ours (short; full numbers in the appendix) | seeds | verdict |" + (
       " pilots predicted |" if pilots else "") + (" fresh seeds |" if confirm else "")
   out = ["## Verdicts", "", head, "|---|---|---|---|" + ("---|" if pilots else "") + ("---|" if confirm else "")]
-  agree, differ, shared, other_same, other_n = 0, [], [], 0, 0
+  agree, differ, shared, other_same, other_n = {"training": 0, "check": 0}, [], [], 0, 0
+  n_kind = {"training": 0, "check": 0}
   judged = ("yes", "partly", "no")
   marked = False
   for kind in KIND_TITLE:
@@ -72,15 +73,18 @@ def verdict_table(summaries: dict, rows: list[dict], pilots: dict, confirm=None,
           other_n += 1
           other_same += there == r["holds"]
         elif there == r["holds"]:
-          agree += 1
+          agree[r["kind"]] += 1
+          n_kind[r["kind"]] += 1
         else:
+          n_kind[r["kind"]] += 1
           differ.append(f"`{r['id']}` {VERDICT_TEXT.get(r['holds'], r['holds'])} here, "
                         f"{VERDICT_TEXT.get(there, there)} there")
       out.append(cell)
   if confirm:
     out += ["", f"Fresh seeds: the same design and rules on {confirm[2]}, which no earlier run had used "
-            f"(`{confirm[0]}`, run after this report; its own report there). Of the {agree + len(differ)} claims "
-            f"judged yes, partly or no on both seed sets, {agree} have the same verdict"
+            f"(`{confirm[0]}`, run after this report; its own report there). Judged yes, partly or no on both seed "
+            f"sets, {agree['training']} of {n_kind['training']} claims about models and training and "
+            f"{agree['check']} of {n_kind['check']} implementation checks have the same verdict"
             + (f"; different: {'; '.join(differ)}" if differ else "")
             + (f". The other rows (not testable, n/a): {other_same} of {other_n} the same" if other_n else "")
             + (f". Not checked on fresh seeds (a seed shared by both runs): {', '.join(shared)}" if shared else "")
