@@ -225,8 +225,8 @@ def derf_beats_all(cells, *, epochs, unigram) -> dict:
   return _finish("derf_beats_all", crit, oks, per, parts,
                  testability(cells, epochs=epochs, unigram=unigram, need=("T3", "T4")),
                  lead=regime(cells, epochs), short=f"{regime(cells, epochs, compact=True)}: "
-                 + top_short(cells, "derf", ("layer_norm", "rms_norm", "dyt"))
-                 + nearest_cut(cells, "derf", ("layer_norm", "rms_norm", "dyt")))
+                 + nearest_cut(cells, "derf", ("layer_norm", "rms_norm", "dyt")).lstrip("; ") + "; "
+                 + top_short(cells, "derf", ("layer_norm", "rms_norm", "dyt")))
 
 
 

@@ -58,6 +58,7 @@ def lone_spike(base: dict, base_scan: list, other: dict, other_scan: list, seq: 
     a, b = rise_of(base, seq, seed, pos, base_scan), rise_of(other, seq, seed, pos, other_scan)
     if a and b and a["rise"] - b["rise"] >= 1.0:
       fa, fb = base["tables"][seq][-1]["values"][pos][i], other["tables"][seq][-1]["values"][pos][i]
-      out.append(f"{name} spiked by {a['rise']:z.2f} at step {a['step']} there ({b['rise']:z.2f} at this schedule; "
-                 f"final {fa:z.3f} -> {fb:z.3f})")
+      tb, to = (f"tau {(x.get('config') or {}).get('decay_timescale')}" for x in (base, other))
+      out.append(f"{name} spiked by {a['rise']:z.2f} at step {a['step']} at {tb} ({b['rise']:z.2f} at {to}; "
+                 f"final {fa:z.3f} at {tb}, {fb:z.3f} at {to})")
   return "; ".join(out)

@@ -50,6 +50,7 @@ def reanalyse(root: str | pathlib.Path, names: list[str], figures: bool = False)
   preset = presets_lib.get_preset(state["preset"])
   ctx = Context(root, preset, progress=False)
   what: list[str] = []
+  changed: list[str] = []
   for name in names:
     done = root / name / "done.json"
     if name not in EXPERIMENTS or not done.exists():
@@ -70,6 +71,9 @@ def reanalyse(root: str | pathlib.Path, names: list[str], figures: bool = False)
       what += [k for k in ["figures" if drawn else None, *(_WHAT.get(k, k) for k in upd)] if k and k not in what]
     else:
       new = dict(module.reanalyse(ctx, cfg, old))
+      before = {c["id"]: c.get("holds") for c in old.get("claims", [])}
+      changed += [f"{c['id']}: {before.get(c['id'])} -> {c.get('holds')}" for c in new.get("claims", [])
+                  if before.get(c["id"]) != c.get("holds")]
     new["config"], new["wall_s"] = old["config"], old.get("wall_s")
     write_json(done, new)
   prov = provenance(preset, None)
@@ -78,6 +82,8 @@ def reanalyse(root: str | pathlib.Path, names: list[str], figures: bool = False)
   inv["redrawn" if figures else "rejudged"] = names
   if figures:
     inv["what"] = what
+  else:
+    inv["verdicts_changed"] = changed
   state.setdefault("invocations", []).append(inv)
   write_json(root / "suite.json", state)
   return report.render(root)

@@ -44,7 +44,9 @@ def provenance_lines(state: dict) -> list[str]:
     if inv.get("report_only"):
       renders.setdefault(inv.get("command", "").strip(), []).append(inv)
       continue
-    what = (f"re-judged from the raw data ({', '.join(inv['rejudged'])}; no unit recomputed)" if inv.get("rejudged")
+    what = (f"re-judged from the raw data ({', '.join(inv['rejudged'])}; no unit recomputed"
+            + ("" if "verdicts_changed" not in inv else "; every verdict unchanged" if not inv["verdicts_changed"]
+               else f"; verdicts changed: {', '.join(inv['verdicts_changed'])}") + ")" if inv.get("rejudged")
             else f"{' and '.join(inv.get('what') or ['figures'])} recomputed from the raw data "
             f"({', '.join(inv['redrawn'])}; verdicts kept, no unit recomputed)" if inv.get("redrawn")
             else "later invocation")

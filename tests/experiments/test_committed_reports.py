@@ -78,3 +78,12 @@ def test_committed_reports_state_their_design_and_rules():
   row = next(x for x in (RESULTS / "gpu" / "report.md").read_text().splitlines()
              if x.startswith("| Post-LN's model update"))
   assert "| [0] |" in row
+
+
+def test_the_derf_row_shows_where_its_verdict_sits_on_the_cut():
+  """Issue 63's referees: Derf's "partly" rests on one pair at -1.14% against the 1% cut, and the fresh seeds' "no"
+  on one at -0.99%; the verdict table's cut-short text must still show the pair nearest the cut."""
+  for name in ("cpu-extra", "cpu-extra-confirm"):
+    row = next(x for x in (RESULTS / name / "report.md").read_text().splitlines()
+               if x.startswith("| Derf, erf(alpha x + s), beats"))
+    assert "nearest the -1% cut: s" in row, (name, row)
