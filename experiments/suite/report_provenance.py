@@ -38,26 +38,45 @@ def provenance_lines(state: dict) -> list[str]:
       f"sha256 `{corpus.get('sha256')}` |",
       f"| git | `{git.get('commit')}`{' (with uncommitted changes)' if git.get('dirty') else ''} |",
   ]
-  later = state.get("invocations", [])[1:]
-  renders: dict[str, list[dict]] = {}
-  for inv in later:
-    if inv.get("report_only"):
-      renders.setdefault(inv.get("command", "").strip(), []).append(inv)
-      continue
-    what = (f"re-judged from the raw data ({', '.join(inv['rejudged'])}; no unit recomputed"
-            + ("" if "verdicts_changed" not in inv else "; every verdict unchanged" if not inv["verdicts_changed"]
-               else f"; verdicts changed: {', '.join(inv['verdicts_changed'])}") + ")" if inv.get("rejudged")
-            else f"{' and '.join(inv.get('what') or ['figures'])} recomputed from the raw data "
-            f"({', '.join(inv['redrawn'])}; verdicts kept, no unit recomputed)" if inv.get("redrawn")
-            else "later invocation")
-    lines.append(f"| {what} | {inv.get('created')}: `{inv.get('command', '').strip()}` ({_git_text(inv)}) |")
-  for command, invs in renders.items():
+  groups: dict[tuple[str, str], list[dict]] = {}
+  for inv in state.get("invocations", [])[1:]:
+    groups.setdefault((_kind(inv), inv.get("command", "").strip()), []).append(inv)
+  order = sorted(groups.items(), key=lambda kv: kv[0][0] == "re-rendered (no unit recomputed)")  # renders last
+  for (what, command), invs in order:
     when = (invs[0].get("created") if len(invs) == 1
             else f"{len(invs)} times, {invs[0].get('created')} to {invs[-1].get('created')}")
-    lines.append(f"| re-rendered (no unit recomputed) | {when}: `{command}` (the last at {_git_text(invs[-1])}; "
-                 "each in `suite.json`'s invocations) |" if len(invs) > 1 else
-                 f"| re-rendered (no unit recomputed) | {when}: `{command}` ({_git_text(invs[-1])}) |")
+    what += _verdict_note(invs)
+    lines.append(f"| {what} | {when}: `{command}` (the last at {_git_text(invs[-1])}; each in `suite.json`'s "
+                 "invocations) |" if len(invs) > 1 else f"| {what} | {when}: `{command}` ({_git_text(invs[-1])}) |")
   return lines
+
+
+def _kind(inv: dict) -> str:
+  """What a later invocation did, as the provenance table's first column says it."""
+  if inv.get("report_only"):
+    return "re-rendered (no unit recomputed)"
+  if inv.get("rejudged"):
+    return f"re-judged from the raw data ({', '.join(inv['rejudged'])}; no unit recomputed"
+  if inv.get("redrawn"):
+    return (f"{' and '.join(inv.get('what') or ['figures'])} recomputed from the raw data "
+            f"({', '.join(inv['redrawn'])}; verdicts kept, no unit recomputed)")
+  return "later invocation"
+
+
+def _verdict_note(invs: list[dict]) -> str:
+  """For re-judgements (their kind ends open): which verdicts they changed, as ``reanalyse`` recorded it (older
+  invocations recorded nothing), and the closing parenthesis; empty for other kinds."""
+  if not invs[0].get("rejudged"):
+    return ""
+  known = [i for i in invs if "verdicts_changed" in i]
+  changed = [c for i in known for c in i["verdicts_changed"]]
+  if changed:
+    return f"; verdicts changed: {', '.join(changed)})"
+  if known and len(known) == len(invs):
+    return "; every verdict unchanged)"
+  if known:
+    return f"; the last {len(known)} left every verdict unchanged)"
+  return ")"
 
 
 def _git_text(inv: dict) -> str:

@@ -306,3 +306,18 @@ def test_a_span_keeps_its_sign_where_it_rounds_to_zero():
   from experiments.studies.seeds import signed, span
   assert span([-0.034, -0.0011, -0.010]) == "-0.03 to -0.001"
   assert signed(-1e-17) == signed(1e-17) == "0.00" and signed(0.004) == "+0.004" and signed(0.3) == "+0.30"
+
+
+def test_provenance_groups_re_judgements_and_says_what_they_changed():
+  """Issue 63's referees: a re-judgement's row says whether it changed a verdict (reanalyse records it); the
+  re-judgements of one command are one row, older ones that recorded nothing counted apart."""
+  rj = {"command": "j", "rejudged": ["dyt"]}
+  state = {"git": {"commit": "abc"}, "invocations": [
+      {"command": "run"}, {**rj, "created": "t1", "git": {"commit": "c1"}},
+      {**rj, "created": "t2", "git": {"commit": "c2"}, "verdicts_changed": []},
+      {"command": "k", "rejudged": ["qk_norm"], "created": "t3", "git": {"commit": "c3"},
+       "verdicts_changed": ["wortsman_qk_lr_sensitivity: partly -> no"]}]}
+  rows = [x for x in report.provenance_lines(state) if "re-judged" in x]
+  assert len(rows) == 2
+  assert "(dyt; no unit recomputed; the last 1 left every verdict unchanged) | 2 times, t1 to t2: `j`" in rows[0]
+  assert "verdicts changed: wortsman_qk_lr_sensitivity: partly -> no)" in rows[1]
