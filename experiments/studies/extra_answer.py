@@ -154,5 +154,5 @@ def _diff_noise(summary: dict) -> str:
   if not all(size):
     return "evaluation noise: Limitations"
   n = noise_estimate(int(size[0]) * int(size[1]) * int(size[2])) * 2 ** 0.5
-  return (f"a difference of two evaluations carries up to about {n:z.2f} nats of noise, an upper estimate (both "
-          "runs read the same windows): Limitations")
+  return (f"a difference of two evaluations carries at most about {n:z.2f} nats of noise (the runs share their "
+          "windows): Limitations")

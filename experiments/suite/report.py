@@ -292,7 +292,9 @@ def render_appendix(root: str | pathlib.Path) -> str:
   for name in sorted(_moved_sections(head, sections)):
     title, body = sections[name]
     out += [f"<a id=\"section-{name}\"></a>", "", title + " (the report's section)", "", body, ""]
-  out += rule_changes.markdown((state.get("git") or {}).get("commit"))
+  out += rule_changes.markdown((state.get("git") or {}).get("commit"),
+                               [(i["rejudged"], (i.get("git") or {}).get("commit", "?"))
+                                for i in state.get("invocations", [])[1:] if i.get("rejudged")])
   out += ["## Claims", "",
           "| claim | kind | source | published | ours | holds? |", "|---|---|---|---|---|---|"]
   for r in rows:

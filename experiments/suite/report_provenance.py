@@ -75,7 +75,8 @@ def _verdict_note(invs: list[dict]) -> str:
   if known and len(known) == len(invs):
     return "; every verdict unchanged)"
   if known:
-    return f"; the last {len(known)} left every verdict unchanged)"
+    n = "the last one" if len(known) == 1 else f"the last {len(known)}"
+    return f"; {n} left every verdict unchanged)"
   return ")"
 
 

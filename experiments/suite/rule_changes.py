@@ -96,12 +96,21 @@ def _seeds_text(seeds) -> str:
   return f"{s[0]}-{s[-1]}" if len(s) > 2 and s == list(range(s[0], s[-1] + 1)) else ", ".join(map(str, s))
 
 
-def markdown(commit: str | None = None) -> list[str]:
+def markdown(commit: str | None = None, rejudged: list[tuple[list[str], str]] | None = None) -> list[str]:
   """The report's "Rule changes" section: one table row per change, after the line naming the commit
-  whose rules this report applies (``commit``, the run's git commit; None: not known)."""
+  whose rules this report applies (``commit``, the run's git commit; None: not known) and, where studies were
+  re-judged from their raw data since (``rejudged``: ``(study names, commit)`` per re-judgement), the later
+  commits whose rules those studies' verdicts follow."""
   frozen = (f"This report's rules are those of its commit, git `{commit}`: the issue-31 rules (first frozen after "
             "the pilots on seeds 100-102 and the report at 87da7be had been seen) with every change in the table "
-            "below up to that commit. " if commit else "")
+            "below up to that commit" if commit else "")
+  if frozen and rejudged:
+    last: dict[str, str] = {}
+    for names, c in rejudged:
+      last.update({n: str(c)[:7] for n in names})
+    frozen += ("; except the studies re-judged from their raw data since, whose verdicts follow the rules of the "
+               "last re-judgement's commit: " + ", ".join(f"{n} (git `{c}`)" for n, c in last.items()))
+  frozen += ". " if frozen else ""
   out = ["## Rule changes", "",
          frozen + "Every change of a verdict rule since the first committed `cpu` report, with whether the verdicts of "
          "the data it judges had been read when it changed. A rule changed after its data was seen is disclosed here, "

@@ -319,5 +319,5 @@ def test_provenance_groups_re_judgements_and_says_what_they_changed():
        "verdicts_changed": ["wortsman_qk_lr_sensitivity: partly -> no"]}]}
   rows = [x for x in report.provenance_lines(state) if "re-judged" in x]
   assert len(rows) == 2
-  assert "(dyt; no unit recomputed; the last 1 left every verdict unchanged) | 2 times, t1 to t2: `j`" in rows[0]
+  assert "(dyt; no unit recomputed; the last one left every verdict unchanged) | 2 times, t1 to t2: `j`" in rows[0]
   assert "verdicts changed: wortsman_qk_lr_sensitivity: partly -> no)" in rows[1]
