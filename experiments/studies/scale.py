@@ -30,7 +30,7 @@ import dataclasses
 import numpy as np
 
 from experiments.studies import scale_rules as rules
-from experiments.studies.scale_answer import answer  # noqa: F401 (the study protocol's answer)
+from experiments.studies.scale_answer import answer, fresh_answer  # noqa: F401 (the study protocol's answers)
 from experiments.studies.summary_lines import scale_noise_line as noise_line  # noqa: F401 (the protocol's)
 from experiments.suite.runs import param_count
 from experiments.suite.study import Unit

@@ -282,6 +282,26 @@ def _schedule_line(summary: dict) -> str | None:
   return line + _gpu_vs(last["diff"], _ref(summary)) + "."
 
 
+def fresh_answer(summary: dict) -> list[str]:
+  """The one line a report prints for this study's fresh-seed run beside its own answer (the report's hook for
+  ``confirmation_results``): per sequence length, Pre - Post per seed at the longest point, whether the sign
+  changes, and the slope per doubling; the other lines (regime, confounders, the committed arm and schedule
+  runs) would repeat the report's own."""
+  if not summary.get("tables"):
+    return []
+  parts = []
+  for seq in sorted(summary["tables"], key=int):
+    table, tpp = summary["tables"][seq], summary["tpp"][seq]
+    extra = summary["per_seq"][seq]
+    cross = [c for c in extra.get("crossing") or [] if c is not None]
+    sign = (f"Post-LN overtakes in {len(cross)}/{len(extra['crossing'])} seeds" if cross else
+            f"no sign change, {extra['slope_per_doubling']:+z.3f} nats per doubling")
+    parts.append(f"{_layout(summary, seq)} {_span(table[-1]['diff'])} at T/P {tpp[str(table[-1]['step'])]:z.2f} "
+                 f"({sign})")
+  seeds = summary.get("seeds") or []
+  return [f"Seeds {seeds}: Pre-LN minus Post-LN per seed " + "; ".join(parts) + "."]
+
+
 def answer(summary: dict) -> list[str]:
   """The study's "What to use" sentences (see the module docstring)."""
   if not summary.get("tables"):

@@ -147,8 +147,9 @@ def _load(root: pathlib.Path):
 def answer(summaries: dict, fresh: tuple[str, dict] | None = None) -> list[str]:
   """The "What to use" sentences: each study module's optional ``answer(summary) -> list[str]``, in the
   report's order. ``fresh``: ``(label, summaries)`` of the preset's fresh-seed confirmation run
-  (:func:`confirmation_verdicts`); each of its studies' sentences then follows the report's own, opened by
-  ``label`` (issue 63's third referee: a user reads both seed sets' numbers side by side).
+  (:func:`confirmation_verdicts`); each of its studies' sentences (its optional ``fresh_answer``, else its
+  ``answer``) then follows the report's own, opened by ``label`` (issue 63's third referee: a user reads both
+  seed sets' numbers side by side).
 
   Raises:
     ValueError: the sentences are longer than :data:`ANSWER_WORDS` words (a study's answer must be cut,
@@ -156,11 +157,12 @@ def answer(summaries: dict, fresh: tuple[str, dict] | None = None) -> list[str]:
   """
   out = []
   for name, summary in summaries.items():
-    fn = getattr(study.load(EXPERIMENTS[name]), "answer", None)
+    module = study.load(EXPERIMENTS[name])
+    fn = getattr(module, "answer", None)
     if fn is not None:
       out += fn(summary)
       if fresh is not None and name in fresh[1]:
-        out += [f"{fresh[0]}: {x}" for x in fn(fresh[1][name])]
+        out += [f"{fresh[0]}: {x}" for x in getattr(module, "fresh_answer", fn)(fresh[1][name])]
   words = sum(len(x.split()) for x in out)
   if words > ANSWER_WORDS:
     raise ValueError(f"the studies' answers must be at most {ANSWER_WORDS} words, got {words}: {out}")

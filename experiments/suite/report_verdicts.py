@@ -83,8 +83,9 @@ def verdict_table(summaries: dict, rows: list[dict], pilots: dict, confirm=None,
   if confirm:
     out += ["", f"Fresh seeds: the same design and rules on {confirm[2]}, which no earlier run had used "
             f"(`{confirm[0]}`, run after this report; its own report there). Judged yes, partly or no on both seed "
-            f"sets, {agree['training']} of {n_kind['training']} claims about models and training and "
-            f"{agree['check']} of {n_kind['check']} implementation checks have the same verdict"
+            f"sets, {agree['training']} of {n_kind['training']} claims about models and training"
+            + (f" and {agree['check']} of {n_kind['check']} implementation checks" if n_kind["check"] else "")
+            + " have the same verdict"
             + (f"; different: {'; '.join(differ)}" if differ else "")
             + (f". The other rows (not testable, n/a): {other_same} of {other_n} the same" if other_n else "")
             + (f". Not checked on fresh seeds (a seed shared by both runs): {', '.join(shared)}" if shared else "")

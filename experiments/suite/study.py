@@ -22,6 +22,8 @@ Optionally (:data:`OPTIONAL`; the report reads them through the registry and nam
   where it measured it, given its own evaluation size (every study that gives one has its line; the studies
   that train without one share a line with the estimate at their own sizes, issue 63);
 * ``TIMED_STEPS = True``: its preset entry's ``steps`` are timed steps, not a training run's length;
+* ``fresh_answer(summary) -> list[str]``: its sentences for a fresh-seed run beside the report's own (a
+  preset's ``confirmation_results``; default: ``answer``);
 * ``appendix_note(summary) -> str | None``: a line the appendix prints above its verdict tables (how to read
   this run's rows, e.g. the committed gpu run's verdicts judged by an older commit's rules).
 
@@ -43,7 +45,7 @@ from typing import Any, Protocol, runtime_checkable
 __all__ = ["OPTIONAL", "REQUIRED", "Study", "Unit", "load"]
 
 REQUIRED = ("TITLE", "RAW_DATA", "Config", "units", "run", "report_section")
-OPTIONAL = ("HEADLINE", "answer", "instabilities", "noise_line", "TIMED_STEPS", "appendix_note")
+OPTIONAL = ("HEADLINE", "answer", "instabilities", "noise_line", "TIMED_STEPS", "appendix_note", "fresh_answer")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ import pytest
 from experiments.suite import report
 
 RESULTS = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "results"
-RENDERED = ("cpu", "cpu-scale", "cpu-scale-schedule", "cpu-extra", "cpu-extra-confirm", "gpu")
+RENDERED = ("cpu", "cpu-scale", "cpu-scale-confirm", "cpu-scale-schedule", "cpu-extra", "cpu-extra-confirm", "gpu")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
