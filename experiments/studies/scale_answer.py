@@ -267,7 +267,8 @@ def _schedule_line(summary: dict) -> str | None:
     arm = read_json(arm_root / "scale" / "done.json") if (arm_root / "scale" / "done.json").exists() else None
     if arm and seq in arm["tables"] and (arm.get("config") or {}).get("seeds") == scfg.get("seeds"):
       acfg = arm["config"]
-      base, where = arm, f"the arm's (tau {acfg.get('decay_timescale')}, warm-up {acfg.get('warmup')}; same seeds)"
+      base, where = arm, (f"the arm's (tau {acfg.get('decay_timescale')}, warm-up {acfg.get('warmup')}; the same "
+                          f"seeds {', '.join(map(str, scfg.get('seeds') or []))})")
       scan = read_json(arm_root / "suite.json").get("runs_scan") or [] if (arm_root / "suite.json").exists() else []
   if base is not None and base["tables"][seq][-1]["step"] == last["step"]:
     moves = [a - b for a, b in zip(last["diff"], base["tables"][seq][-1]["diff"])]
@@ -296,10 +297,13 @@ def fresh_answer(summary: dict) -> list[str]:
     cross = [c for c in extra.get("crossing") or [] if c is not None]
     sign = (f"Post-LN overtakes in {len(cross)}/{len(extra['crossing'])} seeds" if cross else
             f"no sign change, {extra['slope_per_doubling']:+z.3f} nats per doubling")
-    parts.append(f"{_layout(summary, seq)} {_span(table[-1]['diff'])} at T/P {tpp[str(table[-1]['step'])]:z.2f} "
-                 f"({sign})")
-  seeds = summary.get("seeds") or []
-  return [f"Seeds {seeds}: Pre-LN minus Post-LN per seed " + "; ".join(parts) + "."]
+    d = table[-1]["diff"]
+    near = min(abs(abs(x) - 0.05) for x in d)
+    edge = f", the closest {near:z.3f} from the 0.05 margin" if near < 0.02 else ""
+    parts.append(f"{_layout(summary, seq)} " + ", ".join(f"{x:+z.3f}" for x in d)
+                 + f" at T/P {tpp[str(table[-1]['step'])]:z.2f} ({sign}{edge})")
+  seeds = ", ".join(str(x) for x in summary.get("seeds") or [])
+  return [f"Pre-LN minus Post-LN on seeds {seeds}: " + "; ".join(parts) + "."]
 
 
 def answer(summary: dict) -> list[str]:
