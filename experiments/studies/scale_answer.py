@@ -284,10 +284,8 @@ def _schedule_line(summary: dict) -> str | None:
 
 
 def fresh_answer(summary: dict) -> list[str]:
-  """The one line a report prints for this study's fresh-seed run beside its own answer (the report's hook for
-  ``confirmation_results``): per sequence length, Pre - Post per seed at the longest point, whether the sign
-  changes, and the slope per doubling; the other lines (regime, confounders, the committed arm and schedule
-  runs) would repeat the report's own."""
+  """The line a report prints for this study's fresh-seed run beside its own answer (``confirmation_results``):
+  per sequence length, Pre - Post per seed at the longest point, the sign and slope, how near the margin."""
   if not summary.get("tables"):
     return []
   parts = []
@@ -297,8 +295,7 @@ def fresh_answer(summary: dict) -> list[str]:
     cross = [c for c in extra.get("crossing") or [] if c is not None]
     sign = (f"Post-LN overtakes in {len(cross)}/{len(extra['crossing'])} seeds" if cross else
             f"no sign change, {extra['slope_per_doubling']:+z.3f} nats per doubling")
-    d = table[-1]["diff"]
-    near = min(abs(abs(x) - 0.05) for x in d)
+    d, near = table[-1]["diff"], min(abs(abs(x) - 0.05) for x in table[-1]["diff"])
     edge = f", the closest {near:z.3f} from the 0.05 margin" if near < 0.02 else ""
     parts.append(f"{_layout(summary, seq)} " + ", ".join(f"{x:+z.3f}" for x in d)
                  + f" at T/P {tpp[str(table[-1]['step'])]:z.2f} ({sign}{edge})")
