@@ -81,7 +81,10 @@ def loss_differences(folders: dict[str, str | pathlib.Path]) -> list[str]:
     other = finals(folders[n])
     d = sorted(abs(other[k] - base[k]) for k in base.keys() & other.keys())
     if not d:
-      lines.append(f"- {n} vs {names[0]}: no run in common")
+      bare = [x for x in (names[0], n) if not (pathlib.Path(folders[x]) / "runs").is_dir()]
+      lines.append(f"- {n} vs {names[0]}: losses not compared, " + (
+          f"{' and '.join(bare)} keep no run cache (a committed folder leaves its runs out; the studies' raw data "
+          "hold their losses)" if bare else "no run in common (the runs' labels differ)"))
       continue
     lines.append(f"- {n} vs {names[0]}: {len(d)} runs in common, |final loss difference| median {d[len(d) // 2]:z.2g}, "
                  f"largest {d[-1]:z.3f} nats; {sum(x > 0.01 for x in d)} differ by more than 0.01, "
