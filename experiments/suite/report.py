@@ -170,13 +170,15 @@ def answer(summaries: dict, fresh: tuple[str, dict] | None = None) -> list[str]:
 
 
 def _figures(summaries: dict) -> list[str]:
-  """The headline figures of each study (``HEADLINE``), two per row."""
+  """The headline figures of each study (``HEADLINE``), two per row (one figure alone, without a table)."""
   figs = []
   for name, summary in summaries.items():
     module = study.load(EXPERIMENTS[name])
     figs += [f"{name}/{f}" for f in getattr(module, "HEADLINE", ()) if f in summary.get("files", [])]
   if not figs:
     return []
+  if len(figs) == 1:   # one figure: no table with an empty cell
+    return [f"![{figs[0]}]({figs[0]})", ""]
   out = ["| | |", "|---|---|"]
   for i in range(0, len(figs), 2):
     cells = [f"![{f}]({f})" for f in figs[i:i + 2]] + [""] * (2 - len(figs[i:i + 2]))
