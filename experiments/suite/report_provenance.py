@@ -143,28 +143,26 @@ def confirmation_verdicts(state: dict) -> tuple[str, dict[str, str], str, dict[s
   ``confirmation_results``, a folder of the repository; issue 63), or None where it names none, the folder holds
   no finished study, or the folder is a run of this report's own preset (a confirmation preset that extends
   its base inherits the key)."""
-  from experiments.suite.compare_verdicts import verdicts_of
   rel = (presets_lib.PRESETS.get(state.get("preset"), {}) or {}).get("confirmation_results")
   if not rel:
     return None
   root = pathlib.Path(__file__).resolve().parents[2] / rel
   if not (root / "suite.json").exists() or read_json(root / "suite.json").get("preset") == state.get("preset"):
     return None
-  try:
-    verdicts = verdicts_of(root)
-  except ValueError:
-    return None
-  seeds = {}
-  for done in sorted(root.glob("*/done.json")):
-    d = read_json(done)
+  done = {d.parent.name: read_json(d) for d in sorted(root.glob("*/done.json"))}   # one read of each study
+  verdicts, seeds = {}, {}
+  for study, d in done.items():
     for c in d.get("claims", []):
-      seeds[f"{done.parent.name}/{c['id']}"] = c.get("seeds", d.get("seeds", ""))
-  return rel, verdicts, _seeds_text(root), seeds
+      seeds[f"{study}/{c['id']}"] = c.get("seeds", d.get("seeds", ""))
+      if c.get("holds") != "obs":   # as compare_verdicts.verdicts_of counts them
+        verdicts[f"{study}/{c['id']}"] = c["holds"]
+  if not verdicts:
+    return None
+  return rel, verdicts, _seeds_text({k: d.get("seeds") for k, d in done.items()}), seeds
 
 
-def _seeds_text(root: pathlib.Path) -> str:
-  """``"seeds [50, 51, 52] (vjp [50])"``: the seeds most of the folder's studies ran, and each other study's."""
-  per = {d.parent.name: read_json(d).get("seeds") for d in sorted(root.glob("*/done.json"))}
+def _seeds_text(per: dict) -> str:
+  """``"seeds [50, 51, 52] (vjp [50])"``: of ``{study: seeds}``, the seeds most studies ran, and each other one's."""
   per = {k: v for k, v in per.items() if v}
   if not per:
     return "its seeds"
