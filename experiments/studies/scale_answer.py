@@ -213,11 +213,8 @@ def _schedule_moves(summary: dict, arm: dict) -> str:
   seeds = cfg.get("seeds") or []
   lone = ""
   if len(seeds) == len(moves):
-    from experiments.suite.registry import read_json
-    suite = gpu_reference.RESULTS / "cpu-scale" / "suite.json"
-    arm_scan = read_json(suite).get("runs_scan") or [] if suite.exists() else []
-    own_scan = (summary.get("provenance") or {}).get("runs_scan") or []
-    lone = scale_spikes.lone_spike(arm, arm_scan, summary, own_scan, seq, seeds[big])
+    lone = scale_spikes.lone_spike(arm, scale_spikes.scan_of(gpu_reference.RESULTS / "cpu-scale"), summary,
+                                   (summary.get("provenance") or {}).get("runs_scan") or [], seq, seeds[big])
   margin = sum(x < -0.05 for x in ours["diff"])
   return (f" At sequence {seq}, step {ours['step']}, this schedule (tau {sched[1]} for both layouts, Post-LN warm-up "
           f"{sched[0]}; Pre-LN's rate not re-bracketed at it: a better one could only widen its lead) against the "
@@ -269,13 +266,13 @@ def _schedule_line(summary: dict) -> str | None:
       acfg = arm["config"]
       base, where = arm, (f"the arm's (tau {acfg.get('decay_timescale')}, warm-up {acfg.get('warmup')}; the same "
                           f"seeds {', '.join(map(str, scfg.get('seeds') or []))})")
-      scan = read_json(arm_root / "suite.json").get("runs_scan") or [] if (arm_root / "suite.json").exists() else []
+      scan = scale_spikes.scan_of(arm_root)
   if base is not None and base["tables"][seq][-1]["step"] == last["step"]:
     moves = [a - b for a, b in zip(last["diff"], base["tables"][seq][-1]["diff"])]
     noise = max((x.get("noise") or {}).get("max", 0.0) for x in (base["per_seq"][seq], sch["per_seq"][seq]))
     seeds = scfg.get("seeds") or []
     big = int(np.argmax(moves))
-    sch_scan = read_json(root / "suite.json").get("runs_scan") or [] if (root / "suite.json").exists() else []
+    sch_scan = scale_spikes.scan_of(root)
     lone = scale_spikes.lone_spike(base, scan, sch, sch_scan, seq, seeds[big]) if len(seeds) == len(moves) else ""
     line += (f"; against {where} the schedule moves each seed's difference by "
              + ", ".join(signed(x) for x in moves) + f" (each run's paired noise at most {noise:z.3f}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["extreme_spikes", "lone_spike", "rise_of", "seed_spikes"]
+__all__ = ["extreme_spikes", "lone_spike", "rise_of", "scan_of", "seed_spikes"]
 
 
 def extreme_spikes(summary: dict, seq: str) -> str:
@@ -62,3 +62,9 @@ def lone_spike(base: dict, base_scan: list, other: dict, other_scan: list, seq: 
       out.append(f"{name} spiked by {a['rise']:z.2f} at step {a['step']} at {tb} ({b['rise']:z.2f} at {to}; "
                  f"final {fa:z.3f} at {tb}, {fb:z.3f} at {to})")
   return "; ".join(out)
+
+
+def scan_of(root) -> list[dict]:
+  """The run scan a committed results folder recorded (its ``suite.json``), or empty."""
+  from experiments.suite.registry import read_json
+  return (read_json(root / "suite.json").get("runs_scan") or []) if (root / "suite.json").exists() else []
