@@ -258,7 +258,7 @@ class TransformerLM(nnx.Module):
     # block gets a zero pending output (x + 0 = x exactly).
     carried = cfg.fused and cfg.norm_position in ("pre", "sandwich")
     body = functools.partial(_block_body, graphdef, carried, collect_stats)
-    carry = (x, jnp.zeros_like(x)) if carried else x
+    carry = (x, _pending_zeros(x)) if carried else x
     scales = (1.0 / jnp.sqrt(jnp.arange(1, cfg.n_layers + 1, dtype=jnp.float32))
               if cfg.norm_scaling else None)
     if cfg.scan_layers and cfg.n_layers > 1:  # (one layer: the body once, no loop)
@@ -298,6 +298,27 @@ class TransformerLM(nnx.Module):
       raise ValueError(f"i must be in [0, n_layers={self.config.n_layers}), got {i}.")
     graphdef, state = nnx.split(self.blocks)
     return nnx.merge(graphdef, _layer_slice(state, i))
+
+
+@jax.custom_jvp
+def _pending_zeros(x):
+  """``jnp.zeros_like(x)`` whose tangent is an array of zeros, not JAX's symbolic zero.
+
+  The first pending sub-layer output of the carried (fused) scan. With ``jnp.zeros_like`` its
+  tangent is symbolically zero, and the scan's differentiation, which iterates until it knows
+  which carry tangents are nonzero, linearizes the whole block body a second time once the
+  body's output says that this one is not (issue 62: the cpu preset's training step traced in
+  100 ms instead of 70; ``docs/perf-notes.md``). Values and derivatives are those of
+  ``jnp.zeros_like``."""
+  return jnp.zeros_like(x)
+
+
+@_pending_zeros.defjvp
+def _pending_zeros_jvp(primals, tangents):
+  (x,), (t,) = primals, tangents
+  # A tangent linear in t (so that differentiation treats it as a tangent, not a constant) that
+  # is exactly zero even where t is not finite (t * 0 would be NaN there), as is its transpose.
+  return jnp.zeros_like(x), jax.lax.select(jnp.zeros(t.shape, bool), t, jnp.zeros_like(t))
 
 
 def _layer_slice(state, i: int):

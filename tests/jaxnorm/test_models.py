@@ -283,6 +283,38 @@ def test_scan_matches_unrolled(position, norm_type, impl):
   assert all(float(jnp.abs(g[i]).max()) > 1e-4 for i in range(3))  # every layer has a gradient
 
 
+@pytest.mark.parametrize("position", ["pre", "sandwich"])
+def test_fused_scan_differentiates_its_body_once(monkeypatch, position):
+  """The carried (fused) scan's first pending sub-layer output has a tangent that JAX does not
+  treat as symbolically zero, so reverse mode linearizes the scanned body once (issue 62: with
+  ``jnp.zeros_like`` it linearized it twice, and the cpu preset's step traced 1.5x Flax's):
+  every add + norm forward rule runs once per call in the traced gradient. The pending zeros
+  are exact zeros, in value, tangent and cotangent, even along a NaN tangent or cotangent."""
+  from jaxnorm.backends import table
+  from jaxnorm.models import _transformer
+
+  calls = []
+  add_forward = table.add_forward
+  monkeypatch.setattr(table, "add_forward", lambda *a, **k: calls.append(1) or add_forward(*a, **k))
+  cfg = _config(norm_position=position, norm_impl="jaxnorm", n_layers=3, scan_layers=True)
+  graphdef, state = nnx.split(nnx.eval_shape(lambda: _build(cfg)))
+  tokens = _tokens()
+
+  def loss(state):
+    return jnp.mean(nnx.merge(graphdef, state)(tokens) ** 2)
+
+  jax.make_jaxpr(jax.grad(loss))(state)
+  # The scanned body's two fused adds + norms (traced once for every layer) and the final one.
+  assert len(calls) == 3, len(calls)
+
+  x = jnp.arange(6.0).reshape(2, 3)
+  nan = jnp.full_like(x, jnp.nan)
+  y, t = jax.jvp(_transformer._pending_zeros, (x,), (nan,))
+  y_bar = jax.vjp(_transformer._pending_zeros, x)[1](nan)[0]
+  for a in (y, t, y_bar):
+    np.testing.assert_array_equal(a, jnp.zeros_like(x))
+
+
 def test_scanned_program_does_not_grow_with_depth():
   """The traced forward+backward of a 2- and an 8-layer model have the same number of ops."""
   def n_eqns(n_layers):
