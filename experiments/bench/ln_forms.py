@@ -1,0 +1,150 @@
+"""LayerNorm's forward alone written four ways in plain ``jnp``, against Flax's and jaxnorm's layers.
+
+Issue 62 asks for jaxnorm's accurate LayerNorm forward at most 5% above Flax's default (the fast
+variance). This separates the algorithm from the library: each form below is a jitted ``jnp``
+function (no jaxnorm code), timed interleaved in one process with Flax's ``nnx.LayerNorm`` and
+jaxnorm's (defaults, ``nnx.jit``)::
+
+  python -m experiments.bench.ln_forms [--shapes 1024x64,4096x256] [--rounds 9] [--out DIR]
+
+The forms (float32, scale 1.1, bias 0.1, ``x ~ N(3, 1)``):
+
+* ``offset``: jaxnorm's accurate statistics, the mean, then ``sum(x - m)`` and ``sum((x - m)^2)``;
+* ``first_pivot``: both shifted sums about the row's first element, in one pass;
+* ``two_pass``: the mean, then ``sum((x - m)^2)`` (Flax's ``use_fast_variance=False``);
+* ``fast``: ``sum(x)`` and ``sum(x^2)`` in one pass (Flax's default).
+
+Each sample is the mean CPU time (``time.process_time``) of as many calls as fit in ``--sample-ms``;
+the table gives each form's median over ``--rounds`` rounds and its ratio to Flax's layer and to
+the ``fast`` form of the same run. Writes ``ln_forms.json`` and ``ln_forms.md`` under ``--out``
+when given. The figures of issue 62 are in ``docs/perf-notes.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import jaxnorm.nnx
+from experiments.argtypes import positive_int
+from experiments.bench.cli import machine, versions
+
+
+def _normalize(xc, delta, var, g, b, eps=1e-6):
+  return (xc - delta) * jax.lax.rsqrt(var + eps) * g[None] + b[None]
+
+
+def offset(x, g, b):
+  n = x.shape[-1]
+  xc = x - jnp.sum(x, -1, keepdims=True) / n
+  delta = jnp.sum(xc, -1, keepdims=True) / n
+  return _normalize(xc, delta, jnp.maximum(jnp.sum(xc * xc, -1, keepdims=True) / n
+                                              - delta * delta, 0.0), g, b)
+
+
+def first_pivot(x, g, b):
+  n = x.shape[-1]
+  xc = x - x[:, :1]
+  delta = jnp.sum(xc, -1, keepdims=True) / n
+  return _normalize(xc, delta, jnp.maximum(jnp.sum(xc * xc, -1, keepdims=True) / n
+                                              - delta * delta, 0.0), g, b)
+
+
+def two_pass(x, g, b):
+  n = x.shape[-1]
+  xc = x - jnp.sum(x, -1, keepdims=True) / n
+  return _normalize(xc, 0.0, jnp.sum(xc * xc, -1, keepdims=True) / n, g, b)
+
+
+def fast(x, g, b):
+  n = x.shape[-1]
+  m = jnp.sum(x, -1, keepdims=True) / n
+  return _normalize(x - m, 0.0, jnp.maximum(jnp.sum(x * x, -1, keepdims=True) / n - m * m,
+                                               0.0), g, b)
+
+
+FORMS = {"offset": offset, "first_pivot": first_pivot, "two_pass": two_pass, "fast": fast}
+
+
+def _programs(rows: int, d: int) -> dict:
+  """``{name: (callable, args)}``: the four forms and the two layers, compiled."""
+  x = jax.random.normal(jax.random.key(0), (rows, d)) + 3.0
+  g, b = jnp.full((d,), 1.1), jnp.full((d,), 0.1)
+  out = {k: (jax.jit(f), (x, g, b)) for k, f in FORMS.items()}
+  call = nnx.jit(lambda m, x: m(x))
+  out["flax"] = (call, (nnx.LayerNorm(d, rngs=nnx.Rngs(0)), x))
+  out["jaxnorm"] = (nnx.jit(lambda m, x: m(x)), (jaxnorm.nnx.LayerNorm(d, rngs=nnx.Rngs(0)), x))
+  for fn, args in out.values():
+    fn(*args).block_until_ready()
+  return out
+
+
+def measure(rows: int, d: int, rounds: int, sample_ms: float) -> dict:
+  """``{name: [seconds per call, one per round]}`` for the forms and layers at ``rows x d``."""
+  programs = _programs(rows, d)
+  samples = {k: [] for k in programs}
+  for _ in range(rounds):
+    for k, (fn, args) in programs.items():
+      t0, calls = time.process_time(), 0
+      while time.process_time() - t0 < sample_ms / 1e3:
+        fn(*args).block_until_ready()
+        calls += 1
+      samples[k].append((time.process_time() - t0) / calls)
+  return samples
+
+
+def markdown(report: dict) -> str:
+  lines = ["# LayerNorm's forward alone, four forms in plain jnp against Flax's and jaxnorm's layers",
+           "", f"Machine: {report['machine']}. Versions: {report['versions']}. "
+           f"{report['rounds']} interleaved rounds of {report['sample_ms']} ms CPU-time samples; "
+           "medians. Command: `" + report["command"] + "`.", "",
+           "| shape | form | median (us) | / Flax's layer | / fast form |", "|---|---|---|---|---|"]
+  for shape, samples in report["samples"].items():
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    for k, t in med.items():
+      lines.append(f"| {shape} | {k} | {t * 1e6:.0f} | {t / med['flax']:.2f} | "
+                   f"{t / med['fast']:.2f} |")
+  return "\n".join(lines) + "\n"
+
+
+def _shape(text: str) -> tuple[int, int]:
+  parts = text.split("x")
+  if len(parts) != 2:
+    raise argparse.ArgumentTypeError(f"a shape is ROWSxD, got {text!r}")
+  return positive_int(parts[0]), positive_int(parts[1])
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m experiments.bench.ln_forms",
+                                   description=__doc__.split("\n")[0])
+  parser.add_argument("--shapes", default="1024x64,4096x256,8192x1024",
+                      type=lambda s: tuple(_shape(t) for t in s.split(",")))
+  parser.add_argument("--rounds", type=positive_int, default=9)
+  parser.add_argument("--sample-ms", type=positive_int, default=100)
+  parser.add_argument("--out", default=None, help="folder for ln_forms.json and ln_forms.md")
+  args = parser.parse_args(argv)
+  report = {"machine": machine(), "versions": versions(), "rounds": args.rounds,
+            "sample_ms": args.sample_ms,
+            "command": "python -m experiments.bench.ln_forms " + " ".join(argv or []),
+            "samples": {f"{r}x{d}": measure(r, d, args.rounds, args.sample_ms)
+                        for r, d in args.shapes}}
+  text = markdown(report)
+  print(text)
+  if args.out:
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "ln_forms.json"), "w") as f:
+      json.dump(report, f, indent=1)
+    with open(os.path.join(args.out, "ln_forms.md"), "w") as f:
+      f.write(text)
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

@@ -1,0 +1,42 @@
+"""experiments.bench.ln_forms: its forms compute LayerNorm, the offset form is the exact one, and the
+command writes its files."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments.bench import ln_forms
+
+
+def _reference(x, g, b):
+  x = np.asarray(x, np.float64)
+  xc = x - x.mean(-1, keepdims=True)
+  return xc / np.sqrt((xc * xc).mean(-1, keepdims=True) + 1e-6) * np.asarray(g) + np.asarray(b)
+
+
+def test_the_forms_are_layer_norm_and_only_the_offset_forms_keep_a_large_mean():
+  g, b = jnp.full((64,), 1.1), jnp.full((64,), 0.1)
+  for mean, exact in ((3.0, ln_forms.FORMS), (1e4, ("offset", "first_pivot"))):
+    x = jax.random.normal(jax.random.key(1), (32, 64)) + mean
+    ref = _reference(x, g, b)
+    errors = {k: float(np.abs(np.asarray(f(x, g, b)) - ref).max()) for k, f in ln_forms.FORMS.items()}
+    for k in ln_forms.FORMS:
+      assert (errors[k] < 2e-5) == (k in exact), (mean, errors)
+
+
+def test_the_command_writes_its_table(tmp_path):
+  assert ln_forms.main(["--shapes", "8x16", "--rounds", "1", "--sample-ms", "1",
+                        "--out", str(tmp_path)]) == 0
+  report = json.loads((tmp_path / "ln_forms.json").read_text())
+  assert set(report["samples"]["8x16"]) == set(ln_forms.FORMS) | {"flax", "jaxnorm"}
+  assert "| 8x16 | offset |" in (tmp_path / "ln_forms.md").read_text()
+
+
+def test_a_bad_shape_is_refused():
+  with pytest.raises(SystemExit):
+    ln_forms.main(["--shapes", "8-16"])
