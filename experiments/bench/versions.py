@@ -8,7 +8,8 @@ Prepare the earlier version as a package of another name, then run (from the rep
   PYTHONPATH=/tmp/old:. python experiments/bench/versions.py OUT.json [--shapes S] [--modes M]
 
 ``--shapes``: ``TOKENSxD,...`` (default ``1024x64,4096x256,8192x1024``, the CPU bench's);
-``--modes``: a subset of ``fwd,jvp,fwd+bwd`` (default all three).
+``--modes``: a subset of ``fwd,jvp,fwd+bwd`` (default all three); ``--sample-ms``: CPU milliseconds
+of calls per sample (default 10).
 
 Per op (``--ops``: LayerNorm, RMSNorm, DyT, Derf and the two residual add + norm ops by default),
 shape, dtype and mode (forward, ``jax.jvp``, forward+backward as one jitted gradient), the three
@@ -27,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 import jaxnorm
+from experiments.argtypes import positive_int
 import jaxnorm_old  # noqa: F401  (the earlier version, see the docstring)
 
 
@@ -114,6 +116,8 @@ _ONE_INPUT = [op for op in jaxnorm.OPS.values() if op.inputs == ("x",)]
 DEFAULT_OPS = [n for n in [op.name for op in _ONE_INPUT]
                + [op.add_fn.__name__ for op in _ONE_INPUT if op.add_fn is not None]
                if hasattr(jaxnorm_old, n)]
+parser.add_argument("--sample-ms", type=positive_int, default=10,
+                    help="CPU milliseconds of calls per sample (default 10)")
 parser.add_argument("--ops", type=lambda t: t.split(","), default=DEFAULT_OPS,
                     help="ops to compare (default: those of jaxnorm.OPS the earlier version has)")
 args = parser.parse_args()
@@ -133,7 +137,7 @@ for shape in args.shapes:
         for fn in fns.values():
           jax.block_until_ready(fn(*call_args))
         one = min(clock(fn, call_args, 1) for fn in fns.values())
-        k = max(1, int(0.01 / max(one, 1e-6)))
+        k = max(1, int(args.sample_ms / 1e3 / max(one, 1e-6)))
         samples = {n: [] for n in fns}
         for _ in range(15):  # interleaved rounds
           for n, fn in fns.items():
