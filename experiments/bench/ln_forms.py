@@ -5,7 +5,8 @@ variance). This separates the algorithm from the library: each form below is a j
 function (no jaxnorm code), timed interleaved in one process with Flax's ``nnx.LayerNorm`` and
 jaxnorm's (defaults, ``nnx.jit``)::
 
-  python -m experiments.bench.ln_forms [--shapes 1024x64,4096x256] [--rounds 9] [--out DIR]
+  python -m experiments.bench.ln_forms [--shapes 1024x64,4096x256] [--repeats 9] [--sample-ms 100]
+      [--out DIR] [--tag TAG]
 
 The forms (float32, scale 1.1, bias 0.1, ``x ~ N(3, 1)``):
 
@@ -15,16 +16,15 @@ The forms (float32, scale 1.1, bias 0.1, ``x ~ N(3, 1)``):
 * ``fast``: ``sum(x)`` and ``sum(x^2)`` in one pass (Flax's default).
 
 Each sample is the mean CPU time (``time.process_time``) of as many calls as fit in ``--sample-ms``;
-the table gives each form's median over ``--rounds`` rounds and its ratio to Flax's layer and to
-the ``fast`` form of the same run. Writes ``ln_forms.json`` and ``ln_forms.md`` under ``--out``
-when given. The figures of issue 62 are in ``docs/perf-notes.md``.
+the table gives each form's median over ``--repeats`` rounds and its ratio to Flax's layer and to
+the ``fast`` form of the same run. With ``--out``, the JSON and markdown go there
+(:func:`experiments.bench.output.write_outputs`, kind ``ln-forms``). The figures of issue 62 are
+in ``docs/perf-notes.md``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import time
 
@@ -34,7 +34,7 @@ from flax import nnx
 
 import jaxnorm.nnx
 from experiments.argtypes import positive_int
-from experiments.bench.cli import machine, versions
+from experiments.bench import output
 
 
 def _normalize(xc, delta, var, g, b, eps=1e-6):
@@ -100,17 +100,21 @@ def measure(rows: int, d: int, rounds: int, sample_ms: float) -> dict:
   return samples
 
 
-def markdown(report: dict) -> str:
+def rows_of(shape: str, samples: dict) -> list[dict]:
+  """One row per form and layer: its median and its ratios to Flax's layer and the fast form."""
+  med = {k: statistics.median(v) for k, v in samples.items()}
+  return [{"shape": shape, "form": k, "median_us": t * 1e6, "vs_flax": t / med["flax"],
+           "vs_fast": t / med["fast"], "samples_s": samples[k]} for k, t in med.items()]
+
+
+def markdown(meta: dict, rows: list[dict]) -> str:
   lines = ["# LayerNorm's forward alone, four forms in plain jnp against Flax's and jaxnorm's layers",
-           "", f"Machine: {report['machine']}. Versions: {report['versions']}. "
-           f"{report['rounds']} interleaved rounds of {report['sample_ms']} ms CPU-time samples; "
-           "medians. Command: `" + report["command"] + "`.", "",
+           "", f"Device: {meta['device']}; {meta['date']}; load {meta['load']}; versions "
+           f"{meta['versions']}. {meta['repeats']} interleaved rounds of {meta['sample_ms']} ms "
+           "CPU-time samples; medians. Command: `" + meta["command"] + "`.", "",
            "| shape | form | median (us) | / Flax's layer | / fast form |", "|---|---|---|---|---|"]
-  for shape, samples in report["samples"].items():
-    med = {k: statistics.median(v) for k, v in samples.items()}
-    for k, t in med.items():
-      lines.append(f"| {shape} | {k} | {t * 1e6:.0f} | {t / med['flax']:.2f} | "
-                   f"{t / med['fast']:.2f} |")
+  lines += [f"| {r['shape']} | {r['form']} | {r['median_us']:.0f} | {r['vs_flax']:.2f} | "
+            f"{r['vs_fast']:.2f} |" for r in rows]
   return "\n".join(lines) + "\n"
 
 
@@ -126,23 +130,14 @@ def main(argv=None) -> int:
                                    description=__doc__.split("\n")[0])
   parser.add_argument("--shapes", default="1024x64,4096x256,8192x1024",
                       type=lambda s: tuple(_shape(t) for t in s.split(",")))
-  parser.add_argument("--rounds", type=positive_int, default=9)
-  parser.add_argument("--sample-ms", type=positive_int, default=100)
-  parser.add_argument("--out", default=None, help="folder for ln_forms.json and ln_forms.md")
+  output.add_run_args(parser, repeats=9)
+  parser.set_defaults(sample_ms=100.0)
   args = parser.parse_args(argv)
-  report = {"machine": machine(), "versions": versions(), "rounds": args.rounds,
-            "sample_ms": args.sample_ms,
-            "command": "python -m experiments.bench.ln_forms " + " ".join(argv or []),
-            "samples": {f"{r}x{d}": measure(r, d, args.rounds, args.sample_ms)
-                        for r, d in args.shapes}}
-  text = markdown(report)
-  print(text)
-  if args.out:
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "ln_forms.json"), "w") as f:
-      json.dump(report, f, indent=1)
-    with open(os.path.join(args.out, "ln_forms.md"), "w") as f:
-      f.write(text)
+  meta = output.bench_meta("python -m experiments.bench.ln_forms " + " ".join(argv or []),
+                           args.repeats, sample_ms=args.sample_ms)
+  rows = [row for r, d in args.shapes
+          for row in rows_of(f"{r}x{d}", measure(r, d, args.repeats, args.sample_ms))]
+  output.write_outputs(args.out, "ln-forms", args.tag, meta, rows, markdown(meta, rows))
   return 0
 
 

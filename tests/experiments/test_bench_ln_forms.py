@@ -30,11 +30,12 @@ def test_the_forms_are_layer_norm_and_only_the_offset_forms_keep_a_large_mean():
 
 
 def test_the_command_writes_its_table(tmp_path):
-  assert ln_forms.main(["--shapes", "8x16", "--rounds", "1", "--sample-ms", "1",
-                        "--out", str(tmp_path)]) == 0
-  report = json.loads((tmp_path / "ln_forms.json").read_text())
-  assert set(report["samples"]["8x16"]) == set(ln_forms.FORMS) | {"flax", "jaxnorm"}
-  assert "| 8x16 | offset |" in (tmp_path / "ln_forms.md").read_text()
+  assert ln_forms.main(["--shapes", "8x16", "--repeats", "1", "--sample-ms", "1",
+                        "--out", str(tmp_path), "--tag", "t"]) == 0
+  (js,) = tmp_path.glob("ln-forms-t-*.json")
+  rows = json.loads(js.read_text())["rows"]
+  assert {r["form"] for r in rows} == set(ln_forms.FORMS) | {"flax", "jaxnorm"}
+  assert "| 8x16 | offset |" in js.with_suffix(".md").read_text()
 
 
 def test_a_bad_shape_is_refused():
