@@ -10,7 +10,8 @@ jaxnorm's (defaults, ``nnx.jit``)::
 
 The forms (float32, scale 1.1, bias 0.1, ``x ~ N(3, 1)``):
 
-* ``offset``: jaxnorm's accurate statistics, the mean, then ``sum(x - m)`` and ``sum((x - m)^2)``;
+* ``offset``: jaxnorm's accurate statistics as its forward alone takes them on 4096 rows or more:
+  the mean, then ``sum(x - m)`` and ``sum((x - m)^2)`` (on fewer rows it pivots on the first element);
 * ``first_pivot``: both shifted sums about the row's first element, in one pass;
 * ``two_pass``: the mean, then ``sum((x - m)^2)`` (Flax's ``use_fast_variance=False``);
 * ``fast``: ``sum(x)`` and ``sum(x^2)`` in one pass (Flax's default).
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import jax
@@ -132,8 +134,9 @@ def main(argv=None) -> int:
                       type=lambda s: tuple(_shape(t) for t in s.split(",")))
   output.add_run_args(parser, repeats=9)
   parser.set_defaults(sample_ms=100.0)
+  argv = sys.argv[1:] if argv is None else argv
   args = parser.parse_args(argv)
-  meta = output.bench_meta("python -m experiments.bench.ln_forms " + " ".join(argv or []),
+  meta = output.bench_meta("python -m experiments.bench.ln_forms " + " ".join(argv),
                            args.repeats, sample_ms=args.sample_ms)
   rows = [row for r, d in args.shapes
           for row in rows_of(f"{r}x{d}", measure(r, d, args.repeats, args.sample_ms))]

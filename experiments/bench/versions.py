@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 import jaxnorm
-from experiments.argtypes import positive_int
+from experiments.argtypes import positive_float
 import jaxnorm_old  # noqa: F401  (the earlier version, see the docstring)
 
 
@@ -116,7 +116,7 @@ _ONE_INPUT = [op for op in jaxnorm.OPS.values() if op.inputs == ("x",)]
 DEFAULT_OPS = [n for n in [op.name for op in _ONE_INPUT]
                + [op.add_fn.__name__ for op in _ONE_INPUT if op.add_fn is not None]
                if hasattr(jaxnorm_old, n)]
-parser.add_argument("--sample-ms", type=positive_int, default=10,
+parser.add_argument("--sample-ms", type=positive_float, default=10.0,
                     help="CPU milliseconds of calls per sample (default 10)")
 parser.add_argument("--ops", type=lambda t: t.split(","), default=DEFAULT_OPS,
                     help="ops to compare (default: those of jaxnorm.OPS the earlier version has)")

@@ -318,7 +318,8 @@ def _pending_zeros_jvp(primals, tangents):
   (x,), (t,) = primals, tangents
   # A tangent linear in t (so that differentiation treats it as a tangent, not a constant) that
   # is exactly zero even where t is not finite (t * 0 would be NaN there), as is its transpose.
-  return jnp.zeros_like(x), jax.lax.select(jnp.zeros(t.shape, bool), t, jnp.zeros_like(t))
+  # A scalar predicate: a full-shape one would need t's sharding under an explicit mesh.
+  return jnp.zeros_like(x), jax.lax.select(jnp.zeros((), bool), t, jnp.zeros_like(t))
 
 
 def _layer_slice(state, i: int):

@@ -36,9 +36,8 @@ class XlaBackend(Backend):
 
 
 def register_norm_op(name: str, statistics_fn) -> None:
-  """Gives the XLA backend a norm-family op: its statistics (``(cfg, x, mask, *, decouple, alone,
-  kept) -> (shift, delta, rstd)``, as :func:`jaxnorm.backends.xla.statistics.statistics` documents
-  them, added to :data:`~jaxnorm.backends.xla.statistics.STATISTICS`) and, in
+  """Gives the XLA backend a norm-family op: its statistics (``(cfg, x, mask, *, decouple) ->
+  (shift, delta, rstd)``, added to :data:`~jaxnorm.backends.xla.statistics.STATISTICS`) and, in
   :data:`XLA`'s table, the family's roles and :data:`FORMULA_ROLES`, all written once for the
   family. A name already there is a ``ValueError`` (one home per op and backend)."""
   if (name, "forward") in XLA.table:

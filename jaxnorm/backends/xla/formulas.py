@@ -38,13 +38,13 @@ def _rows_axes(p, ndim):
 
 
 def forward(cfg: NormConfig, x, scale, bias, mask, *, decouple: bool = True,
-            alone: bool = False, kept: bool = True):
+            alone: bool = False):
   """``(y, (shift, delta, rstd))``: what the JVP rule computes (reverse mode keeps the stats).
 
-  ``decouple``, ``alone`` and ``kept`` as in :func:`statistics`; the undifferentiated call goes
-  through :func:`forward_only`, which passes ``kept=False``.
+  ``decouple`` and ``alone`` as in :func:`statistics`; the undifferentiated call goes through
+  :func:`forward_only`.
   """
-  stats = statistics(cfg, x, mask, decouple=decouple, alone=alone, kept=kept)
+  stats = statistics(cfg, x, mask, decouple=decouple, alone=alone)
   if decouple:
     # y's map sees its own view of x and of the statistics (see cse_barrier), so that XLA does not
     # share x's float32 copy or x - shift between the statistics' fusions and this one.
@@ -123,15 +123,15 @@ def forward_only(cfg: NormConfig, x, scale, bias, mask):
   :func:`forward` instead.
   """
   def shared(x, scale, bias, mask):
-    return forward(cfg, x, scale, bias, mask, decouple=False, kept=False)[0]
+    return forward(cfg, x, scale, bias, mask, decouple=False)[0]
 
   def views(x, scale, bias, mask):
-    return forward(cfg, x, scale, bias, mask, decouple=True, kept=False)[0]
+    return forward(cfg, x, scale, bias, mask, decouple=True)[0]
 
   cpu = default_platform() == "cpu"
   narrow_h = cfg.add is not None and x.dtype != compute_dtype(x.dtype)
   if cpu and on_ynn_rows(x) and not narrow_h:
-    return forward(cfg, x, scale, bias, mask, decouple=False, alone=True, kept=False)[0]
+    return forward(cfg, x, scale, bias, mask, decouple=False, alone=True)[0]
   if cfg.op.name not in FORWARD_VIEWS or (on_ynn_rows(x) and x.dtype == compute_dtype(x.dtype)):
     return shared(x, scale, bias, mask)
   # YNNPACK is XLA:CPU's: a program traced on another host keeps the shared form. Decided by

@@ -21,8 +21,7 @@ from jaxnorm._xla_rows import on_ynn_rows, psum, row_sums
 __all__ = ["STATISTICS", "centered", "row_std", "statistics", "x_hat"]
 
 
-def statistics(cfg: NormConfig, x, mask, *, decouple: bool = True, alone: bool = False,
-               kept: bool = False):
+def statistics(cfg: NormConfig, x, mask, *, decouple: bool = True, alone: bool = False):
   """``(shift, delta, rstd)`` of ``x: (..., d)``, each ``(..., 1)`` in the compute dtype (None
   where the op has no such statistic): the entry of ``cfg.op`` in :data:`STATISTICS`.
 
@@ -57,8 +56,7 @@ def row_std(cfg: NormConfig, x, mask, stats):
   return jnp.sqrt(psum(cfg, s) / count(cfg, mask, x.shape, ct))
 
 
-def _layer_norm_statistics(cfg, x, mask, *, decouple: bool = True, alone: bool = False,
-                           kept: bool = False):
+def _layer_norm_statistics(cfg, x, mask, *, decouple: bool = True, alone: bool = False):
   r"""Row statistics of ``x: (..., d)`` in the compute dtype, from shifted data.
 
   .. math::
@@ -78,12 +76,10 @@ def _layer_norm_statistics(cfg, x, mask, *, decouple: bool = True, alone: bool =
   mean pivot loses nothing there.
 
   ``decouple``: the two shifted sums read ``x`` through separate
-  :func:`~jaxnorm._xla_rows.cse_barrier` views (LayerNorm's forward alone on fewer rows than
-  YNNPACK takes whole, or of a 16-bit ``x``); False lets them share ``x - shift`` (the forward
-  alone otherwise, :func:`jaxnorm.backends.xla.formulas.forward_only`). ``kept`` (the JVP rule's
-  statistics, which reverse mode keeps): shared as well, at every size and dtype; with jaxlib
-  0.10.2 the views cost LayerNorm's forward + backward 5-18% (``docs/perf-notes.md``, issue 62,
-  2026-12-03), for no less memory. The fast variance keeps its views (there they pay).
+  :func:`~jaxnorm._xla_rows.cse_barrier` views (for when the statistics are outputs of the
+  jitted program, e.g. residuals, and for LayerNorm's forward alone on fewer rows than YNNPACK
+  takes whole); False lets them share ``x - shift`` (the forward alone otherwise,
+  :func:`jaxnorm.backends.xla.formulas.forward_only`).
 
   With the option ``use_fast_variance=True``: Flax's ``E[x^2] - E[x]^2`` instead,
   :func:`_fast_statistics`, which returns ``(mean, None, rstd)``.
@@ -104,12 +100,12 @@ def _layer_norm_statistics(cfg, x, mask, *, decouple: bool = True, alone: bool =
     # garbage) entries, which a masked-out first element could be.
     (s0,) = row_sums(xf, mask=mask)
     shift = psum(cfg, s0) / n
-  # The two shifted sums each see their own view of x (see cse_barrier) where decouple says so,
-  # except for the statistics reverse mode keeps (kept: measured faster shared).
-  views = decouple and not kept
-  x1, shift1, mask1 = cse_barrier(x, shift, mask) if views else (x, shift, mask)
+  # The two shifted sums each see their own view of x (see cse_barrier): when the statistics are
+  # residuals, XLA:CPU computes each in its own fusion, and would otherwise write x - shift (in
+  # float32) to memory once for both to read.
+  x1, shift1, mask1 = cse_barrier(x, shift, mask) if decouple else (x, shift, mask)
   (s1,) = row_sums(x1.astype(ct) - shift1, mask=mask1)
-  shift2, x2, mask2 = cse_barrier(shift, x, mask) if views else (shift, x, mask)
+  shift2, x2, mask2 = cse_barrier(shift, x, mask) if decouple else (shift, x, mask)
   xs2 = x2.astype(ct) - shift2
   (s2,) = row_sums(xs2 * xs2, mask=mask2)
   delta, rstd = _mean_and_rstd(cfg, s1, s2, n, guard=not alone)
@@ -191,8 +187,7 @@ def _fast_statistics(cfg, x, mask, n, *, decouple: bool, guard: bool = True):
   return mean, None, rstd
 
 
-def _rms_norm_statistics(cfg, x, mask, *, decouple: bool = True, alone: bool = False,
-                         kept: bool = False):
+def _rms_norm_statistics(cfg, x, mask, *, decouple: bool = True, alone: bool = False):
   r"""``(None, None, rstd)`` of ``x: (..., d)``: the reciprocal root mean square.
 
   .. math:: r = \mathrm{rstd}\big(\tfrac1n {\textstyle\sum_i} m_i x_i^2\big)
@@ -200,7 +195,7 @@ def _rms_norm_statistics(cfg, x, mask, *, decouple: bool = True, alone: bool = F
   One row sum read straight from ``x`` (``decouple`` has nothing to separate; a 16-bit ``x`` on
   :data:`~jaxnorm._xla_rows.YNN_MIN_ELEMENTS` rows or more, through its own view).
   """
-  del decouple, kept
+  del decouple
   ct = compute_dtype(x.dtype)
   if x.dtype != ct and on_ynn_rows(x) and not alone:
     # A 16-bit x on as many rows as YNNPACK takes: the float range's guard uses rstd twice,
@@ -223,5 +218,5 @@ def _rms_norm_statistics(cfg, x, mask, *, decouple: bool = True, alone: bool = F
 
 
 STATISTICS = {"layer_norm": _layer_norm_statistics, "rms_norm": _rms_norm_statistics}
-"""``{op name: (cfg, x, mask, *, decouple, alone=False, kept=False) -> (shift, delta, rstd)}``:
-each norm op's statistics on XLA (:func:`statistics`)."""
+"""``{op name: (cfg, x, mask, *, decouple, alone=False) -> (shift, delta, rstd)}``: each norm
+op's statistics on XLA (:func:`statistics`)."""
