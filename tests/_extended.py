@@ -101,8 +101,8 @@ EXTENDED = (
     "tests/jaxnorm/test_one_ad_layer.py::test_batched_parameters_run_the_backward_kernels[*-zc-outside]",
     # Fourth round (2,445 tests; the working tree's default run 7 min 26 s of pytest, a clean clone's
     # 7 min 12 s, issue 62's 7-minute goal). Scan against unrolled with Flax's norms (DeepNorm with
-    # jaxnorm's stays, and the carried fused scan is run by test_fused_modules' pre-layer_norm case
-    # and test_models' test_fused_scan_differentiates_its_body_once).
+    # jaxnorm's stays, and so does the carried Pre-LN scan against unrolled with QK-norm,
+    # test_qk_norm_model.py::test_scan_matches_unrolled_with_qk_norm_and_norm_scaling[pre-True]).
     "tests/jaxnorm/test_models.py::test_scan_matches_unrolled[post-rms_norm-flax]",
     # The TPU kernels against the float64 oracle: LayerNorm with 8-row blocks on unpadded rows (its
     # padded 8-row block and default blocks stay; RMSNorm's cases stay).

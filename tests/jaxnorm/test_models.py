@@ -315,6 +315,20 @@ def test_fused_scan_differentiates_its_body_once(monkeypatch, position):
     np.testing.assert_array_equal(a, jnp.zeros_like(x))
 
 
+def test_fused_scan_differentiates_under_an_explicit_mesh():
+  """The first pending output's tangent (``_pending_zeros``) takes a scalar predicate: a full-shape
+  one has no sharding of its own, and ``grad`` through it fails under an explicitly sharded mesh."""
+  from jax.sharding import AxisType, NamedSharding, PartitionSpec
+  from jaxnorm.models import _transformer
+
+  mesh = jax.make_mesh((2,), ("data",), axis_types=(AxisType.Explicit,),
+                       devices=jax.devices()[:2])
+  with jax.set_mesh(mesh):
+    x = jax.device_put(jnp.arange(8.0).reshape(4, 2), NamedSharding(mesh, PartitionSpec("data")))
+    g = jax.jit(jax.grad(lambda x: jnp.sum(2 * x + _transformer._pending_zeros(x))))(x)
+  np.testing.assert_array_equal(g, jnp.full((4, 2), 2.0))
+
+
 def test_scanned_program_does_not_grow_with_depth():
   """The traced forward+backward of a 2- and an 8-layer model have the same number of ops."""
   def n_eqns(n_layers):
