@@ -16,7 +16,8 @@ The forms (float32, scale 1.1, bias 0.1, ``x ~ N(3, 1)``):
 * ``two_pass``: the mean, then ``sum((x - m)^2)`` (Flax's ``use_fast_variance=False``);
 * ``fast``: ``sum(x)`` and ``sum(x^2)`` in one pass (Flax's default).
 
-Each sample is the mean CPU time (``time.process_time``) of as many calls as fit in ``--sample-ms``;
+Each sample is the mean CPU time of as many calls as fit in ``--sample-ms``, the programs taken in a
+rotating order (:func:`experiments.bench.timing.time_interleaved`);
 the table gives each form's median over ``--repeats`` rounds and its ratio to Flax's layer and to
 the ``fast`` form of the same run. With ``--out``, the JSON and markdown go there
 (:func:`experiments.bench.output.write_outputs`, kind ``ln-forms``). The figures of issue 62 are
@@ -28,7 +29,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -36,27 +36,28 @@ from flax import nnx
 
 import jaxnorm.nnx
 from experiments.argtypes import positive_int
-from experiments.bench import output
+from experiments.bench import output, timing
 
 
 def _normalize(xc, delta, var, g, b, eps=1e-6):
   return (xc - delta) * jax.lax.rsqrt(var + eps) * g[None] + b[None]
 
 
-def offset(x, g, b):
+def _shifted(x, pivot, g, b):
+  """Both shifted sums about ``pivot`` (``(rows, 1)``), the mean's offset taken from the first."""
   n = x.shape[-1]
-  xc = x - jnp.sum(x, -1, keepdims=True) / n
+  xc = x - pivot
   delta = jnp.sum(xc, -1, keepdims=True) / n
-  return _normalize(xc, delta, jnp.maximum(jnp.sum(xc * xc, -1, keepdims=True) / n
-                                              - delta * delta, 0.0), g, b)
+  var = jnp.maximum(jnp.sum(xc * xc, -1, keepdims=True) / n - delta * delta, 0.0)
+  return _normalize(xc, delta, var, g, b)
+
+
+def offset(x, g, b):
+  return _shifted(x, jnp.sum(x, -1, keepdims=True) / x.shape[-1], g, b)
 
 
 def first_pivot(x, g, b):
-  n = x.shape[-1]
-  xc = x - x[:, :1]
-  delta = jnp.sum(xc, -1, keepdims=True) / n
-  return _normalize(xc, delta, jnp.maximum(jnp.sum(xc * xc, -1, keepdims=True) / n
-                                              - delta * delta, 0.0), g, b)
+  return _shifted(x, x[:, :1], g, b)
 
 
 def two_pass(x, g, b):
@@ -89,17 +90,11 @@ def _programs(rows: int, d: int) -> dict:
 
 
 def measure(rows: int, d: int, rounds: int, sample_ms: float) -> dict:
-  """``{name: [seconds per call, one per round]}`` for the forms and layers at ``rows x d``."""
-  programs = _programs(rows, d)
-  samples = {k: [] for k in programs}
-  for _ in range(rounds):
-    for k, (fn, args) in programs.items():
-      t0, calls = time.process_time(), 0
-      while time.process_time() - t0 < sample_ms / 1e3:
-        fn(*args).block_until_ready()
-        calls += 1
-      samples[k].append((time.process_time() - t0) / calls)
-  return samples
+  """``{name: [seconds per call, one per round]}`` for the forms and layers at ``rows x d``:
+  :func:`experiments.bench.timing.time_interleaved` on the CPU clock (the order rotates)."""
+  timed = timing.time_interleaved(_programs(rows, d), repeats=rounds, sample_ms=sample_ms,
+                                  clock="cpu")
+  return {k: v["times_s"] for k, v in timed.items()}
 
 
 def rows_of(shape: str, samples: dict) -> list[dict]:
