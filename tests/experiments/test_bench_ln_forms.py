@@ -29,12 +29,20 @@ def test_the_forms_are_layer_norm_and_only_the_offset_forms_keep_a_large_mean():
       assert (errors[k] < 2e-5) == (k in exact), (mean, errors)
 
 
+def test_the_libraries_entries_are_layer_norm():
+  g, b = jnp.full((64,), 1.1), jnp.full((64,), 0.1)
+  x = jax.random.normal(jax.random.key(2), (32, 64)) + 3.0
+  for f in (ln_forms._flax_op, ln_forms._flax_op_two_pass, ln_forms._jaxnorm_op):
+    np.testing.assert_allclose(np.asarray(f(x, g, b)), _reference(x, g, b), atol=2e-5)
+
+
 def test_the_command_writes_its_table(tmp_path):
   assert ln_forms.main(["--shapes", "8x16", "--repeats", "1", "--sample-ms", "1",
                         "--out", str(tmp_path), "--tag", "t"]) == 0
   (js,) = tmp_path.glob("ln-forms-t-*.json")
   rows = json.loads(js.read_text())["rows"]
-  assert {r["form"] for r in rows} == set(ln_forms.FORMS) | {"flax", "jaxnorm"}
+  assert {r["form"] for r in rows} == set(ln_forms.FORMS) | {"flax", "jaxnorm", "flax_op", "flax_op_two_pass",
+                                                     "jaxnorm_op"}
   assert "| 8x16 | offset |" in js.with_suffix(".md").read_text()
 
 
