@@ -99,7 +99,8 @@ def _jaxnorm_op(x, g, b):
 
 
 def _programs(rows: int, d: int) -> dict:
-  """``{name: (callable, args)}``: the four forms and the two layers, compiled."""
+  """``{name: (callable, args)}``: the four forms, the two layers and the two libraries' ops,
+  compiled."""
   x = jax.random.normal(jax.random.key(0), (rows, d)) + 3.0
   g, b = jnp.full((d,), 1.1), jnp.full((d,), 0.1)
   out = {k: (jax.jit(f), (x, g, b)) for k, f in FORMS.items()}
@@ -117,7 +118,7 @@ def _programs(rows: int, d: int) -> dict:
 
 
 def measure(rows: int, d: int, rounds: int, sample_ms: float) -> dict:
-  """``{name: [seconds per call, one per round]}`` for the forms and layers at ``rows x d``:
+  """``{name: [seconds per call, one per round]}`` for the forms, layers and ops at ``rows x d``:
   :func:`experiments.bench.timing.time_interleaved` on the CPU clock (the order rotates)."""
   timed = timing.time_interleaved(_programs(rows, d), repeats=rounds, sample_ms=sample_ms,
                                   clock="cpu")
@@ -125,7 +126,8 @@ def measure(rows: int, d: int, rounds: int, sample_ms: float) -> dict:
 
 
 def rows_of(shape: str, samples: dict) -> list[dict]:
-  """One row per form and layer: its median and its ratios to Flax's layer and the fast form."""
+  """One row per form, layer and op: its median and its ratios to Flax's layer, Flax's op and the
+  fast form."""
   med = {k: statistics.median(v) for k, v in samples.items()}
   return [{"shape": shape, "form": k, "median_us": t * 1e6, "vs_flax": t / med["flax"],
            "vs_flax_op": t / med["flax_op"], "vs_fast": t / med["fast"], "samples_s": samples[k]}
