@@ -36,13 +36,11 @@ import sys
 
 import jax
 import jax.numpy as jnp
-from flax import linen as nn
 from flax import nnx
 
-import jaxnorm
 import jaxnorm.nnx
 from experiments.argtypes import positive_int
-from experiments.bench import output, timing
+from experiments.bench import impls, output, timing
 
 
 def _normalize(xc, delta, var, g, b, eps=1e-6):
@@ -82,20 +80,16 @@ def fast(x, g, b):
 FORMS = {"offset": offset, "first_pivot": first_pivot, "two_pass": two_pass, "fast": fast}
 
 
-def _flax_op(x, g, b):
-  """Flax's Linen ``LayerNorm`` (its default, the fast variance) applied with ``g`` and ``b``."""
-  return nn.LayerNorm(epsilon=1e-6).apply({"params": {"scale": g, "bias": b}}, x)
+# The two libraries' LayerNorm as the CPU bench builds them (experiments.bench.impls, epsilon 1e-6):
+# Flax's Linen layer with its default fast variance and with use_fast_variance=False, and jaxnorm's
+# op with its accurate default on XLA.
+OPS = {"flax_op": "flax-linen", "flax_op_two_pass": "flax-linen-twopass", "jaxnorm_op": "jaxnorm-xla"}
 
 
-def _flax_op_two_pass(x, g, b):
-  """Flax's Linen ``LayerNorm`` with its accurate option, ``use_fast_variance=False``."""
-  return nn.LayerNorm(epsilon=1e-6, use_fast_variance=False).apply(
-      {"params": {"scale": g, "bias": b}}, x)
-
-
-def _jaxnorm_op(x, g, b):
-  """jaxnorm's ``layer_norm`` (its default, the accurate variance)."""
-  return jaxnorm.layer_norm(x, g, b, epsilon=1e-6)
+def library_ops() -> dict:
+  """``{row name: f(x, g, b)}`` for :data:`OPS`, built by :func:`experiments.bench.impls.implementations`."""
+  table = impls.implementations()
+  return {name: table[impl]("layer_norm") for name, impl in OPS.items()}
 
 
 def _programs(rows: int, d: int) -> dict:
@@ -109,9 +103,7 @@ def _programs(rows: int, d: int) -> dict:
   out["jaxnorm"] = (nnx.jit(lambda m, x: m(x)), (jaxnorm.nnx.LayerNorm(d, rngs=nnx.Rngs(0)), x))
   # The two libraries' programs called as the forms are (jax.jit of (x, g, b), no module
   # traversal): what the layers' rows above add is nnx.jit's per-call Python work.
-  out["flax_op"] = (jax.jit(_flax_op), (x, g, b))
-  out["flax_op_two_pass"] = (jax.jit(_flax_op_two_pass), (x, g, b))
-  out["jaxnorm_op"] = (jax.jit(_jaxnorm_op), (x, g, b))
+  out.update({k: (jax.jit(f), (x, g, b)) for k, f in library_ops().items()})
   for fn, args in out.values():
     fn(*args).block_until_ready()
   return out

@@ -33,8 +33,9 @@ def test_the_libraries_entries_are_layer_norm_with_their_variances():
   """At mean 3 all three are LayerNorm; at mean 1e4 the variance each uses shows: Flax's fast one
   cancels, its two-pass loses the mean's rounding, jaxnorm's offset keeps float32's accuracy."""
   g, b = jnp.full((64,), 1.1), jnp.full((64,), 0.1)
-  ops = {"fast": ln_forms._flax_op, "two_pass": ln_forms._flax_op_two_pass,
-         "offset": ln_forms._jaxnorm_op}
+  built = ln_forms.library_ops()
+  ops = {"fast": built["flax_op"], "two_pass": built["flax_op_two_pass"],
+         "offset": built["jaxnorm_op"]}
   for mean, bounds in ((3.0, dict(fast=(0, 2e-5), two_pass=(0, 2e-5), offset=(0, 2e-5))),
                        (1e4, dict(fast=(1.0, np.inf), two_pass=(1e-4, 1e-2), offset=(0, 1e-5)))):
     x = jax.random.normal(jax.random.key(2), (32, 64)) + mean
@@ -49,8 +50,8 @@ def test_the_command_writes_its_table(tmp_path):
                         "--out", str(tmp_path), "--tag", "t"]) == 0
   (js,) = tmp_path.glob("ln-forms-t-*.json")
   rows = json.loads(js.read_text())["rows"]
-  assert {r["form"] for r in rows} == set(ln_forms.FORMS) | {
-      "flax", "jaxnorm", "flax_op", "flax_op_two_pass", "jaxnorm_op"}
+  assert {r["form"] for r in rows} == set(ln_forms.FORMS) | {"flax", "jaxnorm"} | set(ln_forms.OPS)
+  assert set(ln_forms.OPS) == {"flax_op", "flax_op_two_pass", "jaxnorm_op"}
   assert "| 8x16 | offset |" in js.with_suffix(".md").read_text()
 
 
